@@ -1,0 +1,42 @@
+# SGME L0 — everything sets itself up: a .venv with the project installed in it.
+PYTHON ?= $(shell command -v python3.11 || command -v python3.12 || command -v python3.13 || command -v python3)
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install run test lint unit integration bench chaos clean
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python >= 3.11 is required"'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	@touch $@
+
+install: $(STAMP)
+
+## make run: the embedded service (SQLite + ./data + in-process flusher) on 127.0.0.1:8765
+run: $(STAMP)
+	$(BIN)/sgme migrate
+	$(BIN)/sgme serve
+
+## make test: lint, type-check and the whole test suite
+test: $(STAMP) lint
+	$(BIN)/pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check pipeline workers tests bench
+	$(BIN)/mypy
+
+unit: $(STAMP)
+	$(BIN)/pytest -q tests/unit
+
+integration: $(STAMP)
+	$(BIN)/pytest -q tests/integration
+
+bench: $(STAMP)
+	$(BIN)/python bench/bench_parse.py
+	$(BIN)/python bench/bench_append.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

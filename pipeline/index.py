@@ -1,0 +1,466 @@
+"""The index: SQLAlchemy Core tables and small functions that take a Connection.
+
+No file access here. The same code runs on SQLite (embedded: WAL, busy_timeout, and
+``BEGIN IMMEDIATE`` so concurrent writers queue instead of failing) and on PostgreSQL
+(psycopg 3). All times are naive UTC datetimes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as dt
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.dialects import postgresql, sqlite
+
+from pipeline import errors
+
+STATUSES = ("pending", "new", "refined", "error", "archived")
+
+metadata = sa.MetaData()
+_BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+
+raw_files = sa.Table(
+    "raw_files",
+    metadata,
+    sa.Column("file_id", sa.String(36), primary_key=True),
+    sa.Column("path", sa.Text, nullable=False),
+    sa.Column("source_type", sa.String(16), nullable=False),
+    sa.Column("agent_id", sa.String(64), nullable=False),
+    sa.Column("session_key", sa.Text, nullable=False),
+    sa.Column("metadata_json", sa.Text, nullable=False, server_default="{}"),
+    sa.Column("started_at", sa.DateTime, nullable=False),
+    sa.Column("ended_at", sa.DateTime),
+    # pending (acknowledged, not yet on disk) | new | refined | error | archived
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("next_seq", sa.Integer, nullable=False, server_default="1"),
+    sa.Column("flushed_seq", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("flushed_bytes", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("chain_head", sa.String(64)),
+    sa.Column("flush_pending", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("flushed_at", sa.DateTime),
+    sa.Column("last_refined_seq", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("refined_at", sa.DateTime),
+    sa.Column("refine_epoch", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("refine_lease_until", sa.DateTime),
+    sa.Column("archived_at", sa.DateTime),
+    sa.Column("created_at", sa.DateTime, nullable=False),
+    sa.Column("updated_at", sa.DateTime, nullable=False),
+    sa.UniqueConstraint("agent_id", "source_type", "session_key", name="uq_raw_files_session"),
+)
+sa.Index("ix_raw_files_status", raw_files.c.status)
+sa.Index("ix_raw_files_agent", raw_files.c.agent_id, raw_files.c.file_id)
+
+append_journal = sa.Table(
+    "append_journal",
+    metadata,
+    sa.Column("id", _BigId, primary_key=True, autoincrement=True),
+    sa.Column("file_id", sa.String(36), sa.ForeignKey("raw_files.file_id"), nullable=False),
+    sa.Column("first_seq", sa.Integer, nullable=False),
+    sa.Column("last_seq", sa.Integer, nullable=False),
+    sa.Column("last_ts", sa.String(40), nullable=False),
+    sa.Column("data", sa.Text, nullable=False),
+    sa.Column("created_at", sa.DateTime, nullable=False),
+    sa.UniqueConstraint("file_id", "first_seq", name="uq_append_journal_seq"),
+)
+sa.Index("ix_append_journal_created", append_journal.c.created_at)
+
+append_keys = sa.Table(
+    "append_keys",
+    metadata,
+    sa.Column("agent_id", sa.String(64), primary_key=True),
+    sa.Column("idempotency_key", sa.String(200), primary_key=True),
+    sa.Column("request_hash", sa.String(64), nullable=False),
+    sa.Column("response_json", sa.Text, nullable=False),
+    sa.Column("created_at", sa.DateTime, nullable=False),
+)
+
+anomalies = sa.Table(
+    "anomalies",
+    metadata,
+    sa.Column("id", _BigId, primary_key=True, autoincrement=True),
+    sa.Column("file_id", sa.String(36)),
+    sa.Column("kind", sa.String(40), nullable=False),
+    sa.Column("detail", sa.Text, nullable=False),
+    sa.Column("created_at", sa.DateTime, nullable=False),
+)
+sa.Index("ix_anomalies_file", anomalies.c.file_id)
+sa.Index("ix_anomalies_kind", anomalies.c.kind)
+
+
+def utcnow() -> dt.datetime:
+    """Now, as the naive UTC datetime the index stores."""
+    return dt.datetime.now(dt.UTC).replace(tzinfo=None)
+
+
+@dataclasses.dataclass(frozen=True)
+class FileRow:
+    """One row of ``raw_files``."""
+
+    file_id: str
+    path: str
+    source_type: str
+    agent_id: str
+    session_key: str
+    metadata_json: str
+    started_at: dt.datetime
+    ended_at: dt.datetime | None
+    status: str
+    next_seq: int
+    flushed_seq: int
+    flushed_bytes: int
+    chain_head: str | None
+    flush_pending: bool
+    flushed_at: dt.datetime | None
+    last_refined_seq: int
+    refined_at: dt.datetime | None
+    refine_epoch: int
+    refine_lease_until: dt.datetime | None
+    archived_at: dt.datetime | None
+    created_at: dt.datetime
+    updated_at: dt.datetime
+
+    @classmethod
+    def from_row(cls, row: sa.Row[Any]) -> FileRow:
+        """Build from a ``raw_files`` result row."""
+        return cls(**row._asdict())
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The metadata the creating append sent."""
+        value = json.loads(self.metadata_json)
+        assert isinstance(value, dict)
+        return value
+
+    def to_json(self) -> dict[str, Any]:
+        """The row as the API shows it."""
+        data = dataclasses.asdict(self)
+        data.pop("metadata_json")
+        data["metadata"] = self.metadata
+        data["message_count"] = self.flushed_seq
+        data["pending_messages"] = self.next_seq - 1 - self.flushed_seq
+        for key, value in data.items():
+            if isinstance(value, dt.datetime):
+                data[key] = value.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        return data
+
+
+@dataclasses.dataclass(frozen=True)
+class JournalRow:
+    """One acknowledged append not yet in its file."""
+
+    id: int
+    file_id: str
+    first_seq: int
+    last_seq: int
+    last_ts: str
+    data: str
+    created_at: dt.datetime
+
+    @classmethod
+    def from_row(cls, row: sa.Row[Any]) -> JournalRow:
+        """Build from an ``append_journal`` result row."""
+        return cls(**row._asdict())
+
+
+# ---------------------------------------------------------------------------------------------
+# engines and transactions
+
+
+def normalize_url(url: str) -> str:
+    """Use psycopg 3 for plain ``postgresql://`` URLs."""
+    if url.startswith("postgresql://") or url.startswith("postgres://"):
+        return "postgresql+psycopg://" + url.split("://", 1)[1]
+    return url
+
+
+def create_engine(url: str, *, busy_timeout: float = 30.0) -> sa.Engine:
+    """An engine for ``url``; SQLite gets WAL, a busy timeout and ``BEGIN IMMEDIATE``."""
+    url = normalize_url(url)
+    if not url.startswith("sqlite"):
+        return sa.create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+    if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    engine = sa.create_engine(
+        url, connect_args={"timeout": busy_timeout, "check_same_thread": False}
+    )
+
+    @sa.event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Take transaction control from the driver so BEGIN IMMEDIATE can be issued below.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @sa.event.listens_for(engine, "begin")
+    def _on_begin(conn: sa.Connection) -> None:
+        # A deferred transaction that reads and then writes fails with SQLITE_BUSY when another
+        # writer committed in between; taking the write lock up front makes writers queue.
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+def is_postgres(conn_or_engine: sa.Connection | sa.Engine) -> bool:
+    """True on PostgreSQL."""
+    return conn_or_engine.dialect.name == "postgresql"
+
+
+def _map_db_error(exc: sa_exc.SQLAlchemyError) -> errors.SgmeError:
+    if isinstance(exc, sa_exc.IntegrityError):
+        return errors.Conflict(f"index constraint violated: {exc.orig}")
+    return errors.IndexUnavailable(f"index database error: {getattr(exc, 'orig', exc)}")
+
+
+@contextlib.contextmanager
+def transaction(engine: sa.Engine) -> Iterator[sa.Connection]:
+    """One transaction; database errors come out as :mod:`pipeline.errors`."""
+    try:
+        with engine.begin() as conn:
+            yield conn
+    except sa_exc.SQLAlchemyError as exc:
+        raise _map_db_error(exc) from exc
+
+
+@contextlib.contextmanager
+def advisory_lock(engine: sa.Engine, key: str) -> Iterator[None]:
+    """On PostgreSQL, a session advisory lock on ``key`` (hosts sharing a networked volume
+    cannot rely on flock); elsewhere nothing."""
+    if not is_postgres(engine):
+        yield
+        return
+    try:
+        conn = engine.connect()
+        conn.execute(sa.text("SELECT pg_advisory_lock(hashtext(:k))"), {"k": key})
+        conn.commit()
+    except sa_exc.SQLAlchemyError as exc:
+        raise _map_db_error(exc) from exc
+    try:
+        yield
+    finally:
+        try:
+            conn.execute(sa.text("SELECT pg_advisory_unlock(hashtext(:k))"), {"k": key})
+            conn.commit()
+        except sa_exc.SQLAlchemyError:
+            conn.invalidate()  # closing the session releases the lock anyway
+        conn.close()
+
+
+def migrate(engine: sa.Engine) -> None:
+    """Bring the schema to the newest Alembic revision."""
+    from alembic import command
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", "pipeline:migrations")
+    try:
+        with engine.begin() as conn:
+            config.attributes["connection"] = conn
+            command.upgrade(config, "head")
+    except sa_exc.SQLAlchemyError as exc:
+        raise _map_db_error(exc) from exc
+
+
+# ---------------------------------------------------------------------------------------------
+# raw_files
+
+
+def _insert(conn: sa.Connection, table: sa.Table) -> Any:
+    return (postgresql.insert if is_postgres(conn) else sqlite.insert)(table)
+
+
+def get_file(conn: sa.Connection, file_id: str, *, for_update: bool = False) -> FileRow | None:
+    """The row of ``file_id``, or None."""
+    query = sa.select(raw_files).where(raw_files.c.file_id == file_id)
+    if for_update:
+        query = query.with_for_update()
+    row = conn.execute(query).first()
+    return FileRow.from_row(row) if row else None
+
+
+def find_file(
+    conn: sa.Connection, agent_id: str, source_type: str, session_key: str, *, for_update: bool
+) -> FileRow | None:
+    """The file of one session, or None."""
+    query = sa.select(raw_files).where(
+        raw_files.c.agent_id == agent_id,
+        raw_files.c.source_type == source_type,
+        raw_files.c.session_key == session_key,
+    )
+    if for_update:
+        query = query.with_for_update()
+    row = conn.execute(query).first()
+    return FileRow.from_row(row) if row else None
+
+
+def insert_file(conn: sa.Connection, **values: Any) -> bool:
+    """Insert a row unless its session already has one; True when inserted."""
+    now = utcnow()
+    values.setdefault("created_at", now)
+    values.setdefault("updated_at", now)
+    stmt = _insert(conn, raw_files).values(**values).on_conflict_do_nothing()
+    return bool(conn.execute(stmt).rowcount)
+
+
+def update_file(conn: sa.Connection, file_id: str, *where: Any, **values: Any) -> int:
+    """Update one row if the extra ``where`` clauses hold; returns the rowcount (0 or 1)."""
+    values.setdefault("updated_at", utcnow())
+    stmt = sa.update(raw_files).where(raw_files.c.file_id == file_id, *where).values(**values)
+    return int(conn.execute(stmt).rowcount)
+
+
+def list_files(
+    conn: sa.Connection,
+    *,
+    agent_id: str | None = None,
+    status: str | None = None,
+    source_type: str | None = None,
+    after: str | None = None,
+    limit: int = 100,
+) -> list[FileRow]:
+    """Rows ordered by file_id, starting after the cursor ``after``."""
+    query = sa.select(raw_files).order_by(raw_files.c.file_id).limit(limit)
+    if agent_id is not None:
+        query = query.where(raw_files.c.agent_id == agent_id)
+    if status is not None:
+        query = query.where(raw_files.c.status == status)
+    if source_type is not None:
+        query = query.where(raw_files.c.source_type == source_type)
+    if after is not None:
+        query = query.where(raw_files.c.file_id > after)
+    return [FileRow.from_row(row) for row in conn.execute(query)]
+
+
+def count_files_by_status(conn: sa.Connection) -> dict[str, int]:
+    """``{status: count}``."""
+    query = sa.select(raw_files.c.status, sa.func.count()).group_by(raw_files.c.status)
+    return {status: int(count) for status, count in conn.execute(query)}
+
+
+# ---------------------------------------------------------------------------------------------
+# append_journal and append_keys
+
+
+def add_journal(conn: sa.Connection, **values: Any) -> None:
+    """Record one acknowledged append."""
+    values.setdefault("created_at", utcnow())
+    conn.execute(sa.insert(append_journal).values(**values))
+
+
+def journal_after(conn: sa.Connection, file_id: str, seq: int) -> list[JournalRow]:
+    """Journal rows of ``file_id`` past ``seq``, in seq order."""
+    query = (
+        sa.select(append_journal)
+        .where(append_journal.c.file_id == file_id, append_journal.c.first_seq > seq)
+        .order_by(append_journal.c.first_seq)
+    )
+    return [JournalRow.from_row(row) for row in conn.execute(query)]
+
+
+def delete_journal(conn: sa.Connection, file_id: str, upto_seq: int) -> None:
+    """Drop the journal rows a flush applied."""
+    conn.execute(
+        sa.delete(append_journal).where(
+            append_journal.c.file_id == file_id, append_journal.c.last_seq <= upto_seq
+        )
+    )
+
+
+def stale_journal_files(conn: sa.Connection, older_than: dt.datetime | None) -> list[str]:
+    """Files with journal rows created before ``older_than`` (all of them for None)."""
+    query = sa.select(append_journal.c.file_id).group_by(append_journal.c.file_id)
+    if older_than is not None:
+        query = query.where(append_journal.c.created_at < older_than)
+    return [row[0] for row in conn.execute(query)]
+
+
+def journal_backlog(conn: sa.Connection) -> tuple[int, int]:
+    """``(rows, messages)`` waiting in the journal."""
+    query = sa.select(
+        sa.func.count(),
+        sa.func.coalesce(
+            sa.func.sum(append_journal.c.last_seq - append_journal.c.first_seq + 1), 0
+        ),
+    )
+    rows, messages = conn.execute(query).one()
+    return int(rows), int(messages)
+
+
+def get_key(conn: sa.Connection, agent_id: str, key: str) -> tuple[str, dict[str, Any]] | None:
+    """``(request_hash, response)`` recorded for an idempotency key, or None."""
+    row = conn.execute(
+        sa.select(append_keys.c.request_hash, append_keys.c.response_json).where(
+            append_keys.c.agent_id == agent_id, append_keys.c.idempotency_key == key
+        )
+    ).first()
+    return (row[0], json.loads(row[1])) if row else None
+
+
+def put_key(
+    conn: sa.Connection, agent_id: str, key: str, request_hash: str, response: dict[str, Any]
+) -> None:
+    """Remember the answer given for an idempotency key."""
+    conn.execute(
+        sa.insert(append_keys).values(
+            agent_id=agent_id,
+            idempotency_key=key,
+            request_hash=request_hash,
+            response_json=json.dumps(response),
+            created_at=utcnow(),
+        )
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# anomalies
+
+
+@dataclasses.dataclass(frozen=True)
+class Anomaly:
+    """Something that went wrong with a file, kept for operators (``anomaly_warn``)."""
+
+    id: int
+    file_id: str | None
+    kind: str
+    detail: str
+    created_at: dt.datetime
+
+    @classmethod
+    def from_row(cls, row: sa.Row[Any]) -> Anomaly:
+        """Build from an ``anomalies`` result row."""
+        return cls(**row._asdict())
+
+
+def record_anomaly(conn: sa.Connection, file_id: str | None, kind: str, detail: str) -> None:
+    """Write one anomaly record."""
+    conn.execute(
+        sa.insert(anomalies).values(file_id=file_id, kind=kind, detail=detail, created_at=utcnow())
+    )
+
+
+def list_anomalies(
+    conn: sa.Connection, *, file_id: str | None = None, kinds: Sequence[str] | None = None
+) -> list[Anomaly]:
+    """Anomalies, oldest first."""
+    query = sa.select(anomalies).order_by(anomalies.c.id)
+    if file_id is not None:
+        query = query.where(anomalies.c.file_id == file_id)
+    if kinds:
+        query = query.where(anomalies.c.kind.in_(list(kinds)))
+    return [Anomaly.from_row(row) for row in conn.execute(query)]
+
+
+def count_anomalies_by_kind(conn: sa.Connection) -> dict[str, int]:
+    """``{kind: count}``."""
+    query = sa.select(anomalies.c.kind, sa.func.count()).group_by(anomalies.c.kind)
+    return {kind: int(count) for kind, count in conn.execute(query)}

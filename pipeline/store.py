@@ -1,0 +1,176 @@
+"""Raw files on disk (DESIGN §2, §3): create, append, truncate, read, and per-file locks.
+
+Files are created with ``O_EXCL`` and their directory fsynced, appended with one ``write`` on
+an ``O_APPEND`` descriptor followed by ``fsync``, and never opened through a symlink. Paths
+are made only from server-made file ids, never from anything a client sent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import filelock
+
+from pipeline import errors
+
+SUBDIRS = {"session": "sessions", "upload": "uploads", "external": "external"}
+LOCK_STRIPES = 1024  #: lock files under <data>/.locks; a file maps to one by hash
+_OPEN_FLAGS = os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
+def relative_path(source_type: str, file_id: str) -> str:
+    """Where a live file lives, relative to the data directory."""
+    return f"raw/{SUBDIRS[source_type]}/{file_id}.md"
+
+
+def _storage_error(action: str, path: Path, exc: OSError) -> errors.StorageUnavailable:
+    return errors.StorageUnavailable(f"cannot {action} {path}: {exc.strerror or exc}")
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a directory entry (a create, rename or unlink) durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def size(path: Path) -> int | None:
+    """The file's length, or None when it does not exist. A symlink is refused."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise _storage_error("stat", path, exc) from exc
+    if not stat.S_ISREG(st.st_mode):
+        raise errors.FileDamaged(f"{path} is not a regular file")
+    return st.st_size
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def create(path: Path, data: bytes) -> None:
+    """Create ``path`` holding ``data``, failing if it exists; durable on return."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | _OPEN_FLAGS, 0o644)
+    except OSError as exc:
+        raise _storage_error("create", path, exc) from exc
+    try:
+        _write_all(fd, data)
+        os.fsync(fd)
+    except OSError as exc:
+        # Leave nothing half-written behind: the caller has not committed this file.
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise _storage_error("write", path, exc) from exc
+    finally:
+        os.close(fd)
+    try:
+        fsync_dir(path.parent)
+    except OSError as exc:
+        raise _storage_error("fsync directory of", path, exc) from exc
+
+
+def append(path: Path, data: bytes, *, expected_size: int) -> int:
+    """Append ``data`` in one write and fsync; returns the new length.
+
+    The file must be exactly ``expected_size`` long; on any failure it is cut back to that
+    length, as mailbox's ``_append_message`` does, so no partial block survives a failed call.
+    """
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | _OPEN_FLAGS)
+    except OSError as exc:
+        raise _storage_error("open", path, exc) from exc
+    try:
+        current = os.fstat(fd).st_size
+        if current != expected_size:
+            raise errors.FileDamaged(
+                f"{path} is {current} bytes, expected {expected_size} before appending"
+            )
+        try:
+            _write_all(fd, data)
+            os.fsync(fd)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, expected_size)
+                os.fsync(fd)
+            raise _storage_error("append to", path, exc) from exc
+        return expected_size + len(data)
+    finally:
+        os.close(fd)
+
+
+def truncate(path: Path, length: int) -> None:
+    """Cut ``path`` back to ``length`` bytes, durably."""
+    try:
+        fd = os.open(path, os.O_WRONLY | _OPEN_FLAGS)
+        try:
+            os.ftruncate(fd, length)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise _storage_error("truncate", path, exc) from exc
+
+
+def read(path: Path, length: int | None = None) -> bytes:
+    """The file's bytes (the first ``length`` of them when given)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | _OPEN_FLAGS)
+    except FileNotFoundError:
+        raise errors.NotFound(f"raw file {path} is missing") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise errors.FileDamaged(f"{path} is a symlink; refusing to follow it") from None
+        raise _storage_error("open", path, exc) from exc
+    try:
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            return handle.read() if length is None else handle.read(length)
+    except OSError as exc:
+        raise _storage_error("read", path, exc) from exc
+    finally:
+        os.close(fd)
+
+
+def remove(path: Path) -> None:
+    """Unlink ``path`` (if present) and fsync its directory."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise _storage_error("remove", path, exc) from exc
+    fsync_dir(path.parent)
+
+
+@contextlib.contextmanager
+def lock(data_dir: Path, file_id: str, *, timeout: float) -> Iterator[None]:
+    """Hold the per-file lock (one of :data:`LOCK_STRIPES` lock files on the data volume)."""
+    stripe = int(hashlib.sha256(file_id.encode()).hexdigest()[:8], 16) % LOCK_STRIPES
+    lock_dir = data_dir / ".locks"
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    file_lock = filelock.FileLock(
+        str(lock_dir / f"{stripe:04d}.lock"), thread_local=False, poll_interval=0.005
+    )
+    try:
+        file_lock.acquire(timeout=timeout)
+    except filelock.Timeout:
+        raise errors.LockTimeout(f"lock for file {file_id} not acquired in {timeout}s") from None
+    try:
+        yield
+    finally:
+        file_lock.release()
