@@ -1,0 +1,645 @@
+"""The L0 file format: pure parse and render, no I/O (DESIGN §2).
+
+A file is a YAML frontmatter followed by message blocks::
+
+    ---
+    format_version: 1
+    file_id: "…"
+    …
+    ---
+
+    # 2026-08-03T11:18:06Z user
+
+    body
+
+    ## 2026-08-03T11:20:05Z tool
+
+    **tool**: read_file
+
+    output
+
+Only a line matching :data:`HEADING` in full is a heading. Body lines that a looser reader
+could mistake for a heading are escaped with one more leading backslash on write and lose one
+on read, so every text round-trips: ``parse(render(x)).content == canonical(x)``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import math
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from pipeline import errors
+
+FORMAT_VERSION = 1
+ROLES = ("user", "assistant", "tool", "system")
+SOURCE_TYPES = ("session", "upload", "external")
+
+#: a message heading, the whole line (lines are split on ``\n`` only)
+HEADING = re.compile(
+    r"(#|##) ([0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,6})?Z)"
+    r" (user|assistant|tool|system)"
+)
+_HEADING_BYTES = re.compile(HEADING.pattern.encode("ascii"))
+#: the seed's loose heading rule; body lines matching it (after any backslashes) are escaped
+LOOSE_HEADING = re.compile(r"^#{1,2} .* (?:user|assistant|tool|system)$", re.MULTILINE)
+_ESCAPE = re.compile(r"^(\\*#{1,2} .* (?:user|assistant|tool|system))$", re.MULTILINE)
+_UNESCAPE = re.compile(r"^\\(\\*#{1,2} .* (?:user|assistant|tool|system))$", re.MULTILINE)
+_TOOL_LINE = re.compile(r"\*\*tool\*\*: (.*)")
+_AGENT_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
+_TS = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,6})?Z")
+#: characters a YAML double-quoted scalar must escape (quotes, breaks, non-printables)
+_YAML_ESCAPE = re.compile('[\\\\"\x00-\x1f\x7f-\x9f\u2028\u2029\ufeff\ufffe\uffff]')
+_YAML_NAMED = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Input limits (DESIGN §2.10); every one is refused with a clear error."""
+
+    max_session_key: int = 512
+    max_metadata_bytes: int = 8 * 1024
+    max_message_bytes: int = 8 * 1024 * 1024
+    max_append_messages: int = 1000
+    max_append_bytes: int = 32 * 1024 * 1024
+
+
+DEFAULT_LIMITS = Limits()
+
+
+@dataclass(frozen=True)
+class Header:
+    """The frontmatter: immutable facts about a file."""
+
+    file_id: str
+    session_key: str
+    agent_id: str
+    source_type: str
+    started_at: str
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    format_version: int = FORMAT_VERSION
+
+
+@dataclass(frozen=True)
+class Message:
+    """One message; ``seq`` is its 1-based position in the file (0 until placed)."""
+
+    role: str
+    content: str
+    ts: str
+    tool_name: str | None = None
+    seq: int = 0
+
+
+@dataclass(frozen=True)
+class Document:
+    """A parsed file: its header and its messages in file order."""
+
+    header: Header
+    messages: tuple[Message, ...]
+
+    def source_ref(self, seq: int) -> str:
+        """``file_id:seq`` for a message of this file."""
+        return f"{self.header.file_id}:{seq}"
+
+
+# ---------------------------------------------------------------------------------------------
+# validation of what clients send
+
+
+def check_text(value: str, what: str) -> bytes:
+    """Return ``value`` as UTF-8, refusing NUL and lone surrogates."""
+    if "\x00" in value:
+        raise errors.InvalidInput(f"{what} contains a NUL character")
+    try:
+        return value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise errors.InvalidInput(
+            f"{what} contains a lone surrogate at index {exc.start}"
+        ) from None
+
+
+def check_session_key(value: object, limits: Limits = DEFAULT_LIMITS) -> str:
+    """A session_key: 1..512 characters, no control characters."""
+    if not isinstance(value, str):
+        raise errors.InvalidInput(f"session_key must be a string, not {type(value).__name__}")
+    if not 1 <= len(value) <= limits.max_session_key:
+        raise errors.InvalidInput(
+            f"session_key must be 1..{limits.max_session_key} characters, got {len(value)}"
+        )
+    bad = _CONTROL.search(value)
+    if bad:
+        raise errors.InvalidInput(
+            f"session_key contains control character {bad.group()!r} at index {bad.start()}"
+        )
+    check_text(value, "session_key")
+    return value
+
+
+def check_agent_id(value: object) -> str:
+    """An agent_id: ``[A-Za-z0-9_.-]{1,64}``."""
+    if not isinstance(value, str) or not _AGENT_ID.fullmatch(value):
+        raise errors.InvalidInput(f"agent_id must match [A-Za-z0-9_.-]{{1,64}}, got {value!r}")
+    return value
+
+
+def check_source_type(value: object, allowed: Iterable[str] = SOURCE_TYPES) -> str:
+    """One of the source types in ``allowed``."""
+    allowed = tuple(allowed)
+    if value not in allowed:
+        raise errors.InvalidInput(f"source_type must be one of {', '.join(allowed)}; got {value!r}")
+    assert isinstance(value, str)
+    return value
+
+
+def check_file_id(value: object) -> str:
+    """A lowercase UUID4 as made by the server."""
+    if not isinstance(value, str) or not _UUID.fullmatch(value):
+        raise errors.InvalidInput(f"not a file_id (a UUID4): {value!r}")
+    return value
+
+
+def check_metadata(value: object, limits: Limits = DEFAULT_LIMITS) -> dict[str, Any]:
+    """A JSON object of at most ``max_metadata_bytes`` once encoded."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise errors.InvalidInput(f"metadata must be a JSON object, not {type(value).__name__}")
+    try:
+        encoded = json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise errors.InvalidInput(f"metadata is not plain JSON: {exc}") from None
+    size = len(check_text(encoded, "metadata"))
+    if size > limits.max_metadata_bytes:
+        raise errors.InvalidInput(
+            f"metadata is {size} bytes encoded; the limit is {limits.max_metadata_bytes}"
+        )
+    return value
+
+
+def format_ts(when: dt.datetime) -> str:
+    """UTC, ``Z`` suffix, seconds, and the fraction only when there is one."""
+    when = when.astimezone(dt.UTC) if when.tzinfo else when
+    # not strftime: its %Y gives "999" for the year 999 and the heading would stop matching
+    text = (
+        f"{when.year:04d}-{when.month:02d}-{when.day:02d}"
+        f"T{when.hour:02d}:{when.minute:02d}:{when.second:02d}"
+    )
+    if when.microsecond:
+        text += f".{when.microsecond:06d}".rstrip("0")
+    return text + "Z"
+
+
+def parse_ts(text: str) -> dt.datetime:
+    """The aware UTC datetime of a timestamp this module wrote."""
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def normalize_ts(value: object, *, default: dt.datetime | None = None) -> str:
+    """Any accepted timestamp as the file's form; ``None`` becomes ``default`` (receive time).
+
+    Accepted: ISO 8601 with ``Z`` or an offset (converted to UTC), ISO 8601 without an offset
+    (taken as UTC), or Unix seconds as a number.
+    """
+    if value is None:
+        return format_ts(default or dt.datetime.now(dt.UTC))
+    if isinstance(value, bool):
+        raise errors.InvalidInput(f"bad timestamp {value!r}")
+    if isinstance(value, int | float):
+        if not math.isfinite(value):
+            raise errors.InvalidInput(f"bad timestamp {value!r}")
+        try:
+            return format_ts(dt.datetime.fromtimestamp(value, dt.UTC))
+        except (OverflowError, OSError, ValueError):
+            raise errors.InvalidInput(f"timestamp out of range: {value!r}") from None
+    if not isinstance(value, str):
+        raise errors.InvalidInput(f"bad timestamp {value!r}")
+    text = value.strip()
+    if text.endswith(("Z", "z")):
+        text = text[:-1] + "+00:00"
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise errors.InvalidInput(f"bad timestamp {value!r}: expected ISO 8601") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    try:
+        return format_ts(when.astimezone(dt.UTC))
+    except (OverflowError, ValueError):
+        raise errors.InvalidInput(f"timestamp out of range: {value!r}") from None
+
+
+def make_message(
+    raw: object,
+    *,
+    index: int = 0,
+    received_at: dt.datetime | None = None,
+    limits: Limits = DEFAULT_LIMITS,
+) -> Message:
+    """Validate one client message ``{"role", "content", "ts"?, "tool_name"?}``."""
+    where = f"messages[{index}]"
+    if not isinstance(raw, Mapping):
+        raise errors.InvalidInput(f"{where} must be an object")
+    unknown = set(raw) - {"role", "content", "ts", "tool_name"}
+    if unknown:
+        raise errors.InvalidInput(f"{where} has unknown fields: {', '.join(sorted(unknown))}")
+    role = raw.get("role")
+    if role not in ROLES:
+        raise errors.InvalidInput(f"{where}.role must be one of {', '.join(ROLES)}; got {role!r}")
+    content = raw.get("content")
+    if not isinstance(content, str):
+        raise errors.InvalidInput(f"{where}.content must be a string")
+    size = len(check_text(content, f"{where}.content"))
+    if size > limits.max_message_bytes:
+        raise errors.InvalidInput(
+            f"{where}.content is {size} bytes; the limit is {limits.max_message_bytes}"
+        )
+    tool_name = raw.get("tool_name")
+    if role == "tool":
+        if not isinstance(tool_name, str) or not tool_name.strip():
+            raise errors.InvalidInput(f"{where}: a tool message needs a non-empty tool_name")
+        if _CONTROL.search(tool_name) or len(tool_name) > 200:
+            raise errors.InvalidInput(
+                f"{where}.tool_name must be one line of at most 200 characters"
+            )
+        check_text(tool_name, f"{where}.tool_name")
+    elif tool_name is not None:
+        raise errors.InvalidInput(f"{where}: tool_name is only allowed on role 'tool'")
+    try:
+        ts = normalize_ts(raw.get("ts"), default=received_at)
+    except errors.InvalidInput as exc:
+        raise errors.InvalidInput(f"{where}.ts: {exc.detail}") from None
+    return Message(role=role, content=content, ts=ts, tool_name=tool_name)
+
+
+# ---------------------------------------------------------------------------------------------
+# render
+
+
+def canonical(text: str) -> str:
+    """What a body reads back as: leading and trailing line breaks removed, nothing else.
+
+    Trailing ``\\r`` characters go too: the writer follows every body with ``\\n``, so a
+    trailing ``\\r`` would read back as part of a ``\\r\\n`` break and be lost anyway.
+    """
+    start = 0
+    while True:
+        if text.startswith("\n", start):
+            start += 1
+        elif text.startswith("\r\n", start):
+            start += 2
+        else:
+            break
+    return text[start:].rstrip("\r\n")
+
+
+def escape(body: str) -> str:
+    """Add one backslash to every line a loose reader could take for a heading."""
+    if "#" not in body:
+        return body
+    return _ESCAPE.sub(r"\\\1", body)
+
+
+def unescape(body: str) -> str:
+    """Inverse of :func:`escape`."""
+    if "\\" not in body:
+        return body
+    return _UNESCAPE.sub(r"\1", body)
+
+
+def _yaml_quote(value: str) -> str:
+    def one(match: re.Match[str]) -> str:
+        char = match.group()
+        named = _YAML_NAMED.get(char)
+        if named:
+            return named
+        code = ord(char)
+        return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+    return '"' + _YAML_ESCAPE.sub(one, value) + '"'
+
+
+def _yaml_key(key: str, pad: str) -> str:
+    """A mapping key; a long one in the explicit ``? key`` form, as YAML loaders refuse an
+    implicit key longer than 1024 characters (the whole frontmatter would be unreadable)."""
+    quoted = _yaml_quote(key)
+    if len(quoted) > 1000:
+        return f"{pad}? {quoted}\n{pad}"
+    return f"{pad}{quoted}"
+
+
+def _yaml_value(value: Any, indent: int) -> str:
+    """Block YAML for a JSON value; every string double-quoted so it reads back as itself."""
+    pad = "  " * indent
+    if isinstance(value, dict):
+        if not value:
+            return " {}\n"
+        return "\n" + "".join(
+            f"{_yaml_key(str(key), pad)}:{_yaml_value(item, indent + 1)}"
+            for key, item in value.items()
+        )
+    if isinstance(value, list):
+        if not value:
+            return " []\n"
+        return "\n" + "".join(
+            f"{pad}-{_yaml_value(item, indent + 1)}" for item in value
+        )
+    if value is None:
+        return " null\n"
+    if value is True or value is False:
+        return " true\n" if value else " false\n"
+    if isinstance(value, int):
+        return f" {value}\n"
+    if isinstance(value, float):
+        text = repr(value)
+        if "e" in text and "." not in text.split("e")[0]:
+            mantissa, exponent = text.split("e")
+            text = f"{mantissa}.0e{exponent}"
+        elif "." not in text and "e" not in text:
+            text += ".0"
+        return f" {text}\n"
+    return f" {_yaml_quote(str(value))}\n"
+
+
+def render_frontmatter(header: Header) -> str:
+    """The frontmatter block, keys in spec order, strings quoted, ending in a blank line."""
+    lines = [
+        "---\n",
+        f"format_version: {header.format_version}\n",
+        f"file_id: {_yaml_quote(header.file_id)}\n",
+        f"session_key: {_yaml_quote(header.session_key)}\n",
+        f"agent_id: {_yaml_quote(header.agent_id)}\n",
+        f"source_type: {_yaml_quote(header.source_type)}\n",
+        f"started_at: {_yaml_quote(header.started_at)}\n",
+    ]
+    if header.metadata:
+        lines.append("metadata:" + _yaml_value(dict(header.metadata), 1))
+    lines.append("---\n\n")
+    return "".join(lines)
+
+
+def render_block(message: Message, *, first: bool) -> str:
+    """One message block: heading, blank line, escaped body, blank line."""
+    marker = "#" if first else "##"
+    body = escape(canonical(message.content))
+    if message.role == "tool" and message.tool_name is not None:
+        body = f"**tool**: {message.tool_name}\n\n{body}" if body else f"**tool**: {message.tool_name}"
+    return f"{marker} {message.ts} {message.role}\n\n{body}\n\n"
+
+
+def render_upload(content: str) -> str:
+    """The body of an upload file: the document itself, escaped, with no heading."""
+    return escape(canonical(content)) + "\n"
+
+
+def render(header: Header, messages: Iterable[Message]) -> str:
+    """A whole session or external file."""
+    blocks = [render_block(m, first=i == 0) for i, m in enumerate(messages)]
+    return render_frontmatter(header) + "".join(blocks)
+
+
+# ---------------------------------------------------------------------------------------------
+# parse
+
+#: a quoted string with nothing the writer escapes: read literally, it means what YAML reads
+#: (a raw ``\r``, ``\x85`` or control character would not, so such text takes the YAML path)
+_FAST_CHARS = r'[^"\\\x00-\x1f\x7f-\x9f\u2028\u2029\ufeff\ufffe\uffff]*'
+_FAST_ITEM = rf'  "{_FAST_CHARS}": "{_FAST_CHARS}"\n'
+_FAST_FRONTMATTER = re.compile(
+    r"format_version: ([0-9]+)\n"
+    rf'file_id: "({_FAST_CHARS})"\n'
+    rf'session_key: "({_FAST_CHARS})"\n'
+    rf'agent_id: "({_FAST_CHARS})"\n'
+    rf'source_type: "({_FAST_CHARS})"\n'
+    rf'started_at: "({_FAST_CHARS})"\n'
+    rf"((?:metadata: \{{\}}\n)|(?:metadata:\n(?:{_FAST_ITEM})+))?"
+)
+_FAST_META_ITEM = re.compile(rf'  "({_FAST_CHARS})": "({_FAST_CHARS})"\n')
+
+
+def split_frontmatter(text: str) -> tuple[str, int]:
+    """The YAML between the ``---`` lines and the offset just past the closing ``---`` line."""
+    if not text.startswith("---\n"):
+        first = text.split("\n", 1)[0]
+        raise errors.FormatError(f"line 1: expected '---' to open the frontmatter, got {first[:40]!r}")
+    if text.startswith("---\n", 4):
+        return "", 8
+    end = text.find("\n---\n", 3)
+    if end < 0:
+        if text.endswith("\n---"):
+            end = len(text) - 4
+        else:
+            raise errors.FormatError("line 1: unterminated frontmatter (no closing '---' line)")
+    return text[4 : end + 1], min(end + 5, len(text))
+
+
+def _header_from_mapping(data: object) -> Header:
+    if not isinstance(data, dict):
+        raise errors.FormatError("frontmatter is not a YAML mapping")
+    version = data.get("format_version")
+    if type(version) is not int or version != FORMAT_VERSION:
+        raise errors.FormatError(f"unknown format_version {version!r}")
+    started = data.get("started_at")
+    if isinstance(started, dt.datetime):
+        started = format_ts(started if started.tzinfo else started.replace(tzinfo=dt.UTC))
+    for key in ("file_id", "session_key", "agent_id", "source_type"):
+        if not isinstance(data.get(key), str):
+            raise errors.FormatError(f"frontmatter field {key} must be a string, got {data.get(key)!r}")
+    if not isinstance(started, str) or not _TS.fullmatch(started):
+        raise errors.FormatError(f"frontmatter field started_at is not a UTC timestamp: {started!r}")
+    if data["source_type"] not in SOURCE_TYPES:
+        raise errors.FormatError(f"frontmatter source_type {data['source_type']!r} is unknown")
+    metadata = data.get("metadata")
+    if metadata is None:
+        metadata = {}
+    if not isinstance(metadata, dict):
+        raise errors.FormatError(f"frontmatter metadata must be a mapping, got {metadata!r}")
+    return Header(
+        file_id=data["file_id"],
+        session_key=data["session_key"],
+        agent_id=data["agent_id"],
+        source_type=data["source_type"],
+        started_at=started,
+        metadata=metadata,
+        format_version=version,
+    )
+
+
+def parse_header(yaml_text: str) -> Header:
+    """The frontmatter's YAML as a :class:`Header`; our own shape takes a fast path."""
+    fast = _FAST_FRONTMATTER.fullmatch(yaml_text)
+    if fast:
+        version, file_id, session_key, agent_id, source_type, started_at, meta = fast.groups()
+        metadata = dict(_FAST_META_ITEM.findall(meta)) if meta else {}
+        return _header_from_mapping(
+            {
+                "format_version": int(version),
+                "file_id": file_id,
+                "session_key": session_key,
+                "agent_id": agent_id,
+                "source_type": source_type,
+                "started_at": started_at,
+                "metadata": metadata,
+            }
+        )
+    try:
+        data = yaml.safe_load(yaml_text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f"line {mark.line + 2}: " if mark is not None else ""
+        raise errors.FormatError(f"{line}frontmatter is not valid YAML: {exc}") from None
+    return _header_from_mapping(data)
+
+
+def iter_headings(text: str, start: int = 0) -> Iterator[tuple[int, int, re.Match[str]]]:
+    """``(line_start, line_end, match)`` of every heading from ``start`` (a line start) on.
+
+    A heading can only begin at a line start with a ``#``, so the scan jumps between
+    ``\\n#`` pairs with ``str.find`` and runs the strict pattern only on those lines.
+    """
+    find = text.find
+    match = HEADING.fullmatch
+    size = len(text)
+    if text.startswith("#", start):
+        line = start
+    else:
+        pos = find("\n#", start)
+        line = pos + 1 if pos >= 0 else -1
+    while line >= 0:
+        end = find("\n", line)
+        if end < 0:
+            end = size
+        m = match(text, line, end)
+        if m:
+            yield line, end, m
+        pos = find("\n#", end)
+        line = pos + 1 if pos >= 0 else -1
+
+
+def _strip_breaks(text: str) -> str:
+    """Remove leading and trailing ``\\n`` / ``\\r\\n`` line breaks (the parser's rule)."""
+    start = 0
+    while True:
+        if text.startswith("\n", start):
+            start += 1
+        elif text.startswith("\r\n", start):
+            start += 2
+        else:
+            break
+    end = len(text)
+    while end > start and text[end - 1] == "\n":
+        end -= 2 if end - 2 >= start and text[end - 2] == "\r" else 1
+    return text[start:end] if start or end < len(text) else text
+
+
+def _message(seq: int, ts: str, role: str, raw: str) -> Message:
+    tool_name = None
+    body = _strip_breaks(raw)
+    if role == "tool" and body.startswith("**tool**: "):
+        first, _, rest = body.partition("\n")
+        tool = _TOOL_LINE.fullmatch(first)
+        if tool:
+            tool_name = tool.group(1)
+            body = _strip_breaks(rest)
+    return Message(role=role, content=unescape(body), ts=ts, tool_name=tool_name, seq=seq)
+
+
+def parse(text: str, *, file_id: str | None = None) -> Document:
+    """A whole file. ``file_id``, when given, must equal the frontmatter's."""
+    yaml_text, offset = split_frontmatter(text)
+    try:
+        header = parse_header(yaml_text)
+    except errors.FormatError:
+        raise
+    if file_id is not None and header.file_id != file_id:
+        raise errors.FormatError(
+            f"line 3: file_id {header.file_id!r} is not the file's own id {file_id!r}"
+        )
+    headings = list(iter_headings(text, offset))
+    if not headings:
+        content = unescape(_strip_breaks(text[offset:]))
+        message = Message(role="user", content=content, ts=header.started_at, seq=1)
+        return Document(header=header, messages=(message,))
+    messages = []
+    for i, (_, end, m) in enumerate(headings):
+        stop = headings[i + 1][0] if i + 1 < len(headings) else len(text)
+        messages.append(_message(i + 1, m.group(2), m.group(3), text[end + 1 : stop]))
+    return Document(header=header, messages=tuple(messages))
+
+
+# ---------------------------------------------------------------------------------------------
+# blocks and the hash chain (DESIGN §3)
+
+
+def _block_starts(data: bytes, start: int) -> list[int]:
+    """Offsets of the heading lines in ``data`` from ``start`` (a line start) on."""
+    starts = []
+    match = _HEADING_BYTES.fullmatch
+    find = data.find
+    size = len(data)
+    if data.startswith(b"#", start):
+        line = start
+    else:
+        pos = find(b"\n#", start)
+        line = pos + 1 if pos >= 0 else -1
+    while line >= 0:
+        end = find(b"\n", line)
+        if end < 0:
+            end = size
+        if match(data, line, end):
+            starts.append(line)
+        pos = find(b"\n#", end)
+        line = pos + 1 if pos >= 0 else -1
+    return starts
+
+
+def block_offsets(data: bytes) -> tuple[int, list[int]]:
+    """``(body_start, starts)``: where the frontmatter ends and where each block begins.
+
+    A file without any heading has one block: everything after the frontmatter.
+    """
+    if not data.startswith(b"---\n"):
+        raise errors.FormatError("line 1: expected '---' to open the frontmatter")
+    if data.startswith(b"---\n", 4):
+        body = 8
+    else:
+        end = data.find(b"\n---\n", 3)
+        if end < 0:
+            raise errors.FormatError("line 1: unterminated frontmatter (no closing '---' line)")
+        body = end + 5
+    return body, _block_starts(data, body) or [body]
+
+
+def chain_start(prefix: bytes) -> bytes:
+    """``h0``: the digest of every byte before the first block."""
+    return hashlib.sha256(prefix).digest()
+
+
+def chain_extend(head: bytes, block: bytes) -> bytes:
+    """``h_i = sha256(h_{i-1} ‖ block_i)``."""
+    return hashlib.sha256(head + block).digest()
+
+
+def chain(data: bytes) -> tuple[bytes, int]:
+    """``(head, block count)`` of a whole file's bytes."""
+    _, starts = block_offsets(data)
+    head = chain_start(data[: starts[0]])
+    bounds = [*starts, len(data)]
+    for lo, hi in zip(bounds, bounds[1:], strict=False):
+        head = chain_extend(head, data[lo:hi])
+    return head, len(starts)
+
+
+def split_rendered(blocks: bytes) -> list[bytes]:
+    """Rendered blocks (as the writer made them, back to back) split into single blocks."""
+    bounds = [*_block_starts(blocks, 0), len(blocks)]
+    return [blocks[lo:hi] for lo, hi in zip(bounds, bounds[1:], strict=False)]
