@@ -1,0 +1,220 @@
+"""Integrity: ``fsck`` (recompute every file's hash chain, length and message count against the
+index) and ``reindex`` (rebuild ``raw_files`` from the files alone — the files are the truth).
+
+fsck only reports; each problem is also written as an anomaly whose kind starts ``fsck_``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from pipeline import document, errors, index, journal, store
+
+Progress = Callable[[int], None]  #: called with the number of files just finished
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """One thing fsck found wrong with one file."""
+
+    file_id: str
+    kind: str
+    detail: str
+
+    def to_json(self) -> dict[str, str]:
+        """As ``sgme fsck --json`` prints it."""
+        return dataclasses.asdict(self)
+
+
+def check_bytes(row: index.FileRow, data: bytes) -> list[Problem]:
+    """Compare a file's bytes with what the index committed for it."""
+    problems: list[Problem] = []
+
+    def problem(kind: str, detail: str) -> None:
+        problems.append(Problem(row.file_id, kind, detail))
+
+    committed = row.flushed_bytes
+    if len(data) < committed:
+        problem("truncated", f"{len(data)} bytes on disk, {committed} committed")
+    elif len(data) > committed:
+        problem("uncommitted_tail", f"{len(data) - committed} bytes past the committed length")
+    body = data[:committed]
+    try:
+        head, blocks = document.chain(body)
+    except errors.FormatError as exc:
+        problem("format_error", exc.detail)
+        return problems
+    if blocks != row.flushed_seq:
+        problem("message_count", f"{blocks} messages in the file, {row.flushed_seq} committed")
+    if head.hex() != row.chain_head:
+        problem("chain_mismatch", "hash chain differs: the file was changed behind our back")
+    try:
+        doc = document.parse(body.decode("utf-8"), file_id=row.file_id)
+    except UnicodeDecodeError as exc:
+        problem("format_error", f"not UTF-8 at byte {exc.start}")
+        return problems
+    except errors.FormatError as exc:
+        problem("format_error", exc.detail)
+        return problems
+    header = doc.header
+    expected = (row.agent_id, row.source_type, row.session_key)
+    if (header.agent_id, header.source_type, header.session_key) != expected:
+        problem(
+            "header_mismatch", "frontmatter agent_id/source_type/session_key differ from the index"
+        )
+    return problems
+
+
+def check_file(data_dir: Path, row: index.FileRow) -> list[Problem]:
+    """fsck of one indexed file."""
+    if row.flushed_bytes == 0:
+        return []
+    path = data_dir / row.path
+    try:
+        data = store.read(path)
+    except errors.NotFound:
+        return [Problem(row.file_id, "missing", f"{row.path} does not exist")]
+    except errors.SgmeError as exc:
+        return [Problem(row.file_id, "unreadable", exc.detail)]
+    return check_bytes(row, data)
+
+
+def _all_rows(engine: sa.Engine) -> Iterator[index.FileRow]:
+    after: str | None = None
+    while True:
+        with index.transaction(engine) as conn:
+            rows = index.list_files(conn, after=after, limit=500)
+        yield from rows
+        if len(rows) < 500:
+            return
+        after = rows[-1].file_id
+
+
+def count_files(engine: sa.Engine) -> int:
+    """How many files the index holds (for progress bars)."""
+    with index.transaction(engine) as conn:
+        return sum(index.count_files_by_status(conn).values())
+
+
+def _disk_files(data_dir: Path) -> Iterator[tuple[str, Path]]:
+    for source_type, subdir in store.SUBDIRS.items():
+        folder = data_dir / "raw" / subdir
+        if folder.is_dir():
+            for path in sorted(folder.glob("*.md")):
+                yield source_type, path
+
+
+def fsck(engine: sa.Engine, data_dir: Path, *, progress: Progress | None = None) -> list[Problem]:
+    """Check every indexed file and look for files the index does not know."""
+    problems: list[Problem] = []
+    known: set[str] = set()
+    for row in _all_rows(engine):
+        known.add(row.path)
+        problems.extend(check_file(data_dir, row))
+        if progress:
+            progress(1)
+    for _, path in _disk_files(data_dir):
+        relative = path.relative_to(data_dir).as_posix()
+        if relative not in known:
+            problems.append(Problem(path.stem, "not_indexed", f"{relative} is not in the index"))
+    if problems:
+        with index.transaction(engine) as conn:
+            for p in problems:
+                index.record_anomaly(conn, p.file_id, f"fsck_{p.kind}", p.detail)
+    return problems
+
+
+@dataclasses.dataclass(frozen=True)
+class ReindexReport:
+    """What ``reindex`` did."""
+
+    scanned: int
+    inserted: int
+    updated: int
+    failed: list[Problem]
+
+
+def reindex(
+    engine: sa.Engine,
+    data_dir: Path,
+    *,
+    lock_timeout: float = 30.0,
+    progress: Progress | None = None,
+) -> ReindexReport:
+    """Rebuild ``raw_files`` from the files on disk.
+
+    Pending journal rows are flushed first, so the files hold everything acknowledged. For each
+    file the file-derived columns (path, header fields, message count, committed length, chain
+    head, ended_at) are set from the file; refinement state is kept where a row exists and
+    clamped to the file's message count.
+    """
+    with index.transaction(engine) as conn:
+        pending = index.stale_journal_files(conn, None)
+    for file_id in pending:
+        journal.flush(engine, data_dir, file_id, lock_timeout=lock_timeout)
+    scanned = inserted = updated = 0
+    failed: list[Problem] = []
+    for source_type, path in _disk_files(data_dir):
+        scanned += 1
+        try:
+            data = store.read(path)
+            doc = document.parse(data.decode("utf-8"), file_id=path.stem)
+            head, count = document.chain(data)
+        except (UnicodeDecodeError, errors.SgmeError) as exc:
+            detail = exc.detail if isinstance(exc, errors.SgmeError) else f"not UTF-8: {exc}"
+            failed.append(Problem(path.stem, "unreadable", detail))
+            if progress:
+                progress(1)
+            continue
+        header = doc.header
+        if header.source_type != source_type:
+            failed.append(
+                Problem(
+                    path.stem, "misplaced", f"a {header.source_type} file in raw/{path.parent.name}"
+                )
+            )
+        last_ts = max(m.ts for m in doc.messages)
+        values = {
+            "path": path.relative_to(data_dir).as_posix(),
+            "source_type": header.source_type,
+            "agent_id": header.agent_id,
+            "session_key": header.session_key,
+            "metadata_json": json.dumps(dict(header.metadata), ensure_ascii=False),
+            "started_at": document.parse_ts(header.started_at).replace(tzinfo=None),
+            "ended_at": document.parse_ts(last_ts).replace(tzinfo=None),
+            "flushed_seq": count,
+            "flushed_bytes": len(data),
+            "chain_head": head.hex(),
+            "flush_pending": False,
+        }
+        with index.transaction(engine) as conn:
+            row = index.get_file(conn, header.file_id, for_update=True)
+            if row is None:
+                index.insert_file(
+                    conn, file_id=header.file_id, status="new", next_seq=count + 1, **values
+                )
+                inserted += 1
+            else:
+                refined = min(row.last_refined_seq, count)
+                status = "refined" if refined == count else "new"
+                index.update_file(
+                    conn,
+                    header.file_id,
+                    next_seq=max(row.next_seq, count + 1),
+                    last_refined_seq=refined,
+                    status=status,
+                    **values,
+                )
+                updated += 1
+        if progress:
+            progress(1)
+    if failed:
+        with index.transaction(engine) as conn:
+            for p in failed:
+                index.record_anomaly(conn, p.file_id, f"reindex_{p.kind}", p.detail)
+    return ReindexReport(scanned, inserted, updated, failed)

@@ -1,0 +1,102 @@
+"""Reading raw files through the index: committed bytes, parsed documents, single messages.
+
+Reads stop at the committed length (``flushed_bytes``), so a half-written tail that a crashed
+flush left behind is never served as content.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from pipeline import document, errors, index, store
+
+
+@dataclasses.dataclass(frozen=True)
+class Ref:
+    """A message found by its source_ref, with its neighbours."""
+
+    file: index.FileRow
+    message: document.Message
+    before: tuple[document.Message, ...]
+    after: tuple[document.Message, ...]
+
+
+def parse_ref(ref: str) -> tuple[str, int]:
+    """``"file_id:seq"`` → ``(file_id, seq)``."""
+    file_id, sep, seq = ref.rpartition(":")
+    if not sep or not seq.isdigit() or int(seq) < 1:
+        raise errors.InvalidInput(f"not a source_ref (file_id:seq): {ref!r}")
+    return document.check_file_id(file_id), int(seq)
+
+
+def get_file(engine: sa.Engine, file_id: str) -> index.FileRow:
+    """The index row of ``file_id``; NotFound when there is none."""
+    document.check_file_id(file_id)
+    with index.transaction(engine) as conn:
+        row = index.get_file(conn, file_id)
+    if row is None:
+        raise errors.NotFound(f"no file {file_id}")
+    return row
+
+
+def read_bytes(data_dir: Path, row: index.FileRow) -> bytes:
+    """The committed bytes of a file (empty while nothing is flushed)."""
+    if row.flushed_bytes == 0:
+        return b""
+    data = store.read(data_dir / row.path, row.flushed_bytes)
+    if len(data) < row.flushed_bytes:
+        raise errors.FileDamaged(
+            f"file {row.file_id} is {len(data)} bytes but {row.flushed_bytes} were committed"
+        )
+    return data
+
+
+def read_document(
+    engine: sa.Engine, data_dir: Path, row: index.FileRow
+) -> document.Document | None:
+    """The parsed file, or None while nothing is flushed.
+
+    A file that no longer parses is marked ``error`` with a ``format_error`` anomaly.
+    """
+    data = read_bytes(data_dir, row)
+    if not data:
+        return None
+    try:
+        return document.parse(data.decode("utf-8"), file_id=row.file_id)
+    except (UnicodeDecodeError, errors.FormatError) as exc:
+        detail = exc.detail if isinstance(exc, errors.FormatError) else f"not UTF-8: {exc}"
+        with index.transaction(engine) as conn:
+            index.update_file(conn, row.file_id, status="error")
+            index.record_anomaly(conn, row.file_id, "format_error", detail)
+        raise errors.FileDamaged(f"file {row.file_id}: {detail}") from None
+
+
+def messages(
+    engine: sa.Engine, data_dir: Path, file_id: str, *, after_seq: int = 0, limit: int = 100
+) -> list[document.Message]:
+    """Flushed messages of a file with ``seq > after_seq``, at most ``limit`` of them."""
+    doc = read_document(engine, data_dir, get_file(engine, file_id))
+    if doc is None:
+        return []
+    return list(doc.messages[after_seq : after_seq + limit])
+
+
+def resolve(engine: sa.Engine, data_dir: Path, ref: str, *, context: int = 1) -> Ref:
+    """The message a source_ref names, plus ``context`` neighbours on each side."""
+    file_id, seq = parse_ref(ref)
+    row = get_file(engine, file_id)
+    doc = read_document(engine, data_dir, row)
+    if doc is None or seq > len(doc.messages):
+        if seq < row.next_seq:
+            raise errors.NotFound(f"message {ref} is acknowledged but not flushed yet")
+        raise errors.NotFound(f"no message {ref}")
+    i = seq - 1
+    return Ref(
+        file=row,
+        message=doc.messages[i],
+        before=doc.messages[max(0, i - context) : i],
+        after=doc.messages[i + 1 : i + 1 + context],
+    )
