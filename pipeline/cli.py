@@ -1,0 +1,346 @@
+"""The ``sgme`` command.
+
+Every command takes ``--data-dir`` (env ``SGME_DATA_DIR``, default ``./data``),
+``--database-url`` (env ``SGME_DATABASE_URL``, default a SQLite file in the data dir) and
+``--config`` (env ``SGME_CONFIG``). Errors print one line to stderr and exit 2; ``fsck``
+exits 1 when it finds a problem.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ipaddress
+import json
+import logging
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from pipeline import errors, index, integrity, journal, raw
+from pipeline.settings import Settings
+
+EXIT_PROBLEMS = 1
+EXIT_ERROR = 2
+
+
+def _settings(args: argparse.Namespace, **extra: Any) -> Settings:
+    return Settings.load(
+        args.config, data_dir=args.data_dir, database_url=args.database_url, **extra
+    )
+
+
+def _engine(settings: Settings, *, migrate: bool = True) -> sa.Engine:
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    engine = index.create_engine(settings.index_url, busy_timeout=settings.sqlite_busy_timeout)
+    if migrate:
+        index.migrate(engine)
+    return engine
+
+
+def _print_json(value: Any) -> None:
+    json.dump(value, sys.stdout, ensure_ascii=False, indent=2)
+    sys.stdout.write("\n")
+
+
+@contextlib.contextmanager
+def _progress(label: str, total: int) -> Iterator[Callable[[int], None]]:
+    """A rich progress bar on stderr when it is a terminal; silent otherwise."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    console = Console(stderr=True)
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        disable=not console.is_terminal,
+        transient=True,
+    ) as bar:
+        task = bar.add_task(label, total=total)
+        yield lambda n: bar.advance(task, n)
+
+
+# ---------------------------------------------------------------------------------------------
+# commands
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    _engine(settings)
+    print(f"index at {settings.index_url} is up to date")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from pipeline import api, inprocess
+
+    settings = _settings(args, host=args.host, port=args.port)
+    if not _is_loopback(settings.host) and not settings.trust_network:
+        raise errors.InvalidInput(
+            f"refusing to listen on {settings.host}: there is no authentication yet, so the "
+            "server binds loopback addresses only (127.0.0.1, ::1, localhost) unless "
+            "SGME_TRUST_NETWORK=true says every client that can reach it is trusted"
+        )
+    engine = _engine(settings)
+    flusher = inprocess.Flusher(
+        engine,
+        settings.data_dir,
+        lock_timeout=settings.lock_timeout,
+        sweep_interval=settings.sweep_interval,
+        sweep_age=settings.sweep_age,
+    )
+    flusher.start()
+    app = api.create_app(settings, engine=engine, kick=flusher.kick)
+    print(
+        f"sgme: data in {settings.data_dir.resolve()}, index {settings.index_url}", file=sys.stderr
+    )
+    try:
+        uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level)
+    finally:
+        flusher.stop()
+    return 0
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def cmd_append(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    try:
+        body = json.load(sys.stdin)
+    except json.JSONDecodeError as exc:
+        raise errors.InvalidInput(f"stdin is not JSON: {exc}") from None
+    engine = _engine(settings)
+    result = journal.ingest(engine, body, limits=settings.limits)
+    journal.flush(engine, settings.data_dir, result.file_id, lock_timeout=settings.lock_timeout)
+    _print_json(result.to_json() | {"status": raw.get_file(engine, result.file_id).status})
+    return 0
+
+
+def cmd_upload(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    path = Path(args.file)
+    try:
+        content = path.read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise errors.InvalidInput(f"cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise errors.InvalidInput(
+            f"{path} is not UTF-8 text (bad byte at offset {exc.start}); uploads are text only"
+        ) from None
+    engine = _engine(settings)
+    body = {"agent_id": args.agent_id, "filename": args.filename or path.name, "content": content}
+    result = journal.ingest_upload(engine, body, limits=settings.limits)
+    journal.flush(engine, settings.data_dir, result.file_id, lock_timeout=settings.lock_timeout)
+    _print_json({"file_id": result.file_id, "source_ref": result.source_refs[0]})
+    return 0
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    engine = _engine(settings)
+    with index.transaction(engine) as conn:
+        rows = index.list_files(
+            conn,
+            agent_id=args.agent_id,
+            status=args.status,
+            source_type=args.source_type,
+            limit=args.limit,
+        )
+    if args.json:
+        _print_json([row.to_json() for row in rows])
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("file_id", "agent", "type", "session_key", "msgs", "status", "ended_at")
+    for row in rows:
+        ended = row.ended_at.strftime("%Y-%m-%d %H:%M:%S") if row.ended_at else ""
+        table.add_row(
+            row.file_id,
+            row.agent_id,
+            row.source_type,
+            row.session_key[:40],
+            str(row.flushed_seq),
+            row.status,
+            ended,
+        )
+    Console().print(table)
+    return 0
+
+
+def cmd_cat(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    engine = _engine(settings)
+    data = raw.read_bytes(settings.data_dir, raw.get_file(engine, args.file_id))
+    sys.stdout.buffer.write(data)
+    sys.stdout.flush()
+    return 0
+
+
+def cmd_ref(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    engine = _engine(settings)
+    found = raw.resolve(engine, settings.data_dir, args.ref, context=args.context)
+    if args.json:
+
+        def one(m: Any) -> dict[str, Any]:
+            return {
+                "seq": m.seq,
+                "ts": m.ts,
+                "role": m.role,
+                "tool_name": m.tool_name,
+                "content": m.content,
+                "source_ref": f"{found.file.file_id}:{m.seq}",
+            }
+
+        _print_json(
+            {
+                "message": one(found.message),
+                "before": [one(m) for m in found.before],
+                "after": [one(m) for m in found.after],
+            }
+        )
+        return 0
+    for m in (*found.before, found.message, *found.after):
+        mark = ">" if m.seq == found.message.seq else " "
+        tool = f" ({m.tool_name})" if m.tool_name else ""
+        print(f"{mark} {found.file.file_id}:{m.seq} {m.ts} {m.role}{tool}")
+        print("  " + m.content.replace("\n", "\n  "))
+    return 0
+
+
+def cmd_fsck(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    engine = _engine(settings)
+    with _progress("fsck", integrity.count_files(engine)) as advance:
+        problems = integrity.fsck(engine, settings.data_dir, progress=advance)
+    if args.json:
+        by_file: dict[str, list[dict[str, str]]] = {}
+        for p in problems:
+            by_file.setdefault(p.file_id, []).append({"kind": p.kind, "detail": p.detail})
+        _print_json(
+            {
+                "ok": not problems,
+                "files": [{"file_id": f, "problems": ps} for f, ps in by_file.items()],
+            }
+        )
+    else:
+        for p in problems:
+            print(f"{p.file_id}: {p.kind}: {p.detail}")
+        print(
+            "fsck: clean" if not problems else f"fsck: {len(problems)} problem(s)", file=sys.stderr
+        )
+    return EXIT_PROBLEMS if problems else 0
+
+
+def cmd_reindex(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    engine = _engine(settings)
+    total = sum(1 for _ in settings.data_dir.glob("raw/*/*.md"))
+    with _progress("reindex", total) as advance:
+        report = integrity.reindex(
+            engine, settings.data_dir, lock_timeout=settings.lock_timeout, progress=advance
+        )
+    summary = {
+        "scanned": report.scanned,
+        "inserted": report.inserted,
+        "updated": report.updated,
+        "failed": [p.to_json() for p in report.failed],
+    }
+    if args.json:
+        _print_json(summary)
+    else:
+        print(
+            f"reindex: {report.scanned} files, {report.inserted} inserted, "
+            f"{report.updated} updated, {len(report.failed)} failed"
+        )
+        for p in report.failed:
+            print(f"  {p.file_id}: {p.kind}: {p.detail}")
+    return EXIT_PROBLEMS if report.failed else 0
+
+
+# ---------------------------------------------------------------------------------------------
+# argument parsing
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``sgme`` argument parser."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--data-dir", help="data directory (env SGME_DATA_DIR, default ./data)")
+    common.add_argument(
+        "--database-url",
+        help="index database URL (env SGME_DATABASE_URL, default SQLite in the data dir)",
+    )
+    common.add_argument("--config", help="YAML settings file (env SGME_CONFIG)")
+
+    parser = argparse.ArgumentParser(prog="sgme", description="SGME L0: the raw layer.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(
+        name: str, func: Callable[[argparse.Namespace], int], help: str
+    ) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, parents=[common], help=help, description=help)
+        p.set_defaults(func=func)
+        return p
+
+    p = add("serve", cmd_serve, "run the API with an in-process flusher (embedded, no servers)")
+    p.add_argument("--host", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (default 8765)")
+    p.add_argument("--log-level", default="info")
+    add("migrate", cmd_migrate, "create or upgrade the index schema")
+    add("append", cmd_append, "append messages: an /v1/append JSON body on stdin")
+    p = add("upload", cmd_upload, "store a UTF-8 text file as an upload")
+    p.add_argument("file")
+    p.add_argument("--agent-id", required=True)
+    p.add_argument("--filename", help="name to record (default: the file's name)")
+    p = add("ls", cmd_ls, "list files")
+    p.add_argument("--agent-id")
+    p.add_argument("--status")
+    p.add_argument("--source-type")
+    p.add_argument("--limit", type=int, default=100)
+    p.add_argument("--json", action="store_true")
+    p = add("cat", cmd_cat, "print a file's raw bytes")
+    p.add_argument("file_id")
+    p = add("ref", cmd_ref, "show the message a source_ref (FILE_ID:SEQ) names")
+    p.add_argument("ref")
+    p.add_argument("--context", type=int, default=1)
+    p.add_argument("--json", action="store_true")
+    p = add("fsck", cmd_fsck, "check every file against the index (exit 1 on problems)")
+    p.add_argument("--json", action="store_true")
+    p = add("reindex", cmd_reindex, "rebuild the index from the files")
+    p.add_argument("--json", action="store_true")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``sgme`` console script."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        return int(args.func(args))
+    except errors.SgmeError as exc:
+        print(f"sgme {args.command}: {exc.detail}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
