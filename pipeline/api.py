@@ -16,10 +16,11 @@ import sqlalchemy as sa
 from fastapi import FastAPI, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from pipeline import document, errors, index, journal, raw, store
+from pipeline import document, errors, index, journal, metrics, raw, refine, store
 from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -37,7 +38,8 @@ class MessageIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     role: Literal["user", "assistant", "tool", "system"]
     content: str
-    ts: str | float | None = Field(
+    # Strict: in lax mode pydantic turns ``true`` into 1.0, which would be stored as 1970.
+    ts: StrictStr | StrictInt | StrictFloat | None = Field(
         None, description="ISO 8601 (offset converted to UTC; none means UTC) or Unix seconds"
     )
     tool_name: str | None = Field(None, description="required for role 'tool'")
@@ -105,6 +107,16 @@ def _message_json(file_id: str, m: document.Message) -> dict[str, Any]:
     }
 
 
+def _quiet(kick: Kick) -> Kick:
+    def call(file_id: str) -> None:
+        try:
+            kick(file_id)
+        except Exception:  # the broker may be down; the sweeper re-kicks from the index
+            log.warning("could not enqueue work for %s; the sweeper will", file_id, exc_info=True)
+
+    return call
+
+
 def _problem(status: int, kind: str, title: str, detail: Any) -> JSONResponse:
     return JSONResponse(
         {"type": f"urn:sgme:problem:{kind}", "title": title, "status": status, "detail": detail},
@@ -124,15 +136,26 @@ class State:
     settings: Settings
     engine: sa.Engine
     kick: Kick
+    dispatch: Kick
 
     @property
     def data_dir(self) -> Path:
         return self.settings.data_dir
 
 
-def create_app(settings: Settings, *, engine: sa.Engine, kick: Kick) -> FastAPI:
-    """The API over ``engine`` and ``settings.data_dir``; ``kick(file_id)`` enqueues a flush."""
-    state = State(settings=settings, engine=engine, kick=kick)
+def _nothing(_file_id: str) -> None:
+    return None
+
+
+def create_app(
+    settings: Settings, *, engine: sa.Engine, kick: Kick, dispatch: Kick = _nothing
+) -> FastAPI:
+    """The API over ``engine`` and ``settings.data_dir``.
+
+    ``kick(file_id)`` enqueues a flush; ``dispatch(file_id)`` enqueues its refinement. Both
+    may fail silently: the journal and the index keep the state, the beat sweeps catch up.
+    """
+    state = State(settings=settings, engine=engine, kick=_quiet(kick), dispatch=_quiet(dispatch))
     app = FastAPI(
         title="SGME L0",
         version="0.1.0",
@@ -255,6 +278,35 @@ def create_app(settings: Settings, *, engine: sa.Engine, kick: Kick) -> FastAPI:
             "before": [_message_json(file_id, m) for m in found.before],
             "after": [_message_json(file_id, m) for m in found.after],
         }
+
+    @app.post("/v1/files/{file_id}/refine", status_code=202)
+    def refine_file(file_id: str) -> dict[str, Any]:
+        """Full re-refine: ``last_refined_seq = 0``; the file's L1 items are replaced."""
+        refine.request_full(engine, file_id)
+        state.dispatch(file_id)
+        return raw.get_file(engine, file_id).to_json()
+
+    @app.get("/v1/l1")
+    def list_l1(
+        file_id: str | None = None,
+        agent_id: str | None = None,
+        after: int = Query(0, ge=0, description="return items with id > after"),
+        limit: int = Query(100, ge=1, le=1000),
+    ) -> dict[str, Any]:
+        """L1 items, oldest first; each source_ref resolves through ``/v1/refs/…``."""
+        if file_id is not None:
+            document.check_file_id(file_id)
+        with index.transaction(engine) as conn:
+            items = index.list_l1_items(
+                conn, file_id=file_id, agent_id=agent_id, after=after, limit=limit
+            )
+        next_after = items[-1].id if len(items) == limit else None
+        return {"items": [item.to_json() for item in items], "next_after": next_after}
+
+    @app.get("/metrics", response_class=Response)
+    def prometheus() -> Response:
+        """Prometheus metrics: journal backlog, flush latency, refinement lag, anomalies."""
+        return Response(metrics.render(engine), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/health")
     def health() -> JSONResponse:

@@ -33,9 +33,15 @@ def _settings(args: argparse.Namespace, **extra: Any) -> Settings:
     )
 
 
+#: engines made by this run of :func:`main`, disposed when it returns (pooled psycopg
+#: connections left to the garbage collector raise ResourceWarning)
+_engines: list[sa.Engine] = []
+
+
 def _engine(settings: Settings, *, migrate: bool = True) -> sa.Engine:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     engine = index.create_engine(settings.index_url, busy_timeout=settings.sqlite_busy_timeout)
+    _engines.append(engine)
     if migrate:
         index.migrate(engine)
     return engine
@@ -77,35 +83,133 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from pipeline import api, inprocess
-
-    settings = _settings(args, host=args.host, port=args.port)
+def _check_bind(settings: Settings) -> None:
     if not _is_loopback(settings.host) and not settings.trust_network:
         raise errors.InvalidInput(
             f"refusing to listen on {settings.host}: there is no authentication yet, so the "
             "server binds loopback addresses only (127.0.0.1, ::1, localhost) unless "
             "SGME_TRUST_NETWORK=true says every client that can reach it is trusted"
         )
+
+
+def _celery(settings: Settings, engine: sa.Engine) -> Any:
+    """Configure the Celery app for ``settings`` and share ``engine`` with its tasks."""
+    from workers import app as worker_app
+    from workers import tasks
+
+    worker_app.configure(settings)
+    worker_app.runtime().engine = engine
+    return tasks
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from pipeline import api
+    from workers import embedded
+
+    settings = _settings(args, host=args.host, port=args.port, broker_url=args.broker_url)
+    _check_bind(settings)
     engine = _engine(settings)
-    flusher = inprocess.Flusher(
-        engine,
-        settings.data_dir,
-        lock_timeout=settings.lock_timeout,
-        sweep_interval=settings.sweep_interval,
-        sweep_age=settings.sweep_age,
+    tasks = _celery(settings, engine)
+    runner = embedded.Embedded(data_dir=settings.data_dir, concurrency=args.concurrency)
+    runner.start()
+    app = api.create_app(
+        settings,
+        engine=engine,
+        kick=lambda file_id: tasks.flush.delay(file_id),
+        dispatch=lambda file_id: tasks.dispatch_refinements.delay(),
     )
-    flusher.start()
-    app = api.create_app(settings, engine=engine, kick=flusher.kick)
     print(
-        f"sgme: data in {settings.data_dir.resolve()}, index {settings.index_url}", file=sys.stderr
+        f"sgme: data in {settings.data_dir.resolve()}, index {settings.index_url}, "
+        f"broker {settings.broker_url}",
+        file=sys.stderr,
     )
     try:
         uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level)
     finally:
-        flusher.stop()
+        runner.stop()
+    return 0
+
+
+def cmd_api(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from pipeline import api
+
+    settings = _settings(args, host=args.host, port=args.port, broker_url=args.broker_url)
+    _check_bind(settings)
+    engine = _engine(settings, migrate=False)
+    tasks = _celery(settings, engine)
+    app = api.create_app(
+        settings,
+        engine=engine,
+        kick=lambda file_id: tasks.flush.delay(file_id),
+        dispatch=lambda file_id: tasks.dispatch_refinements.delay(),
+    )
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level)
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    settings = _settings(args, broker_url=args.broker_url)
+    tasks = _celery(settings, _engine(settings, migrate=False))
+    argv = [
+        "worker",
+        "--queues",
+        args.queues,
+        "--loglevel",
+        args.log_level.upper(),
+        "--concurrency",
+        str(args.concurrency),
+        "--pool",
+        args.pool,
+        "-E",
+    ]
+    tasks.app.worker_main(argv)
+    return 0
+
+
+def cmd_beat(args: argparse.Namespace) -> int:
+    settings = _settings(args, broker_url=args.broker_url)
+    tasks = _celery(settings, _engine(settings, migrate=False))
+    schedule = str(settings.data_dir / ".celerybeat-schedule")
+    tasks.app.start(["beat", "--loglevel", args.log_level.upper(), "--schedule", schedule])
+    return 0
+
+
+def cmd_refine(args: argparse.Namespace) -> int:
+    from pipeline import refine
+
+    settings = _settings(args)
+    engine = _engine(settings)
+    if args.full:
+        refine.request_full(engine, args.file_id)
+    refiner = refine.load_refiner(settings.refiner, settings.refiner_options)
+    stored = 0
+    while True:
+        c = refine.claim(engine, args.file_id, lease_seconds=settings.refine_lease_seconds)
+        if c is None:
+            break
+        items = refine.run(
+            engine,
+            settings.data_dir,
+            refiner,
+            c,
+            budget_tokens=settings.refine_window_tokens,
+            overlap=settings.refine_overlap_messages,
+        )
+        if refine.commit(engine, c, items, refiner=settings.refiner):
+            stored += len(items)
+    row = raw.get_file(engine, args.file_id)
+    _print_json(
+        {
+            "file_id": row.file_id,
+            "status": row.status,
+            "last_refined_seq": row.last_refined_seq,
+            "items": stored,
+        }
+    )
     return 0
 
 
@@ -298,10 +402,31 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func)
         return p
 
-    p = add("serve", cmd_serve, "run the API with an in-process flusher (embedded, no servers)")
-    p.add_argument("--host", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, help="port (default 8765)")
+    for name, func, text in (
+        ("serve", cmd_serve, "run the API with an in-process worker and beat (embedded)"),
+        ("api", cmd_api, "run the API only; work goes to Celery workers via the broker"),
+    ):
+        p = add(name, func, text)
+        p.add_argument("--host", help="address to bind (default 127.0.0.1)")
+        p.add_argument("--port", type=int, help="port (default 8765)")
+        p.add_argument("--broker-url", help="Celery broker (env SGME_BROKER_URL)")
+        p.add_argument("--log-level", default="info")
+        if name == "serve":
+            p.add_argument("--concurrency", type=int, default=4, help="worker threads")
+    p = add("worker", cmd_worker, "run a Celery worker (production)")
+    p.add_argument("--broker-url", help="Celery broker (env SGME_BROKER_URL)")
+    p.add_argument("--queues", default="append,refine,archive")
+    p.add_argument("--concurrency", type=int, default=2)
+    p.add_argument("--pool", default="prefork", choices=["prefork", "threads", "solo"])
     p.add_argument("--log-level", default="info")
+    p = add("beat", cmd_beat, "run the Celery beat scheduler (exactly one per deployment)")
+    p.add_argument("--broker-url", help="Celery broker (env SGME_BROKER_URL)")
+    p.add_argument("--log-level", default="info")
+    p = add("refine", cmd_refine, "refine a file's unrefined messages now (in this process)")
+    p.add_argument("file_id")
+    p.add_argument(
+        "--full", action="store_true", help="re-refine from seq 1, replacing its L1 items"
+    )
     add("migrate", cmd_migrate, "create or upgrade the index schema")
     add("append", cmd_append, "append messages: an /v1/append JSON body on stdin")
     p = add("upload", cmd_upload, "store a UTF-8 text file as an upload")
@@ -336,10 +461,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except errors.SgmeError as exc:
-        print(f"sgme {args.command}: {exc.detail}", file=sys.stderr)
+        # One line, even when the detail quotes a multi-line message (a YAML parser's).
+        detail = " ".join(line.strip() for line in exc.detail.splitlines() if line.strip())
+        print(f"sgme {args.command}: {detail}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
         return 130
+    finally:
+        while _engines:
+            _engines.pop().dispose()
 
 
 if __name__ == "__main__":

@@ -93,6 +93,25 @@ anomalies = sa.Table(
 sa.Index("ix_anomalies_file", anomalies.c.file_id)
 sa.Index("ix_anomalies_kind", anomalies.c.kind)
 
+l1_items = sa.Table(
+    "l1_items",
+    metadata,
+    sa.Column("id", _BigId, primary_key=True, autoincrement=True),
+    sa.Column("file_id", sa.String(36), sa.ForeignKey("raw_files.file_id"), nullable=False),
+    sa.Column("agent_id", sa.String(64), nullable=False),
+    sa.Column("kind", sa.String(40), nullable=False),
+    sa.Column("content", sa.Text, nullable=False),
+    sa.Column("source_refs", sa.Text, nullable=False),  # JSON list of "file_id:seq"
+    sa.Column("refiner", sa.String(64), nullable=False),
+    sa.Column("segment_lo", sa.Integer, nullable=False),  # the segment is lo < seq <= hi
+    sa.Column("segment_hi", sa.Integer, nullable=False),
+    # sha256 of (kind, content, source_refs): a retried or duplicated job stores nothing twice
+    sa.Column("item_hash", sa.String(64), nullable=False),
+    sa.Column("created_at", sa.DateTime, nullable=False),
+    sa.UniqueConstraint("file_id", "item_hash", name="uq_l1_items_hash"),
+)
+sa.Index("ix_l1_items_agent", l1_items.c.agent_id, l1_items.c.id)
+
 
 def utcnow() -> dt.datetime:
     """Now, as the naive UTC datetime the index stores."""
@@ -464,3 +483,82 @@ def count_anomalies_by_kind(conn: sa.Connection) -> dict[str, int]:
     """``{kind: count}``."""
     query = sa.select(anomalies.c.kind, sa.func.count()).group_by(anomalies.c.kind)
     return {kind: int(count) for kind, count in conn.execute(query)}
+
+
+# ---------------------------------------------------------------------------------------------
+# l1_items
+
+
+@dataclasses.dataclass(frozen=True)
+class L1Item:
+    """One stored L1 item."""
+
+    id: int
+    file_id: str
+    agent_id: str
+    kind: str
+    content: str
+    source_refs: str
+    refiner: str
+    segment_lo: int
+    segment_hi: int
+    item_hash: str
+    created_at: dt.datetime
+
+    @classmethod
+    def from_row(cls, row: sa.Row[Any]) -> L1Item:
+        """Build from an ``l1_items`` result row."""
+        return cls(**row._asdict())
+
+    def to_json(self) -> dict[str, Any]:
+        """The item as the API shows it."""
+        return {
+            "id": self.id,
+            "file_id": self.file_id,
+            "agent_id": self.agent_id,
+            "kind": self.kind,
+            "content": self.content,
+            "source_refs": json.loads(self.source_refs),
+            "refiner": self.refiner,
+            "segment": {"lo": self.segment_lo, "hi": self.segment_hi},
+            "created_at": self.created_at.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        }
+
+
+def add_l1_items(conn: sa.Connection, items: Sequence[dict[str, Any]]) -> None:
+    """Insert items, skipping any the file already has (same ``item_hash``)."""
+    if not items:
+        return
+    now = utcnow()
+    stmt = _insert(conn, l1_items).on_conflict_do_nothing(index_elements=["file_id", "item_hash"])
+    conn.execute(stmt, [{**item, "created_at": now} for item in items])
+
+
+def delete_l1_items(conn: sa.Connection, file_id: str) -> None:
+    """Drop a file's items (before a full re-refine)."""
+    conn.execute(sa.delete(l1_items).where(l1_items.c.file_id == file_id))
+
+
+def list_l1_items(
+    conn: sa.Connection,
+    *,
+    file_id: str | None = None,
+    agent_id: str | None = None,
+    after: int = 0,
+    limit: int = 100,
+) -> list[L1Item]:
+    """Items in insertion order, after the id ``after``."""
+    query = sa.select(l1_items).where(l1_items.c.id > after).order_by(l1_items.c.id).limit(limit)
+    if file_id is not None:
+        query = query.where(l1_items.c.file_id == file_id)
+    if agent_id is not None:
+        query = query.where(l1_items.c.agent_id == agent_id)
+    return [L1Item.from_row(row) for row in conn.execute(query)]
+
+
+def refinement_lag(conn: sa.Connection) -> tuple[int, int]:
+    """``(sum, max)`` of ``flushed_seq - last_refined_seq`` over files that can be refined."""
+    lag = raw_files.c.flushed_seq - raw_files.c.last_refined_seq
+    query = sa.select(sa.func.coalesce(sa.func.sum(lag), 0), sa.func.coalesce(sa.func.max(lag), 0))
+    total, worst = conn.execute(query.where(raw_files.c.status != "archived")).one()
+    return int(total), int(worst)

@@ -24,6 +24,12 @@ DEFAULT_LOCK_TIMEOUT = 30.0  #: seconds a flush waits for its per-file lock
 DEFAULT_SWEEP_INTERVAL = 5.0  #: seconds between sweeps for un-flushed journal rows
 DEFAULT_SWEEP_AGE = 3.0  #: seconds a journal row may wait before the sweeper re-kicks it
 DEFAULT_SQLITE_BUSY_TIMEOUT = 30.0  #: seconds SQLite waits for a lock before failing
+DEFAULT_REFINE_MIN_MESSAGES = 20  #: new messages that make a file due for refinement at once
+DEFAULT_REFINE_IDLE_SECONDS = 60.0  #: quiet seconds after which fewer new messages are due
+DEFAULT_REFINE_LEASE_SECONDS = 600.0  #: how long a claimed segment is reserved for its job
+DEFAULT_REFINE_MAX_RETRIES = 5  #: attempts after the first before a file is marked error
+DEFAULT_REFINE_WINDOW_TOKENS = 6000  #: refiner context budget per window (estimated tokens)
+DEFAULT_REFINE_OVERLAP_MESSAGES = 1  #: messages repeated from the previous window
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +48,20 @@ class Settings:
     #: allow binding a non-loopback address although there is no authentication yet; only
     #: for networks where every client is trusted (a compose network published on 127.0.0.1)
     trust_network: bool = False
+    #: refinement (DESIGN §4)
+    refine_min_messages: int = DEFAULT_REFINE_MIN_MESSAGES
+    refine_idle_seconds: float = DEFAULT_REFINE_IDLE_SECONDS
+    refine_lease_seconds: float = DEFAULT_REFINE_LEASE_SECONDS
+    refine_max_retries: int = DEFAULT_REFINE_MAX_RETRIES
+    refine_retry_backoff: float = 2.0  #: seconds before the first retry; doubles each time
+    refine_window_tokens: int = DEFAULT_REFINE_WINDOW_TOKENS
+    refine_overlap_messages: int = DEFAULT_REFINE_OVERLAP_MESSAGES
+    refine_dispatch_interval: float = 5.0  #: seconds between beat dispatches
+    refiner: str = "builtin"  #: entry point name in group ``sgme.refiners``
+    #: refiner options, e.g. {base_url, model, api_key, timeout} for openai, {url} for webhook
+    refiner_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: worker side: expose Prometheus metrics on this port (0: off)
+    worker_metrics_port: int = 0
     limits: document.Limits = document.DEFAULT_LIMITS
 
     @property
@@ -65,7 +85,7 @@ class Settings:
             values.update(_read_yaml(Path(path)))
         for field in dataclasses.fields(cls):
             key = f"SGME_{field.name.upper()}"
-            if key in env and field.name != "limits":
+            if key in env and field.name not in ("limits",):
                 values[field.name] = env[key]
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls._build(values)
@@ -80,7 +100,9 @@ class Settings:
         for name, raw in values.items():
             default = getattr(cls, name, None)
             try:
-                if name == "limits":
+                if name == "refiner_options":
+                    kwargs[name] = dict(yaml.safe_load(raw) if isinstance(raw, str) else raw)
+                elif name == "limits":
                     kwargs[name] = dataclasses.replace(document.DEFAULT_LIMITS, **dict(raw))
                 elif name == "data_dir":
                     kwargs[name] = Path(raw)

@@ -1,0 +1,88 @@
+"""Prometheus metrics: index-wide gauges computed at scrape time, and process-local
+histograms of the work this process did (flushes, refinements)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import sqlalchemy as sa
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from pipeline import errors, index
+
+FLUSH_SECONDS = Histogram(
+    "sgme_flush_seconds",
+    "Duration of one flush (lock to commit)",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+ACK_TO_FLUSH_SECONDS = Histogram(
+    "sgme_ack_to_flush_seconds",
+    "From an append's acknowledgement to its flush commit",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+REFINE_SECONDS = Histogram(
+    "sgme_refine_segment_seconds",
+    "Duration of one refine_segment job",
+    buckets=(0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 120, 300),
+)
+
+
+class IndexCollector(Collector):
+    """Gauges read from the index at each scrape."""
+
+    def __init__(self, engine: sa.Engine) -> None:
+        self.engine = engine
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        """Journal backlog, refinement lag, files by status, anomalies by kind."""
+        try:
+            with index.transaction(self.engine) as conn:
+                rows, messages = index.journal_backlog(conn)
+                lag_sum, lag_max = index.refinement_lag(conn)
+                statuses = index.count_files_by_status(conn)
+                kinds = index.count_anomalies_by_kind(conn)
+        except errors.SgmeError:
+            up = GaugeMetricFamily("sgme_index_up", "Whether the index answered the scrape")
+            up.add_metric([], 0)
+            yield up
+            return
+        up = GaugeMetricFamily("sgme_index_up", "Whether the index answered the scrape")
+        up.add_metric([], 1)
+        yield up
+        backlog = GaugeMetricFamily(
+            "sgme_journal_backlog_messages", "Acknowledged messages not yet in their files"
+        )
+        backlog.add_metric([], messages)
+        yield backlog
+        backlog_rows = GaugeMetricFamily(
+            "sgme_journal_backlog_appends", "Acknowledged appends not yet in their files"
+        )
+        backlog_rows.add_metric([], rows)
+        yield backlog_rows
+        lag = GaugeMetricFamily(
+            "sgme_refinement_lag_messages",
+            "flushed_seq - last_refined_seq over files (sum and max)",
+            labels=["agg"],
+        )
+        lag.add_metric(["sum"], lag_sum)
+        lag.add_metric(["max"], lag_max)
+        yield lag
+        files = GaugeMetricFamily("sgme_files", "Files by status", labels=["status"])
+        for status in index.STATUSES:
+            files.add_metric([status], statuses.get(status, 0))
+        yield files
+        anomalies = GaugeMetricFamily("sgme_anomalies", "Anomaly records by kind", labels=["kind"])
+        for kind, count in sorted(kinds.items()):
+            anomalies.add_metric([kind], count)
+        yield anomalies
+
+
+def render(engine: sa.Engine) -> bytes:
+    """The text exposition of this process's histograms and the index gauges."""
+    from prometheus_client import REGISTRY
+
+    registry = CollectorRegistry()
+    registry.register(IndexCollector(engine))
+    return generate_latest(REGISTRY) + generate_latest(registry)

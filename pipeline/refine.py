@@ -1,0 +1,422 @@
+"""Incremental refinement (DESIGN §4): due files, the claim, segments, windows, refiners and
+the fenced commit that feeds L1 exactly once.
+
+A file is *due* when it has flushed messages past ``last_refined_seq`` and either enough of
+them wait or the session has been quiet long enough. Claiming bumps ``refine_epoch`` and sets a
+lease; the job for segment ``lo < seq <= hi`` then commits its L1 items together with
+``last_refined_seq = hi`` only if the epoch and ``lo`` are still what it claimed, so a stale,
+duplicated or redelivered job commits nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import hashlib
+import json
+import math
+from collections.abc import Mapping, Sequence
+from importlib import metadata as importlib_metadata
+from pathlib import Path
+from typing import Any, Protocol
+
+import sqlalchemy as sa
+
+from pipeline import document, errors, index, raw
+
+REFINER_GROUP = "sgme.refiners"
+
+
+class RefinerError(errors.TransientError):
+    """A refiner failed (bad answer, timeout, unreachable service); the job is retried."""
+
+    type = "refiner-error"
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    """A claimed segment: messages ``lo < seq <= hi`` of a file, fenced by ``epoch``."""
+
+    file_id: str
+    lo: int
+    hi: int
+    epoch: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Part:
+    """A message, or a part of one too large for a window, as a window holds it."""
+
+    seq: int
+    ts: str
+    role: str
+    content: str
+    tool_name: str | None
+    source_ref: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Window:
+    """What a refiner is fed: a stretch of the segment rendered in the L0 format itself."""
+
+    file_id: str
+    agent_id: str
+    session_key: str
+    text: str
+    parts: tuple[Part, ...]
+
+    @property
+    def source_refs(self) -> tuple[str, ...]:
+        """The distinct source_refs of the window, in order."""
+        return tuple(dict.fromkeys(p.source_ref for p in self.parts))
+
+    def to_json(self) -> dict[str, Any]:
+        """The window as the webhook refiner sends it."""
+        return {
+            "file_id": self.file_id,
+            "agent_id": self.agent_id,
+            "session_key": self.session_key,
+            "text": self.text,
+            "source_refs": list(self.source_refs),
+            "messages": [dataclasses.asdict(p) for p in self.parts],
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class Item:
+    """One L1 item a refiner produced, with the raw messages it stands on."""
+
+    kind: str
+    content: str
+    source_refs: tuple[str, ...]
+
+    def digest(self) -> str:
+        """Identity of the item, for idempotent storage."""
+        encoded = json.dumps([self.kind, self.content, sorted(self.source_refs)])
+        return hashlib.sha256(encoded.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+class Refiner(Protocol):
+    """Turns a window into L1 items. Raise :class:`RefinerError` for a retryable failure."""
+
+    name: str
+
+    def refine(self, window: Window) -> list[Item]:
+        """Items found in ``window``; every item's source_refs must be the window's."""
+        ...
+
+
+def load_refiner(name: str, options: Mapping[str, Any] | None = None) -> Refiner:
+    """The refiner registered as ``name`` in the ``sgme.refiners`` entry point group, or
+    ``package.module:Class`` for one that is not registered."""
+    if ":" in name:
+        entry = importlib_metadata.EntryPoint(name=name, value=name, group=REFINER_GROUP)
+    else:
+        found = importlib_metadata.entry_points(group=REFINER_GROUP, name=name)
+        if not found:
+            known = sorted(ep.name for ep in importlib_metadata.entry_points(group=REFINER_GROUP))
+            raise errors.InvalidInput(f"unknown refiner {name!r}; installed: {', '.join(known)}")
+        entry = next(iter(found))
+    try:
+        factory = entry.load()
+    except (ImportError, AttributeError) as exc:
+        raise errors.InvalidInput(f"cannot load refiner {name!r}: {exc}") from None
+    try:
+        refiner: Refiner = factory(**dict(options or {}))
+    except TypeError as exc:
+        raise errors.InvalidInput(f"bad options for refiner {name!r}: {exc}") from None
+    return refiner
+
+
+# ---------------------------------------------------------------------------------------------
+# windows
+
+
+def estimate_tokens(text: str) -> int:
+    """A model-free token estimate: about four bytes of UTF-8 per token."""
+    return math.ceil(len(text.encode("utf-8")) / 4)
+
+
+def _split_content(content: str, budget_chars: int) -> list[str]:
+    """Cut content into pieces of at most ``budget_chars``, at line breaks where possible."""
+    pieces: list[str] = []
+    while len(content) > budget_chars:
+        cut = content.rfind("\n", 0, budget_chars)
+        if cut <= budget_chars // 2:
+            cut = budget_chars
+        pieces.append(content[:cut])
+        content = content[cut:].lstrip("\n")
+    pieces.append(content)
+    return pieces
+
+
+def _render_part(part: Part) -> str:
+    message = document.Message(part.role, part.content, part.ts, part.tool_name, part.seq)
+    return document.render_block(message, first=part.seq == 1)
+
+
+def windows(
+    file: index.FileRow,
+    messages: Sequence[document.Message],
+    *,
+    budget_tokens: int,
+    overlap: int = 1,
+) -> list[Window]:
+    """Pack the segment's messages into windows of at most ``budget_tokens`` each.
+
+    Each window after the first repeats the last ``overlap`` messages of the one before, for
+    context. A message larger than a window is split into parts that keep its source_ref.
+    """
+    budget_tokens = max(budget_tokens, 64)
+    parts: list[Part] = []
+    for m in messages:
+        ref = f"{file.file_id}:{m.seq}"
+        # Leave room for the heading and tool line; 4 bytes per token, up to 3 bytes a char.
+        budget_chars = max(64, (budget_tokens - 32) * 4 // 3)
+        for piece in _split_content(m.content, budget_chars):
+            parts.append(Part(m.seq, m.ts, m.role, piece, m.tool_name, ref))
+
+    result: list[Window] = []
+    current: list[Part] = []
+    used = 0
+    for part in parts:
+        cost = _cost(part)
+        if current and used + cost > budget_tokens:
+            result.append(_window(file, current))
+            carried = [p for p in current[-overlap:] if overlap > 0 and p.seq != part.seq]
+            carried_cost = sum(_cost(p) for p in carried)
+            current, used = (
+                (carried, carried_cost) if carried_cost + cost <= budget_tokens else ([], 0)
+            )
+        current.append(part)
+        used += cost
+    if current:
+        result.append(_window(file, current))
+    return result
+
+
+def _cost(part: Part) -> int:
+    return estimate_tokens(_render_part(part))
+
+
+def _window(file: index.FileRow, parts: list[Part]) -> Window:
+    return Window(
+        file_id=file.file_id,
+        agent_id=file.agent_id,
+        session_key=file.session_key,
+        text="".join(_render_part(p) for p in parts),
+        parts=tuple(parts),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# due files, claim, commit
+
+
+def due_files(
+    engine: sa.Engine,
+    *,
+    min_messages: int,
+    idle_seconds: float,
+    limit: int = 100,
+    file_ids: Sequence[str] | None = None,
+) -> list[str]:
+    """Files with unrefined flushed messages that are due and not leased."""
+    f = index.raw_files.c
+    now = index.utcnow()
+    query = (
+        sa.select(f.file_id)
+        .where(
+            f.flushed_seq > f.last_refined_seq,
+            f.status.in_(("new", "refined")),
+            sa.or_(f.refine_lease_until.is_(None), f.refine_lease_until < now),
+            sa.or_(
+                f.flushed_seq - f.last_refined_seq >= min_messages,
+                f.flushed_at < now - dt.timedelta(seconds=idle_seconds),
+            ),
+        )
+        .order_by(f.flushed_at)
+        .limit(limit)
+    )
+    if file_ids is not None:
+        query = query.where(f.file_id.in_(list(file_ids)))
+    with index.transaction(engine) as conn:
+        return [row[0] for row in conn.execute(query)]
+
+
+def claim(engine: sa.Engine, file_id: str, *, lease_seconds: float) -> Claim | None:
+    """Reserve the file's unrefined segment for one job, or None if it is leased or done."""
+    f = index.raw_files.c
+    now = index.utcnow()
+    with index.transaction(engine) as conn:
+        claimed = index.update_file(
+            conn,
+            file_id,
+            f.flushed_seq > f.last_refined_seq,
+            f.status.in_(("new", "refined")),
+            sa.or_(f.refine_lease_until.is_(None), f.refine_lease_until < now),
+            refine_epoch=f.refine_epoch + 1,
+            refine_lease_until=now + dt.timedelta(seconds=lease_seconds),
+        )
+        if not claimed:
+            return None
+        row = index.get_file(conn, file_id)
+        assert row is not None
+        return Claim(file_id, row.last_refined_seq, row.flushed_seq, row.refine_epoch)
+
+
+def segment(
+    engine: sa.Engine, data_dir: Path, c: Claim
+) -> tuple[index.FileRow, list[document.Message]]:
+    """The file row and the messages ``lo < seq <= hi`` of a claim, read from the file."""
+    row = raw.get_file(engine, c.file_id)
+    doc = raw.read_document(engine, data_dir, row)
+    found = list(doc.messages[c.lo : c.hi]) if doc else []
+    if len(found) != c.hi - c.lo:
+        raise errors.FileDamaged(
+            f"file {c.file_id} holds {len(doc.messages) if doc else 0} messages; "
+            f"segment {c.lo}<seq<={c.hi} was claimed"
+        )
+    return row, found
+
+
+def check_items(window: Window, items: Sequence[Item]) -> list[Item]:
+    """Keep items with content and with source_refs from the window (others are dropped)."""
+    allowed = set(window.source_refs)
+    kept = []
+    for item in items:
+        refs = tuple(r for r in dict.fromkeys(item.source_refs) if r in allowed)
+        if item.content.strip() and refs:
+            kept.append(Item(item.kind[:40] or "fact", item.content, refs))
+    return kept
+
+
+def run(
+    engine: sa.Engine,
+    data_dir: Path,
+    refiner: Refiner,
+    c: Claim,
+    *,
+    budget_tokens: int,
+    overlap: int,
+) -> list[Item]:
+    """Feed the claimed segment, window by window, to ``refiner``; the items it returns."""
+    row, found = segment(engine, data_dir, c)
+    items: list[Item] = []
+    for window in windows(row, found, budget_tokens=budget_tokens, overlap=overlap):
+        items.extend(check_items(window, refiner.refine(window)))
+    return items
+
+
+def commit(engine: sa.Engine, c: Claim, items: Sequence[Item], *, refiner: str) -> bool:
+    """Store the items and advance ``last_refined_seq`` — only if the claim still holds.
+
+    False for a stale or duplicate job: nothing is stored.
+    """
+    f = index.raw_files.c
+    now = index.utcnow()
+    with index.transaction(engine) as conn:
+        row = index.get_file(conn, c.file_id)
+        updated = index.update_file(
+            conn,
+            c.file_id,
+            f.refine_epoch == c.epoch,
+            f.last_refined_seq == c.lo,
+            last_refined_seq=c.hi,
+            refined_at=now,
+            refine_lease_until=None,
+            status=sa.case(
+                (f.status == "archived", "archived"),
+                (f.flushed_seq > c.hi, "new"),
+                else_="refined",
+            ),
+        )
+        if not updated or row is None:
+            return False
+        index.add_l1_items(
+            conn,
+            [
+                {
+                    "file_id": c.file_id,
+                    "agent_id": row.agent_id,
+                    "kind": item.kind,
+                    "content": item.content,
+                    "source_refs": json.dumps(list(item.source_refs)),
+                    "refiner": refiner,
+                    "segment_lo": c.lo,
+                    "segment_hi": c.hi,
+                    "item_hash": item.digest(),
+                }
+                for item in items
+            ],
+        )
+        return True
+
+
+def release(engine: sa.Engine, c: Claim) -> None:
+    """Give a claim's lease back (before a retry), if the claim still holds."""
+    f = index.raw_files.c
+    with index.transaction(engine) as conn:
+        index.update_file(conn, c.file_id, f.refine_epoch == c.epoch, refine_lease_until=None)
+
+
+def fail(engine: sa.Engine, c: Claim, detail: str) -> bool:
+    """After the last retry: mark the file ``error`` with a ``refine_failed`` anomaly."""
+    f = index.raw_files.c
+    with index.transaction(engine) as conn:
+        updated = index.update_file(
+            conn, c.file_id, f.refine_epoch == c.epoch, status="error", refine_lease_until=None
+        )
+        if updated:
+            index.record_anomaly(
+                conn, c.file_id, "refine_failed", f"segment {c.lo}<seq<={c.hi}: {detail}"
+            )
+        return bool(updated)
+
+
+def request_full(engine: sa.Engine, file_id: str) -> None:
+    """Full re-refine: ``last_refined_seq = 0``; the file's L1 items are replaced when it runs.
+
+    The epoch is bumped so that a job still running for the old claim commits nothing.
+    """
+    document.check_file_id(file_id)
+    f = index.raw_files.c
+    with index.transaction(engine) as conn:
+        row = index.get_file(conn, file_id, for_update=True)
+        if row is None:
+            raise errors.NotFound(f"no file {file_id}")
+        if row.status == "pending":
+            raise errors.Conflict(f"file {file_id} has nothing flushed yet")
+        index.update_file(
+            conn,
+            file_id,
+            last_refined_seq=0,
+            refine_epoch=f.refine_epoch + 1,
+            refine_lease_until=None,
+            status=sa.case((f.status == "archived", "archived"), else_="new"),
+        )
+        index.delete_l1_items(conn, file_id)
+
+
+def dispatch(
+    engine: sa.Engine,
+    *,
+    min_messages: int,
+    idle_seconds: float,
+    lease_seconds: float,
+    file_ids: Sequence[str] | None = None,
+    limit: int = 100,
+) -> list[Claim]:
+    """Claim every due file (up to ``limit``); each claim becomes one refine_segment job."""
+    claims = []
+    for file_id in due_files(
+        engine,
+        min_messages=min_messages,
+        idle_seconds=idle_seconds,
+        limit=limit,
+        file_ids=file_ids,
+    ):
+        found = claim(engine, file_id, lease_seconds=lease_seconds)
+        if found is not None:
+            claims.append(found)
+    return claims

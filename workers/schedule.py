@@ -1,0 +1,18 @@
+"""The beat schedule: sweep for lost flush kicks, dispatch due refinements."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline.settings import Settings
+
+
+def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
+    """Periodic tasks; intervals in seconds from ``settings``."""
+    return {
+        "sweep": {"task": "sgme.sweep", "schedule": settings.sweep_interval},
+        "dispatch-refinements": {
+            "task": "sgme.dispatch_refinements",
+            "schedule": settings.refine_dispatch_interval,
+        },
+    }
