@@ -13,6 +13,7 @@ import contextlib
 import ipaddress
 import json
 import logging
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -125,11 +126,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
         f"broker {settings.broker_url}",
         file=sys.stderr,
     )
+    # uvicorn shuts down gracefully on SIGTERM and then raises the signal again; with the default
+    # handler that kills the process before the embedded worker and beat are stopped (the task
+    # in progress dies with it). Raising SystemExit instead runs the ``finally`` below.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     try:
         uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level)
     finally:
         runner.stop()
     return 0
+
+
+def _exit_on_signal(signum: int, _frame: Any) -> None:
+    raise SystemExit(0)
 
 
 def cmd_api(args: argparse.Namespace) -> int:
@@ -435,8 +444,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--filename", help="name to record (default: the file's name)")
     p = add("ls", cmd_ls, "list files")
     p.add_argument("--agent-id")
-    p.add_argument("--status")
-    p.add_argument("--source-type")
+    p.add_argument("--status", choices=index.STATUSES)
+    p.add_argument("--source-type", choices=("session", "upload", "external"))
     p.add_argument("--limit", type=int, default=100)
     p.add_argument("--json", action="store_true")
     p = add("cat", cmd_cat, "print a file's raw bytes")

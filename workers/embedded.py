@@ -47,7 +47,10 @@ class Embedded:
         self._thread.start()
         if not self._ready.wait(timeout):
             raise RuntimeError("embedded Celery worker did not start")
-        tasks.sweep.delay()
+        # Every row, however young: a crash just lost this process's in-memory queue, so no
+        # kick is on its way for any of them (with the default age, rows acknowledged in the
+        # last seconds before a crash would wait for the next periodic sweep).
+        tasks.sweep.delay(age=0)
         tasks.dispatch_refinements.delay()
         self.beat.start()
 

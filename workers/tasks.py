@@ -41,10 +41,11 @@ def flush(self: Task, file_id: str) -> None:
 
 
 @app.task(name="sgme.sweep")
-def sweep() -> int:
-    """Re-kick flushes of journal rows older than ``sweep_age`` (lost kicks, wiped broker)."""
+def sweep(age: float | None = None) -> int:
+    """Re-kick flushes of journal rows older than ``age`` seconds (default ``sweep_age``):
+    lost kicks, a wiped broker, a killed process."""
     rt = runtime()
-    stale = journal.stale_files(rt.engine, age=rt.settings.sweep_age)
+    stale = journal.stale_files(rt.engine, age=rt.settings.sweep_age if age is None else age)
     for file_id in stale:
         flush.delay(file_id)
     return len(stale)

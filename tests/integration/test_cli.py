@@ -1,0 +1,384 @@
+"""The ``sgme`` command (DESIGN §6) on SQLite and PostgreSQL: append, ls, cat, ref, upload,
+fsck, reindex and migrate, with the exit codes and the one-line errors scripts rely on."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from pipeline import cli, document, index
+
+TS1 = "2026-08-03T11:18:06Z"
+TS2 = "2026-08-03T11:20:05Z"
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One ``sgme`` invocation: exit code, stdout bytes, stderr text."""
+
+    code: int
+    out: bytes
+    err: str
+
+    def json(self) -> Any:
+        return json.loads(self.out)
+
+
+Sgme = Callable[..., Run]
+
+
+@pytest.fixture
+def sgme(
+    data_dir: Path,
+    database_url: str,
+    capsysbinary: pytest.CaptureFixture[bytes],
+    monkeypatch: pytest.MonkeyPatch,
+) -> Sgme:
+    """``sgme(command, *args, stdin=None)`` against this test's data dir and index."""
+    for name in list(os.environ):
+        if name.startswith("SGME_"):
+            monkeypatch.delenv(name)
+    capsysbinary.readouterr()
+
+    def run(command: str, *args: str, stdin: str | None = None, common: bool = True) -> Run:
+        argv = [command]
+        if common:
+            argv += ["--data-dir", str(data_dir), "--database-url", database_url]
+        monkeypatch.setattr(sys, "stdin", io.StringIO(stdin or ""))
+        code = cli.main([*argv, *args])
+        out, err = capsysbinary.readouterr()
+        return Run(code, out, err.decode("utf-8"))
+
+    return run
+
+
+def append_body(session_key: str = "s1", *messages: dict[str, Any], **extra: Any) -> str:
+    return json.dumps(
+        {
+            "agent_id": "hermes",
+            "session_key": session_key,
+            "messages": list(messages) or [{"role": "user", "content": "hello", "ts": TS1}],
+            **extra,
+        }
+    )
+
+
+def assert_one_line_error(run: Run, *needles: str) -> None:
+    assert run.code == cli.EXIT_ERROR, run
+    assert run.out == b""
+    assert run.err.endswith("\n") and run.err.count("\n") == 1, run.err
+    assert run.err.startswith("sgme "), run.err
+    for needle in needles:
+        assert needle in run.err, run.err
+
+
+def raw_path(data_dir: Path, file_id: str, subdir: str = "sessions") -> Path:
+    return data_dir / "raw" / subdir / f"{file_id}.md"
+
+
+def test_append_then_ls_cat_and_ref(sgme: Sgme, data_dir: Path) -> None:
+    first = sgme(
+        "append",
+        stdin=append_body(
+            "20260803_191806_5b6c69",
+            {"role": "user", "content": "第一条\r\nwith CRLF", "ts": TS1},
+            {"role": "tool", "content": "# a comment for the user", "ts": TS2, "tool_name": "sh"},
+            metadata={"app": "hermes-desktop"},
+        ),
+    )
+    assert first.code == 0, first.err
+    ack = first.json()
+    file_id = ack["file_id"]
+    assert ack == {
+        "file_id": file_id,
+        "first_seq": 1,
+        "last_seq": 2,
+        "source_refs": [f"{file_id}:1", f"{file_id}:2"],
+        "status": "new",
+    }
+    path = raw_path(data_dir, file_id)
+    header = document.Header(
+        file_id=file_id,
+        session_key="20260803_191806_5b6c69",
+        agent_id="hermes",
+        source_type="session",
+        started_at=TS1,
+        metadata={"app": "hermes-desktop"},
+    )
+    expected = document.render(
+        header,
+        [
+            document.Message("user", "第一条\r\nwith CRLF", TS1),
+            document.Message("tool", "# a comment for the user", TS2, tool_name="sh"),
+        ],
+    ).encode("utf-8")
+    assert path.read_bytes() == expected
+
+    second = sgme("append", stdin=append_body("20260803_191806_5b6c69"))
+    assert second.code == 0, second.err
+    assert (second.json()["file_id"], second.json()["source_refs"]) == (file_id, [f"{file_id}:3"])
+    other = sgme("append", stdin=append_body("s2")).json()["file_id"]
+
+    listed = sgme("ls", "--json")
+    assert listed.code == 0
+    rows = {r["file_id"]: r for r in listed.json()}
+    assert set(rows) == {file_id, other}
+    assert (rows[file_id]["flushed_seq"], rows[file_id]["status"]) == (3, "new")
+    assert rows[file_id]["metadata"] == {"app": "hermes-desktop"}
+    assert rows[file_id]["flushed_bytes"] == path.stat().st_size
+    assert rows[other]["session_key"] == "s2"
+    assert sgme("ls", "--json", "--agent-id", "nobody").json() == []
+    assert [r["file_id"] for r in sgme("ls", "--json", "--limit", "1").json()] == [
+        min(file_id, other)
+    ]
+    table = sgme("ls")
+    assert table.code == 0 and b"s2" in table.out
+
+    cat = sgme("cat", file_id)
+    assert cat.code == 0
+    assert cat.out == path.read_bytes()
+    assert cat.out.startswith(expected)
+
+    ref = sgme("ref", f"{file_id}:2", "--json")
+    assert ref.code == 0, ref.err
+    found = ref.json()
+    assert found["message"] == {
+        "seq": 2,
+        "ts": TS2,
+        "role": "tool",
+        "tool_name": "sh",
+        "content": "# a comment for the user",
+        "source_ref": f"{file_id}:2",
+    }
+    assert [m["content"] for m in found["before"]] == ["第一条\r\nwith CRLF"]
+    assert [m["seq"] for m in found["after"]] == [3]
+    wide = sgme("ref", f"{file_id}:3", "--json", "--context", "5").json()
+    assert [m["seq"] for m in wide["before"]] == [1, 2]
+    assert wide["after"] == []
+
+    text = sgme("ref", f"{file_id}:2")
+    assert text.code == 0
+    lines = text.out.decode("utf-8").splitlines()
+    assert lines[0] == f"  {file_id}:1 {TS1} user"
+    assert f"> {file_id}:2 {TS2} tool (sh)" in lines
+
+
+def test_upload_stores_a_text_file(sgme: Sgme, data_dir: Path, tmp_path: Path) -> None:
+    source = tmp_path / "notes.md"
+    content = "# Notes\n\n## 2026-08-03T11:18:06Z user\n\n日本語\n"
+    source.write_text(content, encoding="utf-8")
+    run = sgme("upload", str(source), "--agent-id", "a")
+    assert run.code == 0, run.err
+    file_id = run.json()["file_id"]
+    assert run.json() == {"file_id": file_id, "source_ref": f"{file_id}:1"}
+    path = raw_path(data_dir, file_id, "uploads")
+    assert sgme("cat", file_id).out == path.read_bytes()
+    ref = sgme("ref", f"{file_id}:1", "--json").json()
+    assert ref["message"]["content"] == document.canonical(content)
+    [row] = sgme("ls", "--json", "--source-type", "upload").json()
+    assert (row["agent_id"], row["metadata"]) == ("a", {"filename": "notes.md"})
+
+    renamed = sgme("upload", str(source), "--agent-id", "a", "--filename", "other.md")
+    [row] = [r for r in sgme("ls", "--json").json() if r["file_id"] == renamed.json()["file_id"]]
+    assert row["metadata"] == {"filename": "other.md"}
+
+
+def test_upload_refuses_a_file_that_is_not_utf8(sgme: Sgme, data_dir: Path, tmp_path: Path) -> None:
+    source = tmp_path / "picture.png"
+    source.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe")
+    run = sgme("upload", str(source), "--agent-id", "a")
+    assert_one_line_error(run, "picture.png", "not UTF-8", "offset 0")
+    missing = sgme("upload", str(tmp_path / "nope.txt"), "--agent-id", "a")
+    assert_one_line_error(missing, "cannot read", "nope.txt")
+    nul = tmp_path / "nul.txt"
+    nul.write_bytes(b"a\x00b")
+    assert_one_line_error(sgme("upload", str(nul), "--agent-id", "a"), "NUL")
+    assert sgme("ls", "--json").json() == []
+    assert not list(data_dir.glob("raw/*/*.md"))
+
+
+def test_fsck_is_clean_then_names_the_tampered_file(sgme: Sgme, data_dir: Path) -> None:
+    a = sgme("append", stdin=append_body("a")).json()["file_id"]
+    b = sgme("append", stdin=append_body("b")).json()["file_id"]
+    sgme("append", stdin=append_body("b", {"role": "assistant", "content": "bye", "ts": TS2}))
+
+    clean = sgme("fsck", "--json")
+    assert clean.code == 0, clean.err
+    assert clean.json() == {"ok": True, "files": []}
+    assert sgme("fsck").code == 0
+
+    # Same length, one letter changed: only the hash chain can tell.
+    path = raw_path(data_dir, b)
+    data = path.read_bytes()
+    assert data.count(b"\n\nbye\n\n") == 1
+    path.write_bytes(data.replace(b"\n\nbye\n\n", b"\n\nbye\n\n".replace(b"y", b"Y")))
+
+    tampered = sgme("fsck", "--json")
+    assert tampered.code == cli.EXIT_PROBLEMS
+    report = tampered.json()
+    assert report["ok"] is False
+    assert [f["file_id"] for f in report["files"]] == [b]
+    kinds = [p["kind"] for p in report["files"][0]["problems"]]
+    assert kinds == ["chain_mismatch"]
+    assert all(p["detail"] for p in report["files"][0]["problems"])
+
+    text = sgme("fsck")
+    assert text.code == cli.EXIT_PROBLEMS
+    assert f"{b}: chain_mismatch: " in text.out.decode("utf-8")
+    assert a not in text.out.decode("utf-8")
+
+    # Bytes past the committed length are reported too.
+    with raw_path(data_dir, a).open("ab") as handle:
+        handle.write(b"## 2026-08-03T11:30:00Z user\n\nforged\n\n")
+    report = sgme("fsck", "--json").json()
+    problems = {f["file_id"]: [p["kind"] for p in f["problems"]] for f in report["files"]}
+    assert problems == {a: ["uncommitted_tail"], b: ["chain_mismatch"]}
+
+
+def test_reindex_rebuilds_deleted_rows_from_the_files(
+    sgme: Sgme, engine: sa.Engine, tmp_path: Path
+) -> None:
+    a = sgme(
+        "append",
+        stdin=append_body(
+            "a",
+            {"role": "user", "content": "one", "ts": TS1},
+            {"role": "tool", "content": "two", "ts": TS2, "tool_name": "t"},
+            metadata={"k": "v"},
+        ),
+    ).json()["file_id"]
+    sgme("append", stdin=append_body("b", source_type="external"))
+    (tmp_path / "doc.txt").write_text("a document", encoding="utf-8")
+    sgme("upload", str(tmp_path / "doc.txt"), "--agent-id", "hermes")
+    before = sgme("ls", "--json").json()
+    assert len(before) == 3
+
+    with index.transaction(engine) as conn:
+        conn.execute(sa.delete(index.raw_files))
+    assert sgme("ls", "--json").json() == []
+
+    run = sgme("reindex", "--json")
+    assert run.code == 0, run.err
+    assert run.json() == {"scanned": 3, "inserted": 3, "updated": 0, "failed": []}
+    after = sgme("ls", "--json").json()
+    kept = (
+        "file_id",
+        "path",
+        "source_type",
+        "agent_id",
+        "session_key",
+        "metadata",
+        "started_at",
+        "ended_at",
+        "flushed_seq",
+        "flushed_bytes",
+        "chain_head",
+        "next_seq",
+    )
+    assert [{k: r[k] for k in kept} for r in after] == [{k: r[k] for k in kept} for r in before]
+    assert sgme("fsck", "--json").json() == {"ok": True, "files": []}
+
+    # The rebuilt row carries on where the file ended.
+    more = sgme("append", stdin=append_body("a", {"role": "user", "content": "three", "ts": TS2}))
+    assert more.json()["file_id"] == a
+    assert more.json()["source_refs"] == [f"{a}:3"]
+
+    again = sgme("reindex")
+    assert again.code == 0
+    assert again.out.decode("utf-8").startswith("reindex: 3 files, 0 inserted, 3 updated, 0 failed")
+
+
+def test_migrate_creates_and_then_keeps_the_schema(sgme: Sgme, tmp_path: Path) -> None:
+    run = sgme("migrate")
+    assert run.code == 0, run.err
+    assert b"is up to date" in run.out
+    assert sgme("migrate").code == 0
+
+    # With no --database-url the index is a SQLite file inside the data directory.
+    fresh = tmp_path / "fresh"
+    run = sgme("migrate", "--data-dir", str(fresh), common=False)
+    assert run.code == 0, run.err
+    db = fresh / "index.sqlite3"
+    assert db.is_file()
+    engine = sa.create_engine(f"sqlite:///{db}")
+    try:
+        tables = set(sa.inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+    assert {"raw_files", "append_journal", "append_keys", "anomalies"} <= tables
+
+
+BAD = [
+    ("not-json", ("append",), "{not json", ("sgme append:", "stdin is not JSON")),
+    ("list-body", ("append",), "[1]", ("must be a JSON object",)),
+    (
+        "unknown-role",
+        ("append",),
+        append_body("s", {"role": "robot", "content": "x"}),
+        ("messages[0].role", "robot"),
+    ),
+    (
+        "bad-ts",
+        ("append",),
+        append_body("s", {"role": "user", "content": "x", "ts": "soon"}),
+        ("messages[0].ts", "soon"),
+    ),
+    ("control-key", ("append",), append_body("a\x07b"), ("session_key", "control")),
+    ("bad-file-id", ("cat", "../../etc/passwd"), None, ("sgme cat:", "not a file_id")),
+    (
+        "unknown-file",
+        ("cat", "0b6c3e6e-5d1f-4f1e-9a65-3b1c2d4e5f60"),
+        None,
+        ("no file 0b6c3e6e",),
+    ),
+    ("bad-ref", ("ref", "garbage"), None, ("not a source_ref",)),
+    (
+        "unknown-ref",
+        ("ref", "0b6c3e6e-5d1f-4f1e-9a65-3b1c2d4e5f60:1"),
+        None,
+        ("no file",),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("args", "stdin", "needles"), [pytest.param(a, s, n, id=i) for i, a, s, n in BAD]
+)
+def test_bad_input_exits_2_with_one_line(
+    sgme: Sgme, data_dir: Path, args: tuple[str, ...], stdin: str | None, needles: tuple[str, ...]
+) -> None:
+    assert_one_line_error(sgme(*args, stdin=stdin), *needles)
+    assert sgme("ls", "--json").json() == []
+    assert not list(data_dir.glob("raw/*/*.md"))
+
+
+def test_errors_about_settings_are_one_line_too(sgme: Sgme, data_dir: Path, tmp_path: Path) -> None:
+    bad_yaml = tmp_path / "bad.yaml"
+    bad_yaml.write_text("limits: [\n", encoding="utf-8")
+    assert_one_line_error(sgme("ls", "--config", str(bad_yaml)), "not valid YAML")
+    unknown = tmp_path / "unknown.yaml"
+    unknown.write_text("colour: blue\n", encoding="utf-8")
+    assert_one_line_error(sgme("ls", "--config", str(unknown)), "unknown settings: colour")
+
+    file_id = sgme("append", stdin=append_body("s")).json()["file_id"]
+    assert_one_line_error(sgme("ref", f"{file_id}:2"), f"no message {file_id}:2")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("upload", "somefile"), ("ls", "--status", "done"), ("ls", "--source-type", "chat")],
+    ids=["missing-agent-id", "unknown-status", "unknown-source-type"],
+)
+def test_usage_errors_exit_2(sgme: Sgme, args: tuple[str, ...]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        sgme(*args)
+    assert exit_info.value.code == 2
