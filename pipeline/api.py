@@ -194,9 +194,16 @@ def create_app(
         result = journal.ingest(engine, body.model_dump(exclude_unset=True), limits=limits)
         answer = result.to_json()
         if wait == "flushed":
-            journal.flush(
-                engine, settings.data_dir, result.file_id, lock_timeout=settings.lock_timeout
-            )
+            try:
+                journal.flush(
+                    engine, settings.data_dir, result.file_id, lock_timeout=settings.lock_timeout
+                )
+            except errors.SgmeError as exc:
+                # The append is acknowledged (journaled) either way: answer 202 rather than an
+                # error a client would retry, and let the queue finish the flush.
+                log.warning("wait=flushed: flush of %s failed: %s", result.file_id, exc.detail)
+                state.kick(result.file_id)
+                return answer
             answer["status"] = raw.get_file(engine, result.file_id).status
             response.status_code = 200
         elif result.kick:

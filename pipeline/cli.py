@@ -464,15 +464,20 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``sgme`` console script."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    level = str(getattr(args, "log_level", "info")).upper()
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # One log line per task is Flower's job; keep the console for warnings unless asked.
+    if level != "DEBUG":
+        logging.getLogger("celery").setLevel(logging.WARNING)
     try:
         return int(args.func(args))
     except errors.SgmeError as exc:
         # One line, even when the detail quotes a multi-line message (a YAML parser's).
         detail = " ".join(line.strip() for line in exc.detail.splitlines() if line.strip())
         print(f"sgme {args.command}: {detail}", file=sys.stderr)
+        return EXIT_ERROR
+    except OSError as exc:
+        print(f"sgme {args.command}: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
         return 130
