@@ -137,16 +137,24 @@ def estimate_tokens(text: str) -> int:
     return math.ceil(len(text.encode("utf-8")) / 4)
 
 
-def _split_content(content: str, budget_chars: int) -> list[str]:
-    """Cut content into pieces of at most ``budget_chars``, at line breaks where possible."""
+def _split_content(content: str, budget_bytes: int) -> list[str]:
+    """Cut content into pieces of at most ``budget_bytes`` of UTF-8, at line breaks where
+    possible and never inside a character."""
+    data = content.encode("utf-8")
     pieces: list[str] = []
-    while len(content) > budget_chars:
-        cut = content.rfind("\n", 0, budget_chars)
-        if cut <= budget_chars // 2:
-            cut = budget_chars
-        pieces.append(content[:cut])
-        content = content[cut:].lstrip("\n")
-    pieces.append(content)
+    start = 0
+    while len(data) - start > budget_bytes:
+        end = start + budget_bytes
+        cut = data.rfind(b"\n", start, end)
+        if cut - start <= budget_bytes // 2:
+            cut = end
+            while data[cut] & 0xC0 == 0x80:  # a continuation byte: back up to the character
+                cut -= 1
+        pieces.append(data[start:cut].decode("utf-8"))
+        start = cut
+        while data.startswith(b"\n", start):
+            start += 1
+    pieces.append(data[start:].decode("utf-8"))
     return pieces
 
 
@@ -171,10 +179,18 @@ def windows(
     parts: list[Part] = []
     for m in messages:
         ref = f"{file.file_id}:{m.seq}"
-        # Leave room for the heading and tool line; 4 bytes per token, up to 3 bytes a char.
-        budget_chars = max(64, (budget_tokens - 32) * 4 // 3)
-        for piece in _split_content(m.content, budget_chars):
-            parts.append(Part(m.seq, m.ts, m.role, piece, m.tool_name, ref))
+        whole = Part(m.seq, m.ts, m.role, m.content, m.tool_name, ref)
+        if _cost(whole) <= budget_tokens:
+            parts.append(whole)
+            continue
+        # Measured in bytes, as estimate_tokens is (a 4-byte character is a token on its own):
+        # the body gets what the heading and tool line leave of budget_tokens * 4 bytes, less
+        # what escaping may add, one backslash per line, at most one byte in nine (the
+        # shortest escaped line is "#  user\n"). Otherwise a part overflows its window.
+        head = len(_render_part(dataclasses.replace(whole, content="")).encode("utf-8")) + 2
+        budget_bytes = max(16, (8 * (budget_tokens * 4 - head) - 1) // 9)
+        for piece in _split_content(m.content, budget_bytes):
+            parts.append(dataclasses.replace(whole, content=piece))
 
     result: list[Window] = []
     current: list[Part] = []
@@ -333,6 +349,9 @@ def commit(engine: sa.Engine, c: Claim, items: Sequence[Item], *, refiner: str) 
         )
         if not updated or row is None:
             return False
+        if c.lo == 0:
+            # A full (re-)refine replaces whatever the file's items were.
+            index.delete_l1_items(conn, c.file_id)
         index.add_l1_items(
             conn,
             [
@@ -375,7 +394,8 @@ def fail(engine: sa.Engine, c: Claim, detail: str) -> bool:
 
 
 def request_full(engine: sa.Engine, file_id: str) -> None:
-    """Full re-refine: ``last_refined_seq = 0``; the file's L1 items are replaced when it runs.
+    """Full re-refine: ``last_refined_seq = 0``; the file's L1 items are replaced when the run
+    commits (until then the old ones stay listed).
 
     The epoch is bumped so that a job still running for the old claim commits nothing.
     """
@@ -395,7 +415,6 @@ def request_full(engine: sa.Engine, file_id: str) -> None:
             refine_lease_until=None,
             status=sa.case((f.status == "archived", "archived"), else_="new"),
         )
-        index.delete_l1_items(conn, file_id)
 
 
 def dispatch(

@@ -37,7 +37,8 @@ _PATTERNS: tuple[tuple[str, tuple[str, ...], re.Pattern[str]], ...] = (
         "profile",
         ("user",),
         re.compile(
-            r"\b(?:I am|I'm) (?:a|an|the|from|based|working|\d)|\bmy name is\b|\bcall me\b|"
+            r"\b(?:I am|I'm) (?:(?:a|an|the|from|based|working)\b|\d)|\bmy name is\b|"
+            r"\bcall me\b|"
             r"\bI (?:work|live|study) (?:at|in|for|on)\b|\bmy (?:job|role|team|company|"
             r"timezone|time zone|email|birthday)\b|"
             r"我(?:是|叫|在.{0,12}(?:工作|上班|读书)|住在|的(?:名字|工作|职业|生日|邮箱))",

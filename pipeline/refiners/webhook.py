@@ -2,7 +2,8 @@
 
 Options: ``url``, ``timeout`` seconds (default 30), ``headers`` (e.g. an Authorization header).
 Request body: the window (``file_id``, ``agent_id``, ``session_key``, ``text``,
-``source_refs``, ``messages``); answer: ``{"items": [{"kind", "content", "source_refs"}]}``.
+``source_refs``, ``messages``); answer: ``{"items": [{"kind", "content", "source_refs"}]}``,
+or 204 / an empty body when the window holds nothing worth keeping.
 """
 
 from __future__ import annotations
@@ -34,4 +35,6 @@ class WebhookRefiner:
             raise refine.RefinerError(
                 f"webhook answered {response.status_code}: {response.text[:200]}"
             )
+        if response.status_code == 204 or not response.content.strip():
+            return []  # nothing worth keeping in this window
         return parse_items(response.text)
