@@ -387,6 +387,88 @@ def cmd_reindex(args: argparse.Namespace) -> int:
     return EXIT_PROBLEMS if report.failed else 0
 
 
+def cmd_archive(args: argparse.Namespace) -> int:
+    from pipeline import archive
+
+    settings = _settings(args)
+    engine = _engine(settings)
+    days = settings.archive_after_days if args.older_than is None else args.older_than
+    if days < 0:
+        raise errors.InvalidInput(f"--older-than must be >= 0 days, got {days}")
+    candidates = archive.cold_files(engine, older_than_days=days, limit=1_000_000)
+    summary: dict[str, Any] = {"older_than_days": days, "dry_run": args.dry_run}
+    if args.dry_run:
+        with index.transaction(engine) as conn:
+            sizes = [index.get_file(conn, file_id) for file_id in candidates]
+        summary.update(files=len(candidates), bytes_before=sum(r.flushed_bytes for r in sizes if r))
+    else:
+        summary["cleaned_up"] = archive.finish_interrupted(
+            engine, settings.data_dir, lock_timeout=settings.lock_timeout
+        )
+        summary["unrefined_cold_flagged"] = len(
+            archive.flag_unrefined(engine, older_than_days=days)
+        )
+        before = after = done = 0
+        failed: list[dict[str, str]] = []
+        with _progress("archive", len(candidates)) as advance:
+            for file_id in candidates:
+                try:
+                    outcome = archive.compress(
+                        engine,
+                        settings.data_dir,
+                        file_id,
+                        level=settings.archive_level,
+                        threads=settings.archive_threads,
+                        lock_timeout=settings.lock_timeout,
+                    )
+                except errors.SgmeError as exc:
+                    failed.append({"file_id": file_id, "error": exc.detail})
+                    outcome = None
+                if outcome is not None:
+                    done += 1
+                    before += outcome.bytes_before
+                    after += outcome.bytes_after
+                advance(1)
+        summary.update(
+            files=done,
+            bytes_before=before,
+            bytes_after=after,
+            ratio=round(before / after, 2) if after else None,
+            failed=failed,
+        )
+    if args.json:
+        _print_json(summary)
+    elif args.dry_run:
+        print(
+            f"archive --dry-run: {summary['files']} files ({summary['bytes_before']} bytes) "
+            f"unchanged for {days} days would be compressed"
+        )
+    else:
+        print(
+            f"archive: {summary['files']} files, {summary['bytes_before']} -> "
+            f"{summary['bytes_after']} bytes (ratio {summary['ratio']}), "
+            f"{len(summary['failed'])} failed, "
+            f"{summary['unrefined_cold_flagged']} cold but unrefined flagged"
+        )
+        for item in summary["failed"]:
+            print(f"  {item['file_id']}: {item['error']}")
+    return EXIT_PROBLEMS if summary.get("failed") else 0
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    from pipeline import archive
+
+    settings = _settings(args)
+    engine = _engine(settings)
+    if not archive.restore(
+        engine, settings.data_dir, args.file_id, lock_timeout=settings.lock_timeout
+    ):
+        raise errors.Conflict(f"file {args.file_id} is not archived")
+    row = raw.get_file(engine, args.file_id)
+    _print_json({"file_id": row.file_id, "status": row.status, "path": row.path})
+    return 0
+
+
 # ---------------------------------------------------------------------------------------------
 # argument parsing
 
@@ -454,6 +536,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("ref")
     p.add_argument("--context", type=int, default=1)
     p.add_argument("--json", action="store_true")
+    p = add("archive", cmd_archive, "compress cold, fully refined files (zstd)")
+    p.add_argument(
+        "--older-than",
+        type=float,
+        metavar="DAYS",
+        help="days unchanged (default: archive_after_days, 90)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="only say what would be archived")
+    p.add_argument("--json", action="store_true")
+    p = add("restore", cmd_restore, "move an archived file back to its live place")
+    p.add_argument("file_id")
     p = add("fsck", cmd_fsck, "check every file against the index (exit 1 on problems)")
     p.add_argument("--json", action="store_true")
     p = add("reindex", cmd_reindex, "rebuild the index from the files")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from pipeline import document, errors, index, journal, store
+from pipeline import archive, document, errors, index, journal, store
 
 Progress = Callable[[int], None]  #: called with the number of files just finished
 
@@ -76,9 +76,14 @@ def check_file(data_dir: Path, row: index.FileRow) -> list[Problem]:
         return []
     path = data_dir / row.path
     try:
-        data = store.read(path)
+        data = (
+            archive.read_archived(data_dir, row) if row.status == "archived" else store.read(path)
+        )
     except errors.NotFound:
         return [Problem(row.file_id, "missing", f"{row.path} does not exist")]
+    except errors.FileDamaged as exc:
+        kind = "archive_corrupt" if row.status == "archived" else "unreadable"
+        return [Problem(row.file_id, kind, exc.detail)]
     except errors.SgmeError as exc:
         return [Problem(row.file_id, "unreadable", exc.detail)]
     return check_bytes(row, data)
@@ -102,11 +107,20 @@ def count_files(engine: sa.Engine) -> int:
 
 
 def _disk_files(data_dir: Path) -> Iterator[tuple[str, Path]]:
+    """``(source_type or "archive", path)`` of every raw file on disk."""
     for source_type, subdir in store.SUBDIRS.items():
         folder = data_dir / "raw" / subdir
         if folder.is_dir():
             for path in sorted(folder.glob("*.md")):
                 yield source_type, path
+    folder = data_dir / "raw" / "archive"
+    if folder.is_dir():
+        for path in sorted(folder.glob("*/*.md.zst")):
+            yield "archive", path
+
+
+def _file_id(path: Path) -> str:
+    return path.name.split(".", 1)[0]
 
 
 def fsck(engine: sa.Engine, data_dir: Path, *, progress: Progress | None = None) -> list[Problem]:
@@ -121,7 +135,9 @@ def fsck(engine: sa.Engine, data_dir: Path, *, progress: Progress | None = None)
     for _, path in _disk_files(data_dir):
         relative = path.relative_to(data_dir).as_posix()
         if relative not in known:
-            problems.append(Problem(path.stem, "not_indexed", f"{relative} is not in the index"))
+            problems.append(
+                Problem(_file_id(path), "not_indexed", f"{relative} is not in the index")
+            )
     if problems:
         with index.transaction(engine) as conn:
             for p in problems:
@@ -159,26 +175,34 @@ def reindex(
         journal.flush(engine, data_dir, file_id, lock_timeout=lock_timeout)
     scanned = inserted = updated = 0
     failed: list[Problem] = []
+    live = {_file_id(path) for kind, path in _disk_files(data_dir) if kind != "archive"}
     for source_type, path in _disk_files(data_dir):
         scanned += 1
+        file_id = _file_id(path)
+        archived = source_type == "archive"
+        if archived and file_id in live:
+            # A crash between restore steps left both copies; the live one is the file.
+            if progress:
+                progress(1)
+            continue
         try:
-            data = store.read(path)
-            doc = document.parse(data.decode("utf-8"), file_id=path.stem)
+            data = archive.read_path(path) if archived else store.read(path)
+            doc = document.parse(data.decode("utf-8"), file_id=file_id)
             head, count = document.chain(data)
         except (UnicodeDecodeError, errors.SgmeError) as exc:
             detail = exc.detail if isinstance(exc, errors.SgmeError) else f"not UTF-8: {exc}"
-            failed.append(Problem(path.stem, "unreadable", detail))
+            failed.append(Problem(file_id, "unreadable", detail))
             if progress:
                 progress(1)
             continue
         header = doc.header
-        if header.source_type != source_type:
+        if not archived and header.source_type != source_type:
             failed.append(
                 Problem(
-                    path.stem, "misplaced", f"a {header.source_type} file in raw/{path.parent.name}"
+                    file_id, "misplaced", f"a {header.source_type} file in raw/{path.parent.name}"
                 )
             )
-        last_ts = max(m.ts for m in doc.messages)
+        last_ts = max((m.ts for m in doc.messages), key=document.parse_ts)
         values = {
             "path": path.relative_to(data_dir).as_posix(),
             "source_type": header.source_type,
@@ -195,13 +219,19 @@ def reindex(
         with index.transaction(engine) as conn:
             row = index.get_file(conn, header.file_id, for_update=True)
             if row is None:
+                # An archived file was fully refined before it was archived.
                 index.insert_file(
-                    conn, file_id=header.file_id, status="new", next_seq=count + 1, **values
+                    conn,
+                    file_id=header.file_id,
+                    status="archived" if archived else "new",
+                    last_refined_seq=count if archived else 0,
+                    next_seq=count + 1,
+                    **values,
                 )
                 inserted += 1
             else:
-                refined = min(row.last_refined_seq, count)
-                status = "refined" if refined == count else "new"
+                refined = count if archived else min(row.last_refined_seq, count)
+                status = "archived" if archived else ("refined" if refined == count else "new")
                 index.update_file(
                     conn,
                     header.file_id,

@@ -18,7 +18,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from pipeline import document, errors, index, store
+from pipeline import archive, document, errors, index, store
 
 #: a fault-injection hook: called with a step name at each step of a flush (tests use it)
 FaultHook = Callable[[str], None]
@@ -151,7 +151,7 @@ def ingest(
     key = _check_key(body.get("idempotency_key"))
     received_at = index.utcnow()
     messages = _check_messages(body.get("messages"), limits, received_at)
-    digest = request_hash(body)
+    digest = request_hash(body) if key is not None else ""  # only keyed requests replay
 
     with index.transaction(engine) as conn:
         row = index.find_file(conn, agent_id, source_type, session_key, for_update=True)
@@ -187,7 +187,7 @@ def ingest(
             file_id=row.file_id,
             first_seq=first,
             last_seq=last,
-            last_ts=max(m.ts for m in messages),
+            last_ts=max((m.ts for m in messages), key=document.parse_ts),
             data=rendered,
         )
         index.update_file(conn, row.file_id, next_seq=last + 1, flush_pending=True)
@@ -229,7 +229,11 @@ def ingest_upload(
     filename = body.get("filename")
     if not isinstance(filename, str) or not 1 <= len(filename) <= 255:
         raise errors.InvalidInput("filename must be a string of 1..255 characters")
-    document.check_session_key(filename, limits)  # same rules: no control characters
+    try:
+        document.check_session_key(filename, limits)  # same rules: no control characters
+    except errors.InvalidInput as exc:
+        # The detail must name the field the client sent, not the rule borrowed for it.
+        raise errors.InvalidInput(exc.detail.replace("session_key", "filename", 1)) from None
     content = body.get("content")
     if not isinstance(content, str):
         raise errors.InvalidInput("content must be a string (uploads are UTF-8 text)")
@@ -319,8 +323,7 @@ def flush(
         fault("locked")
         with index.transaction(engine) as conn:
             # Cleared before reading, so an append committed after this read kicks again.
-            index.update_file(conn, file_id, flush_pending=False)
-            row = index.get_file(conn, file_id)
+            row = index.start_flush(conn, file_id)
             pending = index.journal_after(conn, file_id, row.flushed_seq) if row else []
         if row is None:
             raise errors.NotFound(f"no file {file_id}")
@@ -337,6 +340,10 @@ def flush(
                     f"journal resumes at seq {entry.first_seq}, file ends at seq {seq}",
                 )
             seq = entry.last_seq
+
+        if row.status == "archived":
+            # An append to an archived session brings the file back first (DESIGN §5).
+            row = archive.restore_locked(engine, data_dir, row)
 
         path = data_dir / row.path
         expected = row.flushed_bytes
@@ -380,16 +387,14 @@ def flush(
         fault("written")
 
         with index.transaction(engine) as conn:
-            updated = index.update_file(
+            updated = index.advance_flushed(
                 conn,
                 file_id,
-                index.raw_files.c.flushed_seq == row.flushed_seq,
+                old_seq=row.flushed_seq,
                 flushed_seq=seq,
                 flushed_bytes=expected + len(data),
                 chain_head=head.hex(),
-                status=sa.case((index.raw_files.c.status == "archived", "archived"), else_="new"),
-                ended_at=document.parse_ts(max(e.last_ts for e in pending)).replace(tzinfo=None),
-                flushed_at=index.utcnow(),
+                ended_at=max(document.parse_ts(e.last_ts) for e in pending).replace(tzinfo=None),
             )
             if not updated:
                 raise errors.Conflict(f"file {file_id} was flushed by someone else meanwhile")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from pipeline import document, errors, index, store
+from pipeline import archive, document, errors, index, store
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,9 +43,12 @@ def get_file(engine: sa.Engine, file_id: str) -> index.FileRow:
 
 
 def read_bytes(data_dir: Path, row: index.FileRow) -> bytes:
-    """The committed bytes of a file (empty while nothing is flushed)."""
+    """The committed bytes of a file (empty while nothing is flushed), decompressed if it is
+    archived."""
     if row.flushed_bytes == 0:
         return b""
+    if row.status == "archived":
+        return archive.read_archived(data_dir, row)
     data = store.read(data_dir / row.path, row.flushed_bytes)
     if len(data) < row.flushed_bytes:
         raise errors.FileDamaged(

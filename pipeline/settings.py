@@ -60,6 +60,10 @@ class Settings:
     refiner: str = "builtin"  #: entry point name in group ``sgme.refiners``
     #: refiner options, e.g. {base_url, model, api_key, timeout} for openai, {url} for webhook
     refiner_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: cold archive (DESIGN §5): days unchanged before a fully refined file is compressed
+    archive_after_days: float = 90.0
+    archive_level: int = 10  #: zstd level
+    archive_threads: int = 0  #: zstd worker threads (0: compress on the calling thread)
     #: worker side: expose Prometheus metrics on this port (0: off)
     worker_metrics_port: int = 0
     limits: document.Limits = document.DEFAULT_LIMITS

@@ -14,6 +14,7 @@ import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import filelock
 
@@ -174,3 +175,59 @@ def lock(data_dir: Path, file_id: str, *, timeout: float) -> Iterator[None]:
         yield
     finally:
         file_lock.release()
+
+
+@contextlib.contextmanager
+def exclusive_writer(path: Path) -> Iterator[BinaryIO]:
+    """A new file opened for writing (``O_EXCL``); fsynced on success, removed on failure."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _OPEN_FLAGS, 0o644)
+    except OSError as exc:
+        raise _storage_error("create", path, exc) from exc
+    handle = os.fdopen(fd, "wb")
+    try:
+        yield handle
+        handle.flush()
+        os.fsync(handle.fileno())
+    except BaseException as exc:
+        handle.close()
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        if isinstance(exc, OSError):
+            raise _storage_error("write", path, exc) from exc
+        raise
+    handle.close()
+
+
+@contextlib.contextmanager
+def reader(path: Path) -> Iterator[BinaryIO]:
+    """The file opened for reading, never through a symlink."""
+    try:
+        fd = os.open(path, os.O_RDONLY | _OPEN_FLAGS)
+    except FileNotFoundError:
+        raise errors.NotFound(f"raw file {path} is missing") from None
+    except OSError as exc:
+        raise _storage_error("open", path, exc) from exc
+    with os.fdopen(fd, "rb") as handle:
+        try:
+            yield handle
+        except OSError as exc:
+            raise _storage_error("read", path, exc) from exc
+
+
+def rename(src: Path, dst: Path) -> None:
+    """Atomically move ``src`` to ``dst`` (same volume) and fsync the directories."""
+    try:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(src, dst)
+        fsync_dir(dst.parent)
+        if src.parent != dst.parent:
+            fsync_dir(src.parent)
+    except OSError as exc:
+        raise _storage_error("rename", src, exc) from exc
+
+
+def exists(path: Path) -> bool:
+    """Whether ``path`` exists (a symlink counts, so it is never silently replaced)."""
+    return os.path.lexists(path)

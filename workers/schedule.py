@@ -1,8 +1,11 @@
-"""The beat schedule: sweep for lost flush kicks, dispatch due refinements."""
+"""The beat schedule: sweep for lost flush kicks, dispatch due refinements, archive
+cold files daily."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from celery.schedules import crontab
 
 from pipeline.settings import Settings
 
@@ -14,5 +17,9 @@ def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
         "dispatch-refinements": {
             "task": "sgme.dispatch_refinements",
             "schedule": settings.refine_dispatch_interval,
+        },
+        "archive-cold-files": {
+            "task": "sgme.archive_cold_files",
+            "schedule": crontab(hour=3, minute=17),
         },
     }

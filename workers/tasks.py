@@ -13,7 +13,7 @@ from typing import Any
 
 from celery import Task
 
-from pipeline import errors, index, journal, metrics, refine
+from pipeline import archive, errors, index, journal, metrics, refine
 from workers.app import app, runtime
 
 log = logging.getLogger(__name__)
@@ -136,3 +136,31 @@ def refine_segment(self: Task, file_id: str, lo: int, hi: int, epoch: int) -> bo
         # More may have been flushed meanwhile; a due file is claimed again right away.
         _dispatch(file_ids=[file_id])
     return committed
+
+
+@app.task(name="sgme.archive_cold_files")
+def archive_cold_files() -> int:
+    """Daily: compress cold, fully refined files; flag cold unrefined ones. Idempotent, and safe
+    when two run at once (each file is archived under its lock, fenced in the index)."""
+    rt = runtime()
+    s = rt.settings
+    archive.finish_interrupted(rt.engine, s.data_dir, lock_timeout=s.lock_timeout)
+    archive.flag_unrefined(rt.engine, older_than_days=s.archive_after_days)
+    done = 0
+    for file_id in archive.cold_files(rt.engine, older_than_days=s.archive_after_days):
+        try:
+            outcome = archive.compress(
+                rt.engine,
+                s.data_dir,
+                file_id,
+                level=s.archive_level,
+                threads=s.archive_threads,
+                lock_timeout=s.lock_timeout,
+            )
+        except errors.SgmeError as exc:
+            log.error("archiving %s failed: %s", file_id, exc.detail)
+            with index.transaction(rt.engine) as conn:
+                index.record_anomaly(conn, file_id, "archive_failed", exc.detail)
+            continue
+        done += outcome is not None
+    return done

@@ -1,0 +1,325 @@
+"""Cold archive (DESIGN §5): compress, verify, restore.
+
+Fully refined files unchanged for ``archive_after_days`` are compressed with zstd (content
+checksum on) to ``raw/archive/YYYY-MM/{file_id}.md.zst``. The steps, each durable before the
+next: write a temp file and fsync it; decompress it and compare sha256 with the original;
+rename it into place and fsync the directory; mark the row ``archived`` with the new path;
+delete the original. A crash at any step leaves the original or a verified archive (usually
+both), never neither and never a half file under the final name; running again finishes or
+cleans up. Reads decompress on demand; an append restores the file first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import hashlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+import sqlalchemy as sa
+import zstandard
+
+from pipeline import document, errors, index, store
+
+DEFAULT_ARCHIVE_AFTER_DAYS = 90  #: days a fully refined file must stay unchanged
+DEFAULT_LEVEL = 10  #: zstd level: most of the ratio of level 19 at a fraction of the cost
+CHUNK = 1 << 20  #: bytes per read while streaming
+ARCHIVE_STEPS = ("temp_written", "verified", "renamed", "indexed", "deleted")
+FaultHook = Callable[[str], None]
+
+
+def _no_fault(step: str) -> None:
+    return None
+
+
+def archive_relative_path(row: index.FileRow) -> str:
+    """``raw/archive/YYYY-MM/{file_id}.md.zst``, YYYY-MM of started_at."""
+    return f"raw/archive/{row.started_at:%Y-%m}/{row.file_id}.md.zst"
+
+
+def live_relative_path(row: index.FileRow) -> str:
+    """Where the file lives when it is not archived."""
+    return store.relative_path(row.source_type, row.file_id)
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What archiving one file did."""
+
+    file_id: str
+    bytes_before: int
+    bytes_after: int
+
+
+# ---------------------------------------------------------------------------------------------
+# reading
+
+
+def _chunks(handle: BinaryIO, limit: int | None = None) -> Iterator[bytes]:
+    left = limit
+    while left is None or left > 0:
+        chunk = handle.read(CHUNK if left is None else min(CHUNK, left))
+        if not chunk:
+            return
+        if left is not None:
+            left -= len(chunk)
+        yield chunk
+
+
+def _decompressed_chunks(path: Path) -> Iterator[bytes]:
+    """The archive's content, streamed; FileDamaged for a corrupt or truncated frame."""
+    with store.reader(path) as handle:
+        try:
+            with zstandard.ZstdDecompressor().stream_reader(handle) as stream:
+                yield from _chunks(stream)
+        except zstandard.ZstdError as exc:
+            raise errors.FileDamaged(f"archive {path.name} is corrupt: {exc}") from None
+
+
+def read_path(path: Path) -> bytes:
+    """The whole content of an archive file (``reindex`` reads them without an index row)."""
+    return b"".join(_decompressed_chunks(path))
+
+
+def read_archived(data_dir: Path, row: index.FileRow) -> bytes:
+    """The original bytes of an archived file, checked against the committed length."""
+    data = b"".join(_decompressed_chunks(data_dir / row.path))
+    if len(data) != row.flushed_bytes:
+        raise errors.FileDamaged(
+            f"archive of {row.file_id} holds {len(data)} bytes, {row.flushed_bytes} were committed"
+        )
+    return data
+
+
+def _digest(chunks: Iterator[bytes]) -> tuple[str, int]:
+    sha = hashlib.sha256()
+    size = 0
+    for chunk in chunks:
+        sha.update(chunk)
+        size += len(chunk)
+    return sha.hexdigest(), size
+
+
+# ---------------------------------------------------------------------------------------------
+# choosing files
+
+
+def cold_files(engine: sa.Engine, *, older_than_days: float, limit: int = 1000) -> list[str]:
+    """Fully refined files with nothing pending, unchanged for ``older_than_days``."""
+    f = index.raw_files.c
+    cutoff = index.utcnow() - dt.timedelta(days=older_than_days)
+    query = (
+        sa.select(f.file_id)
+        .where(
+            f.status == "refined",
+            f.last_refined_seq == f.flushed_seq,
+            f.next_seq == f.flushed_seq + 1,
+            f.flush_pending.is_(False),
+            sa.func.coalesce(f.flushed_at, f.ended_at) <= cutoff,
+        )
+        .order_by(f.file_id)
+        .limit(limit)
+    )
+    with index.transaction(engine) as conn:
+        return [row[0] for row in conn.execute(query)]
+
+
+def flag_unrefined(engine: sa.Engine, *, older_than_days: float) -> list[str]:
+    """Give each cold file that was never fully refined an ``unrefined_cold`` anomaly (once)."""
+    f = index.raw_files.c
+    a = index.anomalies.c
+    cutoff = index.utcnow() - dt.timedelta(days=older_than_days)
+    flagged = sa.select(a.file_id).where(a.kind == "unrefined_cold", a.file_id.is_not(None))
+    query = sa.select(f.file_id, f.last_refined_seq, f.flushed_seq, f.status).where(
+        f.status.in_(("new", "error")),
+        f.flushed_seq > f.last_refined_seq,
+        sa.func.coalesce(f.flushed_at, f.ended_at) <= cutoff,
+        f.file_id.not_in(flagged),
+    )
+    with index.transaction(engine) as conn:
+        rows = list(conn.execute(query))
+        for file_id, refined, flushed, status in rows:
+            index.record_anomaly(
+                conn,
+                file_id,
+                "unrefined_cold",
+                f"cold but not archived: {status}, refined up to seq {refined} of {flushed}",
+            )
+    return [row[0] for row in rows]
+
+
+# ---------------------------------------------------------------------------------------------
+# compress
+
+
+def compress(
+    engine: sa.Engine,
+    data_dir: Path,
+    file_id: str,
+    *,
+    level: int = DEFAULT_LEVEL,
+    threads: int = 0,
+    lock_timeout: float = 30.0,
+    fault: FaultHook = _no_fault,
+) -> Outcome | None:
+    """Archive one file; None when it is no longer eligible (changed, already archived)."""
+    with store.lock(data_dir, file_id, timeout=lock_timeout), index.advisory_lock(engine, file_id):
+        with index.transaction(engine) as conn:
+            row = index.get_file(conn, file_id)
+        if row is None:
+            raise errors.NotFound(f"no file {file_id}")
+        if row.status == "archived":
+            _finish(data_dir, row)
+            return None
+        if row.status != "refined" or row.next_seq != row.flushed_seq + 1:
+            return None
+        original = data_dir / row.path
+        final = data_dir / archive_relative_path(row)
+        temp = final.with_name(f".{final.name}.tmp")
+        # Left by a crash before the index pointed at them: never committed, start over.
+        store.remove(temp)
+        store.remove(final)
+
+        size = store.size(original)
+        if size != row.flushed_bytes:
+            raise errors.FileDamaged(
+                f"file {file_id} is {size} bytes, {row.flushed_bytes} committed; run sgme fsck"
+            )
+        with store.reader(original) as handle:
+            head, _ = document.chain(handle.read())
+        if head.hex() != row.chain_head:
+            raise errors.FileDamaged(f"file {file_id} fails its hash chain; run sgme fsck")
+
+        with store.reader(original) as src:
+            before_sha, _ = _digest(_chunks(src))
+        compressor = zstandard.ZstdCompressor(level=level, write_checksum=True, threads=threads)
+        with store.reader(original) as src, store.exclusive_writer(temp) as dst:
+            try:
+                compressor.copy_stream(src, dst, size=row.flushed_bytes)
+            except zstandard.ZstdError as exc:
+                raise errors.StorageUnavailable(f"compressing {file_id} failed: {exc}") from None
+        fault("temp_written")
+        after_sha, _ = _digest(_decompressed_chunks(temp))
+        if after_sha != before_sha:
+            store.remove(temp)
+            raise errors.FileDamaged(f"archive of {file_id} did not verify; original kept")
+        fault("verified")
+        store.rename(temp, final)
+        fault("renamed")
+        with index.transaction(engine) as conn:
+            f = index.raw_files.c
+            updated = index.update_file(
+                conn,
+                file_id,
+                f.status == "refined",
+                f.next_seq == row.next_seq,
+                f.flushed_seq == row.flushed_seq,
+                status="archived",
+                path=archive_relative_path(row),
+                archived_at=index.utcnow(),
+            )
+        if not updated:  # an append or a re-refine came in meanwhile: keep the original
+            store.remove(final)
+            return None
+        fault("indexed")
+        store.remove(original)
+        fault("deleted")
+        after = store.size(final) or 0
+        return Outcome(file_id, row.flushed_bytes, after)
+
+
+def _finish(data_dir: Path, row: index.FileRow) -> None:
+    """An archived row whose original survived a crash: delete it once the archive verifies."""
+    original = data_dir / live_relative_path(row)
+    if not store.exists(original):
+        return
+    archived_sha, size = _digest(_decompressed_chunks(data_dir / row.path))
+    with store.reader(original) as src:
+        original_sha, _ = _digest(_chunks(src, row.flushed_bytes))
+    if archived_sha == original_sha and size == row.flushed_bytes:
+        store.remove(original)
+
+
+def finish_interrupted(engine: sa.Engine, data_dir: Path, *, lock_timeout: float = 30.0) -> int:
+    """Clean up after crashes: delete originals of archived rows (verified first). Returns how
+    many were removed."""
+    removed = 0
+    for subdir in store.SUBDIRS.values():
+        folder = data_dir / "raw" / subdir
+        if not folder.is_dir():
+            continue
+        names = [p.stem for p in folder.glob("*.md")]
+        for start in range(0, len(names), 500):
+            batch = names[start : start + 500]
+            with index.transaction(engine) as conn:
+                archived = list(
+                    conn.execute(
+                        sa.select(index.raw_files.c.file_id).where(
+                            index.raw_files.c.file_id.in_(batch),
+                            index.raw_files.c.status == "archived",
+                        )
+                    ).scalars()
+                )
+            for file_id in archived:
+                with store.lock(data_dir, file_id, timeout=lock_timeout):
+                    with index.transaction(engine) as conn:
+                        row = index.get_file(conn, file_id)
+                    if row is not None and row.status == "archived":
+                        _finish(data_dir, row)
+                        removed += 1
+    return removed
+
+
+# ---------------------------------------------------------------------------------------------
+# restore
+
+
+def restore(engine: sa.Engine, data_dir: Path, file_id: str, *, lock_timeout: float = 30.0) -> bool:
+    """Move an archived file back to its live place; False if it was not archived."""
+    with store.lock(data_dir, file_id, timeout=lock_timeout), index.advisory_lock(engine, file_id):
+        with index.transaction(engine) as conn:
+            row = index.get_file(conn, file_id)
+        if row is None:
+            raise errors.NotFound(f"no file {file_id}")
+        if row.status != "archived":
+            return False
+        restore_locked(engine, data_dir, row)
+        return True
+
+
+def restore_locked(engine: sa.Engine, data_dir: Path, row: index.FileRow) -> index.FileRow:
+    """:func:`restore` for a caller that holds the file's lock; returns the updated row."""
+    data = read_archived(data_dir, row)
+    head, count = document.chain(data)
+    if head.hex() != row.chain_head or count != row.flushed_seq:
+        raise errors.FileDamaged(f"archive of {row.file_id} fails its hash chain; not restoring")
+    live = data_dir / live_relative_path(row)
+    if store.exists(live):
+        # A crash after the index update left the original: it is the same bytes or garbage.
+        with store.reader(live) as handle:
+            if handle.read() != data:
+                raise errors.FileDamaged(
+                    f"{live.name} exists and differs from the archive; resolve by hand"
+                )
+    else:
+        temp = live.with_name(f".{live.name}.tmp")
+        store.remove(temp)
+        with store.exclusive_writer(temp) as handle:
+            handle.write(data)
+        store.rename(temp, live)
+    f = index.raw_files.c
+    with index.transaction(engine) as conn:
+        index.update_file(
+            conn,
+            row.file_id,
+            f.status == "archived",
+            status=sa.case((f.last_refined_seq < f.flushed_seq, "new"), else_="refined"),
+            path=live_relative_path(row),
+            archived_at=None,
+        )
+        restored = index.get_file(conn, row.file_id)
+    assert restored is not None
+    store.remove(data_dir / row.path)
+    return restored

@@ -1,0 +1,291 @@
+"""Cold archive (DESIGN §5) on SQLite and PostgreSQL: archive → read identical, crash at every
+step, append to an archived file, corrupt archives, fsck and reindex over archived files."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+import zstandard
+
+from pipeline import archive, errors, index, integrity, journal, raw, refine
+
+CONTENT = [
+    "I prefer tea.\n```python\n# Display the results to the user\nprint(1)\n```",
+    "## Notes for the user\n混合 CJK 内容 " * 40,
+    "plain text\r\nwith CRLF\r\n",
+]
+
+
+def _refined_file(engine: sa.Engine, data_dir: Path, key: str, *, messages: int = 6) -> str:
+    body = {
+        "agent_id": "hermes",
+        "session_key": key,
+        "messages": [
+            {
+                "role": "user" if i % 2 == 0 else "assistant",
+                "content": CONTENT[i % 3] + f" #{i}",
+                "ts": f"2026-03-0{1 + i % 9}T10:00:0{i % 10}Z",
+            }
+            for i in range(messages)
+        ],
+    }
+    result = journal.ingest(engine, body)
+    journal.flush(engine, data_dir, result.file_id)
+    claim = refine.claim(engine, result.file_id, lease_seconds=60)
+    assert claim is not None
+    assert refine.commit(engine, claim, [], refiner="test")
+    return result.file_id
+
+
+def _age(engine: sa.Engine, file_id: str, days: float) -> None:
+    when = index.utcnow() - dt.timedelta(days=days)
+    with index.transaction(engine) as conn:
+        index.update_file(conn, file_id, flushed_at=when, ended_at=when)
+
+
+def _row(engine: sa.Engine, file_id: str) -> index.FileRow:
+    return raw.get_file(engine, file_id)
+
+
+def _live_files(data_dir: Path) -> list[Path]:
+    return sorted(p for p in (data_dir / "raw").rglob("*") if p.is_file())
+
+
+def test_cold_files_only_fully_refined_and_old(engine: sa.Engine, data_dir: Path) -> None:
+    old = _refined_file(engine, data_dir, "old")
+    young = _refined_file(engine, data_dir, "young")
+    unrefined = journal.ingest(
+        engine,
+        {"agent_id": "hermes", "session_key": "u", "messages": [{"role": "user", "content": "x"}]},
+    ).file_id
+    journal.flush(engine, data_dir, unrefined)
+    pending_extra = _refined_file(engine, data_dir, "pending")
+    journal.ingest(
+        engine,
+        {
+            "agent_id": "hermes",
+            "session_key": "pending",
+            "messages": [{"role": "user", "content": "more"}],
+        },
+    )
+    for file_id in (old, unrefined, pending_extra):
+        _age(engine, file_id, 100)
+    _age(engine, young, 10)
+
+    assert archive.cold_files(engine, older_than_days=90) == [old]
+    assert archive.flag_unrefined(engine, older_than_days=90) == [unrefined]
+    assert archive.flag_unrefined(engine, older_than_days=90) == []  # flagged once
+    with index.transaction(engine) as conn:
+        kinds = [(a.file_id, a.kind) for a in index.list_anomalies(conn, kinds=["unrefined_cold"])]
+    assert kinds == [(unrefined, "unrefined_cold")]
+
+
+def test_archive_then_read_is_identical(engine: sa.Engine, data_dir: Path) -> None:
+    file_id = _refined_file(engine, data_dir, "s1", messages=30)
+    before_row = _row(engine, file_id)
+    original = (data_dir / before_row.path).read_bytes()
+    messages_before = raw.messages(engine, data_dir, file_id, limit=1000)
+    ref_before = raw.resolve(engine, data_dir, f"{file_id}:7", context=2)
+
+    outcome = archive.compress(engine, data_dir, file_id, level=3)
+
+    assert outcome is not None
+    row = _row(engine, file_id)
+    assert row.status == "archived"
+    assert row.archived_at is not None
+    assert row.path == f"raw/archive/{before_row.started_at:%Y-%m}/{file_id}.md.zst"
+    assert not (data_dir / before_row.path).exists()
+    packed = (data_dir / row.path).read_bytes()
+    assert outcome.bytes_before == len(original) and outcome.bytes_after == len(packed)
+    assert len(packed) < len(original)
+    frame = zstandard.get_frame_parameters(packed)
+    assert frame.has_checksum
+    assert (
+        hashlib.sha256(raw.read_bytes(data_dir, row)).digest() == hashlib.sha256(original).digest()
+    )
+    assert raw.messages(engine, data_dir, file_id, limit=1000) == messages_before
+    ref_after = raw.resolve(engine, data_dir, f"{file_id}:7", context=2)
+    assert (ref_after.message, ref_after.before, ref_after.after) == (
+        ref_before.message,
+        ref_before.before,
+        ref_before.after,
+    )
+    assert integrity.fsck(engine, data_dir) == []
+    assert archive.compress(engine, data_dir, file_id) is None  # already archived: no-op
+
+
+@pytest.mark.parametrize("step", archive.ARCHIVE_STEPS)
+def test_crash_at_each_step_leaves_exactly_one_live_copy(
+    engine: sa.Engine, data_dir: Path, step: str
+) -> None:
+    file_id = _refined_file(engine, data_dir, "crash")
+    original = (data_dir / _row(engine, file_id).path).read_bytes()
+
+    class Crash(Exception):
+        pass
+
+    def fault(at: str) -> None:
+        if at == step:
+            raise Crash(at)
+
+    with pytest.raises(Crash):
+        archive.compress(engine, data_dir, file_id, fault=fault)
+
+    # Whatever the crash left, the index points at a readable copy with the same bytes.
+    row = _row(engine, file_id)
+    assert raw.read_bytes(data_dir, row) == original
+
+    # Re-running finishes (or cleans up and redoes) the job.
+    archive.finish_interrupted(engine, data_dir)
+    archive.compress(engine, data_dir, file_id)
+    row = _row(engine, file_id)
+    assert row.status == "archived"
+    files = _live_files(data_dir)
+    assert files == [data_dir / row.path], files  # no original, no temp, one archive
+    assert raw.read_bytes(data_dir, row) == original
+    assert integrity.fsck(engine, data_dir) == []
+
+
+def test_append_to_archived_file_restores_and_continues_seqs(
+    engine: sa.Engine, data_dir: Path
+) -> None:
+    file_id = _refined_file(engine, data_dir, "back", messages=4)
+    original = (data_dir / _row(engine, file_id).path).read_bytes()
+    archive.compress(engine, data_dir, file_id)
+    archived_path = data_dir / _row(engine, file_id).path
+
+    result = journal.ingest(
+        engine,
+        {
+            "agent_id": "hermes",
+            "session_key": "back",
+            "messages": [
+                {"role": "user", "content": "I am back."},
+                {"role": "assistant", "content": "ok"},
+            ],
+        },
+    )
+    assert result.file_id == file_id
+    assert result.source_refs == (f"{file_id}:5", f"{file_id}:6")
+    journal.flush(engine, data_dir, file_id)
+
+    row = _row(engine, file_id)
+    assert row.status == "new"
+    assert row.path == f"raw/sessions/{file_id}.md"
+    assert not archived_path.exists()
+    data = (data_dir / row.path).read_bytes()
+    assert data.startswith(original)
+    assert [m.content for m in raw.messages(engine, data_dir, file_id)][-2:] == ["I am back.", "ok"]
+    assert row.flushed_seq == 6
+    assert integrity.fsck(engine, data_dir) == []
+
+
+def test_restore_puts_the_file_back(engine: sa.Engine, data_dir: Path) -> None:
+    file_id = _refined_file(engine, data_dir, "r")
+    live = data_dir / _row(engine, file_id).path
+    original = live.read_bytes()
+    archive.compress(engine, data_dir, file_id)
+    assert not live.exists()
+
+    assert archive.restore(engine, data_dir, file_id) is True
+    row = _row(engine, file_id)
+    assert (row.status, row.path, row.archived_at) == (
+        "refined",
+        f"raw/sessions/{file_id}.md",
+        None,
+    )
+    assert live.read_bytes() == original
+    assert _live_files(data_dir) == [live]
+    assert archive.restore(engine, data_dir, file_id) is False
+    assert integrity.fsck(engine, data_dir) == []
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_corrupt_archive_is_an_error_never_content(
+    engine: sa.Engine, data_dir: Path, damage: str
+) -> None:
+    file_id = _refined_file(engine, data_dir, "bad", messages=20)
+    archive.compress(engine, data_dir, file_id)
+    path = data_dir / _row(engine, file_id).path
+    packed = bytearray(path.read_bytes())
+    if damage == "flip":
+        packed[len(packed) // 2] ^= 0x40
+    else:
+        del packed[len(packed) * 2 // 3 :]
+    path.write_bytes(bytes(packed))
+
+    with pytest.raises(
+        errors.FileDamaged, match=file_id[:8] if damage == "truncate" else "corrupt|holds"
+    ):
+        raw.read_bytes(data_dir, _row(engine, file_id))
+    with pytest.raises(errors.FileDamaged):
+        raw.messages(engine, data_dir, file_id)
+    with pytest.raises(errors.FileDamaged):
+        archive.restore(engine, data_dir, file_id)
+    problems = integrity.fsck(engine, data_dir)
+    assert [(p.file_id, p.kind) for p in problems] == [(file_id, "archive_corrupt")]
+
+
+def test_reindex_understands_archived_files(engine: sa.Engine, data_dir: Path) -> None:
+    file_id = _refined_file(engine, data_dir, "ri")
+    archive.compress(engine, data_dir, file_id)
+    before = _row(engine, file_id)
+    with index.transaction(engine) as conn:
+        conn.execute(sa.delete(index.l1_items))
+        conn.execute(sa.delete(index.raw_files))
+
+    report = integrity.reindex(engine, data_dir)
+
+    assert (report.scanned, report.inserted, report.failed) == (1, 1, [])
+    row = _row(engine, file_id)
+    assert (row.status, row.path, row.flushed_seq, row.flushed_bytes, row.chain_head) == (
+        "archived",
+        before.path,
+        before.flushed_seq,
+        before.flushed_bytes,
+        before.chain_head,
+    )
+    assert integrity.fsck(engine, data_dir) == []
+
+
+def test_cli_archive_dry_run_then_archive_and_restore(
+    engine: sa.Engine, database_url: str, data_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from pipeline import cli
+
+    cold = [_refined_file(engine, data_dir, f"c{i}") for i in range(3)]
+    warm = _refined_file(engine, data_dir, "warm")
+    for file_id in cold:
+        _age(engine, file_id, 120)
+    _age(engine, warm, 5)
+    common = ["--data-dir", str(data_dir), "--database-url", database_url]
+    sizes = sum(_row(engine, f).flushed_bytes for f in cold)
+
+    assert cli.main(["archive", "--dry-run", "--json", *common]) == 0
+    dry = json.loads(capsys.readouterr().out)
+    assert (dry["files"], dry["bytes_before"], dry["dry_run"]) == (3, sizes, True)
+    assert all(_row(engine, f).status == "refined" for f in [*cold, warm])
+
+    assert cli.main(["archive", "--json", *common]) == 0
+    done = json.loads(capsys.readouterr().out)
+    packed = sum((data_dir / _row(engine, f).path).stat().st_size for f in cold)
+    assert (done["files"], done["bytes_before"], done["bytes_after"]) == (3, sizes, packed)
+    assert done["ratio"] == round(sizes / packed, 2)
+    assert [_row(engine, f).status for f in cold] == ["archived"] * 3
+    assert _row(engine, warm).status == "refined"
+
+    assert cli.main(["archive", "--older-than", "0", "--json", *common]) == 0
+    assert json.loads(capsys.readouterr().out)["files"] == 1
+    assert _row(engine, warm).status == "archived"
+
+    assert cli.main(["restore", cold[0], *common]) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "refined"
+    assert cli.main(["restore", cold[0], *common]) == 2
+    assert "not archived" in capsys.readouterr().err
+    assert cli.main(["fsck", *common]) == 0
