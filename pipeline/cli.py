@@ -411,20 +411,18 @@ def cmd_archive(args: argparse.Namespace) -> int:
         before = after = done = 0
         failed: list[dict[str, str]] = []
         with _progress("archive", len(candidates)) as advance:
-            for file_id in candidates:
-                try:
-                    outcome = archive.compress(
-                        engine,
-                        settings.data_dir,
-                        file_id,
-                        level=settings.archive_level,
-                        threads=settings.archive_threads,
-                        lock_timeout=settings.lock_timeout,
-                    )
-                except errors.SgmeError as exc:
-                    failed.append({"file_id": file_id, "error": exc.detail})
-                    outcome = None
-                if outcome is not None:
+            for file_id, outcome in archive.compress_many(
+                engine,
+                settings.data_dir,
+                candidates,
+                level=settings.archive_level,
+                threads=settings.archive_threads,
+                workers=settings.archive_workers,
+                lock_timeout=settings.lock_timeout,
+            ):
+                if isinstance(outcome, errors.SgmeError):
+                    failed.append({"file_id": file_id, "error": outcome.detail})
+                elif outcome is not None:
                     done += 1
                     before += outcome.bytes_before
                     after += outcome.bytes_after

@@ -63,7 +63,8 @@ class Settings:
     #: cold archive (DESIGN §5): days unchanged before a fully refined file is compressed
     archive_after_days: float = 90.0
     archive_level: int = 10  #: zstd level
-    archive_threads: int = 0  #: zstd worker threads (0: compress on the calling thread)
+    archive_threads: int = 0  #: zstd worker threads per file (0: on the calling thread)
+    archive_workers: int = 2  #: files compressed at once
     #: worker side: expose Prometheus metrics on this port (0: off)
     worker_metrics_port: int = 0
     limits: document.Limits = document.DEFAULT_LIMITS

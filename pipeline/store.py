@@ -12,6 +12,7 @@ import errno
 import hashlib
 import os
 import stat
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -147,26 +148,44 @@ def read(path: Path, length: int | None = None) -> bytes:
         os.close(fd)
 
 
-def remove(path: Path) -> None:
-    """Unlink ``path`` (if present) and fsync its directory."""
+def remove(path: Path, *, durable: bool = True) -> None:
+    """Unlink ``path`` (if present); fsync its directory unless ``durable`` is false (for
+    removals a crash may undo harmlessly)."""
     try:
         os.unlink(path)
     except FileNotFoundError:
         return
     except OSError as exc:
         raise _storage_error("remove", path, exc) from exc
-    fsync_dir(path.parent)
+    if durable:
+        try:
+            fsync_dir(path.parent)
+        except OSError as exc:
+            raise _storage_error("fsync directory of", path, exc) from exc
+
+
+_thread_locks = threading.local()
+
+
+def _stripe_lock(path: str) -> filelock.FileLock:
+    """This thread's FileLock for ``path``, made once: creating one probes the directory and
+    opens files, which cost more than the flush it guards. Each thread has its own object (and
+    so its own flock), so threads exclude each other as processes do."""
+    cache: dict[str, filelock.FileLock] | None = getattr(_thread_locks, "cache", None)
+    if cache is None:
+        cache = _thread_locks.cache = {}
+    found = cache.get(path)
+    if found is None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        found = cache[path] = filelock.FileLock(path, thread_local=True, poll_interval=0.005)
+    return found
 
 
 @contextlib.contextmanager
 def lock(data_dir: Path, file_id: str, *, timeout: float) -> Iterator[None]:
     """Hold the per-file lock (one of :data:`LOCK_STRIPES` lock files on the data volume)."""
     stripe = int(hashlib.sha256(file_id.encode()).hexdigest()[:8], 16) % LOCK_STRIPES
-    lock_dir = data_dir / ".locks"
-    lock_dir.mkdir(parents=True, exist_ok=True)
-    file_lock = filelock.FileLock(
-        str(lock_dir / f"{stripe:04d}.lock"), thread_local=False, poll_interval=0.005
-    )
+    file_lock = _stripe_lock(str(data_dir / ".locks" / f"{stripe:04d}.lock"))
     try:
         file_lock.acquire(timeout=timeout)
     except filelock.Timeout:

@@ -147,20 +147,20 @@ def archive_cold_files() -> int:
     archive.finish_interrupted(rt.engine, s.data_dir, lock_timeout=s.lock_timeout)
     archive.flag_unrefined(rt.engine, older_than_days=s.archive_after_days)
     done = 0
-    for file_id in archive.cold_files(rt.engine, older_than_days=s.archive_after_days):
-        try:
-            outcome = archive.compress(
-                rt.engine,
-                s.data_dir,
-                file_id,
-                level=s.archive_level,
-                threads=s.archive_threads,
-                lock_timeout=s.lock_timeout,
-            )
-        except errors.SgmeError as exc:
-            log.error("archiving %s failed: %s", file_id, exc.detail)
+    cold = archive.cold_files(rt.engine, older_than_days=s.archive_after_days)
+    for file_id, outcome in archive.compress_many(
+        rt.engine,
+        s.data_dir,
+        cold,
+        level=s.archive_level,
+        threads=s.archive_threads,
+        workers=s.archive_workers,
+        lock_timeout=s.lock_timeout,
+    ):
+        if isinstance(outcome, errors.SgmeError):
+            log.error("archiving %s failed: %s", file_id, outcome.detail)
             with index.transaction(rt.engine) as conn:
-                index.record_anomaly(conn, file_id, "archive_failed", exc.detail)
-            continue
-        done += outcome is not None
+                index.record_anomaly(conn, file_id, "archive_failed", outcome.detail)
+        elif outcome is not None:
+            done += 1
     return done

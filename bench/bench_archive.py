@@ -1,0 +1,149 @@
+"""Archive throughput and ratio: ``archive.compress`` (the whole protocol: chain check, temp
+file, fsync, decompress + sha256 verify, rename, index update, delete) against the ``zstd``
+command line compressing the same files at the same level, in the same run.
+
+    .venv/bin/python bench/bench_archive.py [--quick] [--level 10]
+
+The corpus is bench_parse's generated agent transcripts (fixed seed). The command line gets
+every file in one invocation (no per-process cost) with one thread, like ``compress``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_parse
+
+from pipeline import archive, index, integrity
+
+TARGET_SPEED = 0.9  #: archive.compress MB/s >= 0.9x the command line's
+TARGET_RATIO_GAP = 0.02  #: compression ratio within 2% of the command line's
+
+
+def prepare(data_dir: Path, texts: list[str]) -> tuple[object, list[Path]]:
+    """Write the corpus as live files, index them and mark them fully refined and cold."""
+    folder = data_dir / "raw" / "sessions"
+    folder.mkdir(parents=True)
+    paths = []
+    for text in texts:
+        file_id = text.split('file_id: "', 1)[1].split('"', 1)[0]
+        path = folder / f"{file_id}.md"
+        path.write_text(text, encoding="utf-8")
+        paths.append(path)
+    engine = index.create_engine(f"sqlite:///{data_dir / 'index.sqlite3'}")
+    index.migrate(engine)
+    integrity.reindex(engine, data_dir)
+    with index.transaction(engine) as conn:
+        f = index.raw_files.c
+        conn.execute(
+            index.raw_files.update().values(
+                last_refined_seq=f.flushed_seq, status="refined", flushed_at=index.utcnow()
+            )
+        )
+    return engine, paths
+
+
+def run(quick: bool, level: int, workers: int) -> int:
+    zstd = shutil.which("zstd")
+    if zstd is None:
+        print("the zstd command line is not installed (Debian package zstd); nothing to compare")
+        return 2
+    texts = [text for text, _ in bench_parse.corpus(quick=quick)]
+    total = sum(len(t.encode("utf-8")) for t in texts)
+    print(
+        f"corpus: {len(texts)} files, {total / 1e6:.1f} MB; zstd level {level}; the command line "
+        f"with -T1, archive.compress_many with {workers} files at a time (one zstd thread each)"
+    )
+    with tempfile.TemporaryDirectory(prefix="sgme-bench-archive-") as tmp:
+        root = Path(tmp)
+        # The command line first, on its own copy of the files.
+        cli_dir = root / "cli"
+        cli_dir.mkdir()
+        sources = []
+        for i, text in enumerate(texts):
+            path = cli_dir / f"{i}.md"
+            path.write_text(text, encoding="utf-8")
+            sources.append(path)
+        out = root / "cli-out"
+        out.mkdir()
+        started = time.perf_counter()
+        subprocess.run(
+            [
+                zstd,
+                f"-{level}",
+                "-T1",
+                "-q",
+                "-k",
+                "--check",
+                "--output-dir-flat",
+                str(out),
+                *map(str, sources),
+            ],
+            check=True,
+        )
+        cli_seconds = time.perf_counter() - started
+        cli_bytes = sum(p.stat().st_size for p in out.iterdir())
+
+        data_dir = root / "data"
+        engine, _ = prepare(data_dir, texts)
+        file_ids = archive.cold_files(engine, older_than_days=0, limit=10**6)  # type: ignore[arg-type]
+        started = time.perf_counter()
+        ours_bytes = 0
+        for _, outcome in archive.compress_many(
+            engine,  # type: ignore[arg-type]
+            data_dir,
+            file_ids,
+            level=level,
+            workers=workers,
+        ):
+            assert isinstance(outcome, archive.Outcome), outcome
+            ours_bytes += outcome.bytes_after
+        ours_seconds = time.perf_counter() - started
+        assert len(file_ids) == len(texts)
+
+    cli_speed = total / cli_seconds / 1e6
+    ours_speed = total / ours_seconds / 1e6
+    cli_ratio = total / cli_bytes
+    ours_ratio = total / ours_bytes
+    print()
+    print(f"{'contender':<34}{'seconds':>9}{'MB/s':>9}{'ratio':>8}{'vs zstd':>9}")
+    print("-" * 69)
+    print(
+        f"{'zstd command line':<34}{cli_seconds:>9.2f}{cli_speed:>9.1f}{cli_ratio:>8.3f}"
+        f"{'1.00x':>9}"
+    )
+    print(
+        f"{'archive.compress_many (protocol)':<34}{ours_seconds:>9.2f}{ours_speed:>9.1f}"
+        f"{ours_ratio:>8.3f}{ours_speed / cli_speed:>8.2f}x"
+    )
+    gap = abs(ours_ratio - cli_ratio) / cli_ratio
+    speed_ok = ours_speed >= TARGET_SPEED * cli_speed
+    print()
+    print(
+        f"targets: speed >= {TARGET_SPEED}x the command line: {ours_speed / cli_speed:.2f}x "
+        f"({'met' if speed_ok else 'NOT met'}); ratio within {TARGET_RATIO_GAP:.0%}: "
+        f"{gap:.2%} ({'met' if gap <= TARGET_RATIO_GAP else 'NOT met'})"
+    )
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a small corpus")
+    parser.add_argument("--level", type=int, default=archive.DEFAULT_LEVEL)
+    parser.add_argument("--workers", type=int, default=2, help="files compressed at once")
+    args = parser.parse_args()
+    return run(args.quick, args.level, args.workers)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
