@@ -298,12 +298,23 @@ def _insert(conn: sa.Connection, table: sa.Table) -> Any:
     return (postgresql.insert if is_postgres(conn) else sqlite.insert)(table)
 
 
+# The statements on the append path are built once: building a SQLAlchemy statement costs
+# several times more than executing a cached one (bench/bench_append.py).
+_GET_FILE = sa.select(raw_files).where(raw_files.c.file_id == sa.bindparam("file_id"))
+_GET_FILE_FOR_UPDATE = _GET_FILE.with_for_update()
+_FIND_FILE = sa.select(raw_files).where(
+    raw_files.c.agent_id == sa.bindparam("agent_id"),
+    raw_files.c.source_type == sa.bindparam("source_type"),
+    raw_files.c.session_key == sa.bindparam("session_key"),
+)
+_FIND_FILE_FOR_UPDATE = _FIND_FILE.with_for_update()
+_UPDATE_FILE: dict[tuple[str, ...], sa.Update] = {}  #: update_file's statements by column set
+
+
 def get_file(conn: sa.Connection, file_id: str, *, for_update: bool = False) -> FileRow | None:
     """The row of ``file_id``, or None."""
-    query = sa.select(raw_files).where(raw_files.c.file_id == file_id)
-    if for_update:
-        query = query.with_for_update()
-    row = conn.execute(query).first()
+    query = _GET_FILE_FOR_UPDATE if for_update else _GET_FILE
+    row = conn.execute(query, {"file_id": file_id}).first()
     return FileRow.from_row(row) if row else None
 
 
@@ -311,14 +322,9 @@ def find_file(
     conn: sa.Connection, agent_id: str, source_type: str, session_key: str, *, for_update: bool
 ) -> FileRow | None:
     """The file of one session, or None."""
-    query = sa.select(raw_files).where(
-        raw_files.c.agent_id == agent_id,
-        raw_files.c.source_type == source_type,
-        raw_files.c.session_key == session_key,
-    )
-    if for_update:
-        query = query.with_for_update()
-    row = conn.execute(query).first()
+    query = _FIND_FILE_FOR_UPDATE if for_update else _FIND_FILE
+    params = {"agent_id": agent_id, "source_type": source_type, "session_key": session_key}
+    row = conn.execute(query, params).first()
     return FileRow.from_row(row) if row else None
 
 
@@ -334,8 +340,83 @@ def insert_file(conn: sa.Connection, **values: Any) -> bool:
 def update_file(conn: sa.Connection, file_id: str, *where: Any, **values: Any) -> int:
     """Update one row if the extra ``where`` clauses hold; returns the rowcount (0 or 1)."""
     values.setdefault("updated_at", utcnow())
-    stmt = sa.update(raw_files).where(raw_files.c.file_id == file_id, *where).values(**values)
-    return int(conn.execute(stmt).rowcount)
+    columns = raw_files.c
+    if where or any(k not in columns or isinstance(v, sa.ClauseElement) for k, v in values.items()):
+        stmt = sa.update(raw_files).where(columns.file_id == file_id, *where).values(**values)
+        return int(conn.execute(stmt).rowcount)
+    keys = tuple(sorted(values))
+    cached = _UPDATE_FILE.get(keys)
+    if cached is None:
+        cached = _UPDATE_FILE[keys] = (
+            sa.update(raw_files)
+            .where(columns.file_id == sa.bindparam("where_file_id"))
+            .values({k: sa.bindparam(f"set_{k}", type_=columns[k].type) for k in keys})
+        )
+    params = {f"set_{k}": v for k, v in values.items()}
+    params["where_file_id"] = file_id
+    return int(conn.execute(cached, params).rowcount)
+
+
+_START_FLUSH = (
+    sa.update(raw_files)
+    .where(raw_files.c.file_id == sa.bindparam("where_file_id"))
+    .values(
+        flush_pending=False,
+        updated_at=sa.bindparam("set_updated_at", type_=raw_files.c.updated_at.type),
+    )
+    .returning(*raw_files.c)
+)
+
+
+def start_flush(conn: sa.Connection, file_id: str) -> FileRow | None:
+    """Clear the file's flush-pending flag and return its row (None when there is no row)."""
+    row = conn.execute(_START_FLUSH, {"where_file_id": file_id, "set_updated_at": utcnow()})
+    found = row.first()
+    return FileRow.from_row(found) if found else None
+
+
+_ADVANCE_FLUSHED = (
+    sa.update(raw_files)
+    .where(
+        raw_files.c.file_id == sa.bindparam("where_file_id"),
+        raw_files.c.flushed_seq == sa.bindparam("where_flushed_seq"),
+    )
+    .values(
+        flushed_seq=sa.bindparam("set_flushed_seq", type_=raw_files.c.flushed_seq.type),
+        flushed_bytes=sa.bindparam("set_flushed_bytes", type_=raw_files.c.flushed_bytes.type),
+        chain_head=sa.bindparam("set_chain_head", type_=raw_files.c.chain_head.type),
+        status=sa.case((raw_files.c.status == "archived", "archived"), else_="new"),
+        ended_at=sa.bindparam("set_ended_at", type_=raw_files.c.ended_at.type),
+        flushed_at=sa.bindparam("set_flushed_at", type_=raw_files.c.flushed_at.type),
+        updated_at=sa.bindparam("set_updated_at", type_=raw_files.c.updated_at.type),
+    )
+)
+
+
+def advance_flushed(
+    conn: sa.Connection,
+    file_id: str,
+    *,
+    old_seq: int,
+    flushed_seq: int,
+    flushed_bytes: int,
+    chain_head: str,
+    ended_at: dt.datetime,
+) -> int:
+    """Record a flush, if nobody advanced ``flushed_seq`` past ``old_seq`` meanwhile; the
+    status becomes ``new`` (an archived file stays ``archived``). Returns the rowcount."""
+    now = utcnow()
+    params = {
+        "where_file_id": file_id,
+        "where_flushed_seq": old_seq,
+        "set_flushed_seq": flushed_seq,
+        "set_flushed_bytes": flushed_bytes,
+        "set_chain_head": chain_head,
+        "set_ended_at": ended_at,
+        "set_flushed_at": now,
+        "set_updated_at": now,
+    }
+    return int(conn.execute(_ADVANCE_FLUSHED, params).rowcount)
 
 
 def list_files(
@@ -370,29 +451,36 @@ def count_files_by_status(conn: sa.Connection) -> dict[str, int]:
 # append_journal and append_keys
 
 
+_INSERT_JOURNAL = sa.insert(append_journal)
+_JOURNAL_AFTER = (
+    sa.select(append_journal)
+    .where(
+        append_journal.c.file_id == sa.bindparam("file_id"),
+        append_journal.c.first_seq > sa.bindparam("seq"),
+    )
+    .order_by(append_journal.c.first_seq)
+)
+_DELETE_JOURNAL = sa.delete(append_journal).where(
+    append_journal.c.file_id == sa.bindparam("file_id"),
+    append_journal.c.last_seq <= sa.bindparam("seq"),
+)
+
+
 def add_journal(conn: sa.Connection, **values: Any) -> None:
     """Record one acknowledged append."""
     values.setdefault("created_at", utcnow())
-    conn.execute(sa.insert(append_journal).values(**values))
+    conn.execute(_INSERT_JOURNAL, values)
 
 
 def journal_after(conn: sa.Connection, file_id: str, seq: int) -> list[JournalRow]:
     """Journal rows of ``file_id`` past ``seq``, in seq order."""
-    query = (
-        sa.select(append_journal)
-        .where(append_journal.c.file_id == file_id, append_journal.c.first_seq > seq)
-        .order_by(append_journal.c.first_seq)
-    )
-    return [JournalRow.from_row(row) for row in conn.execute(query)]
+    rows = conn.execute(_JOURNAL_AFTER, {"file_id": file_id, "seq": seq})
+    return [JournalRow.from_row(row) for row in rows]
 
 
 def delete_journal(conn: sa.Connection, file_id: str, upto_seq: int) -> None:
     """Drop the journal rows a flush applied."""
-    conn.execute(
-        sa.delete(append_journal).where(
-            append_journal.c.file_id == file_id, append_journal.c.last_seq <= upto_seq
-        )
-    )
+    conn.execute(_DELETE_JOURNAL, {"file_id": file_id, "seq": upto_seq})
 
 
 def stale_journal_files(conn: sa.Connection, older_than: dt.datetime | None) -> list[str]:

@@ -1,0 +1,336 @@
+"""fsck detects every edit made behind the index's back; reindex rebuilds the index from the
+files alone (DESIGN §3 hash chain, §7 "the files are the truth")."""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from pipeline import document, index, integrity, journal
+
+TS = [f"2026-08-03T11:18:0{i}Z" for i in range(1, 10)]
+
+
+def make_files(engine: sa.Engine, data_dir: Path) -> dict[str, str]:
+    """Two sessions (blocks of distinct lengths, written by two appends each), an external
+    thread and an upload, all flushed: ``{name: file_id}``."""
+    ids: dict[str, str] = {}
+    for name, source_type in (
+        ("target", "session"),
+        ("bystander", "session"),
+        ("external", "external"),
+    ):
+        first = journal.ingest(
+            engine,
+            {
+                "agent_id": "hermes",
+                "session_key": f"{name}-key",
+                "source_type": source_type,
+                "metadata": {"app": "desk", "n": 3, "tags": ["a", "b"], "nested": {"x": 1.5}},
+                "messages": [
+                    {"role": "user", "content": "alpha", "ts": TS[0]},
+                    {"role": "assistant", "content": "bravo bravo", "ts": TS[1]},
+                ],
+            },
+        )
+        journal.flush(engine, data_dir, first.file_id)
+        journal.ingest(
+            engine,
+            {
+                "agent_id": "hermes",
+                "session_key": f"{name}-key",
+                "source_type": source_type,
+                "messages": [
+                    {
+                        "role": "tool",
+                        "tool_name": "grep",
+                        "content": "charlie\n# x user",
+                        "ts": TS[2],
+                    },
+                    {"role": "user", "content": "delta delta delta", "ts": TS[3]},
+                ],
+            },
+        )
+        journal.flush(engine, data_dir, first.file_id)
+        ids[name] = first.file_id
+    upload = journal.ingest_upload(
+        engine, {"agent_id": "hermes", "filename": "doc.md", "content": "# Title\n\nbody text\n"}
+    )
+    journal.flush(engine, data_dir, upload.file_id)
+    ids["upload"] = upload.file_id
+    return ids
+
+
+def path_of(engine: sa.Engine, data_dir: Path, file_id: str) -> Path:
+    with index.transaction(engine) as conn:
+        row = index.get_file(conn, file_id)
+    assert row is not None
+    return data_dir / row.path
+
+
+def blocks_of(data: bytes) -> tuple[bytes, list[bytes]]:
+    """(everything before the first block, the blocks)."""
+    _, starts = document.block_offsets(data)
+    bounds = [*starts, len(data)]
+    return data[: starts[0]], [data[lo:hi] for lo, hi in itertools.pairwise(bounds)]
+
+
+def fsck_anomalies(engine: sa.Engine) -> list[tuple[str | None, str]]:
+    with index.transaction(engine) as conn:
+        return [
+            (a.file_id, a.kind) for a in index.list_anomalies(conn) if a.kind.startswith("fsck_")
+        ]
+
+
+def test_fsck_is_clean_on_untouched_files(engine: sa.Engine, data_dir: Path) -> None:
+    make_files(engine, data_dir)
+    # a file acknowledged but never flushed has nothing on disk to check yet
+    journal.ingest(
+        engine,
+        {"agent_id": "a", "session_key": "later", "messages": [{"role": "user", "content": "x"}]},
+    )
+    assert integrity.fsck(engine, data_dir) == []
+    assert fsck_anomalies(engine) == []
+
+
+# Each tampering edits the target's bytes and names the problem kinds fsck must report: exactly
+# these when ``exact``, at least these otherwise.
+Tamper = Callable[[bytes], bytes]
+
+
+def _change_body_byte(data: bytes) -> bytes:
+    assert data.count(b"bravo bravo") == 1
+    return data.replace(b"bravo bravo", b"bravo brave")
+
+
+def _delete_block(data: bytes) -> bytes:
+    prefix, blocks = blocks_of(data)
+    return prefix + b"".join(blocks[:1] + blocks[2:])
+
+
+def _swap_blocks(data: bytes) -> bytes:
+    prefix, blocks = blocks_of(data)
+    assert blocks[1].startswith(b"## ") and blocks[2].startswith(b"## ")
+    return prefix + b"".join([blocks[0], blocks[2], blocks[1], blocks[3]])
+
+
+def _change_role(data: bytes) -> bytes:
+    # same length, so only the chain can notice
+    heading = f"## {TS[3]} user\n".encode()
+    assert data.count(heading) == 1
+    return data.replace(heading, f"## {TS[3]} tool\n".encode())
+
+
+def _change_time(data: bytes) -> bytes:
+    heading = f"## {TS[1]} assistant\n".encode()
+    assert data.count(heading) == 1
+    return data.replace(heading, f"## {TS[4]} assistant\n".encode())
+
+
+def _insert_copy(data: bytes) -> bytes:
+    prefix, blocks = blocks_of(data)
+    return prefix + b"".join([blocks[0], blocks[1], blocks[1], *blocks[2:]])
+
+
+def _replay_last_block(data: bytes) -> bytes:
+    _, blocks = blocks_of(data)
+    return data + blocks[-1]
+
+
+def _change_session_key(data: bytes) -> bytes:
+    assert data.count(b'"target-key"') == 1
+    return data.replace(b'"target-key"', b'"targex-key"')
+
+
+def _break_frontmatter(data: bytes) -> bytes:
+    assert data.startswith(b"---\n")
+    return b"+++\n" + data[4:]
+
+
+def _invalid_utf8(data: bytes) -> bytes:
+    at = data.index(b"alpha")
+    return data[:at] + b"\xff" + data[at + 1 :]
+
+
+TAMPERINGS: dict[str, tuple[Tamper, set[str], bool]] = {
+    "change-a-body-byte": (_change_body_byte, {"chain_mismatch"}, True),
+    "cut-the-tail": (lambda d: d[:-3], {"truncated", "chain_mismatch"}, True),
+    "cut-a-whole-block": (
+        lambda d: d[: len(d) - len(blocks_of(d)[1][-1])],
+        {"truncated", "message_count", "chain_mismatch"},
+        True,
+    ),
+    "delete-a-block": (_delete_block, {"truncated", "message_count", "chain_mismatch"}, True),
+    "swap-two-blocks": (_swap_blocks, {"chain_mismatch"}, True),
+    "change-a-heading-role": (_change_role, {"chain_mismatch"}, True),
+    "change-a-heading-time": (_change_time, {"chain_mismatch"}, True),
+    "insert-a-copied-block": (_insert_copy, {"uncommitted_tail", "chain_mismatch"}, False),
+    "replay-the-last-block": (_replay_last_block, {"uncommitted_tail"}, True),
+    "append-bytes": (lambda d: d + b"trailing junk\n", {"uncommitted_tail"}, True),
+    "append-a-valid-block": (
+        lambda d: d + f"## {TS[8]} user\n\nforged\n\n".encode(),
+        {"uncommitted_tail"},
+        True,
+    ),
+    "change-the-frontmatter": (_change_session_key, {"chain_mismatch", "header_mismatch"}, True),
+    "break-the-frontmatter": (_break_frontmatter, {"format_error"}, True),
+    "invalid-utf8": (_invalid_utf8, {"chain_mismatch", "format_error"}, True),
+    "empty-the-file": (lambda d: b"", {"truncated"}, False),
+}
+
+
+@pytest.mark.parametrize("name", TAMPERINGS)
+def test_fsck_reports_each_tampering(engine: sa.Engine, data_dir: Path, name: str) -> None:
+    tamper, kinds, exact = TAMPERINGS[name]
+    ids = make_files(engine, data_dir)
+    target = ids["target"]
+    path = path_of(engine, data_dir, target)
+    original = path.read_bytes()
+    edited = tamper(original)
+    assert edited != original
+    path.write_bytes(edited)
+
+    problems = integrity.fsck(engine, data_dir)
+    assert {p.file_id for p in problems} == {target}  # nobody else is blamed
+    found = {p.kind for p in problems}
+    if exact:
+        assert found == kinds
+    else:
+        assert found >= kinds
+    assert all(p.detail for p in problems)
+    assert sorted(fsck_anomalies(engine)) == sorted((target, f"fsck_{p.kind}") for p in problems)
+    # fsck only reports
+    assert path.read_bytes() == edited
+
+
+def test_fsck_reports_a_changed_upload(engine: sa.Engine, data_dir: Path) -> None:
+    ids = make_files(engine, data_dir)
+    path = path_of(engine, data_dir, ids["upload"])
+    path.write_bytes(path.read_bytes().replace(b"body text", b"body texT"))
+    problems = integrity.fsck(engine, data_dir)
+    assert [(p.file_id, p.kind) for p in problems] == [(ids["upload"], "chain_mismatch")]
+
+
+def test_fsck_reports_a_deleted_file(engine: sa.Engine, data_dir: Path) -> None:
+    ids = make_files(engine, data_dir)
+    path_of(engine, data_dir, ids["external"]).unlink()
+    problems = integrity.fsck(engine, data_dir)
+    assert [(p.file_id, p.kind) for p in problems] == [(ids["external"], "missing")]
+    assert fsck_anomalies(engine) == [(ids["external"], "fsck_missing")]
+
+
+def test_fsck_reports_an_unknown_file(engine: sa.Engine, data_dir: Path) -> None:
+    ids = make_files(engine, data_dir)
+    stray = data_dir / "raw" / "sessions" / f"{uuid.uuid4()}.md"
+    shutil.copyfile(path_of(engine, data_dir, ids["target"]), stray)
+    (data_dir / "raw" / "sessions" / "notes.txt").write_text("not an .md file, ignored")
+    problems = integrity.fsck(engine, data_dir)
+    assert [(p.file_id, p.kind) for p in problems] == [(stray.stem, "not_indexed")]
+    assert fsck_anomalies(engine) == [(stray.stem, "fsck_not_indexed")]
+
+
+def test_fsck_reports_several_files_at_once(engine: sa.Engine, data_dir: Path) -> None:
+    ids = make_files(engine, data_dir)
+    path_of(engine, data_dir, ids["target"]).write_bytes(
+        _swap_blocks(path_of(engine, data_dir, ids["target"]).read_bytes())
+    )
+    with path_of(engine, data_dir, ids["bystander"]).open("ab") as handle:
+        handle.write(b"x")
+    problems = integrity.fsck(engine, data_dir)
+    assert sorted((p.file_id, p.kind) for p in problems) == sorted(
+        [(ids["target"], "chain_mismatch"), (ids["bystander"], "uncommitted_tail")]
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# reindex
+
+KEPT = (
+    "file_id",
+    "path",
+    "source_type",
+    "agent_id",
+    "session_key",
+    "started_at",
+    "ended_at",
+    "next_seq",
+    "flushed_seq",
+    "flushed_bytes",
+    "chain_head",
+)
+
+
+def snapshot(engine: sa.Engine) -> dict[str, dict[str, object]]:
+    with index.transaction(engine) as conn:
+        rows = index.list_files(conn, limit=1000)
+    return {r.file_id: {**{k: getattr(r, k) for k in KEPT}, "metadata": r.metadata} for r in rows}
+
+
+def test_reindex_rebuilds_raw_files_from_the_files_alone(engine: sa.Engine, data_dir: Path) -> None:
+    ids = make_files(engine, data_dir)
+    before = snapshot(engine)
+    assert set(before) == set(ids.values())
+
+    with index.transaction(engine) as conn:
+        conn.execute(sa.delete(index.append_keys))
+        conn.execute(sa.delete(index.raw_files))
+    assert snapshot(engine) == {}
+
+    report = integrity.reindex(engine, data_dir)
+    assert (report.scanned, report.inserted, report.updated, report.failed) == (4, 4, 0, [])
+    assert snapshot(engine) == before
+    with index.transaction(engine) as conn:
+        statuses = {r.status for r in index.list_files(conn)}
+    assert statuses == {"new"}
+    assert integrity.fsck(engine, data_dir) == []
+
+    # the rebuilt index routes the next append of a session to its old file, after its last seq
+    again = journal.ingest(
+        engine,
+        {
+            "agent_id": "hermes",
+            "session_key": "target-key",
+            "messages": [{"role": "user", "content": "echo", "ts": TS[5]}],
+        },
+    )
+    assert again.source_refs == (f"{ids['target']}:5",)
+    journal.flush(engine, data_dir, again.file_id)
+    text = path_of(engine, data_dir, ids["target"]).read_text()
+    doc = document.parse(text, file_id=ids["target"])
+    assert [m.content for m in doc.messages] == [
+        "alpha",
+        "bravo bravo",
+        "charlie\n# x user",
+        "delta delta delta",
+        "echo",
+    ]
+    assert integrity.fsck(engine, data_dir) == []
+
+
+def test_reindex_over_an_existing_index_changes_nothing_and_flushes_the_journal(
+    engine: sa.Engine, data_dir: Path
+) -> None:
+    ids = make_files(engine, data_dir)
+    pending = journal.ingest(
+        engine,
+        {
+            "agent_id": "hermes",
+            "session_key": "bystander-key",
+            "messages": [{"role": "user", "content": "late", "ts": TS[6]}],
+        },
+    )
+    before = snapshot(engine)
+    report = integrity.reindex(engine, data_dir)
+    assert (report.scanned, report.inserted, report.updated, report.failed) == (4, 0, 4, [])
+    after = snapshot(engine)
+    assert after[ids["bystander"]]["flushed_seq"] == 5
+    assert journal.stale_files(engine, age=0) == []
+    changed = {fid for fid in before if before[fid] != after[fid]}
+    assert changed == {pending.file_id}
+    assert integrity.fsck(engine, data_dir) == []
