@@ -235,9 +235,13 @@ def is_postgres(conn_or_engine: sa.Connection | sa.Engine) -> bool:
     return conn_or_engine.dialect.name == "postgresql"
 
 
+class ConstraintViolation(errors.Conflict):
+    """A unique or foreign key constraint refused a write (often a concurrent writer won)."""
+
+
 def _map_db_error(exc: sa_exc.SQLAlchemyError) -> errors.SgmeError:
     if isinstance(exc, sa_exc.IntegrityError):
-        return errors.Conflict(f"index constraint violated: {exc.orig}")
+        return ConstraintViolation(f"index constraint violated: {exc.orig}")
     return errors.IndexUnavailable(f"index database error: {getattr(exc, 'orig', exc)}")
 
 
@@ -375,6 +379,7 @@ def start_flush(conn: sa.Connection, file_id: str) -> FileRow | None:
     return FileRow.from_row(found) if found else None
 
 
+_ENDED_AT = sa.bindparam("set_ended_at", type_=raw_files.c.ended_at.type)
 _ADVANCE_FLUSHED = (
     sa.update(raw_files)
     .where(
@@ -386,7 +391,14 @@ _ADVANCE_FLUSHED = (
         flushed_bytes=sa.bindparam("set_flushed_bytes", type_=raw_files.c.flushed_bytes.type),
         chain_head=sa.bindparam("set_chain_head", type_=raw_files.c.chain_head.type),
         status=sa.case((raw_files.c.status == "archived", "archived"), else_="new"),
-        ended_at=sa.bindparam("set_ended_at", type_=raw_files.c.ended_at.type),
+        # The latest message time seen; an append may carry older timestamps than the last.
+        ended_at=sa.case(
+            (
+                sa.or_(raw_files.c.ended_at.is_(None), raw_files.c.ended_at < _ENDED_AT),
+                _ENDED_AT,
+            ),
+            else_=raw_files.c.ended_at,
+        ),
         flushed_at=sa.bindparam("set_flushed_at", type_=raw_files.c.flushed_at.type),
         updated_at=sa.bindparam("set_updated_at", type_=raw_files.c.updated_at.type),
     )

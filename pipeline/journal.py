@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from pipeline import archive, document, errors, index, store
+from pipeline import archive, document, errors, index, metrics, store
 
 #: a fault-injection hook: called with a step name at each step of a flush (tests use it)
 FaultHook = Callable[[str], None]
@@ -246,9 +247,25 @@ def ingest_upload(
     document.check_metadata(metadata, limits)
     key = _check_key(body.get("idempotency_key"))
     digest = request_hash(body)
+    try:
+        return _commit_upload(engine, agent_id, key, digest, metadata, content)
+    except index.ConstraintViolation:
+        if key is None:
+            raise
+        # A concurrent retry with the same key won the race: answer as it did.
+        return _commit_upload(engine, agent_id, key, digest, metadata, content)
+
+
+def _commit_upload(
+    engine: sa.Engine,
+    agent_id: str,
+    key: str | None,
+    digest: str,
+    metadata: dict[str, Any],
+    content: str,
+) -> AppendResult:
     now = index.utcnow()
     file_id = str(uuid.uuid4())
-
     with index.transaction(engine) as conn:
         replayed = _replay(conn, agent_id, key, digest)
         if replayed is not None:
@@ -321,6 +338,7 @@ def flush(
     """
     with store.lock(data_dir, file_id, timeout=lock_timeout), index.advisory_lock(engine, file_id):
         fault("locked")
+        started = time.perf_counter()
         with index.transaction(engine) as conn:
             # Cleared before reading, so an append committed after this read kicks again.
             row = index.start_flush(conn, file_id)
@@ -400,6 +418,10 @@ def flush(
                 raise errors.Conflict(f"file {file_id} was flushed by someone else meanwhile")
             index.delete_journal(conn, file_id, seq)
         fault("committed")
+        metrics.FLUSH_SECONDS.observe(time.perf_counter() - started)
+        now = index.utcnow()
+        for entry in pending:
+            metrics.ACK_TO_FLUSH_SECONDS.observe((now - entry.created_at).total_seconds())
         return FlushResult(file_id, seq - row.flushed_seq, len(data), seq)
 
 

@@ -215,6 +215,18 @@ def test_ended_at_is_the_latest_time_not_the_largest_string(
     assert file_row(engine, result.file_id).ended_at == dt.datetime(2026, 8, 3, 11, 18, 6, 500000)
 
 
+def test_ended_at_never_moves_back(engine: sa.Engine, data_dir: Path) -> None:
+    first = journal.ingest(
+        engine, append_body("s", {"role": "user", "content": "a", "ts": "2026-08-03T12:00:00Z"})
+    )
+    journal.flush(engine, data_dir, first.file_id)
+    late = journal.ingest(
+        engine, append_body("s", {"role": "user", "content": "b", "ts": "2026-08-01T09:00:00Z"})
+    )
+    journal.flush(engine, data_dir, late.file_id)
+    assert file_row(engine, first.file_id).ended_at == dt.datetime(2026, 8, 3, 12, 0, 0)
+
+
 # ---------------------------------------------------------------------------------------------
 # coalesced kicks
 
@@ -696,3 +708,16 @@ def test_reads_stop_at_flushed_bytes(engine: sa.Engine, data_dir: Path) -> None:
     assert raw.resolve(engine, data_dir, f"{fid}:2").after == ()
     with pytest.raises(errors.NotFound, match="not flushed"):
         raw.resolve(engine, data_dir, f"{fid}:3")
+
+
+def test_concurrent_upload_retries_with_one_key_get_one_answer(
+    engine: sa.Engine, data_dir: Path
+) -> None:
+    import concurrent.futures
+
+    body = {"agent_id": "hermes", "filename": "a.txt", "content": "doc", "idempotency_key": "u1"}
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda _: journal.ingest_upload(engine, dict(body)), range(8)))
+    assert len({a.file_id for a in answers}) == 1
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(index.raw_files)).scalar() == 1
