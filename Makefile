@@ -37,6 +37,15 @@ integration: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/bench_parse.py
 	$(BIN)/python bench/bench_append.py
+	$(BIN)/python bench/bench_archive.py
+	$(BIN)/python bench/bench_http.py
+
+## make chaos: the crash test with many more kill points (a new seed each run) and the
+## broker-wipe / worker-kill runs repeated; needs PostgreSQL and Redis like the suite.
+CHAOS_ROUNDS ?= 3
+chaos: $(STAMP)
+	SGME_CHAOS_CYCLES=60 SGME_CHAOS_SEED=$$(date +%s) CI=true $(BIN)/pytest -q tests/integration/test_crash.py
+	for i in $$(seq $(CHAOS_ROUNDS)); do CI=true $(BIN)/pytest -q tests/e2e/test_chaos.py || exit 1; done
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
