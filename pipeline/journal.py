@@ -312,10 +312,16 @@ def _commit_upload(
 # flush
 
 
-def _damaged(engine: sa.Engine, file_id: str, kind: str, detail: str) -> errors.FileDamaged:
+def _damaged(
+    engine: sa.Engine, file_id: str, kind: str, detail: str, *, mark_error: bool = True
+) -> errors.FileDamaged:
+    """Record that a file cannot be flushed. The sweeper keeps re-kicking it (its journal rows
+    wait), so the anomaly is written once per kind, not on every attempt."""
     with index.transaction(engine) as conn:
-        index.update_file(conn, file_id, status="error")
-        index.record_anomaly(conn, file_id, kind, detail)
+        if mark_error:
+            index.update_file(conn, file_id, status="error")
+        if not index.list_anomalies(conn, file_id=file_id, kinds=[kind]):
+            index.record_anomaly(conn, file_id, kind, detail)
     return errors.FileDamaged(f"file {file_id}: {detail}")
 
 
@@ -361,7 +367,13 @@ def flush(
 
         if row.status == "archived":
             # An append to an archived session brings the file back first (DESIGN §5).
-            row = archive.restore_locked(engine, data_dir, row)
+            try:
+                row = archive.restore_locked(engine, data_dir, row)
+            except errors.FileDamaged as exc:
+                # Stay archived (reads keep decompressing); the appends wait in the journal.
+                raise _damaged(
+                    engine, file_id, "restore_failed", exc.detail, mark_error=False
+                ) from None
 
         path = data_dir / row.path
         expected = row.flushed_bytes

@@ -37,11 +37,14 @@ def _storage_error(action: str, path: Path, exc: OSError) -> errors.StorageUnava
 
 def fsync_dir(path: Path) -> None:
     """Make a directory entry (a create, rename or unlink) durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise _storage_error("fsync directory", path, exc) from exc
 
 
 def size(path: Path) -> int | None:
@@ -81,10 +84,7 @@ def create(path: Path, data: bytes) -> None:
         raise _storage_error("write", path, exc) from exc
     finally:
         os.close(fd)
-    try:
-        fsync_dir(path.parent)
-    except OSError as exc:
-        raise _storage_error("fsync directory of", path, exc) from exc
+    fsync_dir(path.parent)
 
 
 def append(path: Path, data: bytes, *, expected_size: int) -> int:
@@ -158,10 +158,7 @@ def remove(path: Path, *, durable: bool = True) -> None:
     except OSError as exc:
         raise _storage_error("remove", path, exc) from exc
     if durable:
-        try:
-            fsync_dir(path.parent)
-        except OSError as exc:
-            raise _storage_error("fsync directory of", path, exc) from exc
+        fsync_dir(path.parent)
 
 
 _thread_locks = threading.local()
@@ -240,11 +237,11 @@ def rename(src: Path, dst: Path) -> None:
     try:
         dst.parent.mkdir(parents=True, exist_ok=True)
         os.rename(src, dst)
-        fsync_dir(dst.parent)
-        if src.parent != dst.parent:
-            fsync_dir(src.parent)
     except OSError as exc:
         raise _storage_error("rename", src, exc) from exc
+    fsync_dir(dst.parent)
+    if src.parent != dst.parent:
+        fsync_dir(src.parent)
 
 
 def exists(path: Path) -> bool:

@@ -289,3 +289,28 @@ def test_cli_archive_dry_run_then_archive_and_restore(
     assert cli.main(["restore", cold[0], *common]) == 2
     assert "not archived" in capsys.readouterr().err
     assert cli.main(["fsck", *common]) == 0
+
+
+def test_append_to_a_corrupt_archive_waits_in_the_journal(
+    engine: sa.Engine, data_dir: Path
+) -> None:
+    file_id = _refined_file(engine, data_dir, "broken")
+    archive.compress(engine, data_dir, file_id)
+    path = data_dir / _row(engine, file_id).path
+    path.write_bytes(path.read_bytes()[:-9])
+    result = journal.ingest(
+        engine,
+        {
+            "agent_id": "hermes",
+            "session_key": "broken",
+            "messages": [{"role": "user", "content": "late"}],
+        },
+    )
+    for _ in range(2):
+        with pytest.raises(errors.FileDamaged):
+            journal.flush(engine, data_dir, file_id)
+    row = _row(engine, file_id)
+    assert (row.status, row.next_seq) == ("archived", result.last_seq + 1)
+    with index.transaction(engine) as conn:
+        assert [a.kind for a in index.list_anomalies(conn, file_id=file_id)] == ["restore_failed"]
+        assert [j.first_seq for j in index.journal_after(conn, file_id, 0)] == [result.first_seq]
