@@ -64,6 +64,11 @@ def configure(settings: Settings) -> None:
         beat_schedule=schedule.beat_schedule(settings),
         timezone="UTC",
     )
+    # Make this the app every thread falls back to: a task's retry resolves the app through
+    # the thread's current app, and a worker thread that fell back to Celery's default app
+    # published its retries where no consumer of ours ever saw them.
+    app.set_default()
+    app.set_current()
     global _runtime
     _runtime = Runtime(settings)
 
