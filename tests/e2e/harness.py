@@ -238,19 +238,26 @@ def redis_database() -> Iterator[Any]:
 
     client = redis.Redis.from_url(REDIS_URL, socket_timeout=5, socket_connect_timeout=5)
     db = str(client.connection_pool.connection_kwargs.get("db", 0))
-    try:
+
+    def others() -> list[dict[str, Any]]:
         me = client.client_id()
-        others = [c for c in client.client_list() if c["db"] == db and int(c["id"]) != me]
+        return [c for c in client.client_list() if c["db"] == db and int(c["id"]) != me]
+
+    try:
+        # the connections of the previous test's children may take a moment to go away
+        deadline = time.monotonic() + 3
+        while (busy := others()) and time.monotonic() < deadline:
+            time.sleep(POLL)
     except redis.RedisError as exc:
         client.close()
         unavailable(f"Redis not reachable at {REDIS_URL}: {exc}")
-    if others:
+    if busy:
         # Another test session's workers would take this test's tasks (and it would wipe
         # theirs): the results would mean nothing.
         client.close()
         unavailable(
-            f"Redis database {db} is in use by {len(others)} other connection(s), e.g. "
-            f"{others[0].get('name') or others[0]['addr']}: is another test session running?"
+            f"Redis database {db} is in use by {len(busy)} other connection(s), e.g. "
+            f"{busy[0].get('name') or busy[0]['addr']}: is another test session running?"
         )
     client.flushdb()
     try:

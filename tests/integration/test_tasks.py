@@ -146,8 +146,10 @@ def test_refiner_always_failing_ends_in_error_and_others_go_on(worker: sa.Engine
     def settled() -> bool:
         down, fine = _row(worker, "down"), _row(worker, "fine")
         return (
-            down is not None and down.status == "error"
-            and fine is not None and fine.status == "refined"
+            down is not None
+            and down.status == "error"
+            and fine is not None
+            and fine.status == "refined"
         )
 
     wait_for(settled)
