@@ -27,8 +27,16 @@ def _commands() -> dict[str, list[str]]:
 
 def test_services_and_redis_settings() -> None:
     services = COMPOSE["services"]
-    assert {"postgres", "redis", "migrate", "api", "worker-append", "worker-refine", "beat",
-            "flower"} <= set(services)
+    assert {
+        "postgres",
+        "redis",
+        "migrate",
+        "api",
+        "worker-append",
+        "worker-refine",
+        "beat",
+        "flower",
+    } <= set(services)
     redis = " ".join(services["redis"]["command"])
     assert "--appendonly yes" in redis and "--maxmemory-policy noeviction" in redis
     assert services["beat"]["deploy"]["replicas"] == 1
@@ -64,14 +72,22 @@ def test_flower_command_serves_with_basic_auth(tmp_path: Path) -> None:
     command = _commands()["flower"]
     assert command[:4] == ["celery", "-A", "workers.app", "flower"]
     port = _free_port()
-    argv = [arg.replace("${FLOWER_USER}", "ops").replace("${FLOWER_PASSWORD}", "s3cret")
-            for arg in command[1:]]
-    argv = [a for a in argv if not a.startswith("--port")] + [f"--port={port}",
-                                                               "--address=127.0.0.1"]
+    argv = [
+        arg.replace("${FLOWER_USER}", "ops").replace("${FLOWER_PASSWORD}", "s3cret")
+        for arg in command[1:]
+    ]
+    argv = [a for a in argv if not a.startswith("--port")] + [
+        f"--port={port}",
+        "--address=127.0.0.1",
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("SGME_")}
     env.update(SGME_DATA_DIR=str(tmp_path), SGME_BROKER_URL="memory://")
-    proc = subprocess.Popen([sys.executable, "-m", "celery", *argv], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "celery", *argv],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline = time.monotonic() + 30
         while True:

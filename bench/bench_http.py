@@ -1,0 +1,664 @@
+"""HTTP end-to-end benchmark: ``POST /v1/append`` throughput and acknowledgement latency with
+50 concurrent clients, and how long acknowledged appends take to reach the file (flushed) and
+L1 (refined).
+
+Three servers, each started as its own process and hammered the same way:
+
+- ``baseline``: a trivial FastAPI endpoint on uvicorn (``return {"ok": True}``) — the ceiling
+  of the HTTP stack and of these clients on this machine; the ratio column divides by it;
+- ``embedded``: ``sgme serve`` (SQLite, in-memory broker, in-process worker and beat);
+- ``postgres+redis``: ``sgme migrate``, ``sgme api``, ``sgme worker --pool threads`` and
+  ``sgme beat`` on a PostgreSQL database made for the run and Redis database 15 (emptied before
+  and after); skipped with a note when either is unreachable.
+
+Per server: a warm-up, then ``--clients`` closed-loop clients for ``--seconds`` (the maximum
+rate), then the same clients rate-limited to half that rate (latency measured from each
+request's scheduled send time, so a client falling behind counts). Each append is one message
+to the client's own session. Ack→flushed and ack→refined: a poller reads ``GET /v1/files``;
+an append counts as flushed at the ``flushed_at`` of the first look that shows its seq flushed
+(the same for refined), compared with the client's wall-clock acknowledgement time (both UTC,
+same host clock); a flush that the poller sees late is counted late, never early.
+
+Clients are threads with an httpx.Client each, in ``--client-procs`` processes (servers and
+clients share this machine's cores; httpx.AsyncClient was slower, see below). The sgme
+processes run with the default settings except ``refine_idle_seconds=1`` (``--fast``: what the
+e2e tests use, refining every flush). Targets from the issue: >= 1,000 appends/s embedded,
+>= 1,500 with PostgreSQL + Redis, p99 ack <= 50 ms at half that rate, median ack→flushed
+<= 100 ms.
+
+    .venv/bin/python bench/bench_http.py [--quick] [--only embedded] [--rate 100] [--fast]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import datetime as dt
+import multiprocessing
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+POSTGRES_ADMIN_URL = os.environ.get(
+    "SGME_BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
+REDIS_URL = os.environ.get("SGME_BENCH_REDIS_URL", "redis://127.0.0.1:6379/15")
+#: the product defaults (config/default.yaml), except that a session quiet for a second is
+#: refined (default 60 s) so that ack→refined ends within a run; --fast refines every flush
+SETTINGS = {"SGME_REFINE_IDLE_SECONDS": "1"}
+FAST = {  # what the e2e tests use: refine each flushed message at once, sweep every second
+    "SGME_REFINE_MIN_MESSAGES": "1",
+    "SGME_REFINE_IDLE_SECONDS": "0",
+    "SGME_SWEEP_INTERVAL": "1",
+    "SGME_SWEEP_AGE": "1",
+    "SGME_REFINE_DISPATCH_INTERVAL": "1",
+}
+_FAST = False  #: set by --fast
+BASELINE = """
+import sys
+import uvicorn
+from fastapi import FastAPI
+
+app = FastAPI()
+
+@app.post("/v1/append")
+async def append() -> dict:
+    return {"ok": True}
+
+@app.get("/v1/health")
+async def health() -> dict:
+    return {"ok": True}
+
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
+"""
+
+
+# ---------------------------------------------------------------------------------------------
+# processes
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGME_")}
+    env.update(FAST if _FAST else SETTINGS)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Children:
+    """Started processes; :meth:`close` stops them (SIGTERM, then SIGKILL)."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        with (self.log_dir / f"{name}.log").open("ab") as log:
+            proc = subprocess.Popen(
+                argv, env=env, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=log
+            )
+        self.procs.append(proc)
+        return proc
+
+    def sgme(self, name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        return self.start(name, [sys.executable, "-m", "pipeline.cli", *args], env)
+
+    def close(self) -> None:
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(10)
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    with httpx.Client(base_url=url) as client:
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited with {proc.returncode} (see its log)")
+            with contextlib.suppress(httpx.TransportError):
+                if client.get("/v1/health", timeout=2).status_code == 200:
+                    return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{url} did not answer in {timeout:.0f} s")
+            time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def _postgres_database() -> Iterator[str]:
+    import sqlalchemy as sa
+
+    admin_url = "postgresql+psycopg://" + POSTGRES_ADMIN_URL.split("://", 1)[1]
+    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    name = f"sgme_bench_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    try:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+        yield POSTGRES_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        with contextlib.suppress(sa.exc.SQLAlchemyError), admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@contextlib.contextmanager
+def _redis_database() -> Iterator[None]:
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL, socket_timeout=5, socket_connect_timeout=5)
+    db = str(client.connection_pool.connection_kwargs.get("db", 0))
+    me = client.client_id()
+    if any(c["db"] == db and int(c["id"]) != me for c in client.client_list()):
+        client.close()
+        raise RuntimeError(f"Redis database {db} is in use by another client (a test run?)")
+    client.flushdb()
+    try:
+        yield
+    finally:
+        with contextlib.suppress(redis.RedisError):
+            client.flushdb()
+        client.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# clients (threads with an httpx.Client each, in child processes)
+#
+# httpx.AsyncClient was measured first: 25 concurrent requests on one AsyncClient managed
+# ~200 requests/s against the trivial endpoint (one connection: ~500/s), while 25 threads with
+# an httpx.Client each managed ~1,300/s — the async client would have been the bottleneck.
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    url: str
+    clients: int
+    seconds: float
+    rate: float | None  #: appends/s for all clients of this process together; None: max
+    prefix: str
+    start_at: float  #: time.time() at which every process starts sending
+
+
+Record = tuple[float, float, str, int]  #: (latency s, ack time, file_id, last_seq)
+
+
+def _body(session_key: str, n: int) -> dict[str, Any]:
+    content = f"I prefer tea number {n}." if n % 3 == 0 else f"Just chatter {n}, nothing more."
+    return {
+        "agent_id": "bench",
+        "session_key": session_key,
+        "messages": [{"role": "user", "content": content}],
+    }
+
+
+def _client(plan: Plan, i: int, out: list[Record], errors: list[str]) -> None:
+    session = f"{plan.prefix}-{os.getpid()}-{i}"
+    interval = plan.clients / plan.rate if plan.rate else 0.0
+    # spread the rate-limited clients' first sends over one interval
+    scheduled = plan.start_at + (interval * i / plan.clients)
+    end = plan.start_at + plan.seconds
+    n = 0
+    with httpx.Client(base_url=plan.url, timeout=30) as http:
+        time.sleep(max(0.0, plan.start_at - time.time()))
+        while True:
+            now = time.time()
+            if plan.rate:
+                if scheduled >= end:
+                    return
+                if scheduled > now:
+                    time.sleep(scheduled - now)
+                sent = scheduled
+                scheduled += interval
+            else:
+                if now >= end:
+                    return
+                sent = now
+            n += 1
+            try:
+                response = http.post("/v1/append", json=_body(session, n))
+            except httpx.HTTPError as exc:
+                errors.append(repr(exc))
+                continue
+            acked = time.time()
+            if response.status_code >= 300:
+                errors.append(f"append answered {response.status_code}: {response.text[:200]}")
+                continue
+            answer = response.json()
+            out.append((acked - sent, acked, answer.get("file_id", ""), answer.get("last_seq", 0)))
+
+
+def _client_process(plan: Plan) -> tuple[list[Record], list[str]]:
+    out: list[Record] = []
+    errors: list[str] = []
+    threads = [
+        threading.Thread(target=_client, args=(plan, i, out, errors), daemon=True)
+        for i in range(plan.clients)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(plan.start_at + plan.seconds - time.time() + 60)
+    return out, errors
+
+
+# ---------------------------------------------------------------------------------------------
+# the poller: when did each file's seqs get flushed and refined?
+
+
+def _parse_utc(value: str | None) -> float | None:
+    if not value:
+        return None
+    when = dt.datetime.strptime(value, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=dt.UTC)
+    return when.timestamp()
+
+
+class Poller:
+    """Reads ``GET /v1/files`` in a loop; per file, the (seq, time) steps of flushed_seq and
+    last_refined_seq as the index recorded them (flushed_at, refined_at)."""
+
+    def __init__(self, url: str, interval: float = 0.05) -> None:
+        self.url = url
+        self.interval = interval
+        self.flushed: dict[str, list[tuple[int, float]]] = {}
+        self.refined: dict[str, list[tuple[int, float]]] = {}
+        self.rows: dict[str, dict[str, Any]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def _run(self) -> None:
+        with httpx.Client(base_url=self.url, timeout=30) as client:
+            while not self._stop.is_set():
+                with contextlib.suppress(httpx.HTTPError):
+                    self._look(client)
+                self._stop.wait(self.interval)
+
+    def _look(self, client: httpx.Client) -> None:
+        cursor = None
+        while True:
+            params: dict[str, Any] = {"limit": 1000}
+            if cursor:
+                params["cursor"] = cursor
+            page = client.get("/v1/files", params=params).json()
+            for row in page["files"]:
+                fid = row["file_id"]
+                self.rows[fid] = row
+                self._step(self.flushed, fid, row["flushed_seq"], row["flushed_at"])
+                self._step(self.refined, fid, row["last_refined_seq"], row["refined_at"])
+            cursor = page["next_cursor"]
+            if not cursor:
+                return
+
+    @staticmethod
+    def _step(
+        steps: dict[str, list[tuple[int, float]]], fid: str, seq: int, at: str | None
+    ) -> None:
+        when = _parse_utc(at)
+        known = steps.setdefault(fid, [])
+        if when is not None and seq > 0 and (not known or seq > known[-1][0]):
+            known.append((seq, when))
+
+    def settled(self, expected: dict[str, int]) -> bool:
+        """Every file has flushed and refined up to ``expected[file_id]``."""
+        for fid, seq in expected.items():
+            row = self.rows.get(fid)
+            if row is None or row["flushed_seq"] < seq or row["last_refined_seq"] < seq:
+                return False
+        return True
+
+    def when(self, steps: dict[str, list[tuple[int, float]]], fid: str, seq: int) -> float | None:
+        for step_seq, at in steps.get(fid, []):
+            if step_seq >= seq:
+                return at
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# one phase, one server
+
+
+@dataclasses.dataclass
+class Phase:
+    """What one phase measured."""
+
+    appends: int
+    seconds: float
+    ack_ms: list[float]
+    flushed_ms: list[float]
+    refined_ms: list[float]
+
+    @property
+    def rate(self) -> float:
+        return self.appends / self.seconds
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+def run_phase(
+    url: str,
+    *,
+    clients: int,
+    procs: int,
+    seconds: float,
+    rate: float | None,
+    prefix: str,
+    poller: Poller | None,
+    settle: float,
+) -> Phase:
+    start_at = time.time() + 1.0
+    per_proc = [clients // procs + (i < clients % procs) for i in range(procs)]
+    plans = [
+        Plan(url, n, seconds, rate * n / clients if rate else None, f"{prefix}-{k}", start_at)
+        for k, n in enumerate(per_proc)
+    ]
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(procs) as pool:
+        results = pool.map(_client_process, plans)
+    records = [r for chunk, _ in results for r in chunk]
+    failures = [e for _, errors in results for e in errors]
+    if failures:
+        print(f"  {len(failures)} failed requests, e.g. {failures[0]}", file=sys.stderr)
+    print(
+        f"  {prefix.split('-')[0]}: {len(records) / seconds:.0f} appends/s, ack p50 "
+        f"{_percentile([r[0] * 1000 for r in records], 50):.1f} ms",
+        file=sys.stderr,
+    )
+    phase = Phase(
+        appends=len(records),
+        seconds=seconds,
+        ack_ms=[r[0] * 1000 for r in records],
+        flushed_ms=[],
+        refined_ms=[],
+    )
+    if poller is None:
+        return phase
+    last: dict[str, int] = {}
+    for _, _, fid, seq in records:
+        last[fid] = max(last.get(fid, 0), seq)
+    deadline = time.monotonic() + settle
+    while not poller.settled(last) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for _, acked, fid, seq in records:
+        flushed = poller.when(poller.flushed, fid, seq)
+        refined = poller.when(poller.refined, fid, seq)
+        if flushed is not None:
+            phase.flushed_ms.append((flushed - acked) * 1000)
+        if refined is not None:
+            phase.refined_ms.append((refined - acked) * 1000)
+    return phase
+
+
+@dataclasses.dataclass
+class Result:
+    name: str
+    max: Phase
+    half: Phase | None
+    note: str = ""
+
+
+def bench_server(name: str, url: str, args: argparse.Namespace, *, pipeline: bool) -> Result:
+    print(f"{name}:", file=sys.stderr)
+    clients, procs = args.clients, args.client_procs
+    run_phase(
+        url,
+        clients=clients,
+        procs=procs,
+        seconds=args.warmup,
+        rate=None,
+        prefix=f"warm-{uuid.uuid4().hex[:6]}",
+        poller=None,
+        settle=0,
+    )
+    poller = Poller(url) if pipeline else None
+    if poller:
+        poller.start()
+    try:
+        top = run_phase(
+            url,
+            clients=clients,
+            procs=procs,
+            seconds=args.seconds,
+            rate=None,
+            prefix=f"max-{uuid.uuid4().hex[:6]}",
+            poller=poller,
+            settle=args.settle,
+        )
+        half = run_phase(
+            url,
+            clients=clients,
+            procs=procs,
+            seconds=args.seconds,
+            rate=args.rate or top.rate / 2,
+            prefix=f"half-{uuid.uuid4().hex[:6]}",
+            poller=poller,
+            settle=args.settle,
+        )
+    finally:
+        if poller:
+            poller.stop()
+    return Result(name, top, half)
+
+
+def run_baseline(args: argparse.Namespace, children: Children) -> Result:
+    port = _free_port()
+    proc = children.start("baseline", [sys.executable, "-c", BASELINE, str(port)], _env())
+    url = f"http://127.0.0.1:{port}"
+    _wait_healthy(url, proc)
+    return bench_server("baseline (trivial FastAPI)", url, args, pipeline=False)
+
+
+def run_embedded(args: argparse.Namespace, children: Children, tmp: Path) -> Result:
+    port = _free_port()
+    common = ["--data-dir", str(tmp / "embedded")]
+    proc = children.sgme(
+        "serve", ["serve", *common, "--port", str(port), "--log-level", args.log_level], _env()
+    )
+    url = f"http://127.0.0.1:{port}"
+    _wait_healthy(url, proc)
+    return bench_server("embedded (sgme serve)", url, args, pipeline=True)
+
+
+def run_production(args: argparse.Namespace, children: Children, tmp: Path) -> Result:
+    with _postgres_database() as database_url, _redis_database():
+        env = _env()
+        common = ["--data-dir", str(tmp / "production"), "--database-url", database_url]
+        broker = ["--broker-url", REDIS_URL, "--log-level", args.log_level]
+        done = subprocess.run(
+            [sys.executable, "-m", "pipeline.cli", "migrate", *common],
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"sgme migrate failed: {done.stderr}")
+        port = _free_port()
+        children.sgme(
+            "worker",
+            ["worker", *common, *broker, "--pool", "threads", "--concurrency", str(args.workers)],
+            env,
+        )
+        children.sgme("beat", ["beat", *common, *broker], env)
+        api = children.sgme("api", ["api", *common, *broker, "--port", str(port)], env)
+        url = f"http://127.0.0.1:{port}"
+        _wait_healthy(url, api)
+        try:
+            return bench_server("postgres+redis (api+worker+beat)", url, args, pipeline=True)
+        finally:
+            children.close()
+
+
+def _reachable() -> str | None:
+    """Why PostgreSQL + Redis mode cannot run, or None."""
+    import redis
+    import sqlalchemy as sa
+
+    try:
+        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2).ping()
+    except redis.RedisError as exc:
+        return f"Redis not reachable at {REDIS_URL}: {exc}"
+    admin = sa.create_engine("postgresql+psycopg://" + POSTGRES_ADMIN_URL.split("://", 1)[1])
+    try:
+        with admin.connect():
+            pass
+    except sa.exc.SQLAlchemyError as exc:
+        return f"PostgreSQL not reachable at {POSTGRES_ADMIN_URL}: {exc.__cause__ or exc}"
+    finally:
+        admin.dispose()
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# report
+
+
+def _ms(value: float) -> str:
+    return "-" if value != value else f"{value:.1f}"  # NaN: nothing measured
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def print_table(results: list[Result], notes: list[str]) -> None:
+    ceiling = results[0].max.rate if results else float("nan")
+    header = (
+        "server",
+        "appends/s",
+        "vs baseline",
+        "ack p50 ms",
+        "ack p99 ms",
+        "half rate/s",
+        "half ack p50",
+        "half ack p99",
+        "flushed p50",
+        "flushed p99",
+        "refined p50",
+        "refined p99",
+    )
+    rows = []
+    for r in results:
+        half = r.half
+        measured = half if half and half.flushed_ms else r.max
+        rows.append(
+            (
+                r.name,
+                f"{r.max.rate:.0f}",
+                f"{r.max.rate / ceiling:.2f}",
+                _ms(_percentile(r.max.ack_ms, 50)),
+                _ms(_percentile(r.max.ack_ms, 99)),
+                f"{half.rate:.0f}" if half else "-",
+                _ms(_percentile(half.ack_ms, 50)) if half else "-",
+                _ms(_percentile(half.ack_ms, 99)) if half else "-",
+                _ms(_median(measured.flushed_ms)),
+                _ms(_percentile(measured.flushed_ms, 99)),
+                _ms(_median(measured.refined_ms)),
+                _ms(_percentile(measured.refined_ms, 99)),
+            )
+        )
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows, strict=True)]
+    line = " | ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))
+    print(line)
+    print("-+-".join("-" * w for w in widths))
+    for row in rows:
+        print(" | ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)))
+    print()
+    print("flushed/refined: ms from the client's acknowledgement to the index's flushed_at /")
+    print("refined_at of the append's seq, at half rate; 'max' phase values below.")
+    for r in results[1:]:
+        print(
+            f"  {r.name} at max rate: flushed p50 {_ms(_median(r.max.flushed_ms))} ms, "
+            f"p99 {_ms(_percentile(r.max.flushed_ms, 99))} ms; refined p50 "
+            f"{_ms(_median(r.max.refined_ms))} ms, p99 {_ms(_percentile(r.max.refined_ms, 99))} ms"
+        )
+    for note in notes:
+        print(f"note: {note}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="short phases (a smoke run)")
+    parser.add_argument("--clients", type=int, default=50)
+    parser.add_argument("--client-procs", type=int, default=2)
+    parser.add_argument("--seconds", type=float, help="length of each measured phase")
+    parser.add_argument(
+        "--rate", type=float, help="appends/s of the rate-limited phase (default: half the max)"
+    )
+    parser.add_argument("--workers", type=int, default=4, help="threads of `sgme worker`")
+    parser.add_argument("--log-level", default="warning", help="of the sgme processes")
+    parser.add_argument("--only", choices=("baseline", "embedded", "production"), action="append")
+    parser.add_argument(
+        "--fast", action="store_true", help="refine every flush and sweep every second (e2e)"
+    )
+    args = parser.parse_args()
+    global _FAST
+    _FAST = args.fast
+    args.seconds = args.seconds or (3.0 if args.quick else 10.0)
+    args.warmup = 1.0 if args.quick else 3.0
+    args.settle = 30.0 if args.quick else 60.0
+    only = set(args.only or ("baseline", "embedded", "production"))
+
+    results: list[Result] = []
+    notes = [
+        f"{args.clients} clients in {args.client_procs} processes (threads, httpx.Client), "
+        f"{os.cpu_count()} CPUs shared by clients and servers; one message per append; "
+        f"sgme log level {args.log_level}",
+        f"settings: {FAST if args.fast else SETTINGS} (others: the defaults)",
+    ]
+    with tempfile.TemporaryDirectory(prefix="sgme-bench-") as tmp:
+        children = Children(Path(tmp))
+        try:
+            if "baseline" in only:
+                results.append(run_baseline(args, children))
+                children.close()
+            if "embedded" in only:
+                results.append(run_embedded(args, children, Path(tmp)))
+                children.close()
+            if "production" in only:
+                why = _reachable()
+                if why:
+                    notes.append(f"postgres+redis skipped: {why}")
+                else:
+                    results.append(run_production(args, children, Path(tmp)))
+        finally:
+            children.close()
+    print_table(results, notes)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
