@@ -96,6 +96,13 @@ class MessageOut(BaseModel):
     source_ref: str
 
 
+class MessagesOut(BaseModel):
+    """Answer of ``GET /v1/files/{file_id}/messages``."""
+
+    file_id: str
+    messages: list[MessageOut]
+
+
 def _message_json(file_id: str, m: document.Message) -> dict[str, Any]:
     return {
         "seq": m.seq,
@@ -260,7 +267,7 @@ def create_app(
             raw.read_bytes(settings.data_dir, row), media_type="text/markdown; charset=utf-8"
         )
 
-    @app.get("/v1/files/{file_id}/messages")
+    @app.get("/v1/files/{file_id}/messages", response_model=MessagesOut)
     def get_messages(
         file_id: str,
         after_seq: int = Query(0, ge=0),

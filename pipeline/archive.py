@@ -255,6 +255,66 @@ def compress_many(
         yield from zip(file_ids, pool.map(one, file_ids), strict=True)
 
 
+@dataclasses.dataclass
+class Report:
+    """What one archiving run did."""
+
+    cleaned_up: int = 0
+    unrefined_flagged: int = 0
+    files: int = 0
+    bytes_before: int = 0
+    bytes_after: int = 0
+    failed: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+
+    @property
+    def ratio(self) -> float | None:
+        """Compression ratio of the files archived in this run."""
+        return round(self.bytes_before / self.bytes_after, 2) if self.bytes_after else None
+
+
+def archive_cold(
+    engine: sa.Engine,
+    data_dir: Path,
+    *,
+    older_than_days: float,
+    level: int = DEFAULT_LEVEL,
+    threads: int = 0,
+    workers: int = 2,
+    lock_timeout: float = 30.0,
+    progress: Callable[[int], None] | None = None,
+) -> Report:
+    """The daily job: finish interrupted runs, flag cold unrefined files, archive cold ones.
+
+    Idempotent, and safe when two run at once: each file is archived under its lock and the
+    index update is fenced. A file that fails gets an ``archive_failed`` anomaly.
+    """
+    report = Report(
+        cleaned_up=finish_interrupted(engine, data_dir, lock_timeout=lock_timeout),
+        unrefined_flagged=len(flag_unrefined(engine, older_than_days=older_than_days)),
+    )
+    cold = cold_files(engine, older_than_days=older_than_days, limit=1_000_000)
+    for file_id, outcome in compress_many(
+        engine,
+        data_dir,
+        cold,
+        level=level,
+        threads=threads,
+        workers=workers,
+        lock_timeout=lock_timeout,
+    ):
+        if isinstance(outcome, errors.SgmeError):
+            report.failed.append((file_id, outcome.detail))
+            with index.transaction(engine) as conn:
+                index.record_anomaly(conn, file_id, "archive_failed", outcome.detail)
+        elif outcome is not None:
+            report.files += 1
+            report.bytes_before += outcome.bytes_before
+            report.bytes_after += outcome.bytes_after
+        if progress:
+            progress(1)
+    return report
+
+
 def _finish(data_dir: Path, row: index.FileRow) -> None:
     """An archived row whose original survived a crash: delete it once the archive verifies."""
     original = data_dir / live_relative_path(row)

@@ -402,37 +402,25 @@ def cmd_archive(args: argparse.Namespace) -> int:
             sizes = [index.get_file(conn, file_id) for file_id in candidates]
         summary.update(files=len(candidates), bytes_before=sum(r.flushed_bytes for r in sizes if r))
     else:
-        summary["cleaned_up"] = archive.finish_interrupted(
-            engine, settings.data_dir, lock_timeout=settings.lock_timeout
-        )
-        summary["unrefined_cold_flagged"] = len(
-            archive.flag_unrefined(engine, older_than_days=days)
-        )
-        before = after = done = 0
-        failed: list[dict[str, str]] = []
         with _progress("archive", len(candidates)) as advance:
-            for file_id, outcome in archive.compress_many(
+            report = archive.archive_cold(
                 engine,
                 settings.data_dir,
-                candidates,
+                older_than_days=days,
                 level=settings.archive_level,
                 threads=settings.archive_threads,
                 workers=settings.archive_workers,
                 lock_timeout=settings.lock_timeout,
-            ):
-                if isinstance(outcome, errors.SgmeError):
-                    failed.append({"file_id": file_id, "error": outcome.detail})
-                elif outcome is not None:
-                    done += 1
-                    before += outcome.bytes_before
-                    after += outcome.bytes_after
-                advance(1)
+                progress=advance,
+            )
         summary.update(
-            files=done,
-            bytes_before=before,
-            bytes_after=after,
-            ratio=round(before / after, 2) if after else None,
-            failed=failed,
+            cleaned_up=report.cleaned_up,
+            unrefined_cold_flagged=report.unrefined_flagged,
+            files=report.files,
+            bytes_before=report.bytes_before,
+            bytes_after=report.bytes_after,
+            ratio=report.ratio,
+            failed=[{"file_id": f, "error": d} for f, d in report.failed],
         )
     if args.json:
         _print_json(summary)

@@ -300,6 +300,11 @@ def canonical(text: str) -> str:
     Trailing ``\\r`` characters go too: the writer follows every body with ``\\n``, so a
     trailing ``\\r`` would read back as part of a ``\\r\\n`` break and be lost anyway.
     """
+    return text[_leading_breaks(text) :].rstrip("\r\n")
+
+
+def _leading_breaks(text: str) -> int:
+    """How many characters of ``\\n`` / ``\\r\\n`` line breaks ``text`` starts with."""
     start = 0
     while True:
         if text.startswith("\n", start):
@@ -307,8 +312,7 @@ def canonical(text: str) -> str:
         elif text.startswith("\r\n", start):
             start += 2
         else:
-            break
-    return text[start:].rstrip("\r\n")
+            return start
 
 
 def escape(body: str) -> str:
@@ -537,14 +541,7 @@ def iter_headings(text: str, start: int = 0) -> Iterator[tuple[int, int, re.Matc
 
 def _strip_breaks(text: str) -> str:
     """Remove leading and trailing ``\\n`` / ``\\r\\n`` line breaks (the parser's rule)."""
-    start = 0
-    while True:
-        if text.startswith("\n", start):
-            start += 1
-        elif text.startswith("\r\n", start):
-            start += 2
-        else:
-            break
+    start = _leading_breaks(text)
     end = len(text)
     while end > start and text[end - 1] == "\n":
         end -= 2 if end - 2 >= start and text[end - 2] == "\r" else 1

@@ -140,27 +140,18 @@ def refine_segment(self: Task, file_id: str, lo: int, hi: int, epoch: int) -> bo
 
 @app.task(name="sgme.archive_cold_files")
 def archive_cold_files() -> int:
-    """Daily: compress cold, fully refined files; flag cold unrefined ones. Idempotent, and safe
-    when two run at once (each file is archived under its lock, fenced in the index)."""
+    """Daily: compress cold, fully refined files; flag cold unrefined ones."""
     rt = runtime()
     s = rt.settings
-    archive.finish_interrupted(rt.engine, s.data_dir, lock_timeout=s.lock_timeout)
-    archive.flag_unrefined(rt.engine, older_than_days=s.archive_after_days)
-    done = 0
-    cold = archive.cold_files(rt.engine, older_than_days=s.archive_after_days)
-    for file_id, outcome in archive.compress_many(
+    report = archive.archive_cold(
         rt.engine,
         s.data_dir,
-        cold,
+        older_than_days=s.archive_after_days,
         level=s.archive_level,
         threads=s.archive_threads,
         workers=s.archive_workers,
         lock_timeout=s.lock_timeout,
-    ):
-        if isinstance(outcome, errors.SgmeError):
-            log.error("archiving %s failed: %s", file_id, outcome.detail)
-            with index.transaction(rt.engine) as conn:
-                index.record_anomaly(conn, file_id, "archive_failed", outcome.detail)
-        elif outcome is not None:
-            done += 1
-    return done
+    )
+    for file_id, detail in report.failed:
+        log.error("archiving %s failed: %s", file_id, detail)
+    return report.files
