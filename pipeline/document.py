@@ -109,6 +109,22 @@ class Message:
     seq: int = 0
 
 
+def _message(role: str, content: str, ts: str, tool_name: str | None, seq: int) -> Message:
+    """``Message(...)`` without the frozen dataclass's per-field ``object.__setattr__``: parse
+    builds one per block, and on chat-sized messages that constructor was ~15% of parse."""
+    message = _new(Message)
+    _set(
+        message,
+        "__dict__",
+        {"role": role, "content": content, "ts": ts, "tool_name": tool_name, "seq": seq},
+    )
+    return message
+
+
+_new = object.__new__
+_set = object.__setattr__
+
+
 @dataclass(frozen=True)
 class Document:
     """A parsed file: its header and its messages in file order."""
@@ -594,7 +610,7 @@ def parse(text: str, *, file_id: str | None = None) -> Document:
                 body = body[breaks.end() :] if breaks else ""
         if "\\" in body:
             body = unescape(body)
-        append(Message(role, body, ts, tool_name, seq))
+        append(_message(role, body, ts, tool_name, seq))
     return Document(header=header, messages=tuple(messages))
 
 
