@@ -4,7 +4,6 @@ entry point; and the check every refiner's items pass before they are stored."""
 
 from __future__ import annotations
 
-import datetime as dt
 import http.server
 import json
 import threading
@@ -12,6 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import factories
 import pytest
 
 from pipeline import document, errors, index, refine
@@ -25,31 +25,7 @@ TS = "2026-08-03T11:18:06Z"
 
 
 def file_row() -> index.FileRow:
-    when = dt.datetime(2026, 8, 3, 11, 18, 6)
-    return index.FileRow(
-        file_id=FILE_ID,
-        path=f"session/{FILE_ID}.md",
-        source_type="session",
-        agent_id="hermes",
-        session_key="s1",
-        metadata_json="{}",
-        started_at=when,
-        ended_at=None,
-        status="new",
-        next_seq=1,
-        flushed_seq=0,
-        flushed_bytes=0,
-        chain_head=None,
-        flush_pending=False,
-        flushed_at=when,
-        last_refined_seq=0,
-        refined_at=None,
-        refine_epoch=0,
-        refine_lease_until=None,
-        archived_at=None,
-        created_at=when,
-        updated_at=when,
-    )
+    return factories.file_row(FILE_ID)
 
 
 def ref(seq: int) -> str:

@@ -4,11 +4,11 @@ their source_ref (DESIGN §4)."""
 
 from __future__ import annotations
 
-import datetime as dt
 import itertools
 import re
 from collections.abc import Sequence
 
+import factories
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -21,31 +21,7 @@ FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCh
 
 
 def file_row() -> index.FileRow:
-    when = dt.datetime(2026, 8, 3, 11, 18, 6)
-    return index.FileRow(
-        file_id=FILE_ID,
-        path=f"session/{FILE_ID}.md",
-        source_type="session",
-        agent_id="hermes",
-        session_key="s1",
-        metadata_json="{}",
-        started_at=when,
-        ended_at=None,
-        status="new",
-        next_seq=1,
-        flushed_seq=0,
-        flushed_bytes=0,
-        chain_head=None,
-        flush_pending=False,
-        flushed_at=when,
-        last_refined_seq=0,
-        refined_at=None,
-        refine_epoch=0,
-        refine_lease_until=None,
-        archived_at=None,
-        created_at=when,
-        updated_at=when,
-    )
+    return factories.file_row(FILE_ID)
 
 
 def header() -> document.Header:
