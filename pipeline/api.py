@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Literal
 
 import sqlalchemy as sa
@@ -144,10 +143,6 @@ class State:
     engine: sa.Engine
     kick: Kick
     dispatch: Kick
-
-    @property
-    def data_dir(self) -> Path:
-        return self.settings.data_dir
 
 
 def _nothing(_file_id: str) -> None:

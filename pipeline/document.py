@@ -31,7 +31,7 @@ import itertools
 import json
 import math
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -537,22 +537,6 @@ def parse_header(yaml_text: str) -> Header:
         line = f"line {mark.line + 2}: " if mark is not None else ""
         raise errors.FormatError(f"{line}frontmatter is not valid YAML: {exc}") from None
     return _header_from_mapping(data)
-
-
-def iter_headings(text: str, start: int = 0) -> Iterator[tuple[int, int, re.Match[str]]]:
-    """``(line_start, line_end, match)`` of every heading from ``start`` (a line start) on;
-    ``match.group(2)`` is the timestamp, ``match.group(3)`` the role."""
-    if start == 0 or text[start - 1] != "\n":
-        end = text.find("\n", start)
-        end = len(text) if end < 0 else end
-        first = HEADING.fullmatch(text, start, end)
-        if first:
-            yield start, end, first
-        start = end
-    else:
-        start -= 1
-    for m in _HEADING_LINE.finditer(text, start):
-        yield m.start() + 1, m.end(), m
 
 
 def _strip_breaks(text: str) -> str:

@@ -372,13 +372,6 @@ def commit(engine: sa.Engine, c: Claim, items: Sequence[Item], *, refiner: str) 
         return True
 
 
-def release(engine: sa.Engine, c: Claim) -> None:
-    """Give a claim's lease back (before a retry), if the claim still holds."""
-    f = index.raw_files.c
-    with index.transaction(engine) as conn:
-        index.update_file(conn, c.file_id, f.refine_epoch == c.epoch, refine_lease_until=None)
-
-
 def fail(engine: sa.Engine, c: Claim, detail: str) -> bool:
     """After the last retry: mark the file ``error`` with a ``refine_failed`` anomaly."""
     f = index.raw_files.c
