@@ -12,6 +12,7 @@ cleans up. Reads decompress on demand; an append restores the file first.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import datetime as dt
 import hashlib
@@ -155,6 +156,19 @@ def flag_unrefined(engine: sa.Engine, *, older_than_days: float) -> list[str]:
 # compress
 
 
+@contextlib.contextmanager
+def _locked(
+    engine: sa.Engine, data_dir: Path, file_id: str, lock_timeout: float
+) -> Iterator[index.FileRow]:
+    """Hold the file's locks (the ones flush takes) and yield its row as it is now."""
+    with store.lock(data_dir, file_id, timeout=lock_timeout), index.advisory_lock(engine, file_id):
+        with index.transaction(engine) as conn:
+            row = index.get_file(conn, file_id)
+        if row is None:
+            raise errors.NotFound(f"no file {file_id}")
+        yield row
+
+
 def compress(
     engine: sa.Engine,
     data_dir: Path,
@@ -166,11 +180,7 @@ def compress(
     fault: FaultHook = _no_fault,
 ) -> Outcome | None:
     """Archive one file; None when it is no longer eligible (changed, already archived)."""
-    with store.lock(data_dir, file_id, timeout=lock_timeout), index.advisory_lock(engine, file_id):
-        with index.transaction(engine) as conn:
-            row = index.get_file(conn, file_id)
-        if row is None:
-            raise errors.NotFound(f"no file {file_id}")
+    with _locked(engine, data_dir, file_id, lock_timeout) as row:
         if row.status == "archived":
             _finish(data_dir, row)
             return None
@@ -348,10 +358,8 @@ def finish_interrupted(engine: sa.Engine, data_dir: Path, *, lock_timeout: float
                     ).scalars()
                 )
             for file_id in archived:
-                with store.lock(data_dir, file_id, timeout=lock_timeout):
-                    with index.transaction(engine) as conn:
-                        row = index.get_file(conn, file_id)
-                    if row is not None and row.status == "archived":
+                with _locked(engine, data_dir, file_id, lock_timeout) as row:
+                    if row.status == "archived":
                         _finish(data_dir, row)
                         removed += 1
     return removed
@@ -363,11 +371,7 @@ def finish_interrupted(engine: sa.Engine, data_dir: Path, *, lock_timeout: float
 
 def restore(engine: sa.Engine, data_dir: Path, file_id: str, *, lock_timeout: float = 30.0) -> bool:
     """Move an archived file back to its live place; False if it was not archived."""
-    with store.lock(data_dir, file_id, timeout=lock_timeout), index.advisory_lock(engine, file_id):
-        with index.transaction(engine) as conn:
-            row = index.get_file(conn, file_id)
-        if row is None:
-            raise errors.NotFound(f"no file {file_id}")
+    with _locked(engine, data_dir, file_id, lock_timeout) as row:
         if row.status != "archived":
             return False
         restore_locked(engine, data_dir, row)
