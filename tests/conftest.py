@@ -4,10 +4,12 @@ on CI), and a fresh data directory."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -28,29 +30,34 @@ def unavailable(reason: str) -> None:
     pytest.skip(reason)
 
 
-@pytest.fixture(scope="session")
-def postgres_url() -> Iterator[str]:
-    """A migrated PostgreSQL database of this test run's own; dropped at the end."""
-    admin = sa.create_engine(
-        index.normalize_url(POSTGRES_ADMIN_URL), isolation_level="AUTOCOMMIT"
-    )
-    name = f"sgme_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+@contextlib.contextmanager
+def scratch_database(prefix: str) -> Iterator[str]:
+    """The URL of a new, empty PostgreSQL database, dropped afterwards. Skipped off CI when
+    PostgreSQL does not answer; a failure on CI."""
+    admin = sa.create_engine(index.normalize_url(POSTGRES_ADMIN_URL), isolation_level="AUTOCOMMIT")
+    name = f"{prefix}_{os.getpid()}_{uuid.uuid4().hex[:8]}"
     try:
         with admin.connect() as conn:
             conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
     except sa.exc.OperationalError as exc:
         admin.dispose()
         unavailable(f"PostgreSQL not reachable at {POSTGRES_ADMIN_URL}: {exc.orig}")
-    url = POSTGRES_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-    engine = index.create_engine(url)
-    index.migrate(engine)
-    engine.dispose()
     try:
-        yield url
+        yield POSTGRES_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
     finally:
         with admin.connect() as conn:
             conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A migrated PostgreSQL database of this test run's own; dropped at the end."""
+    with scratch_database("sgme_test") as url:
+        engine = index.create_engine(url)
+        index.migrate(engine)
+        engine.dispose()
+        yield url
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -87,3 +94,33 @@ def data_dir(tmp_path: Path) -> Path:
     path = tmp_path / "data"
     path.mkdir()
     return path
+
+
+# ---------------------------------------------------------------------------------------------
+# end-to-end fixtures (tests/e2e; harness.py lives there)
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Iterator[Any]:
+    """The test's child processes (``harness.Procs``); all stopped when it ends."""
+    import harness
+
+    group = harness.Procs(tmp_path / "logs")
+    try:
+        yield group
+    finally:
+        group.close()
+
+
+@pytest.fixture
+def production(tmp_path: Path) -> Iterator[tuple[Any, str, Any]]:
+    """``(procs, database_url, redis)``: a fresh PostgreSQL database and Redis database 15;
+    the children are stopped before the database is dropped and Redis emptied."""
+    import harness
+
+    with scratch_database("sgme_e2e") as url, harness.redis_database() as redis:
+        group = harness.Procs(tmp_path / "logs")
+        try:
+            yield group, url, redis
+        finally:
+            group.close()

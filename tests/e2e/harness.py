@@ -25,10 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import sqlalchemy as sa
-from conftest import POSTGRES_ADMIN_URL, REDIS_URL, unavailable
+from conftest import REDIS_URL, unavailable
 
-from pipeline import document, index
+from pipeline import document
 
 ROOT = Path(__file__).resolve().parents[2]
 POLL = 0.05  #: seconds between two looks at a condition
@@ -206,28 +205,6 @@ def wait_worker(client: httpx.Client, *, timeout: float, check: Callable[[], Non
 
 # ---------------------------------------------------------------------------------------------
 # a PostgreSQL database and a Redis database of the test's own
-
-
-@contextlib.contextmanager
-def postgres_database() -> Iterator[str]:
-    """An empty PostgreSQL database (not migrated: ``sgme migrate`` does that); dropped after.
-
-    Skipped off CI when PostgreSQL does not answer; a failure on CI.
-    """
-    admin = sa.create_engine(index.normalize_url(POSTGRES_ADMIN_URL), isolation_level="AUTOCOMMIT")
-    name = f"sgme_e2e_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    try:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    except sa.exc.OperationalError as exc:
-        admin.dispose()
-        unavailable(f"PostgreSQL not reachable at {POSTGRES_ADMIN_URL}: {exc.orig}")
-    try:
-        yield POSTGRES_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-    finally:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 @contextlib.contextmanager

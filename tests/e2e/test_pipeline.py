@@ -10,7 +10,6 @@ production-shaped (``sgme migrate``, ``sgme worker --pool threads``, ``sgme beat
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,28 +23,6 @@ import harness  # noqa: E402
 SESSIONS = 50
 MESSAGES = 2000
 CLIENTS = 4
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[harness.Procs]:
-    """The test's children; all stopped when it ends, pass or fail."""
-    procs = harness.Procs(tmp_path / "logs")
-    try:
-        yield procs
-    finally:
-        procs.close()
-
-
-@pytest.fixture
-def production(tmp_path: Path) -> Iterator[tuple[harness.Procs, str, Any]]:
-    """``(procs, database_url, redis)``: a fresh PostgreSQL database and Redis database 15;
-    the children are stopped before the database is dropped and Redis emptied."""
-    with harness.postgres_database() as url, harness.redis_database() as redis:
-        procs = harness.Procs(tmp_path / "logs")
-        try:
-            yield procs, url, redis
-        finally:
-            procs.close()
 
 
 def run_workload(base_url: str, *, seed: int) -> list[harness.Session]:
