@@ -37,6 +37,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -77,10 +78,9 @@ def open_session(engine: sa.Engine, data_dir: Path) -> str:
     return session
 
 
-def run_sync(engine: sa.Engine, data_dir: Path, batch: int, calls: int) -> float:
-    """``calls`` appends of ``batch`` messages, each flushed before the next."""
-    session = open_session(engine, data_dir)
-    bodies = [
+def append_bodies(session: str, batch: int, calls: int) -> list[dict[str, Any]]:
+    """``calls`` append bodies of ``batch`` messages each for one session."""
+    return [
         {
             "agent_id": "bench",
             "session_key": session,
@@ -88,6 +88,11 @@ def run_sync(engine: sa.Engine, data_dir: Path, batch: int, calls: int) -> float
         }
         for call in range(calls)
     ]
+
+
+def run_sync(engine: sa.Engine, data_dir: Path, batch: int, calls: int) -> float:
+    """``calls`` appends of ``batch`` messages, each flushed before the next."""
+    bodies = append_bodies(open_session(engine, data_dir), batch, calls)
     start = time.perf_counter()
     for body in bodies:
         result = journal.ingest(engine, body)
@@ -97,15 +102,7 @@ def run_sync(engine: sa.Engine, data_dir: Path, batch: int, calls: int) -> float
 
 def run_async(engine: sa.Engine, data_dir: Path, batch: int, calls: int) -> float:
     """``calls`` appends acknowledged back to back; one flusher thread follows the kicks."""
-    session = open_session(engine, data_dir)
-    bodies = [
-        {
-            "agent_id": "bench",
-            "session_key": session,
-            "messages": [message(call * batch + i) for i in range(batch)],
-        }
-        for call in range(calls)
-    ]
+    bodies = append_bodies(open_session(engine, data_dir), batch, calls)
     kicks: queue.SimpleQueue[str | None] = queue.SimpleQueue()
     failures: list[BaseException] = []
 
