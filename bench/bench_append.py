@@ -41,7 +41,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from pipeline import document, index, journal
+from pipeline import database, document, journal
 
 DEFAULT_POSTGRES = os.environ.get(
     "SGME_BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -154,8 +154,8 @@ def run_raw(directory: Path, batch: int, calls: int) -> float:
 
 @contextlib.contextmanager
 def sqlite_engine(root: Path) -> Iterator[sa.Engine]:
-    engine = index.create_engine(f"sqlite:///{root / 'index.sqlite3'}")
-    index.migrate(engine)
+    engine = database.create_engine(f"sqlite:///{root / 'index.sqlite3'}")
+    database.migrate(engine)
     try:
         yield engine
     finally:
@@ -164,7 +164,7 @@ def sqlite_engine(root: Path) -> Iterator[sa.Engine]:
 
 @contextlib.contextmanager
 def postgres_engine(admin_url: str) -> Iterator[sa.Engine]:
-    admin = sa.create_engine(index.normalize_url(admin_url), isolation_level="AUTOCOMMIT")
+    admin = sa.create_engine(database.normalize_url(admin_url), isolation_level="AUTOCOMMIT")
     name = f"sgme_bench_{uuid.uuid4().hex[:10]}"
     try:
         with admin.connect() as conn:
@@ -172,9 +172,9 @@ def postgres_engine(admin_url: str) -> Iterator[sa.Engine]:
     except sa.exc.OperationalError:
         admin.dispose()
         raise
-    engine = index.create_engine(admin_url.rsplit("/", 1)[0] + f"/{name}")
+    engine = database.create_engine(admin_url.rsplit("/", 1)[0] + f"/{name}")
     try:
-        index.migrate(engine)
+        database.migrate(engine)
         yield engine
     finally:
         engine.dispose()

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_parse
 
-from pipeline import archive, index, integrity
+from pipeline import archive, database, integrity, tables
 
 TARGET_SPEED = 0.9  #: archive.compress MB/s >= 0.9x the command line's
 TARGET_RATIO_GAP = 0.02  #: compression ratio within 2% of the command line's
@@ -39,14 +39,14 @@ def prepare(data_dir: Path, texts: list[str]) -> tuple[object, list[Path]]:
         path = folder / f"{file_id}.md"
         path.write_text(text, encoding="utf-8")
         paths.append(path)
-    engine = index.create_engine(f"sqlite:///{data_dir / 'index.sqlite3'}")
-    index.migrate(engine)
+    engine = database.create_engine(f"sqlite:///{data_dir / 'index.sqlite3'}")
+    database.migrate(engine)
     integrity.reindex(engine, data_dir)
-    with index.transaction(engine) as conn:
-        f = index.raw_files.c
+    with database.transaction(engine) as conn:
+        f = tables.raw_files.c
         conn.execute(
-            index.raw_files.update().values(
-                last_refined_seq=f.flushed_seq, status="refined", flushed_at=index.utcnow()
+            tables.raw_files.update().values(
+                last_refined_seq=f.flushed_seq, status="refined", flushed_at=tables.utcnow()
             )
         )
     return engine, paths
@@ -98,13 +98,8 @@ def run(quick: bool, level: int, workers: int) -> int:
         file_ids = archive.cold_files(engine, older_than_days=0, limit=10**6)  # type: ignore[arg-type]
         started = time.perf_counter()
         ours_bytes = 0
-        for _, outcome in archive.compress_many(
-            engine,  # type: ignore[arg-type]
-            data_dir,
-            file_ids,
-            level=level,
-            workers=workers,
-        ):
+        options = archive.Options(level=level, workers=workers)
+        for _, outcome in archive.compress_many(engine, data_dir, file_ids, options):  # type: ignore[arg-type]
             assert isinstance(outcome, archive.Outcome), outcome
             ours_bytes += outcome.bytes_after
         ours_seconds = time.perf_counter() - started

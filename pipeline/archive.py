@@ -23,10 +23,8 @@ from typing import BinaryIO
 import sqlalchemy as sa
 import zstandard
 
-from pipeline import document, errors, index, store
+from pipeline import database, document, errors, index, store, tables
 
-DEFAULT_ARCHIVE_AFTER_DAYS = 90  #: days a fully refined file must stay unchanged
-DEFAULT_LEVEL = 10  #: zstd level: most of the ratio of level 19 at a fraction of the cost
 CHUNK = 1 << 20  #: bytes per read while streaming
 ARCHIVE_STEPS = ("temp_written", "verified", "renamed", "indexed", "deleted")
 FaultHook = Callable[[str], None]
@@ -36,12 +34,26 @@ def _no_fault(step: str) -> None:
     return None
 
 
-def archive_relative_path(row: index.FileRow) -> str:
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """How cold files are archived (``archive_*`` settings; docs/operations.md)."""
+
+    after_days: float = 90.0  #: days a fully refined file must stay unchanged
+    level: int = 10  #: zstd level: most of the ratio of level 19 at a fraction of the cost
+    threads: int = 0  #: zstd worker threads per file (0: on the calling thread)
+    workers: int = 2  #: files compressed at once
+    lock_timeout: float = store.DEFAULT_LOCK_TIMEOUT  #: seconds to wait for a file's lock
+
+
+DEFAULT_OPTIONS = Options()
+
+
+def archive_relative_path(row: tables.FileRow) -> str:
     """``raw/archive/YYYY-MM/{file_id}.md.zst``, YYYY-MM of started_at."""
     return f"raw/archive/{row.started_at:%Y-%m}/{row.file_id}.md.zst"
 
 
-def live_relative_path(row: index.FileRow) -> str:
+def live_relative_path(row: tables.FileRow) -> str:
     """Where the file lives when it is not archived."""
     return store.relative_path(row.source_type, row.file_id)
 
@@ -85,7 +97,7 @@ def read_path(path: Path) -> bytes:
     return b"".join(_decompressed_chunks(path))
 
 
-def read_archived(data_dir: Path, row: index.FileRow) -> bytes:
+def read_archived(data_dir: Path, row: tables.FileRow) -> bytes:
     """The original bytes of an archived file, checked against the committed length."""
     data = b"".join(_decompressed_chunks(data_dir / row.path))
     if len(data) != row.flushed_bytes:
@@ -108,48 +120,29 @@ def _digest(chunks: Iterator[bytes]) -> tuple[str, int]:
 # choosing files
 
 
+def _cutoff(older_than_days: float) -> dt.datetime:
+    return tables.utcnow() - dt.timedelta(days=older_than_days)
+
+
 def cold_files(engine: sa.Engine, *, older_than_days: float, limit: int = 1000) -> list[str]:
     """Fully refined files with nothing pending, unchanged for ``older_than_days``."""
-    f = index.raw_files.c
-    cutoff = index.utcnow() - dt.timedelta(days=older_than_days)
-    query = (
-        sa.select(f.file_id)
-        .where(
-            f.status == "refined",
-            f.last_refined_seq == f.flushed_seq,
-            f.next_seq == f.flushed_seq + 1,
-            f.flush_pending.is_(False),
-            sa.func.coalesce(f.flushed_at, f.ended_at) <= cutoff,
-        )
-        .order_by(f.file_id)
-        .limit(limit)
-    )
-    with index.transaction(engine) as conn:
-        return [row[0] for row in conn.execute(query)]
+    with database.transaction(engine) as conn:
+        return index.cold_files(conn, cutoff=_cutoff(older_than_days), limit=limit)
 
 
 def flag_unrefined(engine: sa.Engine, *, older_than_days: float) -> list[str]:
     """Give each cold file that was never fully refined an ``unrefined_cold`` anomaly (once)."""
-    f = index.raw_files.c
-    a = index.anomalies.c
-    cutoff = index.utcnow() - dt.timedelta(days=older_than_days)
-    flagged = sa.select(a.file_id).where(a.kind == "unrefined_cold", a.file_id.is_not(None))
-    query = sa.select(f.file_id, f.last_refined_seq, f.flushed_seq, f.status).where(
-        f.status.in_(("new", "error")),
-        f.flushed_seq > f.last_refined_seq,
-        sa.func.coalesce(f.flushed_at, f.ended_at) <= cutoff,
-        f.file_id.not_in(flagged),
-    )
-    with index.transaction(engine) as conn:
-        rows = list(conn.execute(query))
-        for file_id, refined, flushed, status in rows:
+    with database.transaction(engine) as conn:
+        rows = index.cold_unrefined(conn, cutoff=_cutoff(older_than_days))
+        for row in rows:
             index.record_anomaly(
                 conn,
-                file_id,
+                row.file_id,
                 "unrefined_cold",
-                f"cold but not archived: {status}, refined up to seq {refined} of {flushed}",
+                f"cold but not archived: {row.status}, refined up to seq "
+                f"{row.last_refined_seq} of {row.flushed_seq}",
             )
-    return [row[0] for row in rows]
+    return [row.file_id for row in rows]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -159,10 +152,13 @@ def flag_unrefined(engine: sa.Engine, *, older_than_days: float) -> list[str]:
 @contextlib.contextmanager
 def _locked(
     engine: sa.Engine, data_dir: Path, file_id: str, lock_timeout: float
-) -> Iterator[index.FileRow]:
+) -> Iterator[tables.FileRow]:
     """Hold the file's locks (the ones flush takes) and yield its row as it is now."""
-    with store.lock(data_dir, file_id, timeout=lock_timeout), index.advisory_lock(engine, file_id):
-        with index.transaction(engine) as conn:
+    with (
+        store.lock(data_dir, file_id, timeout=lock_timeout),
+        database.advisory_lock(engine, file_id),
+    ):
+        with database.transaction(engine) as conn:
             row = index.get_file(conn, file_id)
         if row is None:
             raise errors.NotFound(f"no file {file_id}")
@@ -173,14 +169,12 @@ def compress(
     engine: sa.Engine,
     data_dir: Path,
     file_id: str,
+    options: Options = DEFAULT_OPTIONS,
     *,
-    level: int = DEFAULT_LEVEL,
-    threads: int = 0,
-    lock_timeout: float = 30.0,
     fault: FaultHook = _no_fault,
 ) -> Outcome | None:
     """Archive one file; None when it is no longer eligible (changed, already archived)."""
-    with _locked(engine, data_dir, file_id, lock_timeout) as row:
+    with _locked(engine, data_dir, file_id, options.lock_timeout) as row:
         if row.status == "archived":
             _finish(data_dir, row)
             return None
@@ -202,7 +196,9 @@ def compress(
         head, _ = document.chain(data)
         if head.hex() != row.chain_head:
             raise errors.FileDamaged(f"file {file_id} fails its hash chain; run sgme fsck")
-        compressor = zstandard.ZstdCompressor(level=level, write_checksum=True, threads=threads)
+        compressor = zstandard.ZstdCompressor(
+            level=options.level, write_checksum=True, threads=options.threads
+        )
         try:
             packed = compressor.compress(data)
         except zstandard.ZstdError as exc:
@@ -218,18 +214,8 @@ def compress(
         fault("verified")
         store.rename(temp, final)
         fault("renamed")
-        with index.transaction(engine) as conn:
-            f = index.raw_files.c
-            updated = index.update_file(
-                conn,
-                file_id,
-                f.status == "refined",
-                f.next_seq == row.next_seq,
-                f.flushed_seq == row.flushed_seq,
-                status="archived",
-                path=archive_relative_path(row),
-                archived_at=index.utcnow(),
-            )
+        with database.transaction(engine) as conn:
+            updated = index.mark_archived(conn, row, path=archive_relative_path(row))
         if not updated:  # an append or a re-refine came in meanwhile: keep the original
             store.remove(final)
             return None
@@ -244,24 +230,18 @@ def compress_many(
     engine: sa.Engine,
     data_dir: Path,
     file_ids: Sequence[str],
-    *,
-    level: int = DEFAULT_LEVEL,
-    threads: int = 0,
-    workers: int = 2,
-    lock_timeout: float = 30.0,
+    options: Options = DEFAULT_OPTIONS,
 ) -> Iterator[tuple[str, Outcome | errors.SgmeError | None]]:
     """:func:`compress` over many files, ``workers`` at a time (zstd and fsync release the
     GIL, so files overlap); yields each file's outcome, or the error that stopped it."""
 
     def one(file_id: str) -> Outcome | errors.SgmeError | None:
         try:
-            return compress(
-                engine, data_dir, file_id, level=level, threads=threads, lock_timeout=lock_timeout
-            )
+            return compress(engine, data_dir, file_id, options)
         except errors.SgmeError as exc:
             return exc
 
-    with concurrent.futures.ThreadPoolExecutor(max(1, workers)) as pool:
+    with concurrent.futures.ThreadPoolExecutor(max(1, options.workers)) as pool:
         yield from zip(file_ids, pool.map(one, file_ids), strict=True)
 
 
@@ -285,36 +265,27 @@ class Report:
 def archive_cold(
     engine: sa.Engine,
     data_dir: Path,
+    options: Options = DEFAULT_OPTIONS,
     *,
-    older_than_days: float,
-    level: int = DEFAULT_LEVEL,
-    threads: int = 0,
-    workers: int = 2,
-    lock_timeout: float = 30.0,
+    older_than_days: float | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> Report:
-    """The daily job: finish interrupted runs, flag cold unrefined files, archive cold ones.
+    """The daily job: finish interrupted runs, flag cold unrefined files, archive cold ones
+    (unchanged for ``older_than_days``, by default ``options.after_days``).
 
     Idempotent, and safe when two run at once: each file is archived under its lock and the
     index update is fenced. A file that fails gets an ``archive_failed`` anomaly.
     """
+    days = options.after_days if older_than_days is None else older_than_days
     report = Report(
-        cleaned_up=finish_interrupted(engine, data_dir, lock_timeout=lock_timeout),
-        unrefined_flagged=len(flag_unrefined(engine, older_than_days=older_than_days)),
+        cleaned_up=finish_interrupted(engine, data_dir, lock_timeout=options.lock_timeout),
+        unrefined_flagged=len(flag_unrefined(engine, older_than_days=days)),
     )
-    cold = cold_files(engine, older_than_days=older_than_days, limit=1_000_000)
-    for file_id, outcome in compress_many(
-        engine,
-        data_dir,
-        cold,
-        level=level,
-        threads=threads,
-        workers=workers,
-        lock_timeout=lock_timeout,
-    ):
+    cold = cold_files(engine, older_than_days=days, limit=1_000_000)
+    for file_id, outcome in compress_many(engine, data_dir, cold, options):
         if isinstance(outcome, errors.SgmeError):
             report.failed.append((file_id, outcome.detail))
-            with index.transaction(engine) as conn:
+            with database.transaction(engine) as conn:
                 index.record_anomaly(conn, file_id, "archive_failed", outcome.detail)
         elif outcome is not None:
             report.files += 1
@@ -325,7 +296,7 @@ def archive_cold(
     return report
 
 
-def _finish(data_dir: Path, row: index.FileRow) -> None:
+def _finish(data_dir: Path, row: tables.FileRow) -> None:
     """An archived row whose original survived a crash: delete it once the archive verifies."""
     original = data_dir / live_relative_path(row)
     if not store.exists(original):
@@ -337,7 +308,9 @@ def _finish(data_dir: Path, row: index.FileRow) -> None:
         store.remove(original)
 
 
-def finish_interrupted(engine: sa.Engine, data_dir: Path, *, lock_timeout: float = 30.0) -> int:
+def finish_interrupted(
+    engine: sa.Engine, data_dir: Path, *, lock_timeout: float = store.DEFAULT_LOCK_TIMEOUT
+) -> int:
     """Clean up after crashes: delete originals of archived rows (verified first). Returns how
     many were removed."""
     removed = 0
@@ -348,15 +321,8 @@ def finish_interrupted(engine: sa.Engine, data_dir: Path, *, lock_timeout: float
         names = [p.stem for p in folder.glob("*.md")]
         for start in range(0, len(names), 500):
             batch = names[start : start + 500]
-            with index.transaction(engine) as conn:
-                archived = list(
-                    conn.execute(
-                        sa.select(index.raw_files.c.file_id).where(
-                            index.raw_files.c.file_id.in_(batch),
-                            index.raw_files.c.status == "archived",
-                        )
-                    ).scalars()
-                )
+            with database.transaction(engine) as conn:
+                archived = index.archived_among(conn, batch)
             for file_id in archived:
                 with _locked(engine, data_dir, file_id, lock_timeout) as row:
                     if row.status == "archived":
@@ -369,7 +335,13 @@ def finish_interrupted(engine: sa.Engine, data_dir: Path, *, lock_timeout: float
 # restore
 
 
-def restore(engine: sa.Engine, data_dir: Path, file_id: str, *, lock_timeout: float = 30.0) -> bool:
+def restore(
+    engine: sa.Engine,
+    data_dir: Path,
+    file_id: str,
+    *,
+    lock_timeout: float = store.DEFAULT_LOCK_TIMEOUT,
+) -> bool:
     """Move an archived file back to its live place; False if it was not archived."""
     with _locked(engine, data_dir, file_id, lock_timeout) as row:
         if row.status != "archived":
@@ -378,7 +350,7 @@ def restore(engine: sa.Engine, data_dir: Path, file_id: str, *, lock_timeout: fl
         return True
 
 
-def restore_locked(engine: sa.Engine, data_dir: Path, row: index.FileRow) -> index.FileRow:
+def restore_locked(engine: sa.Engine, data_dir: Path, row: tables.FileRow) -> tables.FileRow:
     """:func:`restore` for a caller that holds the file's lock; returns the updated row."""
     data = read_archived(data_dir, row)
     head, count = document.chain(data)
@@ -398,17 +370,8 @@ def restore_locked(engine: sa.Engine, data_dir: Path, row: index.FileRow) -> ind
         with store.exclusive_writer(temp) as handle:
             handle.write(data)
         store.rename(temp, live)
-    f = index.raw_files.c
-    with index.transaction(engine) as conn:
-        index.update_file(
-            conn,
-            row.file_id,
-            f.status == "archived",
-            status=sa.case((f.last_refined_seq < f.flushed_seq, "new"), else_="refined"),
-            path=live_relative_path(row),
-            archived_at=None,
-        )
-        restored = index.get_file(conn, row.file_id)
+    with database.transaction(engine) as conn:
+        restored = index.mark_restored(conn, row.file_id, path=live_relative_path(row))
     assert restored is not None
     store.remove(data_dir / row.path)
     return restored

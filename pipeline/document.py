@@ -28,12 +28,10 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import itertools
-import json
-import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, AnyStr
 
 import yaml
 
@@ -62,27 +60,10 @@ _UNESCAPE_FIRST = re.compile(r"\\(?=\\*#{1,2} .* (?:user|assistant|tool|system)$
 _UNESCAPE = re.compile(r"\n\\(?=\\*#{1,2} .* (?:user|assistant|tool|system)$)", re.MULTILINE)
 _TOOL_LINE = re.compile(r"\*\*tool\*\*: (.*)")
 _BREAKS = re.compile(r"(?:\r?\n)*")
-_AGENT_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
-_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
 _TS = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,6})?Z")
 #: characters a YAML double-quoted scalar must escape (quotes, breaks, non-printables)
 _YAML_ESCAPE = re.compile('[\\\\"\x00-\x1f\x7f-\x9f\u2028\u2029\ufeff\ufffe\uffff]')
 _YAML_NAMED = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t", "\r": "\\r"}
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Input limits (DESIGN §2.10); every one is refused with a clear error."""
-
-    max_session_key: int = 512
-    max_metadata_bytes: int = 8 * 1024
-    max_message_bytes: int = 8 * 1024 * 1024
-    max_append_messages: int = 1000
-    max_append_bytes: int = 32 * 1024 * 1024
-
-
-DEFAULT_LIMITS = Limits()
 
 
 @dataclass(frozen=True)
@@ -107,6 +88,17 @@ class Message:
     ts: str
     tool_name: str | None = None
     seq: int = 0
+
+    def to_json(self, file_id: str) -> dict[str, Any]:
+        """The message as the API, the CLI and the webhook refiner show it."""
+        return {
+            "seq": self.seq,
+            "ts": self.ts,
+            "role": self.role,
+            "content": self.content,
+            "tool_name": self.tool_name,
+            "source_ref": f"{file_id}:{self.seq}",
+        }
 
 
 def _message(role: str, content: str, ts: str, tool_name: str | None, seq: int) -> Message:
@@ -138,77 +130,7 @@ class Document:
 
 
 # ---------------------------------------------------------------------------------------------
-# validation of what clients send
-
-
-def check_text(value: str, what: str) -> bytes:
-    """Return ``value`` as UTF-8, refusing NUL and lone surrogates."""
-    if "\x00" in value:
-        raise errors.InvalidInput(f"{what} contains a NUL character")
-    try:
-        return value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise errors.InvalidInput(
-            f"{what} contains a lone surrogate at index {exc.start}"
-        ) from None
-
-
-def check_session_key(value: object, limits: Limits = DEFAULT_LIMITS) -> str:
-    """A session_key: 1..512 characters, no control characters."""
-    if not isinstance(value, str):
-        raise errors.InvalidInput(f"session_key must be a string, not {type(value).__name__}")
-    if not 1 <= len(value) <= limits.max_session_key:
-        raise errors.InvalidInput(
-            f"session_key must be 1..{limits.max_session_key} characters, got {len(value)}"
-        )
-    bad = _CONTROL.search(value)
-    if bad:
-        raise errors.InvalidInput(
-            f"session_key contains control character {bad.group()!r} at index {bad.start()}"
-        )
-    check_text(value, "session_key")
-    return value
-
-
-def check_agent_id(value: object) -> str:
-    """An agent_id: ``[A-Za-z0-9_.-]{1,64}``."""
-    if not isinstance(value, str) or not _AGENT_ID.fullmatch(value):
-        raise errors.InvalidInput(f"agent_id must match [A-Za-z0-9_.-]{{1,64}}, got {value!r}")
-    return value
-
-
-def check_source_type(value: object, allowed: Iterable[str] = SOURCE_TYPES) -> str:
-    """One of the source types in ``allowed``."""
-    allowed = tuple(allowed)
-    if value not in allowed:
-        raise errors.InvalidInput(f"source_type must be one of {', '.join(allowed)}; got {value!r}")
-    assert isinstance(value, str)
-    return value
-
-
-def check_file_id(value: object) -> str:
-    """A lowercase UUID4 as made by the server."""
-    if not isinstance(value, str) or not _UUID.fullmatch(value):
-        raise errors.InvalidInput(f"not a file_id (a UUID4): {value!r}")
-    return value
-
-
-def check_metadata(value: object, limits: Limits = DEFAULT_LIMITS) -> dict[str, Any]:
-    """A JSON object of at most ``max_metadata_bytes`` once encoded."""
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise errors.InvalidInput(f"metadata must be a JSON object, not {type(value).__name__}")
-    try:
-        encoded = json.dumps(value, ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise errors.InvalidInput(f"metadata is not plain JSON: {exc}") from None
-    size = len(check_text(encoded, "metadata"))
-    if size > limits.max_metadata_bytes:
-        raise errors.InvalidInput(
-            f"metadata is {size} bytes encoded; the limit is {limits.max_metadata_bytes}"
-        )
-    return value
+# timestamps
 
 
 def format_ts(when: dt.datetime) -> str:
@@ -227,83 +149,6 @@ def format_ts(when: dt.datetime) -> str:
 def parse_ts(text: str) -> dt.datetime:
     """The aware UTC datetime of a timestamp this module wrote."""
     return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-
-
-def normalize_ts(value: object, *, default: dt.datetime | None = None) -> str:
-    """Any accepted timestamp as the file's form; ``None`` becomes ``default`` (receive time).
-
-    Accepted: ISO 8601 with ``Z`` or an offset (converted to UTC), ISO 8601 without an offset
-    (taken as UTC), or Unix seconds as a number.
-    """
-    if value is None:
-        return format_ts(default or dt.datetime.now(dt.UTC))
-    if isinstance(value, bool):
-        raise errors.InvalidInput(f"bad timestamp {value!r}")
-    if isinstance(value, int | float):
-        if not math.isfinite(value):
-            raise errors.InvalidInput(f"bad timestamp {value!r}")
-        try:
-            return format_ts(dt.datetime.fromtimestamp(value, dt.UTC))
-        except (OverflowError, OSError, ValueError):
-            raise errors.InvalidInput(f"timestamp out of range: {value!r}") from None
-    if not isinstance(value, str):
-        raise errors.InvalidInput(f"bad timestamp {value!r}")
-    text = value.strip()
-    if text.endswith(("Z", "z")):
-        text = text[:-1] + "+00:00"
-    try:
-        when = dt.datetime.fromisoformat(text)
-    except ValueError:
-        raise errors.InvalidInput(f"bad timestamp {value!r}: expected ISO 8601") from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=dt.UTC)
-    try:
-        return format_ts(when.astimezone(dt.UTC))
-    except (OverflowError, ValueError):
-        raise errors.InvalidInput(f"timestamp out of range: {value!r}") from None
-
-
-def make_message(
-    raw: object,
-    *,
-    index: int = 0,
-    received_at: dt.datetime | None = None,
-    limits: Limits = DEFAULT_LIMITS,
-) -> Message:
-    """Validate one client message ``{"role", "content", "ts"?, "tool_name"?}``."""
-    where = f"messages[{index}]"
-    if not isinstance(raw, Mapping):
-        raise errors.InvalidInput(f"{where} must be an object")
-    unknown = set(raw) - {"role", "content", "ts", "tool_name"}
-    if unknown:
-        raise errors.InvalidInput(f"{where} has unknown fields: {', '.join(sorted(unknown))}")
-    role = raw.get("role")
-    if role not in ROLES:
-        raise errors.InvalidInput(f"{where}.role must be one of {', '.join(ROLES)}; got {role!r}")
-    content = raw.get("content")
-    if not isinstance(content, str):
-        raise errors.InvalidInput(f"{where}.content must be a string")
-    size = len(check_text(content, f"{where}.content"))
-    if size > limits.max_message_bytes:
-        raise errors.InvalidInput(
-            f"{where}.content is {size} bytes; the limit is {limits.max_message_bytes}"
-        )
-    tool_name = raw.get("tool_name")
-    if role == "tool":
-        if not isinstance(tool_name, str) or not tool_name.strip():
-            raise errors.InvalidInput(f"{where}: a tool message needs a non-empty tool_name")
-        if _CONTROL.search(tool_name) or len(tool_name) > 200:
-            raise errors.InvalidInput(
-                f"{where}.tool_name must be one line of at most 200 characters"
-            )
-        check_text(tool_name, f"{where}.tool_name")
-    elif tool_name is not None:
-        raise errors.InvalidInput(f"{where}: tool_name is only allowed on role 'tool'")
-    try:
-        ts = normalize_ts(raw.get("ts"), default=received_at)
-    except errors.InvalidInput as exc:
-        raise errors.InvalidInput(f"{where}.ts: {exc.detail}") from None
-    return Message(role=role, content=content, ts=ts, tool_name=tool_name)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -459,22 +304,36 @@ _FAST_FRONTMATTER = re.compile(
 _FAST_META_ITEM = re.compile(rf'  "({_FAST_CHARS})": "({_FAST_CHARS})"\n')
 
 
+def _frontmatter_end(text: AnyStr, marks: tuple[AnyStr, AnyStr, AnyStr]) -> tuple[int, int]:
+    """``(yaml_end, body_start)``: where the frontmatter's YAML ends and the first byte after
+    its closing ``---`` line. One rule for text (:func:`parse`) and bytes (:func:`chain`):
+    the closing line is the first line that is exactly ``---``, ended by ``\n`` or by the end
+    of the file."""
+    opening, closing, last = marks
+    if not text.startswith(opening):
+        line = text.split(opening[-1:], 1)[0][:40]
+        first = line.decode("utf-8", "replace") if isinstance(line, bytes) else line
+        raise errors.FormatError(f"line 1: expected '---' to open the frontmatter, got {first!r}")
+    if text.startswith(opening, 4):
+        return 4, 8
+    if text == opening[:3] + last:  # "---\n---" and nothing else
+        return 4, len(text)
+    end = text.find(closing, 3)
+    if end >= 0:
+        return end + 1, end + 5
+    if text.endswith(last):
+        return len(text) - 3, len(text)
+    raise errors.FormatError("line 1: unterminated frontmatter (no closing '---' line)")
+
+
+_TEXT_MARKS = ("---\n", "\n---\n", "\n---")
+_BYTE_MARKS = (b"---\n", b"\n---\n", b"\n---")
+
+
 def split_frontmatter(text: str) -> tuple[str, int]:
     """The YAML between the ``---`` lines and the offset just past the closing ``---`` line."""
-    if not text.startswith("---\n"):
-        first = text.split("\n", 1)[0]
-        raise errors.FormatError(
-            f"line 1: expected '---' to open the frontmatter, got {first[:40]!r}"
-        )
-    if text.startswith("---\n", 4):
-        return "", 8
-    end = text.find("\n---\n", 3)
-    if end < 0:
-        if text.endswith("\n---"):
-            end = len(text) - 4
-        else:
-            raise errors.FormatError("line 1: unterminated frontmatter (no closing '---' line)")
-    return text[4 : end + 1], min(end + 5, len(text))
+    yaml_end, body = _frontmatter_end(text, _TEXT_MARKS)
+    return text[4:yaml_end], body
 
 
 def _header_from_mapping(data: object) -> Header:
@@ -629,15 +488,7 @@ def block_offsets(data: bytes) -> tuple[int, list[int]]:
 
     A file without any heading has one block: everything after the frontmatter.
     """
-    if not data.startswith(b"---\n"):
-        raise errors.FormatError("line 1: expected '---' to open the frontmatter")
-    if data.startswith(b"---\n", 4):
-        body = 8
-    else:
-        end = data.find(b"\n---\n", 3)
-        if end < 0:
-            raise errors.FormatError("line 1: unterminated frontmatter (no closing '---' line)")
-        body = end + 5
+    _, body = _frontmatter_end(data, _BYTE_MARKS)
     return body, _block_starts(data, body) or [body]
 
 

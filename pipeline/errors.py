@@ -1,15 +1,24 @@
 """Every error SGME L0 raises, grouped by what the caller should do about it.
 
-    SgmeError
-     ├── PermanentError            4xx, never retried
-     │    ├── InvalidInput          422  bad request body or argument
-     │    │    └── FormatError      422  text that is not valid L0 format
-     │    ├── NotFound              404
-     │    ├── Conflict              409  e.g. idempotency key reused with another body
-     │    └── FileDamaged           409  a raw file no longer matches its index (see fsck)
-     └── TransientError            503, retried by tasks with backoff
-          ├── LockTimeout               a per-file lock was not acquired in time
-          └── IndexUnavailable          the database could not be reached or was busy
+    SgmeError                        status  problem type (urn:sgme:problem:<type>)
+     ├── PermanentError              4xx     never retried: fix the request
+     │    ├── InvalidInput           422     invalid-input      bad body, parameter or setting
+     │    │    └── FormatError       422     format-error       text that is not the L0 format
+     │    ├── NotFound               404     not-found          no such file, message or token
+     │    ├── Conflict               409     conflict           contradicts what is recorded
+     │    │    └── ConstraintViolation 409   conflict           a unique/foreign key refused it
+     │    └── FileDamaged            409     file-damaged       a file differs from its index
+     ├── TransientError              503     unavailable        retried by tasks with backoff
+     │    ├── LockTimeout            503     lock-timeout       a per-file lock was not acquired
+     │    ├── IndexUnavailable       503     index-unavailable  the database is unreachable/busy
+     │    ├── StorageUnavailable     503     storage-unavailable the data directory failed us
+     │    └── RefinerError           503     refiner-error      the refiner failed (LLM, webhook)
+     ├── Misconfigured               500     misconfigured      settings or schema need an operator
+     └── InternalError               500     internal           a bug: logged once, never retried
+
+The API answers every one as an RFC 9457 problem document whose ``type`` is
+``urn:sgme:problem:<type>`` (:func:`problem_type`); FastAPI's own refusals use ``http-error``
+and a request that matches no route ``not-found``.
 
 Foreign exceptions (``OSError``, ``sqlalchemy.exc``, ``zstandard.ZstdError``) are mapped to one
 of these where they cross into ``pipeline``'s public functions, so callers catch only these.
@@ -19,11 +28,18 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+PROBLEM_PREFIX = "urn:sgme:problem:"
+
+
+def problem_type(kind: str) -> str:
+    """The problem+json ``type`` URN of an error kind."""
+    return PROBLEM_PREFIX + kind
+
 
 class SgmeError(Exception):
     """Base class of every error SGME L0 raises on purpose."""
 
-    #: stable problem type (RFC 9457 ``type`` is ``https://sgme.dev/problems/<type>``)
+    #: stable problem kind; the API's ``type`` is :func:`problem_type` of it
     type: ClassVar[str] = "internal"
     #: HTTP status the API answers with
     status: ClassVar[int] = 500
@@ -69,6 +85,10 @@ class Conflict(PermanentError):
     status = 409
 
 
+class ConstraintViolation(Conflict):
+    """A unique or foreign key constraint refused a write (often a concurrent writer won)."""
+
+
 class FileDamaged(PermanentError):
     """A raw file differs from what the index committed; ``sgme fsck`` tells how."""
 
@@ -100,3 +120,23 @@ class StorageUnavailable(TransientError):
     """The data directory could not be read or written."""
 
     type = "storage-unavailable"
+
+
+class RefinerError(TransientError):
+    """A refiner failed (bad answer, timeout, unreachable service); the job is retried."""
+
+    type = "refiner-error"
+
+
+class Misconfigured(SgmeError):
+    """The deployment needs an operator: the index schema is behind, a setting is unusable."""
+
+    type = "misconfigured"
+    status = 500
+
+
+class InternalError(SgmeError):
+    """A bug (a malformed statement, a broken invariant): answered 500, never retried."""
+
+    type = "internal"
+    status = 500

@@ -1,434 +1,198 @@
-"""The index: SQLAlchemy Core tables and small functions that take a Connection.
+"""The index: every rule about ``raw_files``, the journal, idempotency keys and anomalies, as
+named functions that take a Connection (the schema is :mod:`pipeline.tables`).
 
-No file access here. The same code runs on SQLite (embedded: WAL, busy_timeout, and
-``BEGIN IMMEDIATE`` so concurrent writers queue instead of failing) and on PostgreSQL
-(psycopg 3). All times are naive UTC datetimes.
+No file access here, and no engines or transactions (:mod:`pipeline.database`). The rules that
+keep the protocols safe live here and nowhere else: the flush fence (``flushed_seq = :old``),
+the refinement claim and its epoch/lease fence (DESIGN §4), the archive fence (DESIGN §5).
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import datetime as dt
 import json
-import os
-import threading
-from collections.abc import Iterator, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy import exc as sa_exc
-from sqlalchemy.dialects import postgresql, sqlite
 
-from pipeline import errors
-
-STATUSES = ("pending", "new", "refined", "error", "archived")
-
-metadata = sa.MetaData()
-_BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
-
-raw_files = sa.Table(
-    "raw_files",
-    metadata,
-    sa.Column("file_id", sa.String(36), primary_key=True),
-    sa.Column("path", sa.Text, nullable=False),
-    sa.Column("source_type", sa.String(16), nullable=False),
-    sa.Column("agent_id", sa.String(64), nullable=False),
-    sa.Column("session_key", sa.Text, nullable=False),
-    sa.Column("metadata_json", sa.Text, nullable=False, server_default="{}"),
-    sa.Column("started_at", sa.DateTime, nullable=False),
-    sa.Column("ended_at", sa.DateTime),
-    # pending (acknowledged, not yet on disk) | new | refined | error | archived
-    sa.Column("status", sa.String(16), nullable=False),
-    sa.Column("next_seq", sa.Integer, nullable=False, server_default="1"),
-    sa.Column("flushed_seq", sa.Integer, nullable=False, server_default="0"),
-    sa.Column("flushed_bytes", sa.BigInteger, nullable=False, server_default="0"),
-    sa.Column("chain_head", sa.String(64)),
-    sa.Column("flush_pending", sa.Boolean, nullable=False, server_default=sa.false()),
-    sa.Column("flushed_at", sa.DateTime),
-    sa.Column("last_refined_seq", sa.Integer, nullable=False, server_default="0"),
-    sa.Column("refined_at", sa.DateTime),
-    sa.Column("refine_epoch", sa.Integer, nullable=False, server_default="0"),
-    sa.Column("refine_lease_until", sa.DateTime),
-    sa.Column("archived_at", sa.DateTime),
-    sa.Column("created_at", sa.DateTime, nullable=False),
-    sa.Column("updated_at", sa.DateTime, nullable=False),
-    sa.UniqueConstraint("agent_id", "source_type", "session_key", name="uq_raw_files_session"),
-)
-sa.Index("ix_raw_files_status", raw_files.c.status)
-sa.Index("ix_raw_files_agent", raw_files.c.agent_id, raw_files.c.file_id)
-
-append_journal = sa.Table(
-    "append_journal",
-    metadata,
-    sa.Column("id", _BigId, primary_key=True, autoincrement=True),
-    sa.Column("file_id", sa.String(36), sa.ForeignKey("raw_files.file_id"), nullable=False),
-    sa.Column("first_seq", sa.Integer, nullable=False),
-    sa.Column("last_seq", sa.Integer, nullable=False),
-    sa.Column("last_ts", sa.String(40), nullable=False),
-    sa.Column("data", sa.Text, nullable=False),
-    sa.Column("created_at", sa.DateTime, nullable=False),
-    sa.UniqueConstraint("file_id", "first_seq", name="uq_append_journal_seq"),
-)
-sa.Index("ix_append_journal_created", append_journal.c.created_at)
-
-append_keys = sa.Table(
-    "append_keys",
-    metadata,
-    sa.Column("agent_id", sa.String(64), primary_key=True),
-    sa.Column("idempotency_key", sa.String(200), primary_key=True),
-    sa.Column("request_hash", sa.String(64), nullable=False),
-    sa.Column("response_json", sa.Text, nullable=False),
-    sa.Column("created_at", sa.DateTime, nullable=False),
-)
-
-anomalies = sa.Table(
-    "anomalies",
-    metadata,
-    sa.Column("id", _BigId, primary_key=True, autoincrement=True),
-    sa.Column("file_id", sa.String(36)),
-    sa.Column("kind", sa.String(40), nullable=False),
-    sa.Column("detail", sa.Text, nullable=False),
-    sa.Column("created_at", sa.DateTime, nullable=False),
-)
-sa.Index("ix_anomalies_file", anomalies.c.file_id)
-sa.Index("ix_anomalies_kind", anomalies.c.kind)
-
-l1_items = sa.Table(
-    "l1_items",
-    metadata,
-    sa.Column("id", _BigId, primary_key=True, autoincrement=True),
-    sa.Column("file_id", sa.String(36), sa.ForeignKey("raw_files.file_id"), nullable=False),
-    sa.Column("agent_id", sa.String(64), nullable=False),
-    sa.Column("kind", sa.String(40), nullable=False),
-    sa.Column("content", sa.Text, nullable=False),
-    sa.Column("source_refs", sa.Text, nullable=False),  # JSON list of "file_id:seq"
-    sa.Column("refiner", sa.String(64), nullable=False),
-    sa.Column("segment_lo", sa.Integer, nullable=False),  # the segment is lo < seq <= hi
-    sa.Column("segment_hi", sa.Integer, nullable=False),
-    # sha256 of (kind, content, source_refs): a retried or duplicated job stores nothing twice
-    sa.Column("item_hash", sa.String(64), nullable=False),
-    sa.Column("created_at", sa.DateTime, nullable=False),
-    sa.UniqueConstraint("file_id", "item_hash", name="uq_l1_items_hash"),
-)
-sa.Index("ix_l1_items_agent", l1_items.c.agent_id, l1_items.c.id)
+from pipeline import database, tables
 
 
-def utcnow() -> dt.datetime:
-    """Now, as the naive UTC datetime the index stores."""
-    return dt.datetime.now(dt.UTC).replace(tzinfo=None)
-
-
-@dataclasses.dataclass(frozen=True)
-class FileRow:
-    """One row of ``raw_files``."""
-
-    file_id: str
-    path: str
-    source_type: str
-    agent_id: str
-    session_key: str
-    metadata_json: str
-    started_at: dt.datetime
-    ended_at: dt.datetime | None
-    status: str
-    next_seq: int
-    flushed_seq: int
-    flushed_bytes: int
-    chain_head: str | None
-    flush_pending: bool
-    flushed_at: dt.datetime | None
-    last_refined_seq: int
-    refined_at: dt.datetime | None
-    refine_epoch: int
-    refine_lease_until: dt.datetime | None
-    archived_at: dt.datetime | None
-    created_at: dt.datetime
-    updated_at: dt.datetime
-
-    @classmethod
-    def from_row(cls, row: sa.Row[Any]) -> FileRow:
-        """Build from a ``raw_files`` result row."""
-        return cls(**row._asdict())
-
-    @property
-    def metadata(self) -> dict[str, Any]:
-        """The metadata the creating append sent."""
-        value = json.loads(self.metadata_json)
-        assert isinstance(value, dict)
-        return value
-
-    def to_json(self) -> dict[str, Any]:
-        """The row as the API shows it."""
-        data = dataclasses.asdict(self)
-        data.pop("metadata_json")
-        data["metadata"] = self.metadata
-        data["message_count"] = self.flushed_seq
-        data["pending_messages"] = self.next_seq - 1 - self.flushed_seq
-        for key, value in data.items():
-            if isinstance(value, dt.datetime):
-                data[key] = value.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-        return data
-
-
-@dataclasses.dataclass(frozen=True)
-class JournalRow:
-    """One acknowledged append not yet in its file."""
-
-    id: int
-    file_id: str
-    first_seq: int
-    last_seq: int
-    last_ts: str
-    data: str
-    created_at: dt.datetime
-
-    @classmethod
-    def from_row(cls, row: sa.Row[Any]) -> JournalRow:
-        """Build from an ``append_journal`` result row."""
-        return cls(**row._asdict())
+def _bind(name: str) -> Any:
+    """A bind parameter typed like the ``raw_files`` column it sets."""
+    return sa.bindparam(f"set_{name}", type_=tables.raw_files.c[name].type)
 
 
 # ---------------------------------------------------------------------------------------------
-# engines and transactions
-
-
-def normalize_url(url: str) -> str:
-    """Use psycopg 3 for plain ``postgresql://`` URLs."""
-    if url.startswith("postgresql://") or url.startswith("postgres://"):
-        return "postgresql+psycopg://" + url.split("://", 1)[1]
-    return url
-
-
-def create_engine(url: str, *, busy_timeout: float = 30.0) -> sa.Engine:
-    """An engine for ``url``; SQLite gets WAL, a busy timeout and ``BEGIN IMMEDIATE``."""
-    url = normalize_url(url)
-    if not url.startswith("sqlite"):
-        return sa.create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
-    if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
-        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    engine = sa.create_engine(
-        url, connect_args={"timeout": busy_timeout, "check_same_thread": False}
-    )
-    _sqlite_locks.setdefault(str(engine.url.database), (threading.RLock(), busy_timeout))
-
-    @sa.event.listens_for(engine, "connect")
-    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
-        # Take transaction control from the driver so BEGIN IMMEDIATE can be issued below.
-        dbapi_connection.isolation_level = None
-        cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
-        cursor.execute("PRAGMA synchronous=NORMAL")
-        cursor.execute("PRAGMA foreign_keys=ON")
-        cursor.close()
-
-    @sa.event.listens_for(engine, "begin")
-    def _on_begin(conn: sa.Connection) -> None:
-        # A deferred transaction that reads and then writes fails with SQLITE_BUSY when another
-        # writer committed in between; taking the write lock up front makes writers queue.
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
-
-    return engine
-
-
-def is_postgres(conn_or_engine: sa.Connection | sa.Engine) -> bool:
-    """True on PostgreSQL."""
-    return conn_or_engine.dialect.name == "postgresql"
-
-
-class ConstraintViolation(errors.Conflict):
-    """A unique or foreign key constraint refused a write (often a concurrent writer won)."""
-
-
-def _map_db_error(exc: sa_exc.SQLAlchemyError) -> errors.SgmeError:
-    if isinstance(exc, sa_exc.IntegrityError):
-        return ConstraintViolation(f"index constraint violated: {exc.orig}")
-    return errors.IndexUnavailable(f"index database error: {getattr(exc, 'orig', exc)}")
-
-
-#: Per SQLite database file: an in-process lock taken before ``BEGIN IMMEDIATE``, and the busy
-#: timeout. SQLite's busy handler makes a connection that finds the write lock taken sleep in
-#: steps of up to 100 ms, and nothing wakes it when the lock is freed; with the API's and the
-#: embedded worker's threads contending, appends spent most of their time asleep
-#: (bench/bench_http.py, embedded, p99 acknowledgement at half the maximum rate: 0.36–1.06 s
-#: without this lock, 0.07–0.10 s with it). Threads of one process queue on this lock instead
-#: and the next one runs as soon as it is free; other processes still meet the busy timeout.
-_sqlite_locks: dict[str, tuple[threading.RLock, float]] = {}
-
-
-def _reset_sqlite_locks() -> None:
-    # A child forked while another thread held a lock must not inherit it held.
-    for database, (_, timeout) in list(_sqlite_locks.items()):
-        _sqlite_locks[database] = (threading.RLock(), timeout)
-
-
-os.register_at_fork(after_in_child=_reset_sqlite_locks)
-
-
-@contextlib.contextmanager
-def transaction(engine: sa.Engine) -> Iterator[sa.Connection]:
-    """One transaction; database errors come out as :mod:`pipeline.errors`."""
-    found = _sqlite_locks.get(str(engine.url.database)) if engine.dialect.name == "sqlite" else None
-    if found is not None and not found[0].acquire(timeout=found[1]):
-        raise errors.IndexUnavailable(f"index database stayed locked for {found[1]:.0f} s")
-    try:
-        with engine.begin() as conn:
-            yield conn
-    except sa_exc.SQLAlchemyError as exc:
-        raise _map_db_error(exc) from exc
-    finally:
-        if found is not None:
-            found[0].release()
-
-
-@contextlib.contextmanager
-def advisory_lock(engine: sa.Engine, key: str) -> Iterator[None]:
-    """On PostgreSQL, a session advisory lock on ``key`` (hosts sharing a networked volume
-    cannot rely on flock); elsewhere nothing."""
-    if not is_postgres(engine):
-        yield
-        return
-    try:
-        conn = engine.connect()
-        conn.execute(sa.text("SELECT pg_advisory_lock(hashtext(:k))"), {"k": key})
-        conn.commit()
-    except sa_exc.SQLAlchemyError as exc:
-        raise _map_db_error(exc) from exc
-    try:
-        yield
-    finally:
-        try:
-            conn.execute(sa.text("SELECT pg_advisory_unlock(hashtext(:k))"), {"k": key})
-            conn.commit()
-        except sa_exc.SQLAlchemyError:
-            conn.invalidate()  # closing the session releases the lock anyway
-        conn.close()
-
-
-def migrate(engine: sa.Engine) -> None:
-    """Bring the schema to the newest Alembic revision."""
-    from alembic import command
-    from alembic.config import Config
-
-    config = Config()
-    config.set_main_option("script_location", "pipeline:migrations")
-    try:
-        with engine.begin() as conn:
-            config.attributes["connection"] = conn
-            command.upgrade(config, "head")
-    except sa_exc.SQLAlchemyError as exc:
-        raise _map_db_error(exc) from exc
-
-
-# ---------------------------------------------------------------------------------------------
-# raw_files
-
-
-def _insert(conn: sa.Connection, table: sa.Table) -> Any:
-    return (postgresql.insert if is_postgres(conn) else sqlite.insert)(table)
-
+# raw_files: lookups and listings
 
 # The statements on the append path are built once: building a SQLAlchemy statement costs
 # several times more than executing a cached one (bench/bench_append.py).
-_GET_FILE = sa.select(raw_files).where(raw_files.c.file_id == sa.bindparam("file_id"))
+_GET_FILE = sa.select(tables.raw_files).where(tables.raw_files.c.file_id == sa.bindparam("file_id"))
 _GET_FILE_FOR_UPDATE = _GET_FILE.with_for_update()
-_FIND_FILE = sa.select(raw_files).where(
-    raw_files.c.agent_id == sa.bindparam("agent_id"),
-    raw_files.c.source_type == sa.bindparam("source_type"),
-    raw_files.c.session_key == sa.bindparam("session_key"),
+_FIND_FILE = sa.select(tables.raw_files).where(
+    tables.raw_files.c.agent_id == sa.bindparam("agent_id"),
+    tables.raw_files.c.source_type == sa.bindparam("source_type"),
+    tables.raw_files.c.session_key == sa.bindparam("session_key"),
 )
 _FIND_FILE_FOR_UPDATE = _FIND_FILE.with_for_update()
-_UPDATE_FILE: dict[tuple[str, ...], sa.Update] = {}  #: update_file's statements by column set
+_UPDATE_FILE: dict[tuple[str, ...], sa.Update] = {}  #: _update's statements by column set
 
 
-def get_file(conn: sa.Connection, file_id: str, *, for_update: bool = False) -> FileRow | None:
+def get_file(
+    conn: sa.Connection, file_id: str, *, for_update: bool = False
+) -> tables.FileRow | None:
     """The row of ``file_id``, or None."""
     query = _GET_FILE_FOR_UPDATE if for_update else _GET_FILE
     row = conn.execute(query, {"file_id": file_id}).first()
-    return FileRow.from_row(row) if row else None
+    return tables.FileRow.from_row(row) if row else None
 
 
 def find_file(
     conn: sa.Connection, agent_id: str, source_type: str, session_key: str, *, for_update: bool
-) -> FileRow | None:
+) -> tables.FileRow | None:
     """The file of one session, or None."""
     query = _FIND_FILE_FOR_UPDATE if for_update else _FIND_FILE
     params = {"agent_id": agent_id, "source_type": source_type, "session_key": session_key}
     row = conn.execute(query, params).first()
-    return FileRow.from_row(row) if row else None
+    return tables.FileRow.from_row(row) if row else None
+
+
+def list_files(
+    conn: sa.Connection,
+    *,
+    agent_id: str | None = None,
+    status: str | None = None,
+    source_type: str | None = None,
+    after: str | None = None,
+    limit: int = 100,
+) -> list[tables.FileRow]:
+    """Rows ordered by file_id, starting after the cursor ``after``."""
+    query = sa.select(tables.raw_files).order_by(tables.raw_files.c.file_id).limit(limit)
+    if agent_id is not None:
+        query = query.where(tables.raw_files.c.agent_id == agent_id)
+    if status is not None:
+        query = query.where(tables.raw_files.c.status == status)
+    if source_type is not None:
+        query = query.where(tables.raw_files.c.source_type == source_type)
+    if after is not None:
+        query = query.where(tables.raw_files.c.file_id > after)
+    return [tables.FileRow.from_row(row) for row in conn.execute(query)]
+
+
+def count_files_by_status(conn: sa.Connection) -> dict[str, int]:
+    """``{status: count}``."""
+    query = sa.select(tables.raw_files.c.status, sa.func.count()).group_by(
+        tables.raw_files.c.status
+    )
+    return {status: int(count) for status, count in conn.execute(query)}
+
+
+def refinement_lag(conn: sa.Connection) -> tuple[int, int]:
+    """``(sum, max)`` of ``flushed_seq - last_refined_seq`` over files that can be refined."""
+    lag = tables.raw_files.c.flushed_seq - tables.raw_files.c.last_refined_seq
+    query = sa.select(sa.func.coalesce(sa.func.sum(lag), 0), sa.func.coalesce(sa.func.max(lag), 0))
+    total, worst = conn.execute(query.where(tables.raw_files.c.status != "archived")).one()
+    return int(total), int(worst)
+
+
+# ---------------------------------------------------------------------------------------------
+# raw_files: the append protocol (DESIGN §3)
 
 
 def insert_file(conn: sa.Connection, **values: Any) -> bool:
     """Insert a row unless its session already has one; True when inserted."""
-    now = utcnow()
+    now = tables.utcnow()
     values.setdefault("created_at", now)
     values.setdefault("updated_at", now)
-    stmt = _insert(conn, raw_files).values(**values).on_conflict_do_nothing()
-    return bool(conn.execute(stmt).rowcount)
+    stmt = (
+        database.insert(conn, tables.raw_files)
+        .values(**values)
+        .on_conflict_do_nothing()
+        .returning(tables.raw_files.c.file_id)
+    )
+    # RETURNING, not rowcount: psycopg reports -1 for an INSERT … ON CONFLICT DO NOTHING
+    return conn.execute(stmt).first() is not None
 
 
-def update_file(conn: sa.Connection, file_id: str, *where: Any, **values: Any) -> int:
-    """Update one row if the extra ``where`` clauses hold; returns the rowcount (0 or 1)."""
-    values.setdefault("updated_at", utcnow())
-    columns = raw_files.c
-    if where or any(k not in columns or isinstance(v, sa.ClauseElement) for k, v in values.items()):
-        stmt = sa.update(raw_files).where(columns.file_id == file_id, *where).values(**values)
-        return int(conn.execute(stmt).rowcount)
+def _update(conn: sa.Connection, file_id: str, **values: Any) -> int:
+    """Set plain values on one row (statements cached per column set); the rowcount."""
+    values.setdefault("updated_at", tables.utcnow())
     keys = tuple(sorted(values))
     cached = _UPDATE_FILE.get(keys)
     if cached is None:
         cached = _UPDATE_FILE[keys] = (
-            sa.update(raw_files)
-            .where(columns.file_id == sa.bindparam("where_file_id"))
-            .values({k: sa.bindparam(f"set_{k}", type_=columns[k].type) for k in keys})
+            sa.update(tables.raw_files)
+            .where(tables.raw_files.c.file_id == sa.bindparam("where_file_id"))
+            .values({k: _bind(k) for k in keys})
         )
     params = {f"set_{k}": v for k, v in values.items()}
     params["where_file_id"] = file_id
     return int(conn.execute(cached, params).rowcount)
 
 
-_START_FLUSH = (
-    sa.update(raw_files)
-    .where(raw_files.c.file_id == sa.bindparam("where_file_id"))
-    .values(
-        flush_pending=False,
-        updated_at=sa.bindparam("set_updated_at", type_=raw_files.c.updated_at.type),
+def record_append(conn: sa.Connection, file_id: str, *, next_seq: int) -> None:
+    """An append took seqs up to ``next_seq - 1``: a flush is now pending."""
+    _update(conn, file_id, next_seq=next_seq, flush_pending=True)
+
+
+def record_damage(conn: sa.Connection, file_id: str, kind: str, detail: str) -> None:
+    """A file that no longer matches what was committed: status ``error`` and an anomaly."""
+    mark_error(conn, file_id)
+    record_anomaly(conn, file_id, kind, detail)
+
+
+def mark_error(conn: sa.Connection, file_id: str) -> bool:
+    """Status ``error`` (the file is damaged or could not be refined); False if it already
+    was."""
+    f = tables.raw_files.c
+    stmt = (
+        sa.update(tables.raw_files)
+        .where(f.file_id == file_id, f.status != "error")
+        .values(status="error", updated_at=tables.utcnow())
     )
-    .returning(*raw_files.c)
+    return bool(conn.execute(stmt).rowcount)
+
+
+_START_FLUSH = (
+    sa.update(tables.raw_files)
+    .where(tables.raw_files.c.file_id == sa.bindparam("where_file_id"))
+    .values(flush_pending=False, updated_at=_bind("updated_at"))
+    .returning(*tables.raw_files.c)
 )
 
 
-def start_flush(conn: sa.Connection, file_id: str) -> FileRow | None:
+def start_flush(conn: sa.Connection, file_id: str) -> tables.FileRow | None:
     """Clear the file's flush-pending flag and return its row (None when there is no row)."""
-    row = conn.execute(_START_FLUSH, {"where_file_id": file_id, "set_updated_at": utcnow()})
+    row = conn.execute(_START_FLUSH, {"where_file_id": file_id, "set_updated_at": tables.utcnow()})
     found = row.first()
-    return FileRow.from_row(found) if found else None
+    return tables.FileRow.from_row(found) if found else None
 
 
-_ENDED_AT = sa.bindparam("set_ended_at", type_=raw_files.c.ended_at.type)
+_ENDED_AT = _bind("ended_at")
 _ADVANCE_FLUSHED = (
-    sa.update(raw_files)
+    sa.update(tables.raw_files)
     .where(
-        raw_files.c.file_id == sa.bindparam("where_file_id"),
-        raw_files.c.flushed_seq == sa.bindparam("where_flushed_seq"),
+        tables.raw_files.c.file_id == sa.bindparam("where_file_id"),
+        tables.raw_files.c.flushed_seq == sa.bindparam("where_flushed_seq"),
     )
     .values(
-        flushed_seq=sa.bindparam("set_flushed_seq", type_=raw_files.c.flushed_seq.type),
-        flushed_bytes=sa.bindparam("set_flushed_bytes", type_=raw_files.c.flushed_bytes.type),
-        chain_head=sa.bindparam("set_chain_head", type_=raw_files.c.chain_head.type),
-        status=sa.case((raw_files.c.status == "archived", "archived"), else_="new"),
+        flushed_seq=_bind("flushed_seq"),
+        flushed_bytes=_bind("flushed_bytes"),
+        chain_head=_bind("chain_head"),
+        status=sa.case((tables.raw_files.c.status == "archived", "archived"), else_="new"),
         # The latest message time seen; an append may carry older timestamps than the last.
         ended_at=sa.case(
             (
-                sa.or_(raw_files.c.ended_at.is_(None), raw_files.c.ended_at < _ENDED_AT),
+                sa.or_(
+                    tables.raw_files.c.ended_at.is_(None), tables.raw_files.c.ended_at < _ENDED_AT
+                ),
                 _ENDED_AT,
             ),
-            else_=raw_files.c.ended_at,
+            else_=tables.raw_files.c.ended_at,
         ),
-        flushed_at=sa.bindparam("set_flushed_at", type_=raw_files.c.flushed_at.type),
-        updated_at=sa.bindparam("set_updated_at", type_=raw_files.c.updated_at.type),
+        flushed_at=_bind("flushed_at"),
+        updated_at=_bind("updated_at"),
     )
 )
 
@@ -445,7 +209,7 @@ def advance_flushed(
 ) -> int:
     """Record a flush, if nobody advanced ``flushed_seq`` past ``old_seq`` meanwhile; the
     status becomes ``new`` (an archived file stays ``archived``). Returns the rowcount."""
-    now = utcnow()
+    now = tables.utcnow()
     params = {
         "where_file_id": file_id,
         "where_flushed_seq": old_seq,
@@ -459,63 +223,283 @@ def advance_flushed(
     return int(conn.execute(_ADVANCE_FLUSHED, params).rowcount)
 
 
-def list_files(
+# ---------------------------------------------------------------------------------------------
+# raw_files: refinement (DESIGN §4)
+
+
+def _refinable(now: dt.datetime) -> list[Any]:
+    """A file with flushed messages past ``last_refined_seq``, not leased to a running job."""
+    f = tables.raw_files.c
+    return [
+        f.flushed_seq > f.last_refined_seq,
+        f.status.in_(tables.REFINABLE),
+        sa.or_(f.refine_lease_until.is_(None), f.refine_lease_until < now),
+    ]
+
+
+def due_files(
     conn: sa.Connection,
     *,
-    agent_id: str | None = None,
-    status: str | None = None,
-    source_type: str | None = None,
-    after: str | None = None,
-    limit: int = 100,
-) -> list[FileRow]:
-    """Rows ordered by file_id, starting after the cursor ``after``."""
-    query = sa.select(raw_files).order_by(raw_files.c.file_id).limit(limit)
-    if agent_id is not None:
-        query = query.where(raw_files.c.agent_id == agent_id)
-    if status is not None:
-        query = query.where(raw_files.c.status == status)
-    if source_type is not None:
-        query = query.where(raw_files.c.source_type == source_type)
-    if after is not None:
-        query = query.where(raw_files.c.file_id > after)
-    return [FileRow.from_row(row) for row in conn.execute(query)]
+    min_messages: int,
+    idle_seconds: float,
+    limit: int,
+    file_ids: Sequence[str] | None = None,
+) -> list[str]:
+    """Refinable files where ``min_messages`` wait or that were quiet ``idle_seconds``."""
+    f = tables.raw_files.c
+    now = tables.utcnow()
+    query = (
+        sa.select(f.file_id)
+        .where(
+            *_refinable(now),
+            sa.or_(
+                f.flushed_seq - f.last_refined_seq >= min_messages,
+                f.flushed_at < now - dt.timedelta(seconds=idle_seconds),
+            ),
+        )
+        .order_by(f.flushed_at)
+        .limit(limit)
+    )
+    if file_ids is not None:
+        query = query.where(f.file_id.in_(list(file_ids)))
+    return [row[0] for row in conn.execute(query)]
 
 
-def count_files_by_status(conn: sa.Connection) -> dict[str, int]:
-    """``{status: count}``."""
-    query = sa.select(raw_files.c.status, sa.func.count()).group_by(raw_files.c.status)
-    return {status: int(count) for status, count in conn.execute(query)}
+def claim_segment(
+    conn: sa.Connection, file_id: str, *, lease_seconds: float
+) -> tuple[int, int, int] | None:
+    """Bump the epoch and lease the unrefined segment: ``(lo, hi, epoch)``, or None when the
+    file is leased to another job, has nothing to refine, or cannot be refined."""
+    f = tables.raw_files.c
+    now = tables.utcnow()
+    stmt = (
+        sa.update(tables.raw_files)
+        .where(f.file_id == file_id, *_refinable(now))
+        .values(
+            refine_epoch=f.refine_epoch + 1,
+            refine_lease_until=now + dt.timedelta(seconds=lease_seconds),
+            updated_at=now,
+        )
+        .returning(f.last_refined_seq, f.flushed_seq, f.refine_epoch)
+    )
+    row = conn.execute(stmt).first()
+    return (int(row[0]), int(row[1]), int(row[2])) if row else None
+
+
+def renew_lease(conn: sa.Connection, file_id: str, *, epoch: int, lease_seconds: float) -> bool:
+    """Extend a running job's lease; False when the claim no longer holds (the job should
+    stop: another claim or a full re-refine replaced it)."""
+    f = tables.raw_files.c
+    now = tables.utcnow()
+    stmt = (
+        sa.update(tables.raw_files)
+        .where(f.file_id == file_id, f.refine_epoch == epoch, f.refine_lease_until.is_not(None))
+        .values(refine_lease_until=now + dt.timedelta(seconds=lease_seconds), updated_at=now)
+    )
+    return bool(conn.execute(stmt).rowcount)
+
+
+def commit_segment(conn: sa.Connection, file_id: str, *, epoch: int, lo: int, hi: int) -> bool:
+    """Advance ``last_refined_seq`` to ``hi`` and free the lease — only if the claim
+    ``(epoch, lo)`` still holds. The file becomes ``refined``, or ``new`` when more messages
+    were flushed meanwhile (an archived file stays ``archived``)."""
+    f = tables.raw_files.c
+    now = tables.utcnow()
+    stmt = (
+        sa.update(tables.raw_files)
+        .where(f.file_id == file_id, f.refine_epoch == epoch, f.last_refined_seq == lo)
+        .values(
+            last_refined_seq=hi,
+            refined_at=now,
+            refine_lease_until=None,
+            status=sa.case(
+                (f.status == "archived", "archived"),
+                (f.flushed_seq > hi, "new"),
+                else_="refined",
+            ),
+            updated_at=now,
+        )
+    )
+    return bool(conn.execute(stmt).rowcount)
+
+
+def fail_segment(conn: sa.Connection, file_id: str, *, epoch: int) -> bool:
+    """Give up on a claim after its last retry: the file becomes ``error``, its lease is
+    freed. False when the claim was replaced meanwhile (nothing changes)."""
+    f = tables.raw_files.c
+    stmt = (
+        sa.update(tables.raw_files)
+        .where(f.file_id == file_id, f.refine_epoch == epoch)
+        .values(status="error", refine_lease_until=None, updated_at=tables.utcnow())
+    )
+    return bool(conn.execute(stmt).rowcount)
+
+
+def restart_refinement(conn: sa.Connection, file_id: str) -> None:
+    """Full re-refine: ``last_refined_seq = 0``, the lease freed, the epoch bumped so that a
+    job still running for the old claim commits nothing; an ``error`` file becomes ``new``."""
+    f = tables.raw_files.c
+    stmt = (
+        sa.update(tables.raw_files)
+        .where(f.file_id == file_id)
+        .values(
+            last_refined_seq=0,
+            refine_epoch=f.refine_epoch + 1,
+            refine_lease_until=None,
+            status=sa.case((f.status == "archived", "archived"), else_="new"),
+            updated_at=tables.utcnow(),
+        )
+    )
+    conn.execute(stmt)
 
 
 # ---------------------------------------------------------------------------------------------
-# append_journal and append_keys
+# raw_files: the cold archive (DESIGN §5)
 
 
-_INSERT_JOURNAL = sa.insert(append_journal)
-_JOURNAL_AFTER = (
-    sa.select(append_journal)
-    .where(
-        append_journal.c.file_id == sa.bindparam("file_id"),
-        append_journal.c.first_seq > sa.bindparam("seq"),
+def _cold(cutoff: dt.datetime) -> Any:
+    f = tables.raw_files.c
+    return sa.func.coalesce(f.flushed_at, f.ended_at) <= cutoff
+
+
+def cold_files(conn: sa.Connection, *, cutoff: dt.datetime, limit: int) -> list[str]:
+    """Fully refined files with nothing pending, unchanged since ``cutoff``."""
+    f = tables.raw_files.c
+    query = (
+        sa.select(f.file_id)
+        .where(
+            f.status == "refined",
+            f.last_refined_seq == f.flushed_seq,
+            f.next_seq == f.flushed_seq + 1,
+            f.flush_pending.is_(False),
+            _cold(cutoff),
+        )
+        .order_by(f.file_id)
+        .limit(limit)
     )
-    .order_by(append_journal.c.first_seq)
+    return [row[0] for row in conn.execute(query)]
+
+
+def cold_unrefined(conn: sa.Connection, *, cutoff: dt.datetime) -> list[tables.FileRow]:
+    """Files unchanged since ``cutoff`` that were never fully refined and have no
+    ``unrefined_cold`` anomaly yet."""
+    f = tables.raw_files.c
+    a = tables.anomalies.c
+    flagged = sa.select(a.file_id).where(a.kind == "unrefined_cold", a.file_id.is_not(None))
+    query = sa.select(tables.raw_files).where(
+        f.status.in_(("new", "error")),
+        f.flushed_seq > f.last_refined_seq,
+        _cold(cutoff),
+        f.file_id.not_in(flagged),
+    )
+    return [tables.FileRow.from_row(row) for row in conn.execute(query)]
+
+
+def mark_archived(conn: sa.Connection, row: tables.FileRow, *, path: str) -> bool:
+    """Point the index at the archive — only if nothing changed since ``row`` was read (an
+    append or a re-refine meanwhile keeps the original)."""
+    f = tables.raw_files.c
+    now = tables.utcnow()
+    stmt = (
+        sa.update(tables.raw_files)
+        .where(
+            f.file_id == row.file_id,
+            f.status == "refined",
+            f.next_seq == row.next_seq,
+            f.flushed_seq == row.flushed_seq,
+        )
+        .values(status="archived", path=path, archived_at=now, updated_at=now)
+    )
+    return bool(conn.execute(stmt).rowcount)
+
+
+def mark_restored(conn: sa.Connection, file_id: str, *, path: str) -> tables.FileRow | None:
+    """Point the index back at the live file of an archived row; the updated row."""
+    f = tables.raw_files.c
+    stmt = (
+        sa.update(tables.raw_files)
+        .where(f.file_id == file_id, f.status == "archived")
+        .values(
+            status=sa.case((f.last_refined_seq < f.flushed_seq, "new"), else_="refined"),
+            path=path,
+            archived_at=None,
+            updated_at=tables.utcnow(),
+        )
+    )
+    conn.execute(stmt)
+    return get_file(conn, file_id)
+
+
+def archived_among(conn: sa.Connection, file_ids: Sequence[str]) -> list[str]:
+    """The ids in ``file_ids`` whose rows say ``archived``."""
+    f = tables.raw_files.c
+    query = sa.select(f.file_id).where(f.file_id.in_(list(file_ids)), f.status == "archived")
+    return [row[0] for row in conn.execute(query)]
+
+
+# ---------------------------------------------------------------------------------------------
+# raw_files: reindex (the files are the truth)
+
+
+def reindex_file(conn: sa.Connection, file_id: str, *, archived: bool, **values: Any) -> bool:
+    """Set a row's file-derived columns (``values``: path, header fields, flushed_seq, …) from
+    its file; True when the row was new. Refinement state is kept, clamped to the file's
+    message count; an archived file was fully refined before it was archived."""
+    count = int(values["flushed_seq"])
+    row = get_file(conn, file_id, for_update=True)
+    if row is None:
+        insert_file(
+            conn,
+            file_id=file_id,
+            status="archived" if archived else "new",
+            last_refined_seq=count if archived else 0,
+            next_seq=count + 1,
+            flush_pending=False,
+            **values,
+        )
+        return True
+    refined = count if archived else min(row.last_refined_seq, count)
+    _update(
+        conn,
+        file_id,
+        next_seq=max(row.next_seq, count + 1),
+        last_refined_seq=refined,
+        status="archived" if archived else ("refined" if refined == count else "new"),
+        flush_pending=False,
+        **values,
+    )
+    return False
+
+
+# ---------------------------------------------------------------------------------------------
+# append_journal and tables.append_keys
+
+
+_INSERT_JOURNAL = sa.insert(tables.append_journal)
+_JOURNAL_AFTER = (
+    sa.select(tables.append_journal)
+    .where(
+        tables.append_journal.c.file_id == sa.bindparam("file_id"),
+        tables.append_journal.c.first_seq > sa.bindparam("seq"),
+    )
+    .order_by(tables.append_journal.c.first_seq)
 )
-_DELETE_JOURNAL = sa.delete(append_journal).where(
-    append_journal.c.file_id == sa.bindparam("file_id"),
-    append_journal.c.last_seq <= sa.bindparam("seq"),
+_DELETE_JOURNAL = sa.delete(tables.append_journal).where(
+    tables.append_journal.c.file_id == sa.bindparam("file_id"),
+    tables.append_journal.c.last_seq <= sa.bindparam("seq"),
 )
 
 
 def add_journal(conn: sa.Connection, **values: Any) -> None:
     """Record one acknowledged append."""
-    values.setdefault("created_at", utcnow())
+    values.setdefault("created_at", tables.utcnow())
     conn.execute(_INSERT_JOURNAL, values)
 
 
-def journal_after(conn: sa.Connection, file_id: str, seq: int) -> list[JournalRow]:
+def journal_after(conn: sa.Connection, file_id: str, seq: int) -> list[tables.JournalRow]:
     """Journal rows of ``file_id`` past ``seq``, in seq order."""
     rows = conn.execute(_JOURNAL_AFTER, {"file_id": file_id, "seq": seq})
-    return [JournalRow.from_row(row) for row in rows]
+    return [tables.JournalRow.from_row(row) for row in rows]
 
 
 def delete_journal(conn: sa.Connection, file_id: str, upto_seq: int) -> None:
@@ -525,9 +509,9 @@ def delete_journal(conn: sa.Connection, file_id: str, upto_seq: int) -> None:
 
 def stale_journal_files(conn: sa.Connection, older_than: dt.datetime | None) -> list[str]:
     """Files with journal rows created before ``older_than`` (all of them for None)."""
-    query = sa.select(append_journal.c.file_id).group_by(append_journal.c.file_id)
+    query = sa.select(tables.append_journal.c.file_id).group_by(tables.append_journal.c.file_id)
     if older_than is not None:
-        query = query.where(append_journal.c.created_at < older_than)
+        query = query.where(tables.append_journal.c.created_at < older_than)
     return [row[0] for row in conn.execute(query)]
 
 
@@ -536,157 +520,81 @@ def journal_backlog(conn: sa.Connection) -> tuple[int, int]:
     query = sa.select(
         sa.func.count(),
         sa.func.coalesce(
-            sa.func.sum(append_journal.c.last_seq - append_journal.c.first_seq + 1), 0
+            sa.func.sum(tables.append_journal.c.last_seq - tables.append_journal.c.first_seq + 1), 0
         ),
     )
     rows, messages = conn.execute(query).one()
     return int(rows), int(messages)
 
 
+_GET_KEY = sa.select(tables.append_keys.c.request_hash, tables.append_keys.c.response_json).where(
+    tables.append_keys.c.agent_id == sa.bindparam("agent_id"),
+    tables.append_keys.c.idempotency_key == sa.bindparam("key"),
+)
+
+
 def get_key(conn: sa.Connection, agent_id: str, key: str) -> tuple[str, dict[str, Any]] | None:
     """``(request_hash, response)`` recorded for an idempotency key, or None."""
-    row = conn.execute(
-        sa.select(append_keys.c.request_hash, append_keys.c.response_json).where(
-            append_keys.c.agent_id == agent_id, append_keys.c.idempotency_key == key
-        )
-    ).first()
+    row = conn.execute(_GET_KEY, {"agent_id": agent_id, "key": key}).first()
     return (row[0], json.loads(row[1])) if row else None
 
 
 def put_key(
     conn: sa.Connection, agent_id: str, key: str, request_hash: str, response: dict[str, Any]
-) -> None:
-    """Remember the answer given for an idempotency key."""
-    conn.execute(
-        sa.insert(append_keys).values(
+) -> bool:
+    """Remember the answer given for an idempotency key; False when a concurrent request
+    holding the same key got there first (its transaction committed meanwhile)."""
+    stmt = (
+        database.insert(conn, tables.append_keys)
+        .values(
             agent_id=agent_id,
             idempotency_key=key,
             request_hash=request_hash,
             response_json=json.dumps(response),
-            created_at=utcnow(),
+            created_at=tables.utcnow(),
         )
+        .on_conflict_do_nothing()
+        .returning(tables.append_keys.c.agent_id)
     )
+    return conn.execute(stmt).first() is not None
 
 
 # ---------------------------------------------------------------------------------------------
 # anomalies
 
 
-@dataclasses.dataclass(frozen=True)
-class Anomaly:
-    """Something that went wrong with a file, kept for operators (``anomaly_warn``)."""
-
-    id: int
-    file_id: str | None
-    kind: str
-    detail: str
-    created_at: dt.datetime
-
-    @classmethod
-    def from_row(cls, row: sa.Row[Any]) -> Anomaly:
-        """Build from an ``anomalies`` result row."""
-        return cls(**row._asdict())
-
-
-def record_anomaly(conn: sa.Connection, file_id: str | None, kind: str, detail: str) -> None:
-    """Write one anomaly record."""
-    conn.execute(
-        sa.insert(anomalies).values(file_id=file_id, kind=kind, detail=detail, created_at=utcnow())
+def record_anomaly(
+    conn: sa.Connection, file_id: str | None, kind: str, detail: str, *, key: str = ""
+) -> None:
+    """Record an anomaly, once per (file, kind, key): a repeat only counts (the first detail
+    stays). Anomalies without a file are events, each recorded."""
+    now = tables.utcnow()
+    stmt = database.insert(conn, tables.anomalies).values(
+        file_id=file_id, kind=kind, key=key[:100], detail=detail, created_at=now, count=1
     )
+    if file_id is not None:
+        stmt = stmt.on_conflict_do_update(
+            index_elements=["file_id", "kind", "key"],
+            set_={"count": tables.anomalies.c.count + 1, "last_seen_at": now},
+        )
+    conn.execute(stmt)
 
 
 def list_anomalies(
     conn: sa.Connection, *, file_id: str | None = None, kinds: Sequence[str] | None = None
-) -> list[Anomaly]:
+) -> list[tables.Anomaly]:
     """Anomalies, oldest first."""
-    query = sa.select(anomalies).order_by(anomalies.c.id)
+    query = sa.select(tables.anomalies).order_by(tables.anomalies.c.id)
     if file_id is not None:
-        query = query.where(anomalies.c.file_id == file_id)
+        query = query.where(tables.anomalies.c.file_id == file_id)
     if kinds:
-        query = query.where(anomalies.c.kind.in_(list(kinds)))
-    return [Anomaly.from_row(row) for row in conn.execute(query)]
+        query = query.where(tables.anomalies.c.kind.in_(list(kinds)))
+    return [tables.Anomaly.from_row(row) for row in conn.execute(query)]
 
 
 def count_anomalies_by_kind(conn: sa.Connection) -> dict[str, int]:
-    """``{kind: count}``."""
-    query = sa.select(anomalies.c.kind, sa.func.count()).group_by(anomalies.c.kind)
+    """``{kind: count}``, repeats counted."""
+    query = sa.select(tables.anomalies.c.kind, sa.func.sum(tables.anomalies.c.count)).group_by(
+        tables.anomalies.c.kind
+    )
     return {kind: int(count) for kind, count in conn.execute(query)}
-
-
-# ---------------------------------------------------------------------------------------------
-# l1_items
-
-
-@dataclasses.dataclass(frozen=True)
-class L1Item:
-    """One stored L1 item."""
-
-    id: int
-    file_id: str
-    agent_id: str
-    kind: str
-    content: str
-    source_refs: str
-    refiner: str
-    segment_lo: int
-    segment_hi: int
-    item_hash: str
-    created_at: dt.datetime
-
-    @classmethod
-    def from_row(cls, row: sa.Row[Any]) -> L1Item:
-        """Build from an ``l1_items`` result row."""
-        return cls(**row._asdict())
-
-    def to_json(self) -> dict[str, Any]:
-        """The item as the API shows it."""
-        return {
-            "id": self.id,
-            "file_id": self.file_id,
-            "agent_id": self.agent_id,
-            "kind": self.kind,
-            "content": self.content,
-            "source_refs": json.loads(self.source_refs),
-            "refiner": self.refiner,
-            "segment": {"lo": self.segment_lo, "hi": self.segment_hi},
-            "created_at": self.created_at.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-        }
-
-
-def add_l1_items(conn: sa.Connection, items: Sequence[dict[str, Any]]) -> None:
-    """Insert items, skipping any the file already has (same ``item_hash``)."""
-    if not items:
-        return
-    now = utcnow()
-    stmt = _insert(conn, l1_items).on_conflict_do_nothing(index_elements=["file_id", "item_hash"])
-    conn.execute(stmt, [{**item, "created_at": now} for item in items])
-
-
-def delete_l1_items(conn: sa.Connection, file_id: str) -> None:
-    """Drop a file's items (before a full re-refine)."""
-    conn.execute(sa.delete(l1_items).where(l1_items.c.file_id == file_id))
-
-
-def list_l1_items(
-    conn: sa.Connection,
-    *,
-    file_id: str | None = None,
-    agent_id: str | None = None,
-    after: int = 0,
-    limit: int = 100,
-) -> list[L1Item]:
-    """Items in insertion order, after the id ``after``."""
-    query = sa.select(l1_items).where(l1_items.c.id > after).order_by(l1_items.c.id).limit(limit)
-    if file_id is not None:
-        query = query.where(l1_items.c.file_id == file_id)
-    if agent_id is not None:
-        query = query.where(l1_items.c.agent_id == agent_id)
-    return [L1Item.from_row(row) for row in conn.execute(query)]
-
-
-def refinement_lag(conn: sa.Connection) -> tuple[int, int]:
-    """``(sum, max)`` of ``flushed_seq - last_refined_seq`` over files that can be refined."""
-    lag = raw_files.c.flushed_seq - raw_files.c.last_refined_seq
-    query = sa.select(sa.func.coalesce(sa.func.sum(lag), 0), sa.func.coalesce(sa.func.max(lag), 0))
-    total, worst = conn.execute(query.where(raw_files.c.status != "archived")).one()
-    return int(total), int(worst)

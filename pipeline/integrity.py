@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import sqlalchemy as sa
 
-from pipeline import archive, document, errors, index, journal, store
+from pipeline import archive, database, document, errors, index, journal, store, tables
 
+log = logging.getLogger(__name__)
 Progress = Callable[[int], None]  #: called with the number of files just finished
 
 
@@ -31,7 +33,7 @@ class Problem:
         return dataclasses.asdict(self)
 
 
-def check_bytes(row: index.FileRow, data: bytes) -> list[Problem]:
+def check_bytes(row: tables.FileRow, data: bytes) -> list[Problem]:
     """Compare a file's bytes with what the index committed for it."""
     problems: list[Problem] = []
 
@@ -70,7 +72,7 @@ def check_bytes(row: index.FileRow, data: bytes) -> list[Problem]:
     return problems
 
 
-def check_file(data_dir: Path, row: index.FileRow) -> list[Problem]:
+def check_file(data_dir: Path, row: tables.FileRow) -> list[Problem]:
     """fsck of one indexed file."""
     if row.flushed_bytes == 0:
         return []
@@ -89,10 +91,10 @@ def check_file(data_dir: Path, row: index.FileRow) -> list[Problem]:
     return check_bytes(row, data)
 
 
-def _all_rows(engine: sa.Engine) -> Iterator[index.FileRow]:
+def _all_rows(engine: sa.Engine) -> Iterator[tables.FileRow]:
     after: str | None = None
     while True:
-        with index.transaction(engine) as conn:
+        with database.transaction(engine) as conn:
             rows = index.list_files(conn, after=after, limit=500)
         yield from rows
         if len(rows) < 500:
@@ -102,7 +104,7 @@ def _all_rows(engine: sa.Engine) -> Iterator[index.FileRow]:
 
 def count_files(engine: sa.Engine) -> int:
     """How many files the index holds (for progress bars)."""
-    with index.transaction(engine) as conn:
+    with database.transaction(engine) as conn:
         return sum(index.count_files_by_status(conn).values())
 
 
@@ -138,11 +140,21 @@ def fsck(engine: sa.Engine, data_dir: Path, *, progress: Progress | None = None)
             problems.append(
                 Problem(_file_id(path), "not_indexed", f"{relative} is not in the index")
             )
-    if problems:
-        with index.transaction(engine) as conn:
-            for p in problems:
-                index.record_anomaly(conn, p.file_id, f"fsck_{p.kind}", p.detail)
+    _record(engine, problems, "fsck")
     return problems
+
+
+def _record(engine: sa.Engine, problems: list[Problem], prefix: str) -> None:
+    """Keep what a check found as anomalies — best effort: the report is what matters, and a
+    full disk or a read-only index must not stop it from being printed."""
+    if not problems:
+        return
+    try:
+        with database.transaction(engine) as conn:
+            for p in problems:
+                index.record_anomaly(conn, p.file_id, f"{prefix}_{p.kind}", p.detail)
+    except errors.SgmeError as exc:
+        log.warning("could not record %d %s problem(s): %s", len(problems), prefix, exc.detail)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,7 +171,7 @@ def reindex(
     engine: sa.Engine,
     data_dir: Path,
     *,
-    lock_timeout: float = 30.0,
+    lock_timeout: float = store.DEFAULT_LOCK_TIMEOUT,
     progress: Progress | None = None,
 ) -> ReindexReport:
     """Rebuild ``raw_files`` from the files on disk.
@@ -169,7 +181,7 @@ def reindex(
     head, ended_at) are set from the file; refinement state is kept where a row exists and
     clamped to the file's message count.
     """
-    with index.transaction(engine) as conn:
+    with database.transaction(engine) as conn:
         pending = index.stale_journal_files(conn, None)
     for file_id in pending:
         journal.flush(engine, data_dir, file_id, lock_timeout=lock_timeout)
@@ -214,37 +226,13 @@ def reindex(
             "flushed_seq": count,
             "flushed_bytes": len(data),
             "chain_head": head.hex(),
-            "flush_pending": False,
         }
-        with index.transaction(engine) as conn:
-            row = index.get_file(conn, header.file_id, for_update=True)
-            if row is None:
-                # An archived file was fully refined before it was archived.
-                index.insert_file(
-                    conn,
-                    file_id=header.file_id,
-                    status="archived" if archived else "new",
-                    last_refined_seq=count if archived else 0,
-                    next_seq=count + 1,
-                    **values,
-                )
+        with database.transaction(engine) as conn:
+            if index.reindex_file(conn, header.file_id, archived=archived, **values):
                 inserted += 1
             else:
-                refined = count if archived else min(row.last_refined_seq, count)
-                status = "archived" if archived else ("refined" if refined == count else "new")
-                index.update_file(
-                    conn,
-                    header.file_id,
-                    next_seq=max(row.next_seq, count + 1),
-                    last_refined_seq=refined,
-                    status=status,
-                    **values,
-                )
                 updated += 1
         if progress:
             progress(1)
-    if failed:
-        with index.transaction(engine) as conn:
-            for p in failed:
-                index.record_anomaly(conn, p.file_id, f"reindex_{p.kind}", p.detail)
+    _record(engine, failed, "reindex")
     return ReindexReport(scanned, inserted, updated, failed)

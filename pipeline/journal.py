@@ -9,31 +9,22 @@ broker can delay a write but never lose or repeat one.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
+import datetime as dt
+import functools
 import json
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 
-from pipeline import archive, document, errors, index, metrics, store
+from pipeline import archive, database, document, errors, index, metrics, store, tables, validation
 
 #: a fault-injection hook: called with a step name at each step of a flush (tests use it)
 FaultHook = Callable[[str], None]
 FLUSH_STEPS = ("locked", "read", "truncated", "written", "committed")
-APPEND_FIELDS = {
-    "agent_id",
-    "session_key",
-    "source_type",
-    "metadata",
-    "idempotency_key",
-    "messages",
-}
-UPLOAD_FIELDS = {"agent_id", "filename", "content", "metadata", "idempotency_key"}
-MAX_IDEMPOTENCY_KEY = 200
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,53 +58,12 @@ class FlushResult:
     messages: int
     bytes: int
     flushed_seq: int
+    status: str  #: the file's status after the flush
 
 
-def request_hash(body: Mapping[str, Any]) -> str:
-    """A digest of a request body, to tell a retry from a different request with the same key."""
-    encoded = json.dumps(body, sort_keys=True, ensure_ascii=False, default=str)
-    return hashlib.sha256(encoded.encode("utf-8", "surrogatepass")).hexdigest()
-
-
-def _check_fields(body: object, allowed: set[str], what: str) -> Mapping[str, Any]:
-    if not isinstance(body, Mapping):
-        raise errors.InvalidInput(f"{what} body must be a JSON object")
-    unknown = set(body) - allowed
-    if unknown:
-        raise errors.InvalidInput(f"{what} body has unknown fields: {', '.join(sorted(unknown))}")
-    return body
-
-
-def _check_key(value: object) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str) or not 1 <= len(value) <= MAX_IDEMPOTENCY_KEY:
-        raise errors.InvalidInput(
-            f"idempotency_key must be a string of 1..{MAX_IDEMPOTENCY_KEY} characters"
-        )
-    document.check_text(value, "idempotency_key")
-    return value
-
-
-def _check_messages(
-    raw: object, limits: document.Limits, received_at: Any
-) -> list[document.Message]:
-    if not isinstance(raw, list) or not raw:
-        raise errors.InvalidInput("messages must be a non-empty list")
-    if len(raw) > limits.max_append_messages:
-        raise errors.InvalidInput(
-            f"an append holds at most {limits.max_append_messages} messages; got {len(raw)}"
-        )
-    messages = [
-        document.make_message(item, index=i, received_at=received_at, limits=limits)
-        for i, item in enumerate(raw)
-    ]
-    total = sum(len(m.content.encode("utf-8")) for m in messages)
-    if total > limits.max_append_bytes:
-        raise errors.InvalidInput(
-            f"an append holds at most {limits.max_append_bytes} bytes of content; got {total}"
-        )
-    return messages
+class _KeyRaced(Exception):
+    """A concurrent request with the same idempotency key committed first: roll back and
+    answer as the key's recorded request did."""
 
 
 def _replay(
@@ -132,82 +82,97 @@ def _replay(
     return AppendResult(**response, replayed=True)
 
 
+def _remember(
+    conn: sa.Connection, agent_id: str, key: str | None, digest: str, result: AppendResult
+) -> None:
+    if key is not None and not index.put_key(conn, agent_id, key, digest, result.to_json()):
+        raise _KeyRaced
+
+
+def _commit(engine: sa.Engine, apply: Callable[[sa.Connection], AppendResult]) -> AppendResult:
+    """Run ``apply`` in a transaction; once more if a same-key request won a race (the second
+    run finds its key and replays, or refuses a different body)."""
+    try:
+        with database.transaction(engine) as conn:
+            return apply(conn)
+    except _KeyRaced:
+        pass
+    with database.transaction(engine) as conn:
+        return apply(conn)
+
+
 def ingest(
     engine: sa.Engine,
-    body: Mapping[str, Any],
+    body: Mapping[str, Any] | bytes | validation.Append,
     *,
-    limits: document.Limits = document.DEFAULT_LIMITS,
-    source_types: Sequence[str] = ("session", "external"),
+    limits: validation.Limits = validation.DEFAULT_LIMITS,
 ) -> AppendResult:
     """Validate an append and commit it to the journal (the acknowledgement point).
 
     Nothing is written when anything in the body is wrong. The caller enqueues a flush when
     ``result.kick`` is true (no flush was already pending for the file).
     """
-    body = _check_fields(body, APPEND_FIELDS, "append")
-    agent_id = document.check_agent_id(body.get("agent_id"))
-    session_key = document.check_session_key(body.get("session_key"), limits)
-    source_type = document.check_source_type(body.get("source_type", "session"), source_types)
-    metadata = document.check_metadata(body.get("metadata"), limits)
-    key = _check_key(body.get("idempotency_key"))
-    received_at = index.utcnow()
-    messages = _check_messages(body.get("messages"), limits, received_at)
-    digest = request_hash(body) if key is not None else ""  # only keyed requests replay
+    append = body if isinstance(body, validation.Append) else validation.parse_append(body, limits)
+    return _commit(engine, functools.partial(apply_append, append=append))
 
-    with index.transaction(engine) as conn:
-        row = index.find_file(conn, agent_id, source_type, session_key, for_update=True)
-        if row is None:
-            file_id = str(uuid.uuid4())
-            index.insert_file(
-                conn,
-                file_id=file_id,
-                path=store.relative_path(source_type, file_id),
-                source_type=source_type,
-                agent_id=agent_id,
-                session_key=session_key,
-                metadata_json=json.dumps(metadata, ensure_ascii=False),
-                started_at=document.parse_ts(messages[0].ts).replace(tzinfo=None),
-                status="pending",
-            )
-            # On PostgreSQL a concurrent creator may have won; either way lock the row now.
-            row = index.find_file(conn, agent_id, source_type, session_key, for_update=True)
-            assert row is not None
-        # Checked under the row lock, so two retries of one request cannot both pass.
-        replayed = _replay(conn, agent_id, key, digest)
-        if replayed is not None:
-            return replayed
-        first = row.next_seq
-        rendered = "".join(
-            document.render_block(m, first=first + i == 1) for i, m in enumerate(messages)
-        )
-        if first == 1:
-            rendered = document.render_frontmatter(_header(row)) + rendered
-        last = first + len(messages) - 1
-        index.add_journal(
+
+def apply_append(conn: sa.Connection, *, append: validation.Append) -> AppendResult:
+    """Ingest's work inside the caller's transaction: find or create the session's row and
+    lock it, allocate seqs, journal the rendered blocks, remember the key."""
+    row = index.find_file(
+        conn, append.agent_id, append.source_type, append.session_key, for_update=True
+    )
+    if row is None:
+        file_id = str(uuid.uuid4())
+        index.insert_file(
             conn,
-            file_id=row.file_id,
-            first_seq=first,
-            last_seq=last,
-            last_ts=max((m.ts for m in messages), key=document.parse_ts),
-            data=rendered,
+            file_id=file_id,
+            path=store.relative_path(append.source_type, file_id),
+            source_type=append.source_type,
+            agent_id=append.agent_id,
+            session_key=append.session_key,
+            metadata_json=json.dumps(append.metadata, ensure_ascii=False),
+            started_at=document.parse_ts(append.messages[0].ts).replace(tzinfo=None),
+            status="pending",
         )
-        index.update_file(conn, row.file_id, next_seq=last + 1, flush_pending=True)
-        result = AppendResult(
-            file_id=row.file_id,
-            first_seq=first,
-            last_seq=last,
-            source_refs=tuple(f"{row.file_id}:{seq}" for seq in range(first, last + 1)),
-            status=row.status,
-            kick=not row.flush_pending,
+        # On PostgreSQL a concurrent creator may have won; either way lock the row now.
+        row = index.find_file(
+            conn, append.agent_id, append.source_type, append.session_key, for_update=True
         )
-        if key is not None:
-            response = result.to_json()
-            response["source_refs"] = list(result.source_refs)
-            index.put_key(conn, agent_id, key, digest, response)
-        return result
+        assert row is not None
+    # Checked under the row lock, so two retries of one request cannot both pass.
+    replayed = _replay(conn, append.agent_id, append.idempotency_key, append.digest)
+    if replayed is not None:
+        return replayed
+    first = row.next_seq
+    rendered = "".join(
+        document.render_block(m, first=first + i == 1) for i, m in enumerate(append.messages)
+    )
+    if first == 1:
+        rendered = document.render_frontmatter(_header(row)) + rendered
+    last = first + len(append.messages) - 1
+    index.add_journal(
+        conn,
+        file_id=row.file_id,
+        first_seq=first,
+        last_seq=last,
+        last_ts=max((m.ts for m in append.messages), key=document.parse_ts),
+        data=rendered,
+    )
+    index.record_append(conn, row.file_id, next_seq=last + 1)
+    result = AppendResult(
+        file_id=row.file_id,
+        first_seq=first,
+        last_seq=last,
+        source_refs=tuple(f"{row.file_id}:{seq}" for seq in range(first, last + 1)),
+        status=row.status,
+        kick=not row.flush_pending,
+    )
+    _remember(conn, append.agent_id, append.idempotency_key, append.digest, result)
+    return result
 
 
-def _header(row: index.FileRow) -> document.Header:
+def _header(row: tables.FileRow) -> document.Header:
     return document.Header(
         file_id=row.file_id,
         session_key=row.session_key,
@@ -220,92 +185,61 @@ def _header(row: index.FileRow) -> document.Header:
 
 def ingest_upload(
     engine: sa.Engine,
-    body: Mapping[str, Any],
+    body: Mapping[str, Any] | bytes | validation.Upload,
     *,
-    limits: document.Limits = document.DEFAULT_LIMITS,
+    limits: validation.Limits = validation.DEFAULT_LIMITS,
 ) -> AppendResult:
     """Commit an uploaded text document as a new file of one message (DESIGN §2.7)."""
-    body = _check_fields(body, UPLOAD_FIELDS, "upload")
-    agent_id = document.check_agent_id(body.get("agent_id"))
-    filename = body.get("filename")
-    if not isinstance(filename, str) or not 1 <= len(filename) <= 255:
-        raise errors.InvalidInput("filename must be a string of 1..255 characters")
-    try:
-        document.check_session_key(filename, limits)  # same rules: no control characters
-    except errors.InvalidInput as exc:
-        # The detail must name the field the client sent, not the rule borrowed for it.
-        raise errors.InvalidInput(exc.detail.replace("session_key", "filename", 1)) from None
-    content = body.get("content")
-    if not isinstance(content, str):
-        raise errors.InvalidInput("content must be a string (uploads are UTF-8 text)")
-    size = len(document.check_text(content, "content"))
-    if size > limits.max_append_bytes:
-        raise errors.InvalidInput(
-            f"an upload holds at most {limits.max_append_bytes} bytes; got {size}"
-        )
-    metadata = {**document.check_metadata(body.get("metadata"), limits), "filename": filename}
-    document.check_metadata(metadata, limits)
-    key = _check_key(body.get("idempotency_key"))
-    digest = request_hash(body)
-    try:
-        return _commit_upload(engine, agent_id, key, digest, metadata, content)
-    except index.ConstraintViolation:
-        if key is None:
-            raise
-        # A concurrent retry with the same key won the race: answer as it did.
-        return _commit_upload(engine, agent_id, key, digest, metadata, content)
+    upload = body if isinstance(body, validation.Upload) else validation.parse_upload(body, limits)
+    return _commit(engine, functools.partial(apply_upload, upload=upload))
 
 
-def _commit_upload(
-    engine: sa.Engine,
-    agent_id: str,
-    key: str | None,
-    digest: str,
-    metadata: dict[str, Any],
-    content: str,
-) -> AppendResult:
-    now = index.utcnow()
+def apply_upload(conn: sa.Connection, *, upload: validation.Upload) -> AppendResult:
+    """Ingest of an upload inside the caller's transaction."""
+    replayed = _replay(conn, upload.agent_id, upload.idempotency_key, upload.digest)
+    if replayed is not None:
+        return replayed
+    now = tables.utcnow()
     file_id = str(uuid.uuid4())
-    with index.transaction(engine) as conn:
-        replayed = _replay(conn, agent_id, key, digest)
-        if replayed is not None:
-            return replayed
-        index.insert_file(
-            conn,
-            file_id=file_id,
-            path=store.relative_path("upload", file_id),
-            source_type="upload",
-            agent_id=agent_id,
-            session_key=file_id,
-            metadata_json=json.dumps(metadata, ensure_ascii=False),
-            started_at=now,
-            status="pending",
-            next_seq=2,
-            flush_pending=True,
-        )
-        row = index.get_file(conn, file_id)
-        assert row is not None
-        rendered = document.render_frontmatter(_header(row)) + document.render_upload(content)
-        index.add_journal(
-            conn,
-            file_id=file_id,
-            first_seq=1,
-            last_seq=1,
-            last_ts=document.format_ts(now),
-            data=rendered,
-        )
-        result = AppendResult(
-            file_id=file_id,
-            first_seq=1,
-            last_seq=1,
-            source_refs=(f"{file_id}:1",),
-            status="pending",
-            kick=True,
-        )
-        if key is not None:
-            response = result.to_json()
-            index.put_key(conn, agent_id, key, digest, response)
-        return result
+    index.insert_file(
+        conn,
+        file_id=file_id,
+        path=store.relative_path("upload", file_id),
+        source_type="upload",
+        agent_id=upload.agent_id,
+        session_key=file_id,
+        metadata_json=json.dumps(upload.metadata, ensure_ascii=False),
+        started_at=now,
+        status="pending",
+        next_seq=2,
+        flush_pending=True,
+    )
+    header = document.Header(
+        file_id=file_id,
+        session_key=file_id,
+        agent_id=upload.agent_id,
+        source_type="upload",
+        started_at=document.format_ts(now),
+        metadata=upload.metadata,
+    )
+    index.add_journal(
+        conn,
+        file_id=file_id,
+        first_seq=1,
+        last_seq=1,
+        last_ts=document.format_ts(now),
+        data=document.render_frontmatter(header) + document.render_upload(upload.content),
+    )
+    result = AppendResult(
+        file_id=file_id,
+        first_seq=1,
+        last_seq=1,
+        source_refs=(f"{file_id}:1",),
+        status="pending",
+        kick=True,
+    )
+    _remember(conn, upload.agent_id, upload.idempotency_key, upload.digest, result)
+    return result
 
 
 # ---------------------------------------------------------------------------------------------
@@ -316,11 +250,11 @@ def _damaged(
     engine: sa.Engine, file_id: str, kind: str, detail: str, *, mark_error: bool = True
 ) -> errors.FileDamaged:
     """Record that a file cannot be flushed. The sweeper keeps re-kicking it (its journal rows
-    wait), so the anomaly is written once per kind, not on every attempt."""
-    with index.transaction(engine) as conn:
+    wait), so the anomaly is recorded once and then only counted."""
+    with database.transaction(engine) as conn:
         if mark_error:
-            index.update_file(conn, file_id, status="error")
-        if not index.list_anomalies(conn, file_id=file_id, kinds=[kind]):
+            index.record_damage(conn, file_id, kind, detail)
+        else:
             index.record_anomaly(conn, file_id, kind, detail)
     return errors.FileDamaged(f"file {file_id}: {detail}")
 
@@ -334,7 +268,7 @@ def flush(
     data_dir: Path,
     file_id: str,
     *,
-    lock_timeout: float = 30.0,
+    lock_timeout: float = store.DEFAULT_LOCK_TIMEOUT,
     fault: FaultHook = _no_fault,
 ) -> FlushResult:
     """Write every journal row of ``file_id`` past ``flushed_seq`` to its file, once.
@@ -342,17 +276,20 @@ def flush(
     Idempotent: running it twice, concurrently or after a crash at any point, leaves each
     acknowledged message in the file exactly once and in seq order.
     """
-    with store.lock(data_dir, file_id, timeout=lock_timeout), index.advisory_lock(engine, file_id):
+    with (
+        store.lock(data_dir, file_id, timeout=lock_timeout),
+        database.advisory_lock(engine, file_id),
+    ):
         fault("locked")
         started = time.perf_counter()
-        with index.transaction(engine) as conn:
+        with database.transaction(engine) as conn:
             # Cleared before reading, so an append committed after this read kicks again.
             row = index.start_flush(conn, file_id)
             pending = index.journal_after(conn, file_id, row.flushed_seq) if row else []
         if row is None:
             raise errors.NotFound(f"no file {file_id}")
         if not pending:
-            return FlushResult(file_id, 0, 0, row.flushed_seq)
+            return FlushResult(file_id, 0, 0, row.flushed_seq, row.status)
         fault("read")
         seq = row.flushed_seq
         for entry in pending:
@@ -391,12 +328,13 @@ def flush(
         if current is not None and current > expected:
             # The journal proves these bytes were never acknowledged: a flush died mid-write.
             store.truncate(path, expected)
-            with index.transaction(engine) as conn:
+            with database.transaction(engine) as conn:
                 index.record_anomaly(
                     conn,
                     file_id,
                     "torn_tail_truncated",
                     f"cut {current - expected} unacknowledged bytes after offset {expected}",
+                    key=str(expected),
                 )
             fault("truncated")
 
@@ -416,7 +354,7 @@ def flush(
                 store.fsync_dir(path.parent)
         fault("written")
 
-        with index.transaction(engine) as conn:
+        with database.transaction(engine) as conn:
             updated = index.advance_flushed(
                 conn,
                 file_id,
@@ -431,15 +369,14 @@ def flush(
             index.delete_journal(conn, file_id, seq)
         fault("committed")
         metrics.FLUSH_SECONDS.observe(time.perf_counter() - started)
-        now = index.utcnow()
+        now = tables.utcnow()
         for entry in pending:
             metrics.ACK_TO_FLUSH_SECONDS.observe((now - entry.created_at).total_seconds())
-        return FlushResult(file_id, seq - row.flushed_seq, len(data), seq)
+        status = "archived" if row.status == "archived" else "new"
+        return FlushResult(file_id, seq - row.flushed_seq, len(data), seq, status)
 
 
 def stale_files(engine: sa.Engine, *, age: float) -> list[str]:
     """Files whose journal rows have waited more than ``age`` seconds (the sweeper's list)."""
-    import datetime as dt
-
-    with index.transaction(engine) as conn:
-        return index.stale_journal_files(conn, index.utcnow() - dt.timedelta(seconds=age))
+    with database.transaction(engine) as conn:
+        return index.stale_journal_files(conn, tables.utcnow() - dt.timedelta(seconds=age))

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from pipeline import errors, index
+from pipeline import database, errors, index, tables
 
 FLUSH_SECONDS = Histogram(
     "sgme_flush_seconds",
@@ -38,7 +38,7 @@ class IndexCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         """Journal backlog, refinement lag, files by status, anomalies by kind."""
         try:
-            with index.transaction(self.engine) as conn:
+            with database.transaction(self.engine) as conn:
                 rows, messages = index.journal_backlog(conn)
                 lag_sum, lag_max = index.refinement_lag(conn)
                 statuses = index.count_files_by_status(conn)
@@ -70,7 +70,7 @@ class IndexCollector(Collector):
         lag.add_metric(["max"], lag_max)
         yield lag
         files = GaugeMetricFamily("sgme_files", "Files by status", labels=["status"])
-        for status in index.STATUSES:
+        for status in tables.STATUSES:
             files.add_metric([status], statuses.get(status, 0))
         yield files
         anomalies = GaugeMetricFamily("sgme_anomalies", "Anomaly records by kind", labels=["kind"])

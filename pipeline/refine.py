@@ -10,27 +10,43 @@ duplicated or redelivered job commits nothing.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import datetime as dt
 import hashlib
 import json
+import logging
 import math
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Iterator, Mapping, Sequence
 from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import Any, Protocol
 
 import sqlalchemy as sa
 
-from pipeline import document, errors, index, raw
+from pipeline import database, document, errors, index, l1, reader, tables, validation
 
+log = logging.getLogger(__name__)
 REFINER_GROUP = "sgme.refiners"
 
 
-class RefinerError(errors.TransientError):
-    """A refiner failed (bad answer, timeout, unreachable service); the job is retried."""
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """How refinement is scheduled and fed (``refine_*`` settings; docs/refinement.md)."""
 
-    type = "refiner-error"
+    min_messages: int = 20  #: new messages that make a file due at once
+    idle_seconds: float = 60.0  #: quiet seconds after which fewer new messages are due
+    #: how long a claim is reserved; the running job renews it every third of this, so a job
+    #: lost with the broker or a killed worker frees its file within one lease
+    lease_seconds: float = 60.0
+    max_retries: int = 5  #: retries after the first attempt; then the file becomes ``error``
+    retry_backoff: int = 2  #: seconds before the first retry (doubles, with jitter)
+    window_tokens: int = 6000  #: refiner context budget per window (about 4 bytes a token)
+    overlap_messages: int = 1  #: messages repeated from the previous window
+    dispatch_interval: float = 5.0  #: seconds between beat dispatches
+
+
+DEFAULT_OPTIONS = Options()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,31 +60,27 @@ class Claim:
 
 
 @dataclasses.dataclass(frozen=True)
-class Part:
-    """A message, or a part of one too large for a window, as a window holds it."""
-
-    seq: int
-    ts: str
-    role: str
-    content: str
-    tool_name: str | None
-    source_ref: str
-
-
-@dataclasses.dataclass(frozen=True)
 class Window:
-    """What a refiner is fed: a stretch of the segment rendered in the L0 format itself."""
+    """What a refiner is fed: a stretch of the segment rendered in the L0 format itself.
+
+    ``parts`` are the window's messages; a message too large for one window is cut into parts
+    that keep its seq (and so its source_ref).
+    """
 
     file_id: str
     agent_id: str
     session_key: str
     text: str
-    parts: tuple[Part, ...]
+    parts: tuple[document.Message, ...]
+
+    def source_ref(self, part: document.Message) -> str:
+        """The source_ref of one of the window's parts."""
+        return f"{self.file_id}:{part.seq}"
 
     @property
     def source_refs(self) -> tuple[str, ...]:
         """The distinct source_refs of the window, in order."""
-        return tuple(dict.fromkeys(p.source_ref for p in self.parts))
+        return tuple(dict.fromkeys(self.source_ref(p) for p in self.parts))
 
     def to_json(self) -> dict[str, Any]:
         """The window as the webhook refiner sends it."""
@@ -78,7 +90,7 @@ class Window:
             "session_key": self.session_key,
             "text": self.text,
             "source_refs": list(self.source_refs),
-            "messages": [dataclasses.asdict(p) for p in self.parts],
+            "messages": [p.to_json(self.file_id) for p in self.parts],
         }
 
 
@@ -97,7 +109,8 @@ class Item:
 
 
 class Refiner(Protocol):
-    """Turns a window into L1 items. Raise :class:`RefinerError` for a retryable failure."""
+    """Turns a window into L1 items. Raise :class:`errors.RefinerError` for a retryable
+    failure (anything else a refiner raises is treated the same way)."""
 
     name: str
 
@@ -158,13 +171,12 @@ def _split_content(content: str, budget_bytes: int) -> list[str]:
     return pieces
 
 
-def _render_part(part: Part) -> str:
-    message = document.Message(part.role, part.content, part.ts, part.tool_name, part.seq)
-    return document.render_block(message, first=part.seq == 1)
+def _render_part(part: document.Message) -> str:
+    return document.render_block(part, first=part.seq == 1)
 
 
 def windows(
-    file: index.FileRow,
+    file: tables.FileRow,
     messages: Sequence[document.Message],
     *,
     budget_tokens: int,
@@ -176,10 +188,8 @@ def windows(
     context. A message larger than a window is split into parts that keep its source_ref.
     """
     budget_tokens = max(budget_tokens, 64)
-    parts: list[Part] = []
-    for m in messages:
-        ref = f"{file.file_id}:{m.seq}"
-        whole = Part(m.seq, m.ts, m.role, m.content, m.tool_name, ref)
+    parts: list[document.Message] = []
+    for whole in messages:
         if _cost(whole) <= budget_tokens:
             parts.append(whole)
             continue
@@ -189,11 +199,11 @@ def windows(
         # shortest escaped line is "#  user\n"). Otherwise a part overflows its window.
         head = len(_render_part(dataclasses.replace(whole, content="")).encode("utf-8")) + 2
         budget_bytes = max(16, (8 * (budget_tokens * 4 - head) - 1) // 9)
-        for piece in _split_content(m.content, budget_bytes):
+        for piece in _split_content(whole.content, budget_bytes):
             parts.append(dataclasses.replace(whole, content=piece))
 
     result: list[Window] = []
-    current: list[Part] = []
+    current: list[document.Message] = []
     used = 0
     for part in parts:
         cost = _cost(part)
@@ -211,11 +221,11 @@ def windows(
     return result
 
 
-def _cost(part: Part) -> int:
+def _cost(part: document.Message) -> int:
     return estimate_tokens(_render_part(part))
 
 
-def _window(file: index.FileRow, parts: list[Part]) -> Window:
+def _window(file: tables.FileRow, parts: list[document.Message]) -> Window:
     return Window(
         file_id=file.file_id,
         agent_id=file.agent_id,
@@ -226,7 +236,7 @@ def _window(file: index.FileRow, parts: list[Part]) -> Window:
 
 
 # ---------------------------------------------------------------------------------------------
-# due files, claim, commit
+# due files, claim, run, commit
 
 
 def due_files(
@@ -238,55 +248,53 @@ def due_files(
     file_ids: Sequence[str] | None = None,
 ) -> list[str]:
     """Files with unrefined flushed messages that are due and not leased."""
-    f = index.raw_files.c
-    now = index.utcnow()
-    query = (
-        sa.select(f.file_id)
-        .where(
-            f.flushed_seq > f.last_refined_seq,
-            f.status.in_(("new", "refined")),
-            sa.or_(f.refine_lease_until.is_(None), f.refine_lease_until < now),
-            sa.or_(
-                f.flushed_seq - f.last_refined_seq >= min_messages,
-                f.flushed_at < now - dt.timedelta(seconds=idle_seconds),
-            ),
+    with database.transaction(engine) as conn:
+        return index.due_files(
+            conn,
+            min_messages=min_messages,
+            idle_seconds=idle_seconds,
+            limit=limit,
+            file_ids=file_ids,
         )
-        .order_by(f.flushed_at)
-        .limit(limit)
-    )
-    if file_ids is not None:
-        query = query.where(f.file_id.in_(list(file_ids)))
-    with index.transaction(engine) as conn:
-        return [row[0] for row in conn.execute(query)]
 
 
 def claim(engine: sa.Engine, file_id: str, *, lease_seconds: float) -> Claim | None:
     """Reserve the file's unrefined segment for one job, or None if it is leased or done."""
-    f = index.raw_files.c
-    now = index.utcnow()
-    with index.transaction(engine) as conn:
-        claimed = index.update_file(
-            conn,
-            file_id,
-            f.flushed_seq > f.last_refined_seq,
-            f.status.in_(("new", "refined")),
-            sa.or_(f.refine_lease_until.is_(None), f.refine_lease_until < now),
-            refine_epoch=f.refine_epoch + 1,
-            refine_lease_until=now + dt.timedelta(seconds=lease_seconds),
-        )
-        if not claimed:
-            return None
-        row = index.get_file(conn, file_id)
-        assert row is not None
-        return Claim(file_id, row.last_refined_seq, row.flushed_seq, row.refine_epoch)
+    with database.transaction(engine) as conn:
+        found = index.claim_segment(conn, file_id, lease_seconds=lease_seconds)
+    return Claim(file_id, *found) if found else None
+
+
+def dispatch(
+    engine: sa.Engine,
+    *,
+    min_messages: int,
+    idle_seconds: float,
+    lease_seconds: float,
+    file_ids: Sequence[str] | None = None,
+    limit: int = 100,
+) -> list[Claim]:
+    """Claim every due file (up to ``limit``); each claim becomes one refine_segment job."""
+    claims = []
+    for file_id in due_files(
+        engine,
+        min_messages=min_messages,
+        idle_seconds=idle_seconds,
+        limit=limit,
+        file_ids=file_ids,
+    ):
+        found = claim(engine, file_id, lease_seconds=lease_seconds)
+        if found is not None:
+            claims.append(found)
+    return claims
 
 
 def segment(
     engine: sa.Engine, data_dir: Path, c: Claim
-) -> tuple[index.FileRow, list[document.Message]]:
+) -> tuple[tables.FileRow, list[document.Message]]:
     """The file row and the messages ``lo < seq <= hi`` of a claim, read from the file."""
-    row = raw.get_file(engine, c.file_id)
-    doc = raw.read_document(engine, data_dir, row)
+    row = reader.get_file(engine, c.file_id)
+    doc = reader.read_document(engine, data_dir, row)
     found = list(doc.messages[c.lo : c.hi]) if doc else []
     if len(found) != c.hi - c.lo:
         raise errors.FileDamaged(
@@ -316,12 +324,50 @@ def run(
     budget_tokens: int,
     overlap: int,
 ) -> list[Item]:
-    """Feed the claimed segment, window by window, to ``refiner``; the items it returns."""
+    """Feed the claimed segment, window by window, to ``refiner``; the items it returns.
+
+    Whatever a refiner raises that is not one of ours counts as a :class:`errors.RefinerError`
+    (retried): a plug-in's bug or its client library's exception must not lose the claim.
+    """
     row, found = segment(engine, data_dir, c)
     items: list[Item] = []
     for window in windows(row, found, budget_tokens=budget_tokens, overlap=overlap):
-        items.extend(check_items(window, refiner.refine(window)))
+        try:
+            answer = refiner.refine(window)
+        except errors.SgmeError:
+            raise
+        except Exception as exc:
+            raise errors.RefinerError(f"refiner {refiner.name!r} raised {exc!r}") from exc
+        items.extend(check_items(window, answer))
     return items
+
+
+@contextlib.contextmanager
+def heartbeat(engine: sa.Engine, c: Claim, *, lease_seconds: float) -> Iterator[None]:
+    """Renew the claim's lease every third of ``lease_seconds`` while the block runs, so a
+    slow refiner keeps its claim while a lost job frees its file within one lease."""
+    stop = threading.Event()
+
+    def renew() -> None:
+        while not stop.wait(lease_seconds / 3):
+            try:
+                with database.transaction(engine) as conn:
+                    held = index.renew_lease(
+                        conn, c.file_id, epoch=c.epoch, lease_seconds=lease_seconds
+                    )
+            except errors.SgmeError as exc:
+                log.warning("could not renew the lease of %s: %s", c.file_id, exc.detail)
+                continue
+            if not held:
+                return  # replaced (a full re-refine, an expired lease): the commit is fenced
+
+    thread = threading.Thread(target=renew, name=f"lease-{c.file_id[:8]}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def commit(engine: sa.Engine, c: Claim, items: Sequence[Item], *, refiner: str) -> bool:
@@ -329,30 +375,16 @@ def commit(engine: sa.Engine, c: Claim, items: Sequence[Item], *, refiner: str) 
 
     False for a stale or duplicate job: nothing is stored.
     """
-    f = index.raw_files.c
-    now = index.utcnow()
-    with index.transaction(engine) as conn:
+    with database.transaction(engine) as conn:
         row = index.get_file(conn, c.file_id)
-        updated = index.update_file(
-            conn,
-            c.file_id,
-            f.refine_epoch == c.epoch,
-            f.last_refined_seq == c.lo,
-            last_refined_seq=c.hi,
-            refined_at=now,
-            refine_lease_until=None,
-            status=sa.case(
-                (f.status == "archived", "archived"),
-                (f.flushed_seq > c.hi, "new"),
-                else_="refined",
-            ),
-        )
-        if not updated or row is None:
+        if row is None or not index.commit_segment(
+            conn, c.file_id, epoch=c.epoch, lo=c.lo, hi=c.hi
+        ):
             return False
         if c.lo == 0:
             # A full (re-)refine replaces whatever the file's items were.
-            index.delete_l1_items(conn, c.file_id)
-        index.add_l1_items(
+            l1.delete_items(conn, c.file_id)
+        l1.add_items(
             conn,
             [
                 {
@@ -374,61 +406,23 @@ def commit(engine: sa.Engine, c: Claim, items: Sequence[Item], *, refiner: str) 
 
 def fail(engine: sa.Engine, c: Claim, detail: str) -> bool:
     """After the last retry: mark the file ``error`` with a ``refine_failed`` anomaly."""
-    f = index.raw_files.c
-    with index.transaction(engine) as conn:
-        updated = index.update_file(
-            conn, c.file_id, f.refine_epoch == c.epoch, status="error", refine_lease_until=None
+    with database.transaction(engine) as conn:
+        if not index.fail_segment(conn, c.file_id, epoch=c.epoch):
+            return False
+        index.record_anomaly(
+            conn, c.file_id, "refine_failed", f"segment {c.lo}<seq<={c.hi}: {detail}"
         )
-        if updated:
-            index.record_anomaly(
-                conn, c.file_id, "refine_failed", f"segment {c.lo}<seq<={c.hi}: {detail}"
-            )
-        return bool(updated)
+        return True
 
 
 def request_full(engine: sa.Engine, file_id: str) -> None:
     """Full re-refine: ``last_refined_seq = 0``; the file's L1 items are replaced when the run
-    commits (until then the old ones stay listed).
-
-    The epoch is bumped so that a job still running for the old claim commits nothing.
-    """
-    document.check_file_id(file_id)
-    f = index.raw_files.c
-    with index.transaction(engine) as conn:
+    commits (until then the old ones stay listed)."""
+    validation.check_file_id(file_id)
+    with database.transaction(engine) as conn:
         row = index.get_file(conn, file_id, for_update=True)
         if row is None:
             raise errors.NotFound(f"no file {file_id}")
         if row.status == "pending":
             raise errors.Conflict(f"file {file_id} has nothing flushed yet")
-        index.update_file(
-            conn,
-            file_id,
-            last_refined_seq=0,
-            refine_epoch=f.refine_epoch + 1,
-            refine_lease_until=None,
-            status=sa.case((f.status == "archived", "archived"), else_="new"),
-        )
-
-
-def dispatch(
-    engine: sa.Engine,
-    *,
-    min_messages: int,
-    idle_seconds: float,
-    lease_seconds: float,
-    file_ids: Sequence[str] | None = None,
-    limit: int = 100,
-) -> list[Claim]:
-    """Claim every due file (up to ``limit``); each claim becomes one refine_segment job."""
-    claims = []
-    for file_id in due_files(
-        engine,
-        min_messages=min_messages,
-        idle_seconds=idle_seconds,
-        limit=limit,
-        file_ids=file_ids,
-    ):
-        found = claim(engine, file_id, lease_seconds=lease_seconds)
-        if found is not None:
-            claims.append(found)
-    return claims
+        index.restart_refinement(conn, file_id)

@@ -1,8 +1,12 @@
 """One frozen Settings, read from a YAML file, then ``SGME_*`` environment variables, then
 explicit overrides (CLI flags). This is the only module that reads the environment.
 
-Precedence, lowest first: the defaults below (mirrored in ``config/default.yaml``), the file
-named by ``SGME_CONFIG`` (or passed in), environment variables, keyword overrides.
+Precedence, lowest first: the defaults (each in one place: the field below, or the option
+group's dataclass — :class:`refine.Options`, :class:`archive.Options`,
+:class:`validation.Limits`), the file named by ``SGME_CONFIG`` (or passed in), environment
+variables, keyword overrides. Every key is flat (``refine_min_messages``,
+``limits_max_session_key``, env ``SGME_REFINE_MIN_MESSAGES``); a YAML file may also nest a
+group (``limits: {max_session_key: 512}``). ``config/default.yaml`` documents each one.
 """
 
 from __future__ import annotations
@@ -15,59 +19,46 @@ from typing import Any
 
 import yaml
 
-from pipeline import document, errors
+from pipeline import archive, database, errors, refine, store, validation
 
-DEFAULT_DATA_DIR = "data"
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 8765
-DEFAULT_LOCK_TIMEOUT = 30.0  #: seconds a flush waits for its per-file lock
-DEFAULT_SWEEP_INTERVAL = 5.0  #: seconds between sweeps for un-flushed journal rows
-DEFAULT_SWEEP_AGE = 3.0  #: seconds a journal row may wait before the sweeper re-kicks it
-DEFAULT_SQLITE_BUSY_TIMEOUT = 30.0  #: seconds SQLite waits for a lock before failing
-DEFAULT_REFINE_MIN_MESSAGES = 20  #: new messages that make a file due for refinement at once
-DEFAULT_REFINE_IDLE_SECONDS = 60.0  #: quiet seconds after which fewer new messages are due
-DEFAULT_REFINE_LEASE_SECONDS = 600.0  #: how long a claimed segment is reserved for its job
-DEFAULT_REFINE_MAX_RETRIES = 5  #: attempts after the first before a file is marked error
-DEFAULT_REFINE_WINDOW_TOKENS = 6000  #: refiner context budget per window (estimated tokens)
-DEFAULT_REFINE_OVERLAP_MESSAGES = 1  #: messages repeated from the previous window
+#: option groups: settings key prefix → (Settings field, the group's frozen dataclass)
+GROUPS: dict[str, tuple[str, type[Any]]] = {
+    "refine": ("refinement", refine.Options),
+    "archive": ("archiving", archive.Options),
+    "limits": ("limits", validation.Limits),
+}
+#: fields of a group that come from a top-level setting instead of a key of their own
+_SHARED = {("archive", "lock_timeout"): "lock_timeout"}
 
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
     """Everything configurable; see ``config/default.yaml`` for each value's meaning."""
 
-    data_dir: Path = Path(DEFAULT_DATA_DIR)
+    data_dir: Path = Path("data")
     database_url: str = ""
     broker_url: str = "memory://"
-    host: str = DEFAULT_HOST
-    port: int = DEFAULT_PORT
-    lock_timeout: float = DEFAULT_LOCK_TIMEOUT
-    sweep_interval: float = DEFAULT_SWEEP_INTERVAL
-    sweep_age: float = DEFAULT_SWEEP_AGE
-    sqlite_busy_timeout: float = DEFAULT_SQLITE_BUSY_TIMEOUT
+    host: str = "127.0.0.1"
+    port: int = 8765
+    lock_timeout: float = store.DEFAULT_LOCK_TIMEOUT
+    sweep_interval: float = 5.0  #: seconds between sweeps for un-flushed journal rows
+    sweep_age: float = 3.0  #: seconds a journal row may wait before the sweeper re-kicks it
+    sqlite_busy_timeout: float = database.DEFAULT_BUSY_TIMEOUT
+    sqlite_synchronous: str = database.DEFAULT_SQLITE_SYNCHRONOUS
+    #: Celery retries of flushes and ``sgme.append`` tasks (lock timeouts, a busy database)
+    flush_max_retries: int = 8
+    flush_retry_backoff: int = 1  #: seconds before the first retry (doubles, with jitter)
     #: allow binding a non-loopback address although there is no authentication yet; only
     #: for networks where every client is trusted (a compose network published on 127.0.0.1)
     trust_network: bool = False
-    #: refinement (DESIGN §4)
-    refine_min_messages: int = DEFAULT_REFINE_MIN_MESSAGES
-    refine_idle_seconds: float = DEFAULT_REFINE_IDLE_SECONDS
-    refine_lease_seconds: float = DEFAULT_REFINE_LEASE_SECONDS
-    refine_max_retries: int = DEFAULT_REFINE_MAX_RETRIES
-    refine_retry_backoff: float = 2.0  #: seconds before the first retry; doubles each time
-    refine_window_tokens: int = DEFAULT_REFINE_WINDOW_TOKENS
-    refine_overlap_messages: int = DEFAULT_REFINE_OVERLAP_MESSAGES
-    refine_dispatch_interval: float = 5.0  #: seconds between beat dispatches
+    refinement: refine.Options = refine.DEFAULT_OPTIONS
     refiner: str = "builtin"  #: entry point name in group ``sgme.refiners``
     #: refiner options, e.g. {base_url, model, api_key, timeout} for openai, {url} for webhook
     refiner_options: dict[str, Any] = dataclasses.field(default_factory=dict)
-    #: cold archive (DESIGN §5): days unchanged before a fully refined file is compressed
-    archive_after_days: float = 90.0
-    archive_level: int = 10  #: zstd level
-    archive_threads: int = 0  #: zstd worker threads per file (0: on the calling thread)
-    archive_workers: int = 2  #: files compressed at once
+    archiving: archive.Options = archive.DEFAULT_OPTIONS
     #: worker side: expose Prometheus metrics on this port (0: off)
     worker_metrics_port: int = 0
-    limits: document.Limits = document.DEFAULT_LIMITS
+    limits: validation.Limits = validation.DEFAULT_LIMITS
 
     @property
     def index_url(self) -> str:
@@ -87,41 +78,79 @@ class Settings:
         values: dict[str, Any] = {}
         path = path or env.get("SGME_CONFIG")
         if path:
-            values.update(_read_yaml(Path(path)))
-        for field in dataclasses.fields(cls):
-            key = f"SGME_{field.name.upper()}"
-            if key in env and field.name not in ("limits",):
-                values[field.name] = env[key]
+            values.update(_flatten(_read_yaml(Path(path))))
+        known = _keys()
+        for name in known:
+            key = f"SGME_{name.upper()}"
+            if key in env:
+                values[name] = env[key]
         values.update({k: v for k, v in overrides.items() if v is not None})
+        unknown = set(values) - set(known)
+        if unknown:
+            raise errors.InvalidInput(f"unknown settings: {', '.join(sorted(unknown))}")
         return cls._build(values)
 
     @classmethod
     def _build(cls, values: dict[str, Any]) -> Settings:
-        known = {f.name: f for f in dataclasses.fields(cls)}
-        unknown = set(values) - set(known)
-        if unknown:
-            raise errors.InvalidInput(f"unknown settings: {', '.join(sorted(unknown))}")
         kwargs: dict[str, Any] = {}
+        groups: dict[str, dict[str, Any]] = {prefix: {} for prefix in GROUPS}
         for name, raw in values.items():
-            default = getattr(cls, name, None)
-            try:
-                if name == "refiner_options":
-                    kwargs[name] = dict(yaml.safe_load(raw) if isinstance(raw, str) else raw)
-                elif name == "limits":
-                    kwargs[name] = dataclasses.replace(document.DEFAULT_LIMITS, **dict(raw))
-                elif name == "data_dir":
-                    kwargs[name] = Path(raw)
-                elif isinstance(default, bool):
-                    kwargs[name] = str(raw).lower() in ("1", "true", "yes", "on")
-                elif isinstance(default, int):
-                    kwargs[name] = int(raw)
-                elif isinstance(default, float):
-                    kwargs[name] = float(raw)
-                else:
-                    kwargs[name] = str(raw)
-            except (TypeError, ValueError) as exc:
-                raise errors.InvalidInput(f"setting {name}: bad value {raw!r} ({exc})") from None
+            prefix, _, field = name.partition("_")
+            if prefix in GROUPS and name not in _TOP:
+                groups[prefix][field] = _convert(name, raw, getattr(GROUPS[prefix][1], field))
+            else:
+                kwargs[name] = _convert(name, raw, getattr(cls, name, None))
+        for (prefix, field), source in _SHARED.items():
+            groups[prefix][field] = kwargs.get(source, getattr(cls, source))
+        for prefix, (attribute, group) in GROUPS.items():
+            if groups[prefix]:
+                kwargs[attribute] = group(**groups[prefix])
         return cls(**kwargs)
+
+
+_TOP = {f.name for f in dataclasses.fields(Settings)} - {a for a, _ in GROUPS.values()}
+
+
+def _keys() -> list[str]:
+    """Every flat settings key."""
+    keys = sorted(_TOP)
+    for prefix, (_, group) in GROUPS.items():
+        keys += [
+            f"{prefix}_{f.name}"
+            for f in dataclasses.fields(group)
+            if (prefix, f.name) not in _SHARED
+        ]
+    return keys
+
+
+def _flatten(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A YAML mapping whose groups may be nested (``limits: {…}``) as flat keys."""
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in GROUPS and isinstance(value, Mapping):
+            flat.update({f"{key}_{name}": item for name, item in value.items()})
+        else:
+            flat[str(key)] = value
+    return flat
+
+
+def _convert(name: str, raw: Any, default: Any) -> Any:
+    """A settings value from YAML or the environment, as the type of its default."""
+    try:
+        if name == "refiner_options":
+            value = yaml.safe_load(raw) if isinstance(raw, str) else raw
+            return dict(value or {})
+        if name == "data_dir":
+            return Path(raw)
+        if isinstance(default, bool):
+            return str(raw).lower() in ("1", "true", "yes", "on")
+        if isinstance(default, int):
+            return int(raw)
+        if isinstance(default, float):
+            return float(raw)
+        return str(raw)
+    except (TypeError, ValueError, yaml.YAMLError) as exc:
+        raise errors.InvalidInput(f"setting {name}: bad value {raw!r} ({exc})") from None
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:

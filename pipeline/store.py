@@ -23,6 +23,7 @@ from pipeline import errors
 
 SUBDIRS = {"session": "sessions", "upload": "uploads", "external": "external"}
 LOCK_STRIPES = 1024  #: lock files under <data>/.locks; a file maps to one by hash
+DEFAULT_LOCK_TIMEOUT = 30.0  #: seconds to wait for a per-file lock (flush, archive, restore)
 _OPEN_FLAGS = os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 
 

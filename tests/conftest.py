@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from pipeline import index
+from pipeline import database, tables
 
 CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 POSTGRES_ADMIN_URL = os.environ.get(
@@ -34,7 +34,9 @@ def unavailable(reason: str) -> None:
 def scratch_database(prefix: str) -> Iterator[str]:
     """The URL of a new, empty PostgreSQL database, dropped afterwards. Skipped off CI when
     PostgreSQL does not answer; a failure on CI."""
-    admin = sa.create_engine(index.normalize_url(POSTGRES_ADMIN_URL), isolation_level="AUTOCOMMIT")
+    admin = sa.create_engine(
+        database.normalize_url(POSTGRES_ADMIN_URL), isolation_level="AUTOCOMMIT"
+    )
     name = f"{prefix}_{os.getpid()}_{uuid.uuid4().hex[:8]}"
     try:
         with admin.connect() as conn:
@@ -54,8 +56,8 @@ def scratch_database(prefix: str) -> Iterator[str]:
 def postgres_url() -> Iterator[str]:
     """A migrated PostgreSQL database of this test run's own; dropped at the end."""
     with scratch_database("sgme_test") as url:
-        engine = index.create_engine(url)
-        index.migrate(engine)
+        engine = database.create_engine(url)
+        database.migrate(engine)
         engine.dispose()
         yield url
 
@@ -66,15 +68,15 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
     with every table emptied."""
     if request.param == "sqlite":
         url = f"sqlite:///{tmp_path / 'index.sqlite3'}"
-        engine = index.create_engine(url)
-        index.migrate(engine)
+        engine = database.create_engine(url)
+        database.migrate(engine)
         engine.dispose()
         yield url
         return
     url = request.getfixturevalue("postgres_url")
-    engine = index.create_engine(url)
+    engine = database.create_engine(url)
     with engine.begin() as conn:
-        names = ", ".join(t.name for t in index.metadata.sorted_tables)
+        names = ", ".join(t.name for t in tables.metadata.sorted_tables)
         conn.execute(sa.text(f"TRUNCATE {names} RESTART IDENTITY CASCADE"))
     engine.dispose()
     yield url
@@ -83,9 +85,17 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
 @pytest.fixture
 def engine(database_url: str) -> Iterator[sa.Engine]:
     """An engine on :func:`database_url`."""
-    engine = index.create_engine(database_url)
+    engine = database.create_engine(database_url)
     yield engine
     engine.dispose()
+
+
+def set_row(engine: sa.Engine, file_id: str, **values: Any) -> None:
+    """Change a ``raw_files`` row behind the pipeline's back (a test setting the scene: an old
+    file, a lapsed lease)."""
+    with database.transaction(engine) as conn:
+        stmt = sa.update(tables.raw_files).where(tables.raw_files.c.file_id == file_id)
+        assert conn.execute(stmt.values(**values)).rowcount == 1
 
 
 @pytest.fixture

@@ -1,33 +1,51 @@
-"""The Celery application, configured from Settings.
+"""The Celery application, made from Settings by :func:`create` (never at import time).
 
-Production: ``celery -A workers.app worker -Q append`` (and ``-Q refine,archive``),
-``celery -A workers.app beat`` — exactly one beat. The broker is ``SGME_BROKER_URL``
-(Redis in production); ``sgme serve`` runs a worker and beat inside its own process on the
-in-memory broker instead.
+Production runs ``sgme worker --queues append`` (and ``--queues refine,archive``) and exactly
+one ``sgme beat``; ``sgme serve`` runs a worker and beat inside its own process on the
+in-memory broker (:mod:`workers.embedded`). The ``sgme`` command finds :data:`backend` through
+the ``sgme.workers`` entry point, so :mod:`pipeline` never imports this package.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import threading
+import contextlib
+import logging
+from collections.abc import Iterator
 from typing import Any
 
 import sqlalchemy as sa
 from celery import Celery, signals
 
-from pipeline import index, refine
+from pipeline import refine
+from pipeline.service import Service
 from pipeline.settings import Settings
-from workers import schedule
+from workers import schedule, tasks
 
+log = logging.getLogger(__name__)
 QUEUES = ("append", "refine", "archive")
 TASK_TIME_LIMIT = 600  #: seconds; must stay below the broker's visibility timeout
 VISIBILITY_TIMEOUT = 3600  #: seconds before Redis redelivers an unacknowledged task
 
-app = Celery("sgme", include=["workers.tasks"])
+
+class CeleryQueue:
+    """:class:`pipeline.service.Queue` on a Celery app: tasks carry only ids and numbers."""
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+
+    def flush(self, file_id: str) -> None:
+        """Enqueue ``sgme.flush``."""
+        self.app.tasks["sgme.flush"].delay(file_id)
+
+    def refine(self, claim: refine.Claim) -> None:
+        """Enqueue ``sgme.refine_segment`` for a claim."""
+        self.app.tasks["sgme.refine_segment"].delay(claim.file_id, claim.lo, claim.hi, claim.epoch)
 
 
-def configure(settings: Settings) -> None:
-    """(Re)configure :data:`app` and the task runtime from ``settings``."""
+def create(settings: Settings, engine: sa.Engine) -> Celery:
+    """A Celery app for ``settings`` whose tasks work on ``engine``; ``app.sgme`` is its
+    :class:`Service`."""
+    app = Celery("sgme", set_as_current=False)
     memory = settings.broker_url.startswith("memory://")
     transport: dict[str, Any] = {"visibility_timeout": VISIBILITY_TIMEOUT}
     if memory:
@@ -64,77 +82,73 @@ def configure(settings: Settings) -> None:
         beat_schedule=schedule.beat_schedule(settings),
         timezone="UTC",
     )
+    service = Service(settings, engine, CeleryQueue(app))
+    app.sgme = service
+    tasks.register(app, service)
     # Make this the app every thread falls back to: a task's retry resolves the app through
     # the thread's current app, and a worker thread that fell back to Celery's default app
     # published its retries where no consumer of ours ever saw them.
     app.set_default()
     app.set_current()
-    global _runtime
-    _runtime = Runtime(settings)
+
+    def after_fork(**_: Any) -> None:
+        engine.dispose(close=False)  # connections inherited over a fork are not ours to use
+
+    def metrics_server(**_: Any) -> None:
+        if settings.worker_metrics_port:
+            from prometheus_client import start_http_server
+
+            start_http_server(settings.worker_metrics_port)
+
+    signals.worker_process_init.connect(after_fork, weak=False)
+    signals.worker_ready.connect(metrics_server, weak=False)
+    return app
 
 
-@dataclasses.dataclass
-class Runtime:
-    """What tasks need in this process: settings, an engine and a refiner (made on first use)."""
+class CeleryWorkers:
+    """What the ``sgme`` command needs of the workers (:class:`pipeline.service.Workers`)."""
 
-    settings: Settings
-    _engine: sa.Engine | None = None
-    _refiner: refine.Refiner | None = None
-    _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    def queue(self, settings: Settings, engine: sa.Engine) -> CeleryQueue:
+        """Enqueue into the broker (``sgme api``)."""
+        return CeleryQueue(create(settings, engine))
 
-    @property
-    def engine(self) -> sa.Engine:
-        with self._lock:
-            if self._engine is None:
-                self._engine = index.create_engine(
-                    self.settings.index_url, busy_timeout=self.settings.sqlite_busy_timeout
-                )
-            return self._engine
+    def worker(
+        self,
+        settings: Settings,
+        engine: sa.Engine,
+        *,
+        queues: str,
+        concurrency: int,
+        pool: str,
+        loglevel: str,
+    ) -> None:
+        """Run a worker in the foreground (``sgme worker``)."""
+        argv = ["worker", "--queues", queues, "--loglevel", loglevel.upper()]
+        argv += ["--concurrency", str(concurrency), "--pool", pool, "-E"]
+        create(settings, engine).worker_main(argv)
 
-    @engine.setter
-    def engine(self, engine: sa.Engine) -> None:
-        self._engine = engine
+    def beat(self, settings: Settings, engine: sa.Engine, *, loglevel: str) -> None:
+        """Run beat in the foreground (``sgme beat``)."""
+        schedule_file = str(settings.data_dir / ".celerybeat-schedule")
+        create(settings, engine).start(
+            ["beat", "--loglevel", loglevel.upper(), "--schedule", schedule_file]
+        )
 
-    @property
-    def refiner(self) -> refine.Refiner:
-        with self._lock:
-            if self._refiner is None:
-                self._refiner = refine.load_refiner(
-                    self.settings.refiner, self.settings.refiner_options
-                )
-            return self._refiner
+    @contextlib.contextmanager
+    def embedded(
+        self, settings: Settings, engine: sa.Engine, *, concurrency: int
+    ) -> Iterator[CeleryQueue]:
+        """A worker and beat in this process for as long as the block runs (``sgme serve``)."""
+        from workers import embedded
 
-    def reset(self) -> None:
-        """Drop connections inherited over a fork."""
-        with self._lock:
-            if self._engine is not None:
-                self._engine.dispose(close=False)
-
-
-_runtime: Runtime | None = None
-
-
-def runtime() -> Runtime:
-    """The runtime of this process."""
-    if _runtime is None:
-        configure(Settings.load())
-    assert _runtime is not None
-    return _runtime
+        app = create(settings, engine)
+        runner = embedded.Embedded(app, data_dir=settings.data_dir, concurrency=concurrency)
+        runner.start()
+        try:
+            yield CeleryQueue(app)
+        finally:
+            runner.stop()
 
 
-@signals.worker_process_init.connect
-def _after_fork(**_: Any) -> None:
-    if _runtime is not None:
-        _runtime.reset()
-
-
-@signals.worker_ready.connect
-def _metrics_server(**_: Any) -> None:
-    port = runtime().settings.worker_metrics_port
-    if port:
-        from prometheus_client import start_http_server
-
-        start_http_server(port)
-
-
-configure(Settings.load())
+#: what the ``sgme.workers`` entry point names
+backend = CeleryWorkers()

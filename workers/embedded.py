@@ -12,25 +12,26 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from celery import beat
+from celery import Celery, beat
 from celery.worker import WorkController
 
-from workers import app as worker_app
-from workers import tasks
+from workers import app as celery_app
 
 
 class Embedded:
-    """Start/stop a threaded worker (all queues) and a threaded beat."""
+    """Start/stop a threaded worker (all queues) and a threaded beat for ``app``."""
 
-    def __init__(self, *, data_dir: Path, concurrency: int = 4, loglevel: str = "WARNING") -> None:
-        self.app = worker_app.app
+    def __init__(
+        self, app: Celery, *, data_dir: Path, concurrency: int = 4, loglevel: str = "WARNING"
+    ) -> None:
+        self.app = app
         self._ready = threading.Event()
         self.worker: Any = _ReadyWorker(
-            app=self.app,
+            app=app,
             ready_event=self._ready,
             pool="threads",
             concurrency=concurrency,
-            queues=list(worker_app.QUEUES),
+            queues=list(celery_app.QUEUES),
             loglevel=loglevel,
             without_heartbeat=True,
             without_mingle=True,
@@ -38,7 +39,7 @@ class Embedded:
             hostname="sgme-embedded@localhost",
         )
         self.beat: Any = beat.EmbeddedService(
-            self.app, thread=True, schedule_filename=str(data_dir / ".celerybeat-schedule")
+            app, thread=True, schedule_filename=str(data_dir / ".celerybeat-schedule")
         )
         self._thread = threading.Thread(target=self.worker.start, name="sgme-worker", daemon=True)
 
@@ -50,8 +51,8 @@ class Embedded:
         # Every row, however young: a crash just lost this process's in-memory queue, so no
         # kick is on its way for any of them (with the default age, rows acknowledged in the
         # last seconds before a crash would wait for the next periodic sweep).
-        tasks.sweep.delay(age=0)
-        tasks.dispatch_refinements.delay()
+        self.app.tasks["sgme.sweep"].delay(age=0)
+        self.app.tasks["sgme.dispatch_refinements"].delay()
         self.beat.start()
 
     def stop(self) -> None:

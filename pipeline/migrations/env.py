@@ -7,10 +7,10 @@ import os
 
 from alembic import context
 
-from pipeline import index
+from pipeline import database, tables
 
 config = context.config
-target_metadata = index.metadata
+target_metadata = tables.metadata
 
 
 def run() -> None:
@@ -23,7 +23,7 @@ def run() -> None:
             context.run_migrations()
         return
     url = config.get_main_option("sqlalchemy.url") or os.environ.get("SGME_DATABASE_URL", "")
-    engine = index.create_engine(url)
+    engine = database.create_engine(url)
     with engine.begin() as conn:
         context.configure(connection=conn, target_metadata=target_metadata, render_as_batch=True)
         with context.begin_transaction():

@@ -96,5 +96,5 @@ class BuiltinRefiner:
             for kind, content in found:
                 if content and (kind, content) not in seen:
                     seen.add((kind, content))
-                    items.append(refine.Item(kind, content, (part.source_ref,)))
+                    items.append(refine.Item(kind, content, (window.source_ref(part),)))
         return items

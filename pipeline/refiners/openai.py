@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from pipeline import refine
+from pipeline import errors, refine
 
 PROMPT = """You extract long-term memory items from a conversation transcript.
 The transcript is in the L0 format: each message starts with a heading line
@@ -39,10 +39,10 @@ def parse_items(text: str) -> list[refine.Item]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise refine.RefinerError(f"refiner answer is not JSON: {exc}") from None
+        raise errors.RefinerError(f"refiner answer is not JSON: {exc}") from None
     raw_items = data.get("items") if isinstance(data, dict) else None
     if not isinstance(raw_items, list):
-        raise refine.RefinerError("refiner answer has no 'items' list")
+        raise errors.RefinerError("refiner answer has no 'items' list")
     items = []
     for raw in raw_items:
         if not isinstance(raw, dict):
@@ -101,19 +101,19 @@ class OpenAIRefiner:
         try:
             response = self.client.post(self.url, json=self.request_body(window))
         except httpx.HTTPError as exc:
-            raise refine.RefinerError(f"chat-completions request failed: {exc!r}") from None
+            raise errors.RefinerError(f"chat-completions request failed: {exc!r}") from None
         if response.status_code != 200:
-            raise refine.RefinerError(
+            raise errors.RefinerError(
                 f"chat-completions answered {response.status_code}: {response.text[:200]}"
             )
         try:
             content = response.json()["choices"][0]["message"]["content"]
         except (ValueError, KeyError, IndexError, TypeError):
-            raise refine.RefinerError(
+            raise errors.RefinerError(
                 f"not a chat-completions answer: {response.text[:200]}"
             ) from None
         if not isinstance(content, str):
-            raise refine.RefinerError("chat-completions answer has no text content")
+            raise errors.RefinerError("chat-completions answer has no text content")
         return parse_items(content)
 
 

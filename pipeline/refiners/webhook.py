@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import httpx
 
-from pipeline import refine
+from pipeline import errors, refine
 from pipeline.refiners.openai import parse_items
 
 
@@ -30,9 +30,9 @@ class WebhookRefiner:
         try:
             response = self.client.post(self.url, json=window.to_json())
         except httpx.HTTPError as exc:
-            raise refine.RefinerError(f"webhook request failed: {exc!r}") from None
+            raise errors.RefinerError(f"webhook request failed: {exc!r}") from None
         if response.status_code >= 300:
-            raise refine.RefinerError(
+            raise errors.RefinerError(
                 f"webhook answered {response.status_code}: {response.text[:200]}"
             )
         if response.status_code == 204 or not response.content.strip():

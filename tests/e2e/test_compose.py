@@ -21,6 +21,10 @@ ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 
 
+def _environment() -> dict[str, str]:
+    return dict(COMPOSE["x-sgme"]["environment"])
+
+
 def _commands() -> dict[str, list[str]]:
     return {name: svc["command"] for name, svc in COMPOSE["services"].items() if "command" in svc}
 
@@ -70,7 +74,8 @@ def _free_port() -> int:
 
 def test_flower_command_serves_with_basic_auth(tmp_path: Path) -> None:
     command = _commands()["flower"]
-    assert command[:4] == ["celery", "-A", "workers.app", "flower"]
+    assert command[:2] == ["celery", "flower"]
+    assert _environment()["CELERY_BROKER_URL"] == _environment()["SGME_BROKER_URL"]
     port = _free_port()
     argv = [
         arg.replace("${FLOWER_USER}", "ops").replace("${FLOWER_PASSWORD}", "s3cret")
@@ -81,7 +86,7 @@ def test_flower_command_serves_with_basic_auth(tmp_path: Path) -> None:
         "--address=127.0.0.1",
     ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("SGME_")}
-    env.update(SGME_DATA_DIR=str(tmp_path), SGME_BROKER_URL="memory://")
+    env.update(SGME_DATA_DIR=str(tmp_path), CELERY_BROKER_URL="memory://")
     proc = subprocess.Popen(
         [sys.executable, "-m", "celery", *argv],
         env=env,

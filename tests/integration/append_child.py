@@ -15,7 +15,7 @@ import random
 import sys
 from pathlib import Path
 
-from pipeline import index, journal
+from pipeline import database, journal
 
 SESSION = "shared"
 
@@ -23,7 +23,7 @@ SESSION = "shared"
 def main() -> None:
     url, data_dir, proc, count, seed, out = sys.argv[1:]
     rng = random.Random(int(seed))
-    engine = index.create_engine(url)
+    engine = database.create_engine(url)
     with engine.connect():  # connect before the start line, not inside the race
         pass
     print("ready", flush=True)

@@ -27,7 +27,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from pipeline import index, journal
+from pipeline import database, index, journal
 
 SESSIONS = ("alpha", "beta", "gamma")
 SNIPPETS = (
@@ -48,7 +48,7 @@ def emit(record: dict[str, Any]) -> None:
 
 
 def run_round(url: str, data_dir: Path, spec: dict[str, Any], number: int) -> None:
-    engine = index.create_engine(url)
+    engine = database.create_engine(url)
     rng = random.Random(spec["seed"])
     reached: dict[str, int] = {}
     current: dict[str, str] = {}
@@ -59,7 +59,7 @@ def run_round(url: str, data_dir: Path, spec: dict[str, Any], number: int) -> No
             return
         if spec["torn"]:
             file_id = current["file_id"]
-            with index.transaction(engine) as conn:
+            with database.transaction(engine) as conn:
                 row = index.get_file(conn, file_id)
                 assert row is not None
                 pending = index.journal_after(conn, file_id, row.flushed_seq)

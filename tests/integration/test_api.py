@@ -14,7 +14,9 @@ import pytest
 import sqlalchemy as sa
 from starlette.exceptions import StarletteDeprecationWarning
 
-from pipeline import api, document, index, journal
+from pipeline import database, document, journal, refine, tables, validation
+from pipeline.api import app as api_app
+from pipeline.service import Service
 from pipeline.settings import Settings
 
 with warnings.catch_warnings():
@@ -26,7 +28,7 @@ TS1 = "2026-08-03T11:18:06Z"
 TS2 = "2026-08-03T11:18:07.25Z"
 TS3 = "2026-08-03T11:20:05Z"
 AGENT = "hermes"
-SMALL = document.Limits(
+SMALL = validation.Limits(
     max_session_key=32,
     max_metadata_bytes=64,
     max_message_bytes=64,
@@ -45,17 +47,32 @@ def body(session_key: str = "s1", *messages: dict[str, Any], **extra: Any) -> di
     }
 
 
+class Recorder:
+    """A queue that records what would be enqueued."""
+
+    def __init__(self) -> None:
+        self.kicks: list[str] = []
+        self.claims: list[refine.Claim] = []
+
+    def flush(self, file_id: str) -> None:
+        self.kicks.append(file_id)
+
+    def refine(self, claim: refine.Claim) -> None:
+        self.claims.append(claim)
+
+
 class Api:
     """A TestClient over the app, plus the recorded kicks and direct access for checks."""
 
     def __init__(
-        self, engine: sa.Engine, data_dir: Path, database_url: str, limits: document.Limits
+        self, engine: sa.Engine, data_dir: Path, database_url: str, limits: validation.Limits
     ) -> None:
         self.engine = engine
         self.data_dir = data_dir
-        self.kicks: list[str] = []
+        self.queue = Recorder()
+        self.kicks = self.queue.kicks
         settings = Settings(data_dir=data_dir, database_url=database_url, limits=limits)
-        app = api.create_app(settings, engine=engine, kick=self.kicks.append)
+        app = api_app.create_app(Service(settings, engine, self.queue))
         self.client = TestClient(app, raise_server_exceptions=True)
 
     def append(self, payload: dict[str, Any], *, wait: bool = False) -> dict[str, Any]:
@@ -85,7 +102,7 @@ class Api:
 
 @pytest.fixture
 def app(engine: sa.Engine, data_dir: Path, database_url: str) -> Iterator[Api]:
-    client = Api(engine, data_dir, database_url, document.DEFAULT_LIMITS)
+    client = Api(engine, data_dir, database_url, validation.DEFAULT_LIMITS)
     yield client
     client.client.close()
 
@@ -116,11 +133,11 @@ def snapshot(engine: sa.Engine, data_dir: Path) -> tuple[dict[str, list[Any]], d
 
     ``raw_files.updated_at`` is left out: a flush with nothing to write still touches it.
     """
-    tables = (index.raw_files, index.append_journal, index.append_keys, index.anomalies)
-    with index.transaction(engine) as conn:
+    recorded = (tables.raw_files, tables.append_journal, tables.append_keys, tables.anomalies)
+    with database.transaction(engine) as conn:
         rows = {}
-        for t in tables:
-            columns = [c for c in t.columns if c is not index.raw_files.c.updated_at]
+        for t in recorded:
+            columns = [c for c in t.columns if c is not tables.raw_files.c.updated_at]
             query = sa.select(*columns).order_by(*t.primary_key)
             rows[t.name] = [tuple(r) for r in conn.execute(query)]
     raw_dir = data_dir / "raw"
@@ -161,7 +178,7 @@ def test_append_is_acknowledged_then_the_kicked_flush_writes_the_file(app: Api) 
     assert r.status_code == 202, r.text
     ack = r.json()
     file_id = ack["file_id"]
-    document.check_file_id(file_id)
+    validation.check_file_id(file_id)
     assert ack == {
         "file_id": file_id,
         "first_seq": 1,
@@ -528,7 +545,7 @@ BAD_APPENDS: list[tuple[str, Any, str, tuple[str, ...]]] = [
         "oversized-message",
         body("s1", {"role": "user", "content": "x" * 65}),
         "invalid-input",
-        ("65 bytes", "64"),
+        ("at most 64 characters", "got 65"),
     ),
     (
         "oversized-message-utf8",
@@ -540,7 +557,7 @@ BAD_APPENDS: list[tuple[str, Any, str, tuple[str, ...]]] = [
         "too-many-messages",
         body("s1", *[{"role": "user", "content": "x"}] * 4),
         "invalid-input",
-        ("at most 3 messages",),
+        ("at most 3 items", "not 4"),
     ),
     (
         "oversized-batch",
@@ -653,8 +670,8 @@ def test_retry_with_the_same_idempotency_key_writes_nothing_new(app: Api) -> Non
     )
     first = app.append(sent)
     file_id = first["file_id"]
-    with index.transaction(app.engine) as conn:
-        journal_rows = conn.execute(sa.select(sa.func.count()).select_from(index.append_journal))
+    with database.transaction(app.engine) as conn:
+        journal_rows = conn.execute(sa.select(sa.func.count()).select_from(tables.append_journal))
         assert journal_rows.scalar_one() == 1
 
     replay = app.append(sent)

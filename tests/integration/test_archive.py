@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 import zstandard
+from conftest import set_row
 
-from pipeline import archive, errors, index, integrity, journal, raw, refine
+from pipeline import archive, database, errors, index, integrity, journal, reader, refine, tables
 
 CONTENT = [
     "I prefer tea.\n```python\n# Display the results to the user\nprint(1)\n```",
@@ -42,13 +43,12 @@ def _refined_file(engine: sa.Engine, data_dir: Path, key: str, *, messages: int 
 
 
 def _age(engine: sa.Engine, file_id: str, days: float) -> None:
-    when = index.utcnow() - dt.timedelta(days=days)
-    with index.transaction(engine) as conn:
-        index.update_file(conn, file_id, flushed_at=when, ended_at=when)
+    when = tables.utcnow() - dt.timedelta(days=days)
+    set_row(engine, file_id, flushed_at=when, ended_at=when)
 
 
-def _row(engine: sa.Engine, file_id: str) -> index.FileRow:
-    return raw.get_file(engine, file_id)
+def _row(engine: sa.Engine, file_id: str) -> tables.FileRow:
+    return reader.get_file(engine, file_id)
 
 
 def _live_files(data_dir: Path) -> list[Path]:
@@ -79,7 +79,7 @@ def test_cold_files_only_fully_refined_and_old(engine: sa.Engine, data_dir: Path
     assert archive.cold_files(engine, older_than_days=90) == [old]
     assert archive.flag_unrefined(engine, older_than_days=90) == [unrefined]
     assert archive.flag_unrefined(engine, older_than_days=90) == []  # flagged once
-    with index.transaction(engine) as conn:
+    with database.transaction(engine) as conn:
         kinds = [(a.file_id, a.kind) for a in index.list_anomalies(conn, kinds=["unrefined_cold"])]
     assert kinds == [(unrefined, "unrefined_cold")]
 
@@ -88,10 +88,10 @@ def test_archive_then_read_is_identical(engine: sa.Engine, data_dir: Path) -> No
     file_id = _refined_file(engine, data_dir, "s1", messages=30)
     before_row = _row(engine, file_id)
     original = (data_dir / before_row.path).read_bytes()
-    messages_before = raw.messages(engine, data_dir, file_id, limit=1000)
-    ref_before = raw.resolve(engine, data_dir, f"{file_id}:7", context=2)
+    messages_before = reader.messages(engine, data_dir, file_id, limit=1000)
+    ref_before = reader.resolve(engine, data_dir, f"{file_id}:7", context=2)
 
-    outcome = archive.compress(engine, data_dir, file_id, level=3)
+    outcome = archive.compress(engine, data_dir, file_id, archive.Options(level=3))
 
     assert outcome is not None
     row = _row(engine, file_id)
@@ -105,10 +105,11 @@ def test_archive_then_read_is_identical(engine: sa.Engine, data_dir: Path) -> No
     frame = zstandard.get_frame_parameters(packed)
     assert frame.has_checksum
     assert (
-        hashlib.sha256(raw.read_bytes(data_dir, row)).digest() == hashlib.sha256(original).digest()
+        hashlib.sha256(reader.read_bytes(data_dir, row)).digest()
+        == hashlib.sha256(original).digest()
     )
-    assert raw.messages(engine, data_dir, file_id, limit=1000) == messages_before
-    ref_after = raw.resolve(engine, data_dir, f"{file_id}:7", context=2)
+    assert reader.messages(engine, data_dir, file_id, limit=1000) == messages_before
+    ref_after = reader.resolve(engine, data_dir, f"{file_id}:7", context=2)
     assert (ref_after.message, ref_after.before, ref_after.after) == (
         ref_before.message,
         ref_before.before,
@@ -137,7 +138,7 @@ def test_crash_at_each_step_leaves_exactly_one_live_copy(
 
     # Whatever the crash left, the index points at a readable copy with the same bytes.
     row = _row(engine, file_id)
-    assert raw.read_bytes(data_dir, row) == original
+    assert reader.read_bytes(data_dir, row) == original
 
     # Re-running finishes (or cleans up and redoes) the job.
     archive.finish_interrupted(engine, data_dir)
@@ -146,7 +147,7 @@ def test_crash_at_each_step_leaves_exactly_one_live_copy(
     assert row.status == "archived"
     files = _live_files(data_dir)
     assert files == [data_dir / row.path], files  # no original, no temp, one archive
-    assert raw.read_bytes(data_dir, row) == original
+    assert reader.read_bytes(data_dir, row) == original
     assert integrity.fsck(engine, data_dir) == []
 
 
@@ -179,7 +180,10 @@ def test_append_to_archived_file_restores_and_continues_seqs(
     assert not archived_path.exists()
     data = (data_dir / row.path).read_bytes()
     assert data.startswith(original)
-    assert [m.content for m in raw.messages(engine, data_dir, file_id)][-2:] == ["I am back.", "ok"]
+    assert [m.content for m in reader.messages(engine, data_dir, file_id)][-2:] == [
+        "I am back.",
+        "ok",
+    ]
     assert row.flushed_seq == 6
     assert integrity.fsck(engine, data_dir) == []
 
@@ -221,9 +225,9 @@ def test_corrupt_archive_is_an_error_never_content(
     with pytest.raises(
         errors.FileDamaged, match=file_id[:8] if damage == "truncate" else "corrupt|holds"
     ):
-        raw.read_bytes(data_dir, _row(engine, file_id))
+        reader.read_bytes(data_dir, _row(engine, file_id))
     with pytest.raises(errors.FileDamaged):
-        raw.messages(engine, data_dir, file_id)
+        reader.messages(engine, data_dir, file_id)
     with pytest.raises(errors.FileDamaged):
         archive.restore(engine, data_dir, file_id)
     problems = integrity.fsck(engine, data_dir)
@@ -234,9 +238,9 @@ def test_reindex_understands_archived_files(engine: sa.Engine, data_dir: Path) -
     file_id = _refined_file(engine, data_dir, "ri")
     archive.compress(engine, data_dir, file_id)
     before = _row(engine, file_id)
-    with index.transaction(engine) as conn:
-        conn.execute(sa.delete(index.l1_items))
-        conn.execute(sa.delete(index.raw_files))
+    with database.transaction(engine) as conn:
+        conn.execute(sa.delete(tables.l1_items))
+        conn.execute(sa.delete(tables.raw_files))
 
     report = integrity.reindex(engine, data_dir)
 
@@ -311,6 +315,6 @@ def test_append_to_a_corrupt_archive_waits_in_the_journal(
             journal.flush(engine, data_dir, file_id)
     row = _row(engine, file_id)
     assert (row.status, row.next_seq) == ("archived", result.last_seq + 1)
-    with index.transaction(engine) as conn:
+    with database.transaction(engine) as conn:
         assert [a.kind for a in index.list_anomalies(conn, file_id=file_id)] == ["restore_failed"]
         assert [j.first_seq for j in index.journal_after(conn, file_id, 0)] == [result.first_seq]

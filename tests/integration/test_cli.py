@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from pipeline import cli, document, index
+from pipeline import cli, database, document, tables
 
 TS1 = "2026-08-03T11:18:06Z"
 TS2 = "2026-08-03T11:20:05Z"
@@ -262,8 +262,8 @@ def test_reindex_rebuilds_deleted_rows_from_the_files(
     before = sgme("ls", "--json").json()
     assert len(before) == 3
 
-    with index.transaction(engine) as conn:
-        conn.execute(sa.delete(index.raw_files))
+    with database.transaction(engine) as conn:
+        conn.execute(sa.delete(tables.raw_files))
     assert sgme("ls", "--json").json() == []
 
     run = sgme("reindex", "--json")
@@ -315,6 +315,32 @@ def test_migrate_creates_and_then_keeps_the_schema(sgme: Sgme, tmp_path: Path) -
     finally:
         engine.dispose()
     assert {"raw_files", "append_journal", "append_keys", "anomalies"} <= tables
+
+
+def test_only_migrate_changes_the_schema(sgme: Sgme, tmp_path: Path) -> None:
+    """Reading commands (and every other one but migrate and serve) on a database whose schema
+    is behind change nothing and say what to run."""
+    from alembic import command
+    from alembic.config import Config
+
+    url = f"sqlite:///{tmp_path / 'old.sqlite3'}"
+    engine = database.create_engine(url)
+    config = Config()
+    config.set_main_option("script_location", "pipeline:migrations")
+    with engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.upgrade(config, "0002")
+    before = database.revisions(engine)
+    common = ["--data-dir", str(tmp_path / "data"), "--database-url", url]
+    for args in (["ls"], ["fsck"], ["cat", "0b6c3e6e-5d1f-4f1e-9a65-3b1c2d4e5f60"], ["reindex"]):
+        run = sgme(*args, *common, common=False)
+        assert_one_line_error(run, "index schema is at revision 0002", "run `sgme migrate`")
+        assert database.revisions(engine) == before
+    assert before[0] == {"0002"} and before[0] != before[1]
+    assert sgme("migrate", *common, common=False).code == 0
+    assert database.revisions(engine)[0] == before[1]
+    assert sgme("ls", *common, "--json", common=False).json() == []
+    engine.dispose()
 
 
 BAD = [

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from pipeline import document, index, integrity, journal, raw
+from pipeline import database, document, index, integrity, journal, validation
 
 CHILD = Path(__file__).with_name("append_child.py")
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,14 +74,14 @@ def test_concurrent_appends_to_one_session(
         p: [tuple(json.loads(line)) for line in outs[p].read_text().splitlines()]
         for p in range(PROCESSES)
     }
-    file_ids = {raw.parse_ref(ref)[0] for rows in told.values() for ref, _, _ in rows}
+    file_ids = {validation.parse_ref(ref)[0] for rows in told.values() for ref, _, _ in rows}
     assert len(file_ids) == 1  # everyone found the one session file
     (file_id,) = file_ids
 
     for leftover in journal.stale_files(engine, age=0):
         journal.flush(engine, data_dir, leftover)
     total = PROCESSES * PER_PROCESS
-    with index.transaction(engine) as conn:
+    with database.transaction(engine) as conn:
         row = index.get_file(conn, file_id)
         assert index.journal_after(conn, file_id, 0) == []
     assert row is not None
@@ -102,7 +102,7 @@ def test_concurrent_appends_to_one_session(
         assert len(rows) == PER_PROCESS
         # the seq each writer was told is where its message is
         for ref, content, _ in rows:
-            assert doc.messages[raw.parse_ref(ref)[1] - 1].content == content
+            assert doc.messages[validation.parse_ref(ref)[1] - 1].content == content
         # its own messages in its own order, and all of them
         mine = [c for c in contents if c.startswith(f"p{p} ")]
         assert mine == [f"p{p} c{i:03d} b{b:03d}" for i, (_, _, b) in enumerate(rows)]

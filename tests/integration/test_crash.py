@@ -17,7 +17,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from pipeline import document, index, integrity, journal, raw
+from pipeline import database, document, index, integrity, journal, validation
 
 CHILD = Path(__file__).with_name("crash_child.py")
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,7 +90,7 @@ def test_every_acknowledged_message_survives_sigkill_inside_flush(
     acked: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for record in records:
         if "ack" in record:
-            file_id, seq = raw.parse_ref(record["ack"])
+            file_id, seq = validation.parse_ref(record["ack"])
             acked[file_id].append({**record, "seq": seq})
     assert len(acked) == 3
     assert sum(len(v) for v in acked.values()) > 80
@@ -103,7 +103,7 @@ def test_every_acknowledged_message_survives_sigkill_inside_flush(
     for file_id, messages in acked.items():
         # acknowledged seqs are 1..n in acknowledgement order: no gap, no repeat
         assert [m["seq"] for m in messages] == list(range(1, len(messages) + 1))
-        with index.transaction(engine) as conn:
+        with database.transaction(engine) as conn:
             row = index.get_file(conn, file_id)
         assert row is not None
         data = (data_dir / row.path).read_bytes()
@@ -116,7 +116,7 @@ def test_every_acknowledged_message_survives_sigkill_inside_flush(
         assert data.count(b"\n# ") == 1 and data.count(b"format_version") == 1
 
     assert integrity.fsck(engine, data_dir) == []
-    with index.transaction(engine) as conn:
+    with database.transaction(engine) as conn:
         kinds = {a.kind for a in index.list_anomalies(conn)}
     # torn tails were found and cut; nothing else went wrong
     assert kinds == {"torn_tail_truncated"}

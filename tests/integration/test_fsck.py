@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from pipeline import document, index, integrity, journal
+from pipeline import database, document, index, integrity, journal, tables
 
 TS = [f"2026-08-03T11:18:0{i}Z" for i in range(1, 10)]
 
@@ -68,7 +68,7 @@ def make_files(engine: sa.Engine, data_dir: Path) -> dict[str, str]:
 
 
 def path_of(engine: sa.Engine, data_dir: Path, file_id: str) -> Path:
-    with index.transaction(engine) as conn:
+    with database.transaction(engine) as conn:
         row = index.get_file(conn, file_id)
     assert row is not None
     return data_dir / row.path
@@ -82,7 +82,7 @@ def blocks_of(data: bytes) -> tuple[bytes, list[bytes]]:
 
 
 def fsck_anomalies(engine: sa.Engine) -> list[tuple[str | None, str]]:
-    with index.transaction(engine) as conn:
+    with database.transaction(engine) as conn:
         return [
             (a.file_id, a.kind) for a in index.list_anomalies(conn) if a.kind.startswith("fsck_")
         ]
@@ -267,7 +267,7 @@ KEPT = (
 
 
 def snapshot(engine: sa.Engine) -> dict[str, dict[str, object]]:
-    with index.transaction(engine) as conn:
+    with database.transaction(engine) as conn:
         rows = index.list_files(conn, limit=1000)
     return {r.file_id: {**{k: getattr(r, k) for k in KEPT}, "metadata": r.metadata} for r in rows}
 
@@ -277,15 +277,15 @@ def test_reindex_rebuilds_raw_files_from_the_files_alone(engine: sa.Engine, data
     before = snapshot(engine)
     assert set(before) == set(ids.values())
 
-    with index.transaction(engine) as conn:
-        conn.execute(sa.delete(index.append_keys))
-        conn.execute(sa.delete(index.raw_files))
+    with database.transaction(engine) as conn:
+        conn.execute(sa.delete(tables.append_keys))
+        conn.execute(sa.delete(tables.raw_files))
     assert snapshot(engine) == {}
 
     report = integrity.reindex(engine, data_dir)
     assert (report.scanned, report.inserted, report.updated, report.failed) == (4, 4, 0, [])
     assert snapshot(engine) == before
-    with index.transaction(engine) as conn:
+    with database.transaction(engine) as conn:
         statuses = {r.status for r in index.list_files(conn)}
     assert statuses == {"new"}
     assert integrity.fsck(engine, data_dir) == []

@@ -11,7 +11,17 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from pipeline import document, errors, index, integrity, journal, raw
+from pipeline import (
+    database,
+    document,
+    errors,
+    index,
+    integrity,
+    journal,
+    reader,
+    tables,
+    validation,
+)
 
 TS1 = "2026-08-03T11:18:06Z"
 TS2 = "2026-08-03T11:18:07.25Z"
@@ -29,8 +39,8 @@ def append_body(session_key: str = "s1", *messages: dict[str, Any], **extra: Any
     return body
 
 
-def file_row(engine: sa.Engine, file_id: str) -> index.FileRow:
-    with index.transaction(engine) as conn:
+def file_row(engine: sa.Engine, file_id: str) -> tables.FileRow:
+    with database.transaction(engine) as conn:
         row = index.get_file(conn, file_id)
     assert row is not None
     return row
@@ -40,21 +50,21 @@ def file_bytes(engine: sa.Engine, data_dir: Path, file_id: str) -> bytes:
     return (data_dir / file_row(engine, file_id).path).read_bytes()
 
 
-def journal_rows(engine: sa.Engine, file_id: str) -> list[index.JournalRow]:
-    with index.transaction(engine) as conn:
+def journal_rows(engine: sa.Engine, file_id: str) -> list[tables.JournalRow]:
+    with database.transaction(engine) as conn:
         return index.journal_after(conn, file_id, 0)
 
 
 def table_counts(engine: sa.Engine) -> dict[str, int]:
-    with index.transaction(engine) as conn:
+    with database.transaction(engine) as conn:
         return {
             table.name: conn.execute(sa.select(sa.func.count()).select_from(table)).scalar_one()
-            for table in (index.raw_files, index.append_journal, index.append_keys)
+            for table in (tables.raw_files, tables.append_journal, tables.append_keys)
         }
 
 
 def anomaly_kinds(engine: sa.Engine, file_id: str) -> list[str]:
-    with index.transaction(engine) as conn:
+    with database.transaction(engine) as conn:
         return [a.kind for a in index.list_anomalies(conn, file_id=file_id)]
 
 
@@ -90,7 +100,7 @@ def test_ingest_then_flush_writes_exact_bytes(engine: sa.Engine, data_dir: Path)
         ),
     )
     fid = first.file_id
-    assert document.check_file_id(fid) == fid
+    assert validation.check_file_id(fid) == fid
     assert (first.first_seq, first.last_seq) == (1, 2)
     assert first.source_refs == (f"{fid}:1", f"{fid}:2")
     assert first.status == "pending"
@@ -363,7 +373,7 @@ def test_same_key_different_body_is_a_conflict(
 # ---------------------------------------------------------------------------------------------
 # invalid input: refused, nothing written
 
-SMALL = document.Limits(max_message_bytes=16, max_append_messages=3, max_append_bytes=40)
+SMALL = validation.Limits(max_message_bytes=16, max_append_messages=3, max_append_bytes=40)
 OK = {"role": "user", "content": "fine", "ts": TS1}
 
 
@@ -534,7 +544,7 @@ def test_upload_is_one_message_holding_the_document(engine: sa.Engine, data_dir:
     assert data == expected
     assert row.flushed_bytes == len(data)
 
-    ref = raw.resolve(engine, data_dir, f"{fid}:1")
+    ref = reader.resolve(engine, data_dir, f"{fid}:1")
     assert ref.message.content == document.canonical(content)
     assert (ref.message.role, ref.message.ts, ref.message.seq) == ("user", started, 1)
     assert ref.before == () and ref.after == ()
@@ -551,7 +561,7 @@ def test_upload_idempotency_and_refusals(engine: sa.Engine, data_dir: Path) -> N
     with pytest.raises(errors.Conflict):
         journal.ingest_upload(engine, {**body, "content": "other text"})
 
-    small = document.Limits(max_append_bytes=8)
+    small = validation.Limits(max_append_bytes=8)
     for bad in (
         {**body, "content": b"bytes"},
         {**body, "content": "a\x00b"},
@@ -666,36 +676,36 @@ def test_resolve_returns_the_message_with_its_neighbours(engine: sa.Engine, data
     journal.flush(engine, data_dir, fid)
     pending = journal.ingest(engine, append_body("s", {"role": "user", "content": "m6"}))
 
-    ref = raw.resolve(engine, data_dir, f"{fid}:3")
+    ref = reader.resolve(engine, data_dir, f"{fid}:3")
     assert (ref.message.seq, ref.message.content) == (3, "m3")
     assert [m.content for m in ref.before] == ["m2"]
     assert [m.content for m in ref.after] == ["m4"]
     assert ref.file.file_id == fid
 
-    ref = raw.resolve(engine, data_dir, f"{fid}:1", context=2)
+    ref = reader.resolve(engine, data_dir, f"{fid}:1", context=2)
     assert ref.before == () and [m.seq for m in ref.after] == [2, 3]
-    ref = raw.resolve(engine, data_dir, f"{fid}:5", context=3)
+    ref = reader.resolve(engine, data_dir, f"{fid}:5", context=3)
     assert [m.seq for m in ref.before] == [2, 3, 4] and ref.after == ()
-    ref = raw.resolve(engine, data_dir, f"{fid}:4", context=0)
+    ref = reader.resolve(engine, data_dir, f"{fid}:4", context=0)
     assert ref.before == () and ref.after == ()
 
     with pytest.raises(errors.NotFound, match="not flushed"):
-        raw.resolve(engine, data_dir, pending.source_refs[0])
+        reader.resolve(engine, data_dir, pending.source_refs[0])
     with pytest.raises(errors.NotFound):
-        raw.resolve(engine, data_dir, f"{fid}:7")
+        reader.resolve(engine, data_dir, f"{fid}:7")
     with pytest.raises(errors.NotFound):
-        raw.resolve(engine, data_dir, "00000000-0000-4000-8000-000000000000:1")
+        reader.resolve(engine, data_dir, "00000000-0000-4000-8000-000000000000:1")
     for bad in (f"{fid}:0", f"{fid}:x", fid, "../../etc/passwd:1", f"{fid}:-1"):
         with pytest.raises(errors.InvalidInput):
-            raw.resolve(engine, data_dir, bad)
+            reader.resolve(engine, data_dir, bad)
 
-    assert [m.content for m in raw.messages(engine, data_dir, fid, after_seq=1, limit=2)] == [
+    assert [m.content for m in reader.messages(engine, data_dir, fid, after_seq=1, limit=2)] == [
         "m2",
         "m3",
     ]
 
     journal.flush(engine, data_dir, fid)
-    ref = raw.resolve(engine, data_dir, pending.source_refs[0])
+    ref = reader.resolve(engine, data_dir, pending.source_refs[0])
     assert ref.message.content == "m6" and [m.content for m in ref.before] == ["m5"]
 
 
@@ -706,11 +716,11 @@ def test_reads_stop_at_flushed_bytes(engine: sa.Engine, data_dir: Path) -> None:
         handle.write(f"## {TS3} user\n\nghost\n\n".encode())
 
     row = file_row(engine, fid)
-    assert raw.read_bytes(data_dir, row) == committed
-    assert [m.content for m in raw.messages(engine, data_dir, fid)] == ["one", "two"]
-    assert raw.resolve(engine, data_dir, f"{fid}:2").after == ()
+    assert reader.read_bytes(data_dir, row) == committed
+    assert [m.content for m in reader.messages(engine, data_dir, fid)] == ["one", "two"]
+    assert reader.resolve(engine, data_dir, f"{fid}:2").after == ()
     with pytest.raises(errors.NotFound, match="not flushed"):
-        raw.resolve(engine, data_dir, f"{fid}:3")
+        reader.resolve(engine, data_dir, f"{fid}:3")
 
 
 def test_concurrent_upload_retries_with_one_key_get_one_answer(
@@ -723,4 +733,4 @@ def test_concurrent_upload_retries_with_one_key_get_one_answer(
         answers = list(pool.map(lambda _: journal.ingest_upload(engine, dict(body)), range(8)))
     assert len({a.file_id for a in answers}) == 1
     with engine.connect() as conn:
-        assert conn.execute(sa.select(sa.func.count()).select_from(index.raw_files)).scalar() == 1
+        assert conn.execute(sa.select(sa.func.count()).select_from(tables.raw_files)).scalar() == 1

@@ -11,12 +11,12 @@ import json
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from conftest import set_row
 
-from pipeline import errors, index, journal, raw, refine
+from pipeline import database, errors, index, journal, l1, reader, refine, tables, validation
 from pipeline.refiners.builtin import BuiltinRefiner
 
 BUDGET = 6000
@@ -49,30 +49,28 @@ def statements(lo: int, hi: int) -> list[str]:
     return [f"I prefer option {n}." for n in range(lo, hi + 1)]
 
 
-def row(engine: sa.Engine, file_id: str) -> index.FileRow:
-    with index.transaction(engine) as conn:
+def row(engine: sa.Engine, file_id: str) -> tables.FileRow:
+    with database.transaction(engine) as conn:
         found = index.get_file(conn, file_id)
     assert found is not None
     return found
 
 
-def items(engine: sa.Engine, file_id: str | None = None) -> list[index.L1Item]:
-    with index.transaction(engine) as conn:
-        return index.list_l1_items(conn, file_id=file_id, limit=10_000)
+def items(engine: sa.Engine, file_id: str | None = None) -> list[tables.L1Item]:
+    with database.transaction(engine) as conn:
+        return l1.list_items(conn, file_id=file_id, limit=10_000)
 
 
 def l1_count(engine: sa.Engine) -> int:
-    with index.transaction(engine) as conn:
-        return int(conn.execute(sa.select(sa.func.count()).select_from(index.l1_items)).scalar())
+    with database.transaction(engine) as conn:
+        return int(conn.execute(sa.select(sa.func.count()).select_from(tables.l1_items)).scalar())
 
 
-def set_file(engine: sa.Engine, file_id: str, **values: Any) -> None:
-    with index.transaction(engine) as conn:
-        assert index.update_file(conn, file_id, **values) == 1
+set_file = set_row
 
 
-def seqs(item: index.L1Item) -> list[int]:
-    return [raw.parse_ref(r)[1] for r in json.loads(item.source_refs)]
+def seqs(item: tables.L1Item) -> list[int]:
+    return [validation.parse_ref(r)[1] for r in json.loads(item.source_refs)]
 
 
 def refine_once(
@@ -98,7 +96,7 @@ def drive(
         try:
             found = refine.run(engine, data_dir, refiner, c, budget_tokens=BUDGET, overlap=1)
             return refine.commit(engine, c, found, refiner=refiner.name)
-        except refine.RefinerError as exc:
+        except errors.RefinerError as exc:
             if attempt < max_retries:
                 continue
             refine.fail(engine, c, exc.detail)
@@ -117,7 +115,7 @@ class Flaky:
     def refine(self, window: refine.Window) -> list[refine.Item]:
         self.calls += 1
         if self.calls <= self.failures:
-            raise refine.RefinerError(f"model overloaded (call {self.calls})")
+            raise errors.RefinerError(f"model overloaded (call {self.calls})")
         return BuiltinRefiner().refine(window)
 
 
@@ -128,11 +126,14 @@ class Fixed:
         self.name = tag
 
     def refine(self, window: refine.Window) -> list[refine.Item]:
-        return [refine.Item("fact", f"{self.name} {p.seq}", (p.source_ref,)) for p in window.parts]
+        return [
+            refine.Item("fact", f"{self.name} {p.seq}", (window.source_ref(p),))
+            for p in window.parts
+        ]
 
 
 def past(seconds: float) -> dt.datetime:
-    return index.utcnow() - dt.timedelta(seconds=seconds)
+    return tables.utcnow() - dt.timedelta(seconds=seconds)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -212,7 +213,7 @@ def test_due_files_limit_takes_the_oldest_flushes(engine: sa.Engine, data_dir: P
 
 def test_claim_bumps_the_epoch_and_leases_the_segment(engine: sa.Engine, data_dir: Path) -> None:
     file_id = add(engine, data_dir, "s", statements(1, 3))
-    before = index.utcnow()
+    before = tables.utcnow()
 
     c = refine.claim(engine, file_id, lease_seconds=LEASE)
 
@@ -221,7 +222,7 @@ def test_claim_bumps_the_epoch_and_leases_the_segment(engine: sa.Engine, data_di
     assert r.refine_epoch == 1
     assert r.refine_lease_until is not None
     assert before + dt.timedelta(seconds=LEASE) <= r.refine_lease_until
-    assert r.refine_lease_until <= index.utcnow() + dt.timedelta(seconds=LEASE)
+    assert r.refine_lease_until <= tables.utcnow() + dt.timedelta(seconds=LEASE)
     assert (r.last_refined_seq, r.status) == (0, "new")
 
     # Leased: nobody else gets it, and the epoch stays.
@@ -459,7 +460,7 @@ def test_a_refiner_that_fails_then_succeeds_ends_refined(engine: sa.Engine, data
     assert [(i.content, i.refiner) for i in items(engine, file_id)] == [
         (t, "flaky") for t in statements(1, 3)
     ]
-    with index.transaction(engine) as conn:
+    with database.transaction(engine) as conn:
         assert index.list_anomalies(conn, file_id=file_id) == []
 
 
@@ -481,7 +482,7 @@ def test_a_refiner_that_always_fails_marks_the_file_error_and_others_go_on(
 
     r = row(engine, broken)
     assert (r.status, r.last_refined_seq, r.refine_lease_until) == ("error", 0, None)
-    with index.transaction(engine) as conn:
+    with database.transaction(engine) as conn:
         [anomaly] = index.list_anomalies(conn, file_id=broken)
     assert anomaly.kind == "refine_failed"
     assert anomaly.detail == "segment 0<seq<=3: model overloaded (call 3)"
@@ -514,7 +515,7 @@ def test_fail_of_a_stale_claim_does_nothing(engine: sa.Engine, data_dir: Path) -
     assert refine.fail(engine, old, "late failure") is False
     r = row(engine, file_id)
     assert r.status == "new" and r.refine_lease_until is not None
-    with index.transaction(engine) as conn:
+    with database.transaction(engine) as conn:
         assert index.list_anomalies(conn, file_id=file_id) == []
     assert refine_once(engine, data_dir, new) is True
 
@@ -621,7 +622,7 @@ def test_every_item_resolves_to_the_message_it_came_from(engine: sa.Engine, data
     ]
     for item in stored:
         for source_ref in json.loads(item.source_refs):
-            message = raw.resolve(engine, data_dir, source_ref).message
+            message = reader.resolve(engine, data_dir, source_ref).message
             if item.kind == "tool_result":
                 name, _, first_line = item.content.partition(": ")
                 assert name == message.tool_name

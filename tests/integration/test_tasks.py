@@ -11,11 +11,12 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from celery import Celery
 
-from pipeline import index, raw, refine
+from pipeline import database, errors, index, l1, reader, refine, tables
 from pipeline.settings import Settings
 from workers import app as worker_app
-from workers import embedded, tasks
+from workers import embedded
 
 #: per session_key, how many times FlakyRefiner fails before it succeeds (-1: always)
 FAILURES: dict[str, int] = {}
@@ -33,7 +34,7 @@ class FlakyRefiner:
         budget = FAILURES.get(key, 0)
         if budget < 0 or CALLS[key] <= budget:
             raise RuntimeError(f"refiner down for {key} (call {CALLS[key]})")
-        return [refine.Item("fact", p.content, (p.source_ref,)) for p in window.parts]
+        return [refine.Item("fact", p.content, (window.source_ref(p),)) for p in window.parts]
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 30.0) -> None:
@@ -44,40 +45,47 @@ def wait_for(condition: Callable[[], bool], timeout: float = 30.0) -> None:
 
 
 @pytest.fixture
-def worker(database_url: str, data_dir: Path) -> Iterator[sa.Engine]:
+def app(database_url: str, data_dir: Path) -> Iterator[Celery]:
     FAILURES.clear()
     CALLS.clear()
-    settings = Settings(
+    settings = Settings.load(
+        environ={},
         data_dir=data_dir,
         database_url=database_url,
         broker_url="memory://",
         refiner=f"{__name__}:FlakyRefiner",
         refine_min_messages=1,
         refine_idle_seconds=0,
-        refine_retry_backoff=0.05,
+        refine_retry_backoff=1,
         refine_max_retries=3,
         refine_dispatch_interval=0.5,
         sweep_interval=0.5,
         sweep_age=0.5,
     )
-    worker_app.configure(settings)
-    engine = worker_app.runtime().engine
-    runner = embedded.Embedded(data_dir=data_dir, concurrency=2)
+    engine = database.create_engine(database_url)
+    app = worker_app.create(settings, engine)
+    runner = embedded.Embedded(app, data_dir=data_dir, concurrency=2)
     runner.start()
     try:
-        yield engine
+        yield app
     finally:
         runner.stop()
         engine.dispose()
 
 
-def _row(engine: sa.Engine, key: str) -> index.FileRow | None:
-    with index.transaction(engine) as conn:
+@pytest.fixture
+def worker(app: Celery) -> sa.Engine:
+    engine: sa.Engine = app.sgme.engine
+    return engine
+
+
+def _row(engine: sa.Engine, key: str) -> tables.FileRow | None:
+    with database.transaction(engine) as conn:
         return index.find_file(conn, "hermes", "session", key, for_update=False)
 
 
-def _anomalies(engine: sa.Engine, kind: str) -> list[index.Anomaly]:
-    with index.transaction(engine) as conn:
+def _anomalies(engine: sa.Engine, kind: str) -> list[tables.Anomaly]:
+    with database.transaction(engine) as conn:
         return index.list_anomalies(conn, kinds=[kind])
 
 
@@ -92,10 +100,12 @@ def _body(key: str, *contents: str, idempotency_key: str | None = "k") -> dict[s
     return body
 
 
-def test_append_task_ingests_flushes_and_refines_once(worker: sa.Engine, data_dir: Path) -> None:
+def test_append_task_ingests_flushes_and_refines_once(
+    app: Celery, worker: sa.Engine, data_dir: Path
+) -> None:
     body = _body("celery", "one", "two")
     for _ in range(3):  # a redelivered task carries the same idempotency key
-        worker_app.app.send_task("sgme.append", kwargs=body, queue="append")
+        app.send_task("sgme.append", kwargs=body, queue="append")
 
     def refined() -> bool:
         row = _row(worker, "celery")
@@ -104,30 +114,28 @@ def test_append_task_ingests_flushes_and_refines_once(worker: sa.Engine, data_di
     wait_for(refined)
     row = _row(worker, "celery")
     assert row is not None and (row.flushed_seq, row.next_seq) == (2, 3)
-    assert [m.content for m in raw.messages(worker, data_dir, row.file_id)] == ["one", "two"]
-    with index.transaction(worker) as conn:
-        items = index.list_l1_items(conn, file_id=row.file_id)
+    assert [m.content for m in reader.messages(worker, data_dir, row.file_id)] == ["one", "two"]
+    with database.transaction(worker) as conn:
+        items = l1.list_items(conn, file_id=row.file_id)
     assert [i.content for i in items] == ["one", "two"]
 
 
-def test_invalid_append_tasks_land_in_anomalies(worker: sa.Engine) -> None:
-    worker_app.app.send_task(
-        "sgme.append", kwargs=_body("nokey", "x", idempotency_key=None), queue="append"
-    )
+def test_invalid_append_tasks_land_in_anomalies(app: Celery, worker: sa.Engine) -> None:
+    app.send_task("sgme.append", kwargs=_body("nokey", "x", idempotency_key=None), queue="append")
     bad_role = _body("badrole", "x")
     bad_role["messages"][0]["role"] = "bot"
-    worker_app.app.send_task("sgme.append", kwargs=bad_role, queue="append")
+    app.send_task("sgme.append", kwargs=bad_role, queue="append")
 
     wait_for(lambda: len(_anomalies(worker, "append_task_rejected")) == 2)
     details = sorted(a.detail for a in _anomalies(worker, "append_task_rejected"))
-    assert "session_key='badrole'" in details[0] and "role must be one of" in details[0]
+    assert "session_key='badrole'" in details[0] and "messages[0].role: must be" in details[0]
     assert "session_key='nokey'" in details[1] and "idempotency_key is required" in details[1]
     assert _row(worker, "nokey") is None and _row(worker, "badrole") is None
 
 
-def test_refiner_failing_twice_then_succeeding_refines(worker: sa.Engine) -> None:
+def test_refiner_failing_twice_then_succeeding_refines(app: Celery, worker: sa.Engine) -> None:
     FAILURES["flaky"] = 2
-    tasks.append.delay(**_body("flaky", "a", "b"))
+    app.tasks["sgme.append"].delay(**_body("flaky", "a", "b"))
 
     def refined() -> bool:
         row = _row(worker, "flaky")
@@ -138,10 +146,12 @@ def test_refiner_failing_twice_then_succeeding_refines(worker: sa.Engine) -> Non
     assert _anomalies(worker, "refine_failed") == []
 
 
-def test_refiner_always_failing_ends_in_error_and_others_go_on(worker: sa.Engine) -> None:
+def test_refiner_always_failing_ends_in_error_and_others_go_on(
+    app: Celery, worker: sa.Engine
+) -> None:
     FAILURES["down"] = -1
-    tasks.append.delay(**_body("down", "a"))
-    tasks.append.delay(**_body("fine", "b"))
+    app.tasks["sgme.append"].delay(**_body("down", "a"))
+    app.tasks["sgme.append"].delay(**_body("fine", "b"))
 
     def settled() -> bool:
         down, fine = _row(worker, "down"), _row(worker, "fine")
@@ -159,3 +169,28 @@ def test_refiner_always_failing_ends_in_error_and_others_go_on(worker: sa.Engine
     assert down is not None and [a.file_id for a in failed] == [down.file_id]
     assert "refiner down for down" in failed[0].detail
     assert down.last_refined_seq == 0 and down.refine_lease_until is None
+
+
+def test_only_transient_errors_are_retried(app: Celery, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Retries hang off the error class: a bug runs once, a busy database is retried (with
+    backoff and jitter, as many times as the settings allow)."""
+    flush = app.tasks["sgme.flush"]
+    assert flush.autoretry_for == (errors.TransientError,)
+    assert flush.retry_jitter is True
+    assert flush.max_retries == app.sgme.settings.flush_max_retries
+    segment = app.tasks["sgme.refine_segment"]
+    assert segment.max_retries == app.sgme.settings.refinement.max_retries == 3
+    calls = {"bug": 0, "busy": 0}
+
+    def flaky_flush(file_id: str) -> None:
+        calls[file_id] += 1
+        if file_id == "bug":
+            raise errors.InternalError("a typo'd column")
+        if calls[file_id] <= 2:
+            raise errors.IndexUnavailable("database is locked")
+
+    monkeypatch.setattr(app.sgme, "flush", flaky_flush)
+    flush.delay("bug")
+    flush.delay("busy")
+    wait_for(lambda: calls["busy"] == 3)
+    assert calls["bug"] == 1

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import datetime as dt
 
-from pipeline import index
+from pipeline import tables
 
 
-def file_row(file_id: str) -> index.FileRow:
+def file_row(file_id: str) -> tables.FileRow:
     """A fresh session's ``raw_files`` row, as ingest would create it."""
     when = dt.datetime(2026, 8, 3, 11, 18, 6)
-    return index.FileRow(
+    return tables.FileRow(
         file_id=file_id,
         path=f"raw/sessions/{file_id}.md",
         source_type="session",

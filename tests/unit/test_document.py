@@ -15,7 +15,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline import document, errors
+from pipeline import document, errors, validation
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden"
 SEED_LOOSE = re.compile(r"^#{1,2} .* (user|assistant|tool|system)$", re.MULTILINE)
@@ -699,121 +699,13 @@ def test_chain_detects_removed_swapped_and_edited_blocks() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# validation of client input
-
-
-def good(**changes: Any) -> dict[str, Any]:
-    return {"role": "user", "content": "hi", "ts": "2026-08-03T11:18:06Z", **changes}
-
-
-@pytest.mark.parametrize(
-    ("raw", "detail"),
-    [
-        (
-            good(role="robot"),
-            "messages[2].role must be one of user, assistant, tool, system; got 'robot'",
-        ),
-        (good(role="tool"), "messages[2]: a tool message needs a non-empty tool_name"),
-        (
-            good(role="tool", tool_name="  "),
-            "messages[2]: a tool message needs a non-empty tool_name",
-        ),
-        (
-            good(role="tool", tool_name="a\nb"),
-            "messages[2].tool_name must be one line of at most 200 characters",
-        ),
-        (
-            good(role="tool", tool_name="x" * 201),
-            "messages[2].tool_name must be one line of at most 200 characters",
-        ),
-        (good(tool_name="grep"), "messages[2]: tool_name is only allowed on role 'tool'"),
-        (good(ts="yesterday"), "messages[2].ts: bad timestamp 'yesterday': expected ISO 8601"),
-        (good(ts=True), "messages[2].ts: bad timestamp True"),
-        (good(ts=float("nan")), "messages[2].ts: bad timestamp nan"),
-        (good(ts=1e300), "messages[2].ts: timestamp out of range: 1e+300"),
-        (good(content="a\x00b"), "messages[2].content contains a NUL character"),
-        (good(content="ab\ud800"), "messages[2].content contains a lone surrogate at index 2"),
-        (good(content=7), "messages[2].content must be a string"),
-        (good(content="x" * 17), "messages[2].content is 17 bytes; the limit is 16"),
-        (good(content="é" * 9), "messages[2].content is 18 bytes; the limit is 16"),
-        (good(extra=1), "messages[2] has unknown fields: extra"),
-        ("text", "messages[2] must be an object"),
-    ],
-)
-def test_make_message_refuses(raw: object, detail: str) -> None:
-    with pytest.raises(errors.InvalidInput) as info:
-        document.make_message(raw, index=2, limits=document.Limits(max_message_bytes=16))
-    assert info.value.detail == detail
-
-
-def test_make_message_accepts() -> None:
-    limits = document.Limits(max_message_bytes=16)
-    assert document.make_message(good(content="x" * 16), limits=limits) == msg("user", "x" * 16)
-    tool = document.make_message(
-        good(role="tool", tool_name="read_file", ts="2026-08-03T13:18:06+02:00")
-    )
-    assert tool == msg("tool", "hi", "2026-08-03T11:18:06Z", "read_file")
-    received = dt.datetime(2026, 1, 2, 3, 4, 5, 600000, tzinfo=dt.UTC)
-    no_ts = document.make_message({"role": "system", "content": ""}, received_at=received)
-    assert no_ts == msg("system", "", "2026-01-02T03:04:05.6Z")
-
-
-@pytest.mark.parametrize(
-    ("value", "want"),
-    [
-        ("2026-08-03T11:18:06Z", "2026-08-03T11:18:06Z"),
-        ("2026-08-03T11:18:06z", "2026-08-03T11:18:06Z"),
-        ("2026-08-03T13:18:06+02:00", "2026-08-03T11:18:06Z"),
-        ("2026-08-03T01:18:06-10:00", "2026-08-03T11:18:06Z"),
-        ("2026-08-03T00:30:00+05:45", "2026-08-02T18:45:00Z"),
-        ("2026-08-03T11:18:06", "2026-08-03T11:18:06Z"),
-        ("2026-08-03 11:18:06", "2026-08-03T11:18:06Z"),
-        (" 2026-08-03T11:18:06Z ", "2026-08-03T11:18:06Z"),
-        ("2026-08-03T11:18:06.123456Z", "2026-08-03T11:18:06.123456Z"),
-        ("2026-08-03T11:18:06.000001+01:00", "2026-08-03T10:18:06.000001Z"),
-        ("2026-08-03T11:18:06.500000Z", "2026-08-03T11:18:06.5Z"),
-        ("2026-08-03T11:18:06.000000Z", "2026-08-03T11:18:06Z"),
-        ("0999-01-01T00:00:00Z", "0999-01-01T00:00:00Z"),
-        (0, "1970-01-01T00:00:00Z"),
-        (1785755886, "2026-08-03T11:18:06Z"),
-        (1785755886.25, "2026-08-03T11:18:06.25Z"),
-        (-62135596800, "0001-01-01T00:00:00Z"),
-    ],
-)
-def test_normalize_ts(value: object, want: str) -> None:
-    assert document.normalize_ts(value) == want
-    assert document.HEADING.fullmatch(f"# {want} user")
-
-
-def test_normalize_ts_default_is_receive_time() -> None:
-    when = dt.datetime(2026, 8, 3, 13, 18, 6, tzinfo=dt.timezone(dt.timedelta(hours=2)))
-    assert document.normalize_ts(None, default=when) == "2026-08-03T11:18:06Z"
-    now = document.parse_ts(document.normalize_ts(None))
-    assert abs((now - dt.datetime.now(dt.UTC)).total_seconds()) < 5
-
-
-@pytest.mark.parametrize(
-    ("value", "detail"),
-    [
-        ("", "bad timestamp '': expected ISO 8601"),
-        ("2026-13-01T00:00:00Z", "bad timestamp '2026-13-01T00:00:00Z': expected ISO 8601"),
-        ("0001-01-01T00:00:00+01:00", "timestamp out of range: '0001-01-01T00:00:00+01:00'"),
-        (float("inf"), "bad timestamp inf"),
-        (10**20, "timestamp out of range: 100000000000000000000"),
-        (False, "bad timestamp False"),
-        ([2026], "bad timestamp [2026]"),
-    ],
-)
-def test_normalize_ts_refuses(value: object, detail: str) -> None:
-    with pytest.raises(errors.InvalidInput) as info:
-        document.normalize_ts(value)
-    assert info.value.detail == detail
+# timestamps
 
 
 def test_year_below_1000_keeps_four_digits_and_stays_a_heading() -> None:
     # strftime("%Y") writes "999": the heading would stop matching and the message would
     # silently merge into the one before it
-    ts = document.normalize_ts("0999-01-01T00:00:00Z")
+    ts = validation.normalize_ts("0999-01-01T00:00:00Z")
     text = document.render(header(), [msg("user", "a"), msg("user", "b", ts)])
     assert [(m.ts, m.content) for m in document.parse(text).messages] == [
         ("2026-08-03T11:18:06Z", "a"),
@@ -827,80 +719,7 @@ def test_format_ts_round_trips(when: dt.datetime) -> None:
     text = document.format_ts(when)
     assert document.HEADING.fullmatch(f"## {text} tool")
     assert document.parse_ts(text) == when.replace(tzinfo=dt.UTC)
-    assert document.normalize_ts(text) == text
-
-
-@pytest.mark.parametrize(
-    ("value", "detail"),
-    [
-        ("", "session_key must be 1..8 characters, got 0"),
-        ("x" * 9, "session_key must be 1..8 characters, got 9"),
-        ("a\nb", "session_key contains control character '\\n' at index 1"),
-        ("ab\tc", "session_key contains control character '\\t' at index 2"),
-        ("\x7f", "session_key contains control character '\\x7f' at index 0"),
-        ("a\x85", "session_key contains control character '\\x85' at index 1"),
-        ("a\u2028", "session_key contains control character '\\u2028' at index 1"),
-        ("a\ud800", "session_key contains a lone surrogate at index 1"),
-        (123, "session_key must be a string, not int"),
-    ],
-)
-def test_check_session_key_refuses(value: object, detail: str) -> None:
-    with pytest.raises(errors.InvalidInput) as info:
-        document.check_session_key(value, document.Limits(max_session_key=8))
-    assert info.value.detail == detail
-
-
-def test_check_session_key_accepts() -> None:
-    limits = document.Limits(max_session_key=8)
-    for value in ("x", "12345678", "a: b", "---", "日本語 🎉", "~"):
-        assert document.check_session_key(value, limits) == value
-    assert document.check_session_key("x" * 512) == "x" * 512
-    with pytest.raises(errors.InvalidInput, match="got 513"):
-        document.check_session_key("x" * 513)
-
-
-@pytest.mark.parametrize("value", ["hermes", "a", "A-Z_a.z-09", "x" * 64])
-def test_check_agent_id_accepts(value: str) -> None:
-    assert document.check_agent_id(value) == value
-
-
-@pytest.mark.parametrize("value", ["", "x" * 65, "a b", "a/b", "é", "a\n", None, 5])
-def test_check_agent_id_refuses(value: object) -> None:
-    with pytest.raises(errors.InvalidInput) as info:
-        document.check_agent_id(value)
-    assert info.value.detail == f"agent_id must match [A-Za-z0-9_.-]{{1,64}}, got {value!r}"
-
-
-def test_check_metadata() -> None:
-    limits = document.Limits(max_metadata_bytes=20)
-    assert document.check_metadata(None) == {}
-    assert document.check_metadata({"a": "é" * 5 + "x"}, limits) == {"a": "é" * 5 + "x"}  # 20 B
-    cases: list[tuple[object, str]] = [
-        ({"a": "é" * 6}, "metadata is 21 bytes encoded; the limit is 20"),
-        ([1], "metadata must be a JSON object, not list"),
-        ("{}", "metadata must be a JSON object, not str"),
-        (
-            {"a": float("nan")},
-            "metadata is not plain JSON: Out of range float values are not JSON compliant",
-        ),
-        ({"a": {1, 2}}, "metadata is not plain JSON: Object of type set is not JSON serializable"),
-        ({"a": "\ud800"}, "metadata contains a lone surrogate at index 7"),
-    ]
-    for value, detail in cases:
-        with pytest.raises(errors.InvalidInput) as info:
-            document.check_metadata(value, limits)
-        assert info.value.detail == detail
-
-
-def test_check_file_id_and_source_type() -> None:
-    assert document.check_file_id(FILE_ID) == FILE_ID
-    for bad in (FILE_ID.upper(), FILE_ID.replace("-4", "-1", 1), "../etc/passwd", 1):
-        with pytest.raises(errors.InvalidInput, match="not a file_id"):
-            document.check_file_id(bad)
-    assert document.check_source_type("upload") == "upload"
-    with pytest.raises(errors.InvalidInput) as info:
-        document.check_source_type("upload", allowed=("session", "external"))
-    assert info.value.detail == "source_type must be one of session, external; got 'upload'"
+    assert validation.normalize_ts(text) == text
 
 
 # ---------------------------------------------------------------------------------------------
@@ -975,7 +794,39 @@ def test_file_id_must_be_the_files_own() -> None:
 def test_block_offsets_format_errors() -> None:
     with pytest.raises(errors.FormatError) as info:
         document.block_offsets(b"# 2026-08-03T11:18:06Z user\n")
-    assert info.value.detail == "line 1: expected '---' to open the frontmatter"
+    assert info.value.detail == (
+        "line 1: expected '---' to open the frontmatter, got '# 2026-08-03T11:18:06Z user'"
+    )
     with pytest.raises(errors.FormatError) as info:
         document.block_offsets(b"---\nformat_version: 1\n")
     assert info.value.detail == "line 1: unterminated frontmatter (no closing '---' line)"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "---\n---",
+        "---\n---\n",
+        FRONT.rstrip("\n"),
+        FRONT.rstrip("\n").removesuffix("\n---") + "\n---",
+        FRONT + "# 2026-08-03T11:18:06Z user\n\nhi\n\n",
+        "---\nformat_version: 1\n",
+        "# 2026-08-03T11:18:06Z user\n",
+        "---\n---x\n",
+    ],
+)
+def test_parse_and_chain_agree_on_the_frontmatter(text: str) -> None:
+    """One rule for where a frontmatter ends, for parse (text) and chain (bytes): the same
+    offset, or the same error. A frontmatter-only file without a final newline is one."""
+
+    def where(func: Any, value: Any) -> object:
+        try:
+            return func(value)
+        except errors.FormatError as exc:
+            return exc.detail
+
+    by_parse = where(lambda t: document.split_frontmatter(t)[1], text)
+    by_chain = where(lambda b: document.block_offsets(b)[0], text.encode())
+    assert by_parse == by_chain
+    if isinstance(by_parse, int) and text.startswith(FRONT.rstrip("\n")):
+        assert len(document.parse(text).messages) == document.chain(text.encode())[1]

@@ -14,7 +14,7 @@ from typing import Any
 import factories
 import pytest
 
-from pipeline import document, errors, index, refine
+from pipeline import document, errors, refine, tables
 from pipeline.refiners import openai as openai_refiner
 from pipeline.refiners.builtin import MAX_ITEM_CHARS, BuiltinRefiner
 from pipeline.refiners.openai import OpenAIRefiner
@@ -24,7 +24,7 @@ FILE_ID = "0c4f2d6e-9a1b-4c3d-8e5f-6a7b8c9d0e1f"
 TS = "2026-08-03T11:18:06Z"
 
 
-def file_row() -> index.FileRow:
+def file_row() -> tables.FileRow:
     return factories.file_row(FILE_ID)
 
 
@@ -398,7 +398,7 @@ def test_openai_bad_answers_raise_refiner_error(
 ) -> None:
     server.reply = lambda _req: reply
     refiner = closing(OpenAIRefiner(base_url=server.url, model="m", timeout=5))
-    with pytest.raises(refine.RefinerError, match=message) as caught:
+    with pytest.raises(errors.RefinerError, match=message) as caught:
         refiner.refine(window(*TWO_MESSAGES))
     assert caught.value.retry is True
     assert len(server.requests) == 1
@@ -412,7 +412,7 @@ def test_openai_timeout_raises_refiner_error(server: Server, closing: Callable[[
     server.reply = slow
     refiner = closing(OpenAIRefiner(base_url=server.url, model="m", timeout=0.3))
     started = time.monotonic()
-    with pytest.raises(refine.RefinerError, match="request failed: ReadTimeout"):
+    with pytest.raises(errors.RefinerError, match="request failed: ReadTimeout"):
         refiner.refine(window(*TWO_MESSAGES))
     assert time.monotonic() - started < 10  # the refiner's timeout, not the server's wait
     server.release.set()
@@ -424,7 +424,7 @@ def test_openai_unreachable_service_raises_refiner_error(closing: Callable[[Any]
     url = s.url
     s.close()  # nothing listens on the port any more
     refiner = closing(OpenAIRefiner(base_url=url, model="m", timeout=2))
-    with pytest.raises(refine.RefinerError, match="request failed: ConnectError"):
+    with pytest.raises(errors.RefinerError, match="request failed: ConnectError"):
         refiner.refine(window(*TWO_MESSAGES))
 
 
@@ -486,7 +486,7 @@ def test_webhook_failures_raise_refiner_error(
 ) -> None:
     server.reply = lambda _req: reply
     refiner = closing(WebhookRefiner(url=server.url, timeout=5))
-    with pytest.raises(refine.RefinerError, match=message):
+    with pytest.raises(errors.RefinerError, match=message):
         refiner.refine(window(*TWO_MESSAGES))
 
 
@@ -499,7 +499,7 @@ def test_webhook_timeout_raises_refiner_error(
 
     server.reply = slow
     refiner = closing(WebhookRefiner(url=server.url, timeout=0.3))
-    with pytest.raises(refine.RefinerError, match="webhook request failed: ReadTimeout"):
+    with pytest.raises(errors.RefinerError, match="webhook request failed: ReadTimeout"):
         refiner.refine(window(*TWO_MESSAGES))
     server.release.set()
 

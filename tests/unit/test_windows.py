@@ -13,14 +13,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline import document, index, refine
+from pipeline import document, refine, tables
 
 FILE_ID = "5b0e7c1d-2a3f-4e6b-8c9d-0a1b2c3d4e5f"
 TS = "2026-08-03T11:18:06Z"
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def file_row() -> index.FileRow:
+def file_row() -> tables.FileRow:
     return factories.file_row(FILE_ID)
 
 
@@ -60,7 +60,7 @@ def check_invariants(
             (p.role, p.ts, p.tool_name, document.canonical(p.content)) for p in w.parts
         ]
         for p in w.parts:
-            assert p.source_ref == ref(p.seq)
+            assert w.source_ref(p) == ref(p.seq)
         assert w.source_refs == tuple(dict.fromkeys(ref(p.seq) for p in w.parts))
         seqs = [p.seq for p in w.parts]
         assert seqs == sorted(seqs)
@@ -174,7 +174,7 @@ def test_empty_segment_has_no_windows() -> None:
 
 def distinct_parts(
     messages: Sequence[document.Message], budget: int, seq: int
-) -> list[refine.Part]:
+) -> list[document.Message]:
     """The parts of message ``seq``, each once (as windows without overlap hold them)."""
     ws = refine.windows(file_row(), messages, budget_tokens=budget, overlap=0)
     return [p for w in ws for p in w.parts if p.seq == seq]
@@ -249,7 +249,7 @@ def test_a_large_message_is_split_at_line_breaks_into_parts_that_keep_its_ref() 
     # The next part of a message carries on without repeating the one before as overlap.
     for w in ws:
         assert len({p.content for p in w.parts}) == len(w.parts)
-    assert all(p.source_ref == ref(2) and p.tool_name == "cat" for p in parts)
+    assert all(ref(p.seq) == ref(2) and p.tool_name == "cat" for p in parts)
     # Cut at line breaks: the parts are whole lines, and joined by the cut newlines they are
     # the content again.
     assert "\n".join(p.content for p in parts) == content
@@ -286,7 +286,7 @@ def test_multibyte_text_is_split_by_bytes_within_the_budget(unit: str, budget: i
     check_invariants(ws, messages, budget, 1)
     parts = distinct_parts(messages, budget, 1)
     assert len(parts) > 1
-    assert all(p.source_ref == ref(1) for p in parts)
+    assert all(p.seq == 1 for p in parts)
     assert "".join(p.content for p in parts) == content
 
 

@@ -11,38 +11,30 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from pipeline import archive, document, errors, index, store
+from pipeline import archive, database, document, errors, index, store, tables, validation
 
 
 @dataclasses.dataclass(frozen=True)
 class Ref:
     """A message found by its source_ref, with its neighbours."""
 
-    file: index.FileRow
+    file: tables.FileRow
     message: document.Message
     before: tuple[document.Message, ...]
     after: tuple[document.Message, ...]
 
 
-def parse_ref(ref: str) -> tuple[str, int]:
-    """``"file_id:seq"`` → ``(file_id, seq)``."""
-    file_id, sep, seq = ref.rpartition(":")
-    if not sep or not seq.isdigit() or int(seq) < 1:
-        raise errors.InvalidInput(f"not a source_ref (file_id:seq): {ref!r}")
-    return document.check_file_id(file_id), int(seq)
-
-
-def get_file(engine: sa.Engine, file_id: str) -> index.FileRow:
+def get_file(engine: sa.Engine, file_id: str) -> tables.FileRow:
     """The index row of ``file_id``; NotFound when there is none."""
-    document.check_file_id(file_id)
-    with index.transaction(engine) as conn:
+    validation.check_file_id(file_id)
+    with database.transaction(engine) as conn:
         row = index.get_file(conn, file_id)
     if row is None:
         raise errors.NotFound(f"no file {file_id}")
     return row
 
 
-def read_bytes(data_dir: Path, row: index.FileRow) -> bytes:
+def read_bytes(data_dir: Path, row: tables.FileRow) -> bytes:
     """The committed bytes of a file (empty while nothing is flushed), decompressed if it is
     archived."""
     if row.flushed_bytes == 0:
@@ -58,11 +50,12 @@ def read_bytes(data_dir: Path, row: index.FileRow) -> bytes:
 
 
 def read_document(
-    engine: sa.Engine, data_dir: Path, row: index.FileRow
+    engine: sa.Engine, data_dir: Path, row: tables.FileRow
 ) -> document.Document | None:
     """The parsed file, or None while nothing is flushed.
 
-    A file that no longer parses is marked ``error`` with a ``format_error`` anomaly.
+    A file that no longer parses is marked ``error`` with a ``format_error`` anomaly (once:
+    a file already marked is not written to again by reads).
     """
     data = read_bytes(data_dir, row)
     if not data:
@@ -71,9 +64,9 @@ def read_document(
         return document.parse(data.decode("utf-8"), file_id=row.file_id)
     except (UnicodeDecodeError, errors.FormatError) as exc:
         detail = exc.detail if isinstance(exc, errors.FormatError) else f"not UTF-8: {exc}"
-        with index.transaction(engine) as conn:
-            index.update_file(conn, row.file_id, status="error")
-            index.record_anomaly(conn, row.file_id, "format_error", detail)
+        if row.status != "error":
+            with database.transaction(engine) as conn:
+                index.record_damage(conn, row.file_id, "format_error", detail)
         raise errors.FileDamaged(f"file {row.file_id}: {detail}") from None
 
 
@@ -89,7 +82,7 @@ def messages(
 
 def resolve(engine: sa.Engine, data_dir: Path, ref: str, *, context: int = 1) -> Ref:
     """The message a source_ref names, plus ``context`` neighbours on each side."""
-    file_id, seq = parse_ref(ref)
+    file_id, seq = validation.parse_ref(ref)
     row = get_file(engine, file_id)
     doc = read_document(engine, data_dir, row)
     if doc is None or seq > len(doc.messages):

@@ -1,0 +1,84 @@
+"""The FastAPI application: routers, the service dependency, and one mapping of every error
+to an RFC 9457 problem document (``application/problem+json``)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from pipeline import errors, validation
+from pipeline.api import appends, files, models, ops, refinement
+from pipeline.service import Service
+
+log = logging.getLogger(__name__)
+PROBLEM = "application/problem+json"
+
+
+def problem(status: int, kind: str, title: str, detail: str, **headers: str) -> JSONResponse:
+    """A problem+json answer."""
+    body = {"type": errors.problem_type(kind), "title": title, "status": status, "detail": detail}
+    return JSONResponse(body, status_code=status, media_type=PROBLEM, headers=headers or None)
+
+
+def create_app(service: Service) -> FastAPI:
+    """The API over ``service`` (its settings, engine and queue)."""
+    app = FastAPI(
+        title="SGME L0",
+        version="0.1.0",
+        description="The raw layer of SGME: append-only Markdown transcripts, indexed.",
+    )
+    app.state.service = service
+    for router in (appends.router, files.router, refinement.router, ops.router):
+        app.include_router(router)
+
+    @app.exception_handler(errors.SgmeError)
+    async def _sgme_error(_request: Request, exc: errors.SgmeError) -> JSONResponse:
+        if isinstance(exc, errors.InternalError):
+            log.error("%s: %s", exc.type, exc.detail, exc_info=exc)
+        elif exc.status >= 500:
+            log.warning("%s: %s", exc.type, exc.detail)
+        return problem(exc.status, exc.type, type(exc).__name__, exc.detail)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        detail = validation.describe_errors(exc.errors())
+        return problem(422, errors.InvalidInput.type, "InvalidInput", detail)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = "not-found" if exc.status_code == 404 else "http-error"
+        return problem(exc.status_code, kind, "HTTPError", str(exc.detail), **(exc.headers or {}))
+
+    @app.exception_handler(Exception)
+    async def _bug(_request: Request, exc: Exception) -> JSONResponse:
+        log.error("unexpected error", exc_info=exc)
+        return problem(500, errors.InternalError.type, "InternalError", "internal error")
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = _openapi(app, service)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+    return app
+
+
+def _openapi(app: FastAPI, service: Service) -> dict[str, Any]:
+    """FastAPI's schema plus the request bodies the append routes parse themselves (with the
+    configured limits) and the problem document every error answer carries."""
+    schema = get_openapi(
+        title=app.title, version=app.version, description=app.description, routes=app.routes
+    )
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    template = "#/components/schemas/{model}"
+    for model in (*validation.schemas(service.settings.limits), models.Problem):
+        body = model.model_json_schema(ref_template=template)
+        components.update(body.pop("$defs", {}))
+        components[model.__name__] = body
+    return schema

@@ -1,0 +1,99 @@
+"""Reading: files, their raw bytes, their messages, and single messages by source_ref."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Path, Query, Response
+
+from pipeline import database, index, reader, validation
+from pipeline.api import models
+from pipeline.api.deps import FileIdPath, ServiceDep, problems
+
+router = APIRouter(tags=["files"])
+
+Status = Literal["pending", "new", "refined", "error", "archived"]
+SourceType = Literal["session", "upload", "external"]
+
+
+@router.get("/v1/files", response_model=models.Files, responses=problems(422, 503))
+def list_files(
+    service: ServiceDep,
+    agent_id: Annotated[str | None, Query(pattern=validation.AGENT_ID_PATTERN)] = None,
+    status: Status | None = None,
+    source_type: SourceType | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    cursor: Annotated[str | None, Query(pattern=validation.FILE_ID_PATTERN)] = None,
+) -> dict[str, Any]:
+    """Files ordered by file_id; pass ``next_cursor`` back as ``cursor`` for the next page."""
+    with database.transaction(service.engine) as conn:
+        rows = index.list_files(
+            conn,
+            agent_id=agent_id,
+            status=status,
+            source_type=source_type,
+            after=cursor,
+            limit=limit,
+        )
+    next_cursor = rows[-1].file_id if len(rows) == limit else None
+    return {"files": [row.to_json() for row in rows], "next_cursor": next_cursor}
+
+
+@router.get("/v1/files/{file_id}", response_model=models.File, responses=problems(404, 422, 503))
+def get_file(file_id: FileIdPath, service: ServiceDep) -> dict[str, Any]:
+    """The file's index row."""
+    return reader.get_file(service.engine, file_id).to_json()
+
+
+@router.get(
+    "/v1/files/{file_id}/raw",
+    response_class=Response,
+    responses={
+        200: {"content": {"text/markdown": {"schema": {"type": "string"}}}},
+        **problems(404, 409, 422, 503),
+    },
+)
+def get_raw(file_id: FileIdPath, service: ServiceDep) -> Response:
+    """The file's committed bytes, exactly as on disk (decompressed if archived)."""
+    row = reader.get_file(service.engine, file_id)
+    data = reader.read_bytes(service.settings.data_dir, row)
+    return Response(data, media_type="text/markdown; charset=utf-8")
+
+
+@router.get(
+    "/v1/files/{file_id}/messages",
+    response_model=models.Messages,
+    responses=problems(404, 409, 422, 503),
+)
+def get_messages(
+    file_id: FileIdPath,
+    service: ServiceDep,
+    after_seq: Annotated[int, Query(ge=0, le=validation.MAX_SEQ)] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> dict[str, Any]:
+    """Flushed messages with ``seq > after_seq``."""
+    found = reader.messages(
+        service.engine, service.settings.data_dir, file_id, after_seq=after_seq, limit=limit
+    )
+    return {"file_id": file_id, "messages": [m.to_json(file_id) for m in found]}
+
+
+@router.get("/v1/refs/{ref}", response_model=models.Ref, responses=problems(404, 409, 422, 503))
+def get_ref(
+    ref: Annotated[str, Path(pattern=validation.SOURCE_REF_PATTERN, description="file_id:seq")],
+    service: ServiceDep,
+    context: Annotated[int, Query(ge=0, le=50)] = 1,
+) -> dict[str, Any]:
+    """The message a source_ref (``file_id:seq``) names, with its neighbours."""
+    found = reader.resolve(service.engine, service.settings.data_dir, ref, context=context)
+    file_id = found.file.file_id
+    return {
+        "source_ref": f"{file_id}:{found.message.seq}",
+        "file_id": file_id,
+        "agent_id": found.file.agent_id,
+        "session_key": found.file.session_key,
+        "source_type": found.file.source_type,
+        "message": found.message.to_json(file_id),
+        "before": [m.to_json(file_id) for m in found.before],
+        "after": [m.to_json(file_id) for m in found.after],
+    }

@@ -1,0 +1,148 @@
+"""The shapes of every answer the API gives, as pydantic models: they make ``/openapi.json``
+describe each response, and :mod:`pipeline.client` parses answers with them."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from pipeline import validation
+
+FileId = str  # documented with FILE_ID_PATTERN where it is a parameter
+
+
+class Model(BaseModel):
+    """Answers may gain fields; clients should ignore the ones they don't know."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class Problem(Model):
+    """An RFC 9457 problem document; ``type`` is ``urn:sgme:problem:<kind>``."""
+
+    type: str = Field(examples=["urn:sgme:problem:not-found"])
+    title: str
+    status: int
+    detail: str
+
+
+class Appended(Model):
+    """Answer of ``POST /v1/append``: where the messages are (or will be) in the file."""
+
+    file_id: str = Field(pattern=validation.FILE_ID_PATTERN)
+    first_seq: int
+    last_seq: int
+    source_refs: list[str]
+    status: str = Field(description="the file's status when the answer was made")
+
+
+class Uploaded(Model):
+    """Answer of ``POST /v1/uploads``."""
+
+    file_id: str = Field(pattern=validation.FILE_ID_PATTERN)
+    source_ref: str
+
+
+class Segment(Model):
+    """The segment ``lo < seq <= hi`` an L1 item was refined from."""
+
+    lo: int
+    hi: int
+
+
+class File(Model):
+    """A file's index row."""
+
+    file_id: str = Field(pattern=validation.FILE_ID_PATTERN)
+    path: str
+    source_type: Literal["session", "upload", "external"]
+    agent_id: str
+    session_key: str
+    metadata: dict[str, Any]
+    started_at: str
+    ended_at: str | None
+    status: Literal["pending", "new", "refined", "error", "archived"]
+    next_seq: int
+    flushed_seq: int
+    flushed_bytes: int
+    chain_head: str | None
+    flush_pending: bool
+    flushed_at: str | None
+    last_refined_seq: int
+    refined_at: str | None
+    refine_epoch: int
+    refine_lease_until: str | None
+    archived_at: str | None
+    created_at: str
+    updated_at: str
+    message_count: int
+    pending_messages: int
+
+
+class Files(Model):
+    """A page of files; pass ``next_cursor`` back as ``cursor`` for the next one."""
+
+    files: list[File]
+    next_cursor: str | None
+
+
+class Message(Model):
+    """One stored message (``document.Message.to_json``)."""
+
+    seq: int
+    ts: str
+    role: Literal["user", "assistant", "tool", "system"]
+    content: str
+    tool_name: str | None
+    source_ref: str
+
+
+class Messages(Model):
+    """A page of a file's messages."""
+
+    file_id: str
+    messages: list[Message]
+
+
+class Ref(Model):
+    """The message a source_ref names, with its neighbours."""
+
+    source_ref: str
+    file_id: str
+    agent_id: str
+    session_key: str
+    source_type: Literal["session", "upload", "external"]
+    message: Message
+    before: list[Message]
+    after: list[Message]
+
+
+class L1Item(Model):
+    """One L1 item with the raw messages it stands on."""
+
+    id: int
+    file_id: str
+    agent_id: str
+    kind: str
+    content: str
+    source_refs: list[str]
+    refiner: str
+    segment: Segment
+    created_at: str
+
+
+class L1Items(Model):
+    """A page of L1 items; pass ``next_after`` back as ``after`` for the next one."""
+
+    items: list[L1Item]
+    next_after: int | None
+
+
+class Health(Model):
+    """Whether the index answers and the data directory is writable."""
+
+    status: Literal["ok", "degraded"]
+    index: str
+    data_dir: str
+    journal_backlog: dict[str, int] | None = None

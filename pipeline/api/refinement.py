@@ -1,0 +1,43 @@
+"""L1 items and full re-refines."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+
+from pipeline import database, l1, reader, refine, validation
+from pipeline.api import models
+from pipeline.api.deps import FileIdPath, ServiceDep, problems
+
+router = APIRouter(tags=["refinement"])
+MAX_ID = 2**63 - 1
+
+
+@router.post(
+    "/v1/files/{file_id}/refine",
+    status_code=202,
+    response_model=models.File,
+    responses=problems(404, 409, 422, 503),
+)
+def refine_file(file_id: FileIdPath, service: ServiceDep) -> dict[str, Any]:
+    """Full re-refine: ``last_refined_seq = 0``; the file's L1 items are replaced when the new
+    run commits."""
+    refine.request_full(service.engine, file_id)
+    service.dispatch([file_id])
+    return reader.get_file(service.engine, file_id).to_json()
+
+
+@router.get("/v1/l1", response_model=models.L1Items, responses=problems(422, 503))
+def list_l1(
+    service: ServiceDep,
+    file_id: Annotated[str | None, Query(pattern=validation.FILE_ID_PATTERN)] = None,
+    agent_id: Annotated[str | None, Query(pattern=validation.AGENT_ID_PATTERN)] = None,
+    after: Annotated[int, Query(ge=0, le=MAX_ID, description="items with id > after")] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> dict[str, Any]:
+    """L1 items, oldest first; each source_ref resolves through ``/v1/refs/…``."""
+    with database.transaction(service.engine) as conn:
+        items = l1.list_items(conn, file_id=file_id, agent_id=agent_id, after=after, limit=limit)
+    next_after = items[-1].id if len(items) == limit else None
+    return {"items": [item.to_json() for item in items], "next_after": next_after}

@@ -1,0 +1,186 @@
+"""Looking after the store: ``migrate``, ``refine``, ``archive``, ``restore``, ``fsck``,
+``reindex``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline import archive, database, errors, index, integrity, reader
+from pipeline.cli import EXIT_PROBLEMS, Add, Context, print_json, progress
+from pipeline.service import LocalQueue
+
+
+def cmd_migrate(ctx: Context) -> int:
+    """Create or upgrade the index schema."""
+    settings = ctx.settings()
+    ctx.engine(settings, migrate=True)
+    print(f"index at {settings.index_url} is up to date")
+    return 0
+
+
+def cmd_refine(ctx: Context) -> int:
+    """Refine a file's unrefined messages now, in this process."""
+    a = ctx.args
+    settings = ctx.settings()
+    service = ctx.service(settings, LocalQueue())
+    before = _count_items(service.engine, a.file_id)
+    service.refine_now(a.file_id, full=a.full)
+    row = reader.get_file(service.engine, a.file_id)
+    print_json(
+        {
+            "file_id": row.file_id,
+            "status": row.status,
+            "last_refined_seq": row.last_refined_seq,
+            "items": _count_items(service.engine, a.file_id) - (0 if a.full else before),
+        }
+    )
+    return 0
+
+
+def _count_items(engine: Any, file_id: str) -> int:
+    from pipeline import l1
+
+    with database.transaction(engine) as conn:
+        return len(l1.list_items(conn, file_id=file_id, limit=1_000_000))
+
+
+def cmd_archive(ctx: Context) -> int:
+    """Compress cold, fully refined files."""
+    a = ctx.args
+    settings = ctx.settings()
+    engine = ctx.engine(settings)
+    days = settings.archiving.after_days if a.older_than is None else a.older_than
+    if days < 0:
+        raise errors.InvalidInput(f"--older-than must be >= 0 days, got {days}")
+    candidates = archive.cold_files(engine, older_than_days=days, limit=1_000_000)
+    summary: dict[str, Any] = {"older_than_days": days, "dry_run": a.dry_run}
+    if a.dry_run:
+        with database.transaction(engine) as conn:
+            sizes = [index.get_file(conn, file_id) for file_id in candidates]
+        summary.update(files=len(candidates), bytes_before=sum(r.flushed_bytes for r in sizes if r))
+    else:
+        with progress("archive", len(candidates)) as advance:
+            report = archive.archive_cold(
+                engine,
+                settings.data_dir,
+                settings.archiving,
+                older_than_days=days,
+                progress=advance,
+            )
+        summary.update(
+            cleaned_up=report.cleaned_up,
+            unrefined_cold_flagged=report.unrefined_flagged,
+            files=report.files,
+            bytes_before=report.bytes_before,
+            bytes_after=report.bytes_after,
+            ratio=report.ratio,
+            failed=[{"file_id": f, "error": d} for f, d in report.failed],
+        )
+    if a.json:
+        print_json(summary)
+    elif a.dry_run:
+        print(
+            f"archive --dry-run: {summary['files']} files ({summary['bytes_before']} bytes) "
+            f"unchanged for {days} days would be compressed"
+        )
+    else:
+        print(
+            f"archive: {summary['files']} files, {summary['bytes_before']} -> "
+            f"{summary['bytes_after']} bytes (ratio {summary['ratio']}), "
+            f"{len(summary['failed'])} failed, "
+            f"{summary['unrefined_cold_flagged']} cold but unrefined flagged"
+        )
+        for item in summary["failed"]:
+            print(f"  {item['file_id']}: {item['error']}")
+    return EXIT_PROBLEMS if summary.get("failed") else 0
+
+
+def cmd_restore(ctx: Context) -> int:
+    """Move an archived file back to its live place."""
+    settings = ctx.settings()
+    engine = ctx.engine(settings)
+    file_id = ctx.args.file_id
+    if not archive.restore(engine, settings.data_dir, file_id, lock_timeout=settings.lock_timeout):
+        raise errors.Conflict(f"file {file_id} is not archived")
+    row = reader.get_file(engine, file_id)
+    print_json({"file_id": row.file_id, "status": row.status, "path": row.path})
+    return 0
+
+
+def cmd_fsck(ctx: Context) -> int:
+    """Check every file against the index; exit 1 when something differs."""
+    settings = ctx.settings()
+    engine = ctx.engine(settings)
+    with progress("fsck", integrity.count_files(engine)) as advance:
+        problems = integrity.fsck(engine, settings.data_dir, progress=advance)
+    if ctx.args.json:
+        by_file: dict[str, list[dict[str, str]]] = {}
+        for p in problems:
+            by_file.setdefault(p.file_id, []).append({"kind": p.kind, "detail": p.detail})
+        print_json(
+            {
+                "ok": not problems,
+                "files": [{"file_id": f, "problems": ps} for f, ps in by_file.items()],
+            }
+        )
+    else:
+        for p in problems:
+            print(f"{p.file_id}: {p.kind}: {p.detail}")
+        import sys
+
+        print(
+            "fsck: clean" if not problems else f"fsck: {len(problems)} problem(s)", file=sys.stderr
+        )
+    return EXIT_PROBLEMS if problems else 0
+
+
+def cmd_reindex(ctx: Context) -> int:
+    """Rebuild the index from the files."""
+    settings = ctx.settings()
+    engine = ctx.engine(settings)
+    total = sum(1 for _ in settings.data_dir.glob("raw/*/*.md"))
+    with progress("reindex", total) as advance:
+        report = integrity.reindex(
+            engine, settings.data_dir, lock_timeout=settings.lock_timeout, progress=advance
+        )
+    summary = {
+        "scanned": report.scanned,
+        "inserted": report.inserted,
+        "updated": report.updated,
+        "failed": [p.to_json() for p in report.failed],
+    }
+    if ctx.args.json:
+        print_json(summary)
+    else:
+        print(
+            f"reindex: {report.scanned} files, {report.inserted} inserted, "
+            f"{report.updated} updated, {len(report.failed)} failed"
+        )
+        for p in report.failed:
+            print(f"  {p.file_id}: {p.kind}: {p.detail}")
+    return EXIT_PROBLEMS if report.failed else 0
+
+
+def register(add: Add) -> None:
+    """Declare the maintenance commands."""
+    p = add("refine", cmd_refine, "refine a file's unrefined messages now (in this process)")
+    p.add_argument("file_id")
+    p.add_argument(
+        "--full", action="store_true", help="re-refine from seq 1, replacing its L1 items"
+    )
+    add("migrate", cmd_migrate, "create or upgrade the index schema")
+    p = add("archive", cmd_archive, "compress cold, fully refined files (zstd)")
+    p.add_argument(
+        "--older-than",
+        type=float,
+        metavar="DAYS",
+        help="days unchanged (default: archive_after_days, 90)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="only say what would be archived")
+    p.add_argument("--json", action="store_true")
+    p = add("restore", cmd_restore, "move an archived file back to its live place")
+    p.add_argument("file_id")
+    p = add("fsck", cmd_fsck, "check every file against the index (exit 1 on problems)")
+    p.add_argument("--json", action="store_true")
+    p = add("reindex", cmd_reindex, "rebuild the index from the files")
+    p.add_argument("--json", action="store_true")

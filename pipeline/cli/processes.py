@@ -1,0 +1,124 @@
+"""The long-running processes: ``serve`` (embedded), ``api``, ``worker``, ``beat``."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import signal
+import sys
+from typing import Any
+
+from pipeline import errors
+from pipeline.cli import Add, Context
+from pipeline.service import Service
+from pipeline.settings import Settings
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _check_bind(settings: Settings) -> None:
+    if not _is_loopback(settings.host) and not settings.trust_network:
+        raise errors.InvalidInput(
+            f"refusing to listen on {settings.host}: there is no authentication yet, so the "
+            "server binds loopback addresses only (127.0.0.1, ::1, localhost) unless "
+            "SGME_TRUST_NETWORK=true says every client that can reach it is trusted"
+        )
+
+
+def _exit_on_signal(signum: int, _frame: Any) -> None:
+    raise SystemExit(0)
+
+
+def cmd_serve(ctx: Context) -> int:
+    """API + an in-process worker and beat on the in-memory broker (the embedded default)."""
+    import uvicorn
+
+    from pipeline.api import app as api_app
+
+    a = ctx.args
+    settings = ctx.settings(host=a.host, port=a.port, broker_url=a.broker_url)
+    _check_bind(settings)
+    engine = ctx.engine(settings, migrate=True)
+    with ctx.workers.embedded(settings, engine, concurrency=a.concurrency) as queue:
+        app = api_app.create_app(Service(settings, engine, queue))
+        print(
+            f"sgme: data in {settings.data_dir.resolve()}, index {settings.index_url}, "
+            f"broker {settings.broker_url}",
+            file=sys.stderr,
+        )
+        # uvicorn shuts down gracefully on SIGTERM and then raises the signal again; with the
+        # default handler that kills the process before the embedded worker and beat are
+        # stopped (the task in progress dies with it). SystemExit instead runs the cleanup.
+        signal.signal(signal.SIGTERM, _exit_on_signal)
+        uvicorn.run(app, host=settings.host, port=settings.port, log_level=a.log_level)
+    return 0
+
+
+def cmd_api(ctx: Context) -> int:
+    """The API alone; work goes to the workers through the broker."""
+    import uvicorn
+
+    from pipeline.api import app as api_app
+
+    a = ctx.args
+    settings = ctx.settings(host=a.host, port=a.port, broker_url=a.broker_url)
+    _check_bind(settings)
+    engine = ctx.engine(settings)
+    app = api_app.create_app(Service(settings, engine, ctx.workers.queue(settings, engine)))
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=a.log_level)
+    return 0
+
+
+def cmd_worker(ctx: Context) -> int:
+    """A Celery worker in the foreground."""
+    a = ctx.args
+    settings = ctx.settings(broker_url=a.broker_url)
+    ctx.workers.worker(
+        settings,
+        ctx.engine(settings),
+        queues=a.queues,
+        concurrency=a.concurrency,
+        pool=a.pool,
+        loglevel=a.log_level,
+    )
+    return 0
+
+
+def cmd_beat(ctx: Context) -> int:
+    """The Celery beat scheduler in the foreground (exactly one per deployment)."""
+    a = ctx.args
+    settings = ctx.settings(broker_url=a.broker_url)
+    ctx.workers.beat(settings, ctx.engine(settings), loglevel=a.log_level)
+    return 0
+
+
+def register(add: Add) -> None:
+    """Declare the process commands."""
+    p: argparse.ArgumentParser
+    for name, func, text in (
+        ("serve", cmd_serve, "run the API with an in-process worker and beat (embedded)"),
+        ("api", cmd_api, "run the API only; work goes to Celery workers via the broker"),
+    ):
+        p = add(name, func, text)
+        p.add_argument("--host", help="address to bind (default 127.0.0.1)")
+        p.add_argument("--port", type=int, help="port (default 8765)")
+        p.add_argument("--broker-url", help="Celery broker (env SGME_BROKER_URL)")
+        p.add_argument("--log-level", default="info")
+        if name == "serve":
+            p.add_argument("--concurrency", type=int, default=4, help="worker threads")
+    p = add("worker", cmd_worker, "run a Celery worker (production)")
+    p.add_argument("--broker-url", help="Celery broker (env SGME_BROKER_URL)")
+    p.add_argument("--queues", default="append,refine,archive")
+    p.add_argument("--concurrency", type=int, default=2)
+    p.add_argument("--pool", default="prefork", choices=["prefork", "threads", "solo"])
+    p.add_argument("--log-level", default="info")
+    p = add("beat", cmd_beat, "run the Celery beat scheduler (exactly one per deployment)")
+    p.add_argument("--broker-url", help="Celery broker (env SGME_BROKER_URL)")
+    p.add_argument("--log-level", default="info")

@@ -1,0 +1,48 @@
+"""L1 items: what refinement produced, each with the source_refs it stands on."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import sqlalchemy as sa
+
+from pipeline import database, tables
+
+
+def add_items(conn: sa.Connection, items: Sequence[dict[str, Any]]) -> None:
+    """Insert items, skipping any the file already has (same ``item_hash``)."""
+    if not items:
+        return
+    now = tables.utcnow()
+    stmt = database.insert(conn, tables.l1_items).on_conflict_do_nothing(
+        index_elements=["file_id", "item_hash"]
+    )
+    conn.execute(stmt, [{**item, "created_at": now} for item in items])
+
+
+def delete_items(conn: sa.Connection, file_id: str) -> None:
+    """Drop a file's items (before a full re-refine)."""
+    conn.execute(sa.delete(tables.l1_items).where(tables.l1_items.c.file_id == file_id))
+
+
+def list_items(
+    conn: sa.Connection,
+    *,
+    file_id: str | None = None,
+    agent_id: str | None = None,
+    after: int = 0,
+    limit: int = 100,
+) -> list[tables.L1Item]:
+    """Items in insertion order, after the id ``after``."""
+    query = (
+        sa.select(tables.l1_items)
+        .where(tables.l1_items.c.id > after)
+        .order_by(tables.l1_items.c.id)
+        .limit(limit)
+    )
+    if file_id is not None:
+        query = query.where(tables.l1_items.c.file_id == file_id)
+    if agent_id is not None:
+        query = query.where(tables.l1_items.c.agent_id == agent_id)
+    return [tables.L1Item.from_row(row) for row in conn.execute(query)]

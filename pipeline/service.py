@@ -1,0 +1,300 @@
+"""The pipeline's steps put together, once, for every caller: the Celery tasks, the API and the
+``sgme`` command each hold a :class:`Service` and call the same methods.
+
+Work that should happen later goes to a :class:`Queue` (Celery in a deployment, a
+:class:`LocalQueue` drained in-process by ``sgme refine``); a failure to enqueue is never an
+error, because the journal and the index hold the state and the beat sweeps catch up.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import sqlalchemy as sa
+
+from pipeline import archive, database, errors, index, journal, metrics, refine, validation
+from pipeline.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class Queue(Protocol):
+    """Where work for later goes."""
+
+    def flush(self, file_id: str) -> None:
+        """Enqueue a flush of ``file_id``."""
+        ...
+
+    def refine(self, claim: refine.Claim) -> None:
+        """Enqueue the job of a refinement claim."""
+        ...
+
+
+class Workers(Protocol):
+    """What the ``sgme`` command needs of a task queue implementation (the ``sgme.workers``
+    entry point: :mod:`workers.app`), so that :mod:`pipeline` never imports it."""
+
+    def queue(self, settings: Settings, engine: sa.Engine) -> Queue:
+        """A queue that sends work to the workers (the API's)."""
+        ...
+
+    def worker(
+        self,
+        settings: Settings,
+        engine: sa.Engine,
+        *,
+        queues: str,
+        concurrency: int,
+        pool: str,
+        loglevel: str,
+    ) -> None:
+        """Run a worker in the foreground."""
+        ...
+
+    def beat(self, settings: Settings, engine: sa.Engine, *, loglevel: str) -> None:
+        """Run the scheduler in the foreground."""
+        ...
+
+    def embedded(
+        self, settings: Settings, engine: sa.Engine, *, concurrency: int
+    ) -> contextlib.AbstractContextManager[Queue]:
+        """A worker and scheduler inside this process while the context is open."""
+        ...
+
+
+class LocalQueue:
+    """Work kept in this process and run by :meth:`drain` (a command with no workers)."""
+
+    def __init__(self) -> None:
+        self._work: collections.deque[tuple[str, Any]] = collections.deque()
+
+    def flush(self, file_id: str) -> None:
+        """Remember a flush."""
+        self._work.append(("flush", file_id))
+
+    def refine(self, claim: refine.Claim) -> None:
+        """Remember a refinement job."""
+        self._work.append(("refine", claim))
+
+    def drain(self, service: Service) -> None:
+        """Run everything queued, and what that queues, until nothing is left; a job that
+        fails is not retried (it is the last attempt: the file is marked as DESIGN §4 says)."""
+        while self._work:
+            kind, arg = self._work.popleft()
+            if kind == "flush":
+                service.flush(arg)
+            else:
+                service.refine_segment(arg, final=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class Appended:
+    """What an append is answered with, and whether its messages are in the file yet."""
+
+    result: journal.AppendResult
+    flushed: bool = False
+    status: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        """The API's response body."""
+        answer = self.result.to_json()
+        if self.status:
+            answer["status"] = self.status
+        return answer
+
+
+class Service:
+    """Settings, the index engine, a queue, and the refiner (loaded on first use)."""
+
+    def __init__(self, settings: Settings, engine: sa.Engine, queue: Queue | None = None) -> None:
+        self.settings = settings
+        self.engine = engine
+        #: None: nothing is enqueued and nothing is claimed for refinement (a one-shot command
+        #: must not strand a claim that no worker will run)
+        self.queue = queue
+        self._refiner: refine.Refiner | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def refiner(self) -> refine.Refiner:
+        """The configured refiner, loaded once."""
+        with self._lock:
+            if self._refiner is None:
+                self._refiner = refine.load_refiner(
+                    self.settings.refiner, self.settings.refiner_options
+                )
+            return self._refiner
+
+    # -----------------------------------------------------------------------------------------
+    # appends
+
+    def kick(self, file_id: str) -> None:
+        """Enqueue a flush; a broker that is down only delays it (the sweeper re-kicks)."""
+        if self.queue is None:
+            return
+        try:
+            self.queue.flush(file_id)
+        except Exception:
+            log.warning("could not enqueue a flush of %s; the sweeper will", file_id, exc_info=True)
+
+    def append(
+        self, body: Mapping[str, Any] | bytes | validation.Append, *, wait: bool = False
+    ) -> Appended:
+        """Ingest an append (the acknowledgement) and enqueue its flush; with ``wait``, flush
+        it here and answer once it is in the file — or, if that fails, as acknowledged only
+        (the queue finishes the flush; the client must not retry an acknowledged append)."""
+        result = journal.ingest(self.engine, body, limits=self.settings.limits)
+        if not wait:
+            if result.kick:
+                self.kick(result.file_id)
+            return Appended(result)
+        return self._flushed(result)
+
+    def append_queued(self, body: Mapping[str, Any]) -> Appended | None:
+        """An append that came over Celery (``sgme.append``): ``idempotency_key`` is required,
+        so a redelivered task writes nothing twice. A body that will never be accepted is
+        recorded as an ``append_task_rejected`` anomaly (there is nobody to answer) and
+        dropped; a transient failure is raised for the task to retry."""
+        who = f"agent_id={body.get('agent_id')!r} session_key={body.get('session_key')!r}"
+        try:
+            if not body.get("idempotency_key"):
+                raise errors.InvalidInput("idempotency_key is required for sgme.append tasks")
+            return self.append(body)
+        except errors.PermanentError as exc:
+            with database.transaction(self.engine) as conn:
+                index.record_anomaly(conn, None, "append_task_rejected", f"{who}: {exc.detail}")
+            log.warning("sgme.append rejected (%s): %s", who, exc.detail)
+            return None
+
+    def upload(
+        self, body: Mapping[str, Any] | bytes | validation.Upload, *, wait: bool = False
+    ) -> Appended:
+        """Ingest an upload; like :meth:`append`."""
+        result = journal.ingest_upload(self.engine, body, limits=self.settings.limits)
+        if not wait:
+            if result.kick:
+                self.kick(result.file_id)
+            return Appended(result)
+        return self._flushed(result)
+
+    def _flushed(self, result: journal.AppendResult) -> Appended:
+        try:
+            flushed = self.flush(result.file_id)
+        except errors.SgmeError as exc:
+            log.warning("flush of %s after its append failed: %s", result.file_id, exc.detail)
+            self.kick(result.file_id)
+            return Appended(result)
+        return Appended(result, flushed=True, status=flushed.status)
+
+    # -----------------------------------------------------------------------------------------
+    # flush, sweep and dispatch
+
+    def flush(self, file_id: str) -> journal.FlushResult:
+        """Write the file's pending journal rows, then dispatch its refinement if it is due."""
+        s = self.settings
+        result = journal.flush(self.engine, s.data_dir, file_id, lock_timeout=s.lock_timeout)
+        try:
+            self.dispatch([file_id])
+        except errors.SgmeError as exc:  # the flush stands; the beat dispatch catches up
+            log.warning("dispatch after the flush of %s failed: %s", file_id, exc.detail)
+        return result
+
+    def sweep(self, age: float | None = None) -> list[str]:
+        """Re-kick flushes of journal rows older than ``age`` seconds (default ``sweep_age``):
+        lost kicks, a wiped broker, a killed process."""
+        stale = journal.stale_files(
+            self.engine, age=self.settings.sweep_age if age is None else age
+        )
+        for file_id in stale:
+            self.kick(file_id)
+        return stale
+
+    def dispatch(self, file_ids: list[str] | None = None) -> list[refine.Claim]:
+        """Claim due files (all, or those of ``file_ids``) and enqueue one job per claim."""
+        if self.queue is None:
+            return []
+        r = self.settings.refinement
+        claims = refine.dispatch(
+            self.engine,
+            min_messages=r.min_messages,
+            idle_seconds=r.idle_seconds,
+            lease_seconds=r.lease_seconds,
+            file_ids=file_ids,
+        )
+        for c in claims:
+            self._enqueue(c)
+        return claims
+
+    def _enqueue(self, c: refine.Claim) -> None:
+        assert self.queue is not None
+        try:
+            self.queue.refine(c)
+        except Exception:  # the claim's lease runs out and the next dispatch claims it again
+            log.warning("could not enqueue refinement of %s", c.file_id, exc_info=True)
+
+    # -----------------------------------------------------------------------------------------
+    # refinement
+
+    def refine_segment(self, c: refine.Claim, *, final: bool) -> bool:
+        """Run a claim's job and commit it if the claim still holds; then dispatch the file
+        again (more may have been flushed meanwhile). A transient failure is raised for the
+        caller to retry, unless this is the ``final`` attempt: then, as for a permanent one,
+        the file becomes ``error`` with a ``refine_failed`` anomaly. True when committed."""
+        s = self.settings
+        started = time.perf_counter()
+        try:
+            with refine.heartbeat(self.engine, c, lease_seconds=s.refinement.lease_seconds):
+                items = refine.run(
+                    self.engine,
+                    s.data_dir,
+                    self.refiner,
+                    c,
+                    budget_tokens=s.refinement.window_tokens,
+                    overlap=s.refinement.overlap_messages,
+                )
+            committed = refine.commit(self.engine, c, items, refiner=s.refiner)
+        except errors.SgmeError as exc:
+            if exc.retry and not final:
+                log.warning("refine %s (%d,%d] failed, will retry: %s", *_where(c), exc.detail)
+                raise
+            log.error("refine %s (%d,%d] failed for good: %s", *_where(c), exc.detail)
+            refine.fail(self.engine, c, exc.detail)
+            return False
+        finally:
+            metrics.REFINE_SECONDS.observe(time.perf_counter() - started)
+        if committed:
+            self.dispatch([c.file_id])
+        return committed
+
+    def refine_now(self, file_id: str, *, full: bool = False) -> None:
+        """Refine a file in this process, due or not (``sgme refine``): claim its segment,
+        run it and whatever it leads to through a :class:`LocalQueue`."""
+        if full:
+            refine.request_full(self.engine, file_id)
+        queue = LocalQueue()
+        service = Service(self.settings, self.engine, queue)
+        service._refiner = self._refiner
+        c = refine.claim(self.engine, file_id, lease_seconds=self.settings.refinement.lease_seconds)
+        if c is not None:
+            queue.refine(c)
+        queue.drain(service)
+
+    # -----------------------------------------------------------------------------------------
+    # archive
+
+    def archive_cold(self, **kwargs: Any) -> archive.Report:
+        """The daily archive run (``older_than_days`` and ``progress`` may be given)."""
+        return archive.archive_cold(
+            self.engine, self.settings.data_dir, self.settings.archiving, **kwargs
+        )
+
+
+def _where(c: refine.Claim) -> tuple[str, int, int]:
+    return c.file_id, c.lo, c.hi

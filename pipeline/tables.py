@@ -1,0 +1,238 @@
+"""The index's schema: SQLAlchemy Core tables and the frozen records that stand for their rows.
+
+The queries live with the rules they enforce: ``raw_files``, the journal, idempotency keys and
+anomalies in :mod:`pipeline.index`; L1 items in :mod:`pipeline.l1`. All times are naive UTC
+datetimes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+from typing import Any, Self
+
+import sqlalchemy as sa
+
+STATUSES = ("pending", "new", "refined", "error", "archived")
+#: statuses a file can be refined from
+REFINABLE = ("new", "refined")
+
+metadata = sa.MetaData()
+_BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+
+raw_files = sa.Table(
+    "raw_files",
+    metadata,
+    sa.Column("file_id", sa.String(36), primary_key=True),
+    sa.Column("path", sa.Text, nullable=False),
+    sa.Column("source_type", sa.String(16), nullable=False),
+    sa.Column("agent_id", sa.String(64), nullable=False),
+    sa.Column("session_key", sa.Text, nullable=False),
+    sa.Column("metadata_json", sa.Text, nullable=False, server_default="{}"),
+    sa.Column("started_at", sa.DateTime, nullable=False),
+    sa.Column("ended_at", sa.DateTime),
+    # pending (acknowledged, not yet on disk) | new | refined | error | archived
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("next_seq", sa.Integer, nullable=False, server_default="1"),
+    sa.Column("flushed_seq", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("flushed_bytes", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("chain_head", sa.String(64)),
+    sa.Column("flush_pending", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("flushed_at", sa.DateTime),
+    sa.Column("last_refined_seq", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("refined_at", sa.DateTime),
+    sa.Column("refine_epoch", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("refine_lease_until", sa.DateTime),
+    sa.Column("archived_at", sa.DateTime),
+    sa.Column("created_at", sa.DateTime, nullable=False),
+    sa.Column("updated_at", sa.DateTime, nullable=False),
+    sa.UniqueConstraint("agent_id", "source_type", "session_key", name="uq_raw_files_session"),
+)
+sa.Index("ix_raw_files_status", raw_files.c.status)
+sa.Index("ix_raw_files_agent", raw_files.c.agent_id, raw_files.c.file_id)
+
+append_journal = sa.Table(
+    "append_journal",
+    metadata,
+    sa.Column("id", _BigId, primary_key=True, autoincrement=True),
+    sa.Column("file_id", sa.String(36), sa.ForeignKey("raw_files.file_id"), nullable=False),
+    sa.Column("first_seq", sa.Integer, nullable=False),
+    sa.Column("last_seq", sa.Integer, nullable=False),
+    sa.Column("last_ts", sa.String(40), nullable=False),
+    sa.Column("data", sa.Text, nullable=False),
+    sa.Column("created_at", sa.DateTime, nullable=False),
+    sa.UniqueConstraint("file_id", "first_seq", name="uq_append_journal_seq"),
+)
+sa.Index("ix_append_journal_created", append_journal.c.created_at)
+
+append_keys = sa.Table(
+    "append_keys",
+    metadata,
+    sa.Column("agent_id", sa.String(64), primary_key=True),
+    sa.Column("idempotency_key", sa.String(200), primary_key=True),
+    sa.Column("request_hash", sa.String(64), nullable=False),
+    sa.Column("response_json", sa.Text, nullable=False),
+    sa.Column("created_at", sa.DateTime, nullable=False),
+)
+
+anomalies = sa.Table(
+    "anomalies",
+    metadata,
+    sa.Column("id", _BigId, primary_key=True, autoincrement=True),
+    sa.Column("file_id", sa.String(36)),
+    sa.Column("kind", sa.String(40), nullable=False),
+    # what tells two anomalies of one kind apart (a gap's missing seqs); "" for most kinds
+    sa.Column("key", sa.String(100), nullable=False, server_default=""),
+    sa.Column("detail", sa.Text, nullable=False),  # as first recorded
+    sa.Column("count", sa.Integer, nullable=False, server_default="1"),
+    sa.Column("created_at", sa.DateTime, nullable=False),
+    sa.Column("last_seen_at", sa.DateTime),
+)
+sa.Index("ix_anomalies_file", anomalies.c.file_id)
+# One row per (file, kind, key): a damaged file read a thousand times is one anomaly, counted.
+sa.Index("uq_anomalies_once", anomalies.c.file_id, anomalies.c.kind, anomalies.c.key, unique=True)
+sa.Index("ix_anomalies_kind", anomalies.c.kind)
+
+l1_items = sa.Table(
+    "l1_items",
+    metadata,
+    sa.Column("id", _BigId, primary_key=True, autoincrement=True),
+    sa.Column("file_id", sa.String(36), sa.ForeignKey("raw_files.file_id"), nullable=False),
+    sa.Column("agent_id", sa.String(64), nullable=False),
+    sa.Column("kind", sa.String(40), nullable=False),
+    sa.Column("content", sa.Text, nullable=False),
+    sa.Column("source_refs", sa.Text, nullable=False),  # JSON list of "file_id:seq"
+    sa.Column("refiner", sa.String(64), nullable=False),
+    sa.Column("segment_lo", sa.Integer, nullable=False),  # the segment is lo < seq <= hi
+    sa.Column("segment_hi", sa.Integer, nullable=False),
+    # sha256 of (kind, content, source_refs): a retried or duplicated job stores nothing twice
+    sa.Column("item_hash", sa.String(64), nullable=False),
+    sa.Column("created_at", sa.DateTime, nullable=False),
+    sa.UniqueConstraint("file_id", "item_hash", name="uq_l1_items_hash"),
+)
+sa.Index("ix_l1_items_agent", l1_items.c.agent_id, l1_items.c.id)
+
+
+def utcnow() -> dt.datetime:
+    """Now, as the naive UTC datetime the index stores."""
+    return dt.datetime.now(dt.UTC).replace(tzinfo=None)
+
+
+def iso(value: dt.datetime) -> str:
+    """A stored time as the API shows it: ISO 8601, four-digit year, microseconds, ``Z``."""
+    return value.isoformat(timespec="microseconds") + "Z"
+
+
+class Record:
+    """Base of the frozen dataclasses that stand for one row."""
+
+    @classmethod
+    def from_row(cls, row: sa.Row[Any]) -> Self:
+        """Build from a result row whose columns are the record's fields."""
+        return cls(**row._mapping)
+
+
+@dataclasses.dataclass(frozen=True)
+class FileRow(Record):
+    """One row of ``raw_files``."""
+
+    file_id: str
+    path: str
+    source_type: str
+    agent_id: str
+    session_key: str
+    metadata_json: str
+    started_at: dt.datetime
+    ended_at: dt.datetime | None
+    status: str
+    next_seq: int
+    flushed_seq: int
+    flushed_bytes: int
+    chain_head: str | None
+    flush_pending: bool
+    flushed_at: dt.datetime | None
+    last_refined_seq: int
+    refined_at: dt.datetime | None
+    refine_epoch: int
+    refine_lease_until: dt.datetime | None
+    archived_at: dt.datetime | None
+    created_at: dt.datetime
+    updated_at: dt.datetime
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The metadata the creating append sent."""
+        value = json.loads(self.metadata_json)
+        assert isinstance(value, dict)
+        return value
+
+    def to_json(self) -> dict[str, Any]:
+        """The row as the API shows it."""
+        data = dataclasses.asdict(self)
+        data.pop("metadata_json")
+        data["metadata"] = self.metadata
+        data["message_count"] = self.flushed_seq
+        data["pending_messages"] = self.next_seq - 1 - self.flushed_seq
+        for key, value in data.items():
+            if isinstance(value, dt.datetime):
+                data[key] = iso(value)
+        return data
+
+
+@dataclasses.dataclass(frozen=True)
+class JournalRow(Record):
+    """One acknowledged append not yet in its file."""
+
+    id: int
+    file_id: str
+    first_seq: int
+    last_seq: int
+    last_ts: str
+    data: str
+    created_at: dt.datetime
+
+
+@dataclasses.dataclass(frozen=True)
+class Anomaly(Record):
+    """Something that went wrong with a file, kept for operators (``anomaly_warn``)."""
+
+    id: int
+    file_id: str | None
+    kind: str
+    key: str
+    detail: str
+    count: int
+    created_at: dt.datetime
+    last_seen_at: dt.datetime | None
+
+
+@dataclasses.dataclass(frozen=True)
+class L1Item(Record):
+    """One stored L1 item."""
+
+    id: int
+    file_id: str
+    agent_id: str
+    kind: str
+    content: str
+    source_refs: str
+    refiner: str
+    segment_lo: int
+    segment_hi: int
+    item_hash: str
+    created_at: dt.datetime
+
+    def to_json(self) -> dict[str, Any]:
+        """The item as the API shows it."""
+        return {
+            "id": self.id,
+            "file_id": self.file_id,
+            "agent_id": self.agent_id,
+            "kind": self.kind,
+            "content": self.content,
+            "source_refs": json.loads(self.source_refs),
+            "refiner": self.refiner,
+            "segment": {"lo": self.segment_lo, "hi": self.segment_hi},
+            "created_at": iso(self.created_at),
+        }

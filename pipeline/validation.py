@@ -1,0 +1,539 @@
+"""What clients may send (DESIGN §2.10), checked once, the same way on every path.
+
+The request models are pydantic models built from the configured :class:`Limits`, so the API's
+OpenAPI schema states exactly the rules the server applies, and HTTP (``parse_append`` on the
+raw bytes, parsed by pydantic's JSON parser) and Celery (``parse_append`` on the task's dict)
+refuse the same mistake with the same message: ``messages[0].ts: …``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import functools
+import hashlib
+import json
+import math
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Annotated, Any, Literal
+
+import annotated_types
+import pydantic
+import pydantic_core
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, WithJsonSchema
+
+from pipeline import document, errors
+
+MAX_IDEMPOTENCY_KEY = 200  #: characters (the index column's width)
+MAX_TOOL_NAME = 200  #: characters
+MAX_FILENAME = 255  #: characters
+#: Unix seconds a timestamp may take: years 1 to 9999, as the file's timestamps can say
+MIN_UNIX_TS = -62135596800
+MAX_UNIX_TS = 253402300799
+#: no C0/C1 control characters and no line or paragraph separators (one-line fields)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_ONE_LINE = "^[^\\x00-\\x1f\\x7f-\\x9f\\u2028\\u2029]*$"
+_NO_NUL = "^[^\\x00]*$"
+#: one line with at least one character that is not white space
+_TOOL_NAME = (
+    "^[^\\x00-\\x1f\\x7f-\\x9f\\u2028\\u2029]*"
+    "[^\\s\\x00-\\x1f\\x7f-\\x9f\\u2028\\u2029][^\\x00-\\x1f\\x7f-\\x9f\\u2028\\u2029]*$"
+)
+AGENT_ID_PATTERN = "^[A-Za-z0-9_.-]{1,64}$"
+_AGENT_ID = re.compile(AGENT_ID_PATTERN)
+FILE_ID_PATTERN = "^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$"
+_FILE_ID = re.compile(FILE_ID_PATTERN)
+SEQ_PATTERN = "^[1-9][0-9]{0,9}$"
+MAX_SEQ = 2**31 - 1  #: the index stores seqs as 32-bit integers
+SOURCE_REF_PATTERN = FILE_ID_PATTERN[:-1] + ":" + SEQ_PATTERN[1:]
+_SEQ = re.compile(SEQ_PATTERN)
+#: a \u escape of half a UTF-16 surrogate pair, which JSON parsers refuse on its own
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """Input limits (DESIGN §2.10); every one is refused with a clear error."""
+
+    max_session_key: int = 512  #: characters
+    max_metadata_bytes: int = 8 * 1024  #: of the JSON encoding
+    max_metadata_depth: int = 16  #: nested objects and lists
+    max_message_bytes: int = 8 * 1024 * 1024  #: of UTF-8 per message
+    max_append_messages: int = 1000
+    max_append_bytes: int = 32 * 1024 * 1024  #: of UTF-8 content per append or upload
+
+
+DEFAULT_LIMITS = Limits()
+
+
+# ---------------------------------------------------------------------------------------------
+# single values
+
+
+def check_text(value: str, what: str) -> bytes:
+    """Return ``value`` as UTF-8, refusing NUL and lone surrogates."""
+    if "\x00" in value:
+        raise errors.InvalidInput(f"{what} contains a NUL character")
+    try:
+        return value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise errors.InvalidInput(
+            f"{what} contains a lone surrogate at index {exc.start}"
+        ) from None
+
+
+def check_agent_id(value: object) -> str:
+    """An agent_id: ``[A-Za-z0-9_.-]{1,64}``."""
+    if not isinstance(value, str) or not _AGENT_ID.fullmatch(value):
+        raise errors.InvalidInput(f"agent_id must match [A-Za-z0-9_.-]{{1,64}}, got {value!r}")
+    return value
+
+
+def check_file_id(value: object) -> str:
+    """A lowercase UUID4 as made by the server."""
+    if not isinstance(value, str) or not _FILE_ID.fullmatch(value):
+        raise errors.InvalidInput(f"not a file_id (a UUID4): {value!r}")
+    return value
+
+
+def check_source_type(value: object) -> str:
+    """One of the source types files have."""
+    if value not in document.SOURCE_TYPES:
+        raise errors.InvalidInput(
+            f"source_type must be one of {', '.join(document.SOURCE_TYPES)}; got {value!r}"
+        )
+    assert isinstance(value, str)
+    return value
+
+
+def parse_ref(ref: str) -> tuple[str, int]:
+    """``"file_id:seq"`` → ``(file_id, seq)``; the seq is ASCII digits without a leading 0."""
+    file_id, sep, seq = ref.rpartition(":")
+    if not sep or not _SEQ.fullmatch(seq) or int(seq) > MAX_SEQ:
+        raise errors.InvalidInput(f"not a source_ref (file_id:seq): {ref!r}")
+    return check_file_id(file_id), int(seq)
+
+
+def normalize_ts(value: object, *, default: dt.datetime | None = None) -> str:
+    """Any accepted timestamp as the file's form; ``None`` becomes ``default`` (receive time).
+
+    Accepted: ISO 8601 / RFC 3339 with ``Z`` or an offset (converted to UTC), ISO 8601 without
+    an offset (taken as UTC), or Unix seconds as a number.
+    """
+    if value is None:
+        return document.format_ts(default or dt.datetime.now(dt.UTC))
+    if isinstance(value, bool):
+        raise errors.InvalidInput(f"bad timestamp {value!r}")
+    if isinstance(value, int | float):
+        if not math.isfinite(value) or not MIN_UNIX_TS <= value <= MAX_UNIX_TS:
+            raise errors.InvalidInput(f"timestamp out of range: {value!r}")
+        epoch = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+        return document.format_ts(epoch + dt.timedelta(seconds=value))
+    if not isinstance(value, str):
+        raise errors.InvalidInput(f"bad timestamp {value!r}")
+    text = value.strip()
+    if text.endswith(("Z", "z")):
+        text = text[:-1] + "+00:00"
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise errors.InvalidInput(f"bad timestamp {value!r}: expected ISO 8601") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    try:
+        return document.format_ts(when.astimezone(dt.UTC))
+    except (OverflowError, ValueError):
+        raise errors.InvalidInput(f"timestamp out of range: {value!r}") from None
+
+
+def check_metadata(value: object, limits: Limits = DEFAULT_LIMITS) -> dict[str, Any]:
+    """A JSON object nested at most ``max_metadata_depth`` deep and at most
+    ``max_metadata_bytes`` once encoded; ``None`` is ``{}``."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise errors.InvalidInput(f"metadata must be a JSON object, not {type(value).__name__}")
+    _check_depth(value, limits.max_metadata_depth)
+    try:
+        encoded = json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise errors.InvalidInput(f"metadata is not plain JSON: {exc}") from None
+    size = len(check_text(encoded, "metadata"))
+    if size > limits.max_metadata_bytes:
+        raise errors.InvalidInput(
+            f"metadata is {size} bytes encoded; the limit is {limits.max_metadata_bytes}"
+        )
+    return value
+
+
+def _check_depth(value: dict[str, Any], limit: int) -> None:
+    """Refuse nesting deeper than ``limit`` without recursing (a hostile depth would)."""
+    level: list[dict[Any, Any] | list[Any]] = [value]
+    depth = 0
+    while level:
+        depth += 1
+        if depth > limit:
+            raise errors.InvalidInput(f"metadata is nested more than {limit} levels deep")
+        level = [
+            child
+            for item in level
+            for child in (item.values() if isinstance(item, dict) else item)
+            if isinstance(child, dict | list)
+        ]
+
+
+# ---------------------------------------------------------------------------------------------
+# request bodies
+
+
+@dataclasses.dataclass(frozen=True)
+class Append:
+    """A validated append: messages with their timestamps in the file's form."""
+
+    agent_id: str
+    session_key: str
+    source_type: str
+    metadata: dict[str, Any]
+    idempotency_key: str | None
+    messages: tuple[document.Message, ...]
+    #: sha256 of the normalised request (what a retry must repeat); "" without a key
+    digest: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Upload:
+    """A validated upload: one UTF-8 text document."""
+
+    agent_id: str
+    content: str
+    metadata: dict[str, Any]
+    idempotency_key: str | None
+    digest: str = ""
+
+
+def _check(func: Any) -> AfterValidator:
+    """A pydantic validator from a function that raises ``InvalidInput`` (reported at the
+    field, as pydantic reports its own checks)."""
+
+    def run(value: Any) -> Any:
+        try:
+            return func(value)
+        except errors.InvalidInput as exc:
+            raise ValueError(exc.detail) from None
+
+    return AfterValidator(run)
+
+
+class Text(annotated_types.GroupedMetadata):
+    """A string field's rules, for ``Annotated[str, Text(...)]``. The character rules are
+    checked here with messages a person can act on; the schema states the same rules as a
+    ``pattern`` for clients and tools."""
+
+    def __init__(
+        self,
+        *,
+        min_length: int = 0,
+        max_length: int | None = None,
+        one_line: bool = False,
+        nonblank: bool = False,
+        max_bytes: int | None = None,
+        **field: Any,
+    ) -> None:
+        self.pattern = _TOOL_NAME if nonblank else _ONE_LINE if one_line else _NO_NUL
+        self.one_line = one_line
+        self.nonblank = nonblank
+        self.max_bytes = max_bytes
+        self.field = Field(
+            min_length=min_length,
+            max_length=max_length,
+            json_schema_extra={"pattern": self.pattern},
+            **field,
+        )
+
+    def __iter__(self) -> Iterator[object]:
+        yield self.field
+        yield _check(self.check)
+
+    def check(self, value: str) -> str:
+        """Refuse control characters (one-line fields), NUL, blanks, too many bytes."""
+        bad = _CONTROL.search(value) if self.one_line else None
+        if bad:
+            raise errors.InvalidInput(
+                f"contains control character {bad.group()!r} at index {bad.start()}"
+            )
+        if "\x00" in value:
+            raise errors.InvalidInput("contains a NUL character")
+        if self.nonblank and not value.strip():
+            raise errors.InvalidInput("must not be blank")
+        if self.max_bytes is not None:
+            size = len(value.encode("utf-8"))
+            if size > self.max_bytes:
+                raise errors.InvalidInput(
+                    f"is {size} bytes of UTF-8; the limit is {self.max_bytes}"
+                )
+        return value
+
+
+def _ts(value: object) -> str | None:
+    if value is None:
+        return None
+    try:
+        return normalize_ts(value)
+    except errors.InvalidInput as exc:
+        raise ValueError(exc.detail) from None
+
+
+Timestamp = Annotated[
+    str | None,
+    PlainValidator(_ts),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "string", "format": "date-time"},
+                {"type": "number", "minimum": MIN_UNIX_TS, "maximum": MAX_UNIX_TS},
+                {"type": "null"},
+            ],
+            "description": "RFC 3339 (converted to UTC) or Unix seconds; none: receive time",
+        }
+    ),
+]
+AgentId = Annotated[
+    str,
+    Field(json_schema_extra={"pattern": AGENT_ID_PATTERN}, examples=["hermes"]),
+    _check(lambda value: check_agent_id(value) and value),
+]
+IdempotencyKey = Annotated[str, Text(min_length=1, max_length=MAX_IDEMPOTENCY_KEY)]
+
+
+def _metadata(limits: Limits) -> tuple[AfterValidator, Any]:
+    return (
+        _check(functools.partial(check_metadata, limits=limits)),
+        Field(
+            description=f"a JSON object, at most {limits.max_metadata_bytes} bytes encoded and "
+            f"{limits.max_metadata_depth} levels deep; only the append that creates the file "
+            "sets it"
+        ),
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def schemas(limits: Limits = DEFAULT_LIMITS) -> tuple[type[BaseModel], type[BaseModel]]:
+    """``(AppendBody, UploadBody)``: the request models for ``limits``."""
+
+    content = Text(max_length=limits.max_message_bytes, max_bytes=limits.max_message_bytes)
+    metadata_check, metadata_field = _metadata(limits)
+    strict = ConfigDict(extra="forbid", strict=True, hide_input_in_errors=True)
+
+    class TextMessage(BaseModel):
+        """A user, assistant or system message."""
+
+        model_config = strict
+        role: Literal["user", "assistant", "system"]
+        content: Annotated[str, content]
+        ts: Timestamp = None
+
+    class ToolMessage(BaseModel):
+        """A tool result: ``tool_name`` says which tool."""
+
+        model_config = strict
+        role: Literal["tool"]
+        content: Annotated[str, content]
+        ts: Timestamp = None
+        tool_name: Annotated[
+            str, Text(min_length=1, max_length=MAX_TOOL_NAME, one_line=True, nonblank=True)
+        ]
+
+    message = Annotated[TextMessage | ToolMessage, Field(discriminator="role")]
+
+    class AppendBody(BaseModel):
+        """Body of ``POST /v1/append`` and of the ``sgme.append`` Celery task."""
+
+        model_config = strict
+        agent_id: AgentId
+        session_key: Annotated[
+            str,
+            Text(
+                min_length=1,
+                max_length=limits.max_session_key,
+                one_line=True,
+                examples=["20260803_191806_5b6c69"],
+            ),
+        ]
+        source_type: Literal["session", "external"] = "session"
+        metadata: Annotated[dict[str, Any] | None, metadata_check, metadata_field] = None
+        idempotency_key: IdempotencyKey | None = None
+        messages: Annotated[
+            list[message], Field(min_length=1, max_length=limits.max_append_messages)
+        ]
+
+        @pydantic.model_validator(mode="after")
+        def _total(self) -> AppendBody:
+            total = sum(len(m.content.encode("utf-8")) for m in self.messages)
+            if total > limits.max_append_bytes:
+                raise ValueError(
+                    f"an append holds at most {limits.max_append_bytes} bytes of content; "
+                    f"got {total}"
+                )
+            return self
+
+    class UploadBody(BaseModel):
+        """Body of ``POST /v1/uploads``: one UTF-8 text document."""
+
+        model_config = strict
+        agent_id: AgentId
+        filename: Annotated[str, Text(min_length=1, max_length=MAX_FILENAME, one_line=True)]
+        content: Annotated[
+            str, Text(max_length=limits.max_append_bytes, max_bytes=limits.max_append_bytes)
+        ]
+        metadata: Annotated[dict[str, Any] | None, metadata_check, metadata_field] = None
+        idempotency_key: IdempotencyKey | None = None
+
+    return AppendBody, UploadBody
+
+
+#: what a pattern means, for messages a person can act on
+_PATTERN_NAMES = {
+    FILE_ID_PATTERN: "not a file_id (a UUID4)",
+    SOURCE_REF_PATTERN: "not a source_ref (file_id:seq)",
+    AGENT_ID_PATTERN: "must match [A-Za-z0-9_.-]{1,64}",
+}
+#: parts of a location that are not field names: where FastAPI found a parameter
+_NOT_FIELDS = ("query", "path", "header", "body", "cookie")
+
+
+def describe(exc: pydantic.ValidationError) -> str:
+    """One line per problem, each led by where it is: ``messages[0].ts: …``."""
+    return describe_errors(exc.errors(include_url=False))
+
+
+def describe_errors(found: Sequence[Mapping[str, Any]]) -> str:
+    """:func:`describe` for pydantic's error dicts (FastAPI's parameter errors too)."""
+    lines = []
+    for error in found:
+        where = ""
+        loc = [part for part in error["loc"] if part not in _NOT_FIELDS]
+        ctx = error.get("ctx") or {}
+        if error["type"] in ("union_tag_invalid", "union_tag_not_found"):
+            loc.append(str(ctx.get("discriminator", "")).strip("'"))  # the tag's own field
+        for i, part in enumerate(loc):
+            if isinstance(part, int):
+                where += f"[{part}]"
+            elif i > 0 and isinstance(loc[i - 1], int) and part in document.ROLES:
+                continue  # the discriminator's tag, not a field
+            else:
+                where += f".{part}" if where else str(part)
+        message = str(error["msg"]).removeprefix("Value error, ")
+        value = error.get("input")
+        if error["type"] == "string_pattern_mismatch":
+            pattern = ctx.get("pattern")
+            named = _PATTERN_NAMES.get(str(pattern), message)
+            message = f"{named}, got {str(value)[:80]!r}"
+        elif error["type"] == "union_tag_invalid":
+            message = f"must be one of {ctx['expected_tags']}; got {ctx['tag']!r}"
+        elif error["type"] == "union_tag_not_found":
+            message = "Field required"
+        elif error["type"] in ("string_too_long", "string_too_short") and isinstance(value, str):
+            message += f", got {len(value)}"
+        last = str(loc[-1]) if loc else ""
+        if last and message.startswith(last + " "):
+            lines.append(where + message[len(last) :])  # "metadata is 9 bytes…" says it all
+        else:
+            lines.append(f"{where}: {message}" if where else message)
+    return "; ".join(lines)
+
+
+def _validate(model: type[BaseModel], body: bytes | Mapping[str, Any], what: str) -> Any:
+    """``body`` as a ``model``. JSON is parsed to Python objects first (by pydantic's parser,
+    which refuses NaN, lone surrogates and nesting past 200 levels), so a request over HTTP
+    and the same body from a Celery task get the same message for the same mistake."""
+    if isinstance(body, bytes | bytearray):
+        raw = bytes(body)
+        try:
+            body = pydantic_core.from_json(raw, allow_inf_nan=False)
+        except ValueError as exc:
+            if _SURROGATE_ESCAPE.search(raw):
+                raise errors.InvalidInput(
+                    f"Invalid JSON: a \\u escape is a lone surrogate, not a character ({exc})"
+                ) from None
+            raise errors.InvalidInput(f"Invalid JSON: {exc}") from None
+    if not isinstance(body, Mapping):
+        raise errors.InvalidInput(f"{what} body must be a JSON object")
+    try:
+        return model.model_validate(dict(body))
+    except pydantic.ValidationError as exc:
+        raise errors.InvalidInput(describe(exc)) from None
+    except RecursionError:
+        raise errors.InvalidInput(f"{what} body is nested too deeply") from None
+
+
+def _digest(normalised: Mapping[str, Any]) -> str:
+    encoded = json.dumps(normalised, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(encoded.encode("utf-8")).hexdigest()
+
+
+def parse_append(
+    body: bytes | Mapping[str, Any],
+    limits: Limits = DEFAULT_LIMITS,
+    *,
+    received_at: dt.datetime | None = None,
+) -> Append:
+    """Validate an append body (JSON bytes or a mapping); messages without ``ts`` get
+    ``received_at``. Raises InvalidInput naming each problem."""
+    model = _validate(schemas(limits)[0], body, "append")
+    metadata = model.metadata or {}
+    key = model.idempotency_key
+    received = document.format_ts(received_at or dt.datetime.now(dt.UTC))
+    messages = tuple(
+        document.Message(
+            role=m.role,
+            content=m.content,
+            ts=m.ts or received,
+            tool_name=getattr(m, "tool_name", None),
+        )
+        for m in model.messages
+    )
+    digest = ""
+    if key is not None:
+        # The normalised request, so that a retry which spells a default out (or a timestamp
+        # with another offset) is the same request; a message without ts stays without.
+        digest = _digest(
+            {
+                "agent_id": model.agent_id,
+                "session_key": model.session_key,
+                "source_type": model.source_type,
+                "metadata": metadata,
+                "messages": [
+                    [m.role, m.content, m.ts, getattr(m, "tool_name", None)] for m in model.messages
+                ],
+            }
+        )
+    return Append(
+        agent_id=model.agent_id,
+        session_key=model.session_key,
+        source_type=model.source_type,
+        metadata=metadata,
+        idempotency_key=key,
+        messages=messages,
+        digest=digest,
+    )
+
+
+def parse_upload(body: bytes | Mapping[str, Any], limits: Limits = DEFAULT_LIMITS) -> Upload:
+    """Validate an upload body; the filename goes into the metadata (never into a path)."""
+    model = _validate(schemas(limits)[1], body, "upload")
+    metadata = {**(model.metadata or {}), "filename": model.filename}
+    check_metadata(metadata, limits)
+    key = model.idempotency_key
+    digest = ""
+    if key is not None:
+        digest = _digest(
+            {"agent_id": model.agent_id, "metadata": metadata, "content": model.content}
+        )
+    return Upload(
+        agent_id=model.agent_id,
+        content=model.content,
+        metadata=metadata,
+        idempotency_key=key,
+        digest=digest,
+    )
