@@ -37,35 +37,32 @@ import dataclasses
 import datetime as dt
 import multiprocessing
 import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
+#: the same services as the tests (SGME_TEST_POSTGRES_URL, SGME_TEST_REDIS_URL)
 POSTGRES_ADMIN_URL = os.environ.get(
-    "SGME_BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+    "SGME_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
 )
-REDIS_URL = os.environ.get("SGME_BENCH_REDIS_URL", "redis://127.0.0.1:6379/15")
+REDIS_URL = os.environ.get("SGME_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 #: the product defaults (config/default.yaml), except that a session quiet for a second is
 #: refined (default 60 s) so that ack→refined ends within a run; --fast refines every flush
-SETTINGS = {"SGME_REFINE_IDLE_SECONDS": "1"}
+SETTINGS = {"refine_idle_seconds": "1"}
 FAST = {  # what the e2e tests use: refine each flushed message at once, sweep every second
-    "SGME_REFINE_MIN_MESSAGES": "1",
-    "SGME_REFINE_IDLE_SECONDS": "0",
-    "SGME_SWEEP_INTERVAL": "1",
-    "SGME_SWEEP_AGE": "1",
-    "SGME_REFINE_DISPATCH_INTERVAL": "1",
+    "refine_min_messages": "1",
+    "refine_idle_seconds": "0",
+    "sweep_interval": "1",
+    "sweep_age": "1",
+    "refine_dispatch_interval": "1",
 }
 _FAST = False  #: set by --fast
 BASELINE = """
@@ -88,99 +85,20 @@ uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
 
 
 # ---------------------------------------------------------------------------------------------
-# processes
+# processes: the e2e tests' harness (tests/e2e/harness.py), one copy for tests and benchmarks
+
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "e2e")]
+import harness  # noqa: E402
+from conftest import scratch_database  # noqa: E402
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SGME_")}
-    env.update(FAST if _FAST else SETTINGS)
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
+    return harness.clean_env(**(FAST if _FAST else SETTINGS))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Children:
-    """Started processes; :meth:`close` stops them (SIGTERM, then SIGKILL)."""
-
-    def __init__(self, log_dir: Path) -> None:
-        self.log_dir = log_dir
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def start(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-        with (self.log_dir / f"{name}.log").open("ab") as log:
-            proc = subprocess.Popen(
-                argv, env=env, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=log
-            )
-        self.procs.append(proc)
-        return proc
-
-    def sgme(self, name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-        return self.start(name, [sys.executable, "-m", "pipeline.cli", *args], env)
-
-    def close(self) -> None:
-        for proc in reversed(self.procs):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(10)
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
+def _wait_healthy(url: str, proc: harness.Proc) -> None:
     with httpx.Client(base_url=url) as client:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode} (see its log)")
-            with contextlib.suppress(httpx.TransportError):
-                if client.get("/v1/health", timeout=2).status_code == 200:
-                    return
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{url} did not answer in {timeout:.0f} s")
-            time.sleep(0.1)
-
-
-@contextlib.contextmanager
-def _postgres_database() -> Iterator[str]:
-    import sqlalchemy as sa
-
-    admin_url = "postgresql+psycopg://" + POSTGRES_ADMIN_URL.split("://", 1)[1]
-    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    name = f"sgme_bench_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    try:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-        yield POSTGRES_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-    finally:
-        with contextlib.suppress(sa.exc.SQLAlchemyError), admin.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-
-@contextlib.contextmanager
-def _redis_database() -> Iterator[None]:
-    import redis
-
-    client = redis.Redis.from_url(REDIS_URL, socket_timeout=5, socket_connect_timeout=5)
-    db = str(client.connection_pool.connection_kwargs.get("db", 0))
-    me = client.client_id()
-    if any(c["db"] == db and int(c["id"]) != me for c in client.client_list()):
-        client.close()
-        raise RuntimeError(f"Redis database {db} is in use by another client (a test run?)")
-    client.flushdb()
-    try:
-        yield
-    finally:
-        with contextlib.suppress(redis.RedisError):
-            client.flushdb()
-        client.close()
+        harness.wait_healthy(client, proc, timeout=60)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -472,18 +390,19 @@ def bench_server(name: str, url: str, args: argparse.Namespace, *, pipeline: boo
     return Result(name, top, half)
 
 
-def run_baseline(args: argparse.Namespace, children: Children) -> Result:
-    port = _free_port()
-    proc = children.start("baseline", [sys.executable, "-c", BASELINE, str(port)], _env())
+def run_baseline(args: argparse.Namespace, children: harness.Procs) -> Result:
+    port = harness.free_port()
+    argv = [sys.executable, "-c", BASELINE, str(port)]
+    proc = children.start("baseline", [], _env(), argv=argv)
     url = f"http://127.0.0.1:{port}"
     _wait_healthy(url, proc)
     return bench_server("baseline (trivial FastAPI)", url, args, pipeline=False)
 
 
-def run_embedded(args: argparse.Namespace, children: Children, tmp: Path) -> Result:
-    port = _free_port()
+def run_embedded(args: argparse.Namespace, children: harness.Procs, tmp: Path) -> Result:
+    port = harness.free_port()
     common = ["--data-dir", str(tmp / "embedded")]
-    proc = children.sgme(
+    proc = children.start(
         "serve", ["serve", *common, "--port", str(port), "--log-level", args.log_level], _env()
     )
     url = f"http://127.0.0.1:{port}"
@@ -491,29 +410,20 @@ def run_embedded(args: argparse.Namespace, children: Children, tmp: Path) -> Res
     return bench_server("embedded (sgme serve)", url, args, pipeline=True)
 
 
-def run_production(args: argparse.Namespace, children: Children, tmp: Path) -> Result:
-    with _postgres_database() as database_url, _redis_database():
+def run_production(args: argparse.Namespace, children: harness.Procs, tmp: Path) -> Result:
+    with scratch_database("sgme_bench") as database_url, harness.redis_database():
         env = _env()
         common = ["--data-dir", str(tmp / "production"), "--database-url", database_url]
         broker = ["--broker-url", REDIS_URL, "--log-level", args.log_level]
-        done = subprocess.run(
-            [sys.executable, "-m", "pipeline.cli", "migrate", *common],
-            env=env,
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if done.returncode != 0:
-            raise RuntimeError(f"sgme migrate failed: {done.stderr}")
-        port = _free_port()
-        children.sgme(
+        children.run(["migrate", *common], env)
+        port = harness.free_port()
+        children.start(
             "worker",
             ["worker", *common, *broker, "--pool", "threads", "--concurrency", str(args.workers)],
             env,
         )
-        children.sgme("beat", ["beat", *common, *broker], env)
-        api = children.sgme("api", ["api", *common, *broker, "--port", str(port)], env)
+        children.start("beat", ["beat", *common, *broker], env)
+        api = children.start("api", ["api", *common, *broker, "--port", str(port)], env)
         url = f"http://127.0.0.1:{port}"
         _wait_healthy(url, api)
         try:
@@ -640,7 +550,7 @@ def main() -> int:
         f"settings: {FAST if args.fast else SETTINGS} (others: the defaults)",
     ]
     with tempfile.TemporaryDirectory(prefix="sgme-bench-") as tmp:
-        children = Children(Path(tmp))
+        children = harness.Procs(Path(tmp))
         try:
             if "baseline" in only:
                 results.append(run_baseline(args, children))

@@ -85,15 +85,28 @@ def wait_until(
         time.sleep(POLL)
 
 
-class Proc:
-    """One ``python -m pipeline.cli …`` child, its output in a log file."""
+def sgme_argv(*args: str) -> list[str]:
+    """The command line of an ``sgme`` child (this interpreter, so this checkout)."""
+    return [sys.executable, "-m", "pipeline.cli", *args]
 
-    def __init__(self, name: str, args: list[str], env: dict[str, str], log_dir: Path) -> None:
+
+class Proc:
+    """One child (an ``sgme`` command unless ``argv`` is given), its output in a log file."""
+
+    def __init__(
+        self,
+        name: str,
+        args: list[str],
+        env: dict[str, str],
+        log_dir: Path,
+        *,
+        argv: list[str] | None = None,
+    ) -> None:
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         with self.log_path.open("ab") as log:
             self.popen = subprocess.Popen(
-                [sys.executable, "-m", "pipeline.cli", *args],
+                argv or sgme_argv(*args),
                 env=env,
                 cwd=ROOT,
                 stdin=subprocess.DEVNULL,
@@ -146,15 +159,18 @@ class Procs:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._all: list[Proc] = []
 
-    def start(self, name: str, args: list[str], env: dict[str, str]) -> Proc:
-        proc = Proc(name, args, env, self.log_dir)
+    def start(
+        self, name: str, args: list[str], env: dict[str, str], *, argv: list[str] | None = None
+    ) -> Proc:
+        """Start ``sgme ARGS`` (or the program ``argv``) as the child ``name``."""
+        proc = Proc(name, args, env, self.log_dir, argv=argv)
         self._all.append(proc)
         return proc
 
     def run(self, args: list[str], env: dict[str, str], timeout: float = 60.0) -> str:
         """Run a one-shot ``sgme`` command to completion; its stdout (fails on exit != 0)."""
         done = subprocess.run(
-            [sys.executable, "-m", "pipeline.cli", *args],
+            sgme_argv(*args),
             env=env,
             cwd=ROOT,
             stdin=subprocess.DEVNULL,

@@ -1,124 +1,36 @@
 """``sgme serve`` as a real process: the embedded worker flushes what the API acknowledged,
 a SIGKILL loses nothing acknowledged (the sweep at start flushes it, exactly once), and the
-server refuses to bind anything but loopback."""
+server refuses to bind anything but loopback. The processes come from ``harness.py``."""
 
 from __future__ import annotations
 
-import dataclasses
-import os
+import contextlib
 import signal
-import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
+import harness
 import httpx
-import pytest
 
 from pipeline import document, store
 
-T = TypeVar("T")
-START_TIMEOUT = 60.0  #: seconds for a server to answer /v1/health
 FLUSH_TIMEOUT = 30.0  #: seconds for the embedded worker to flush what was acknowledged
 
 
-def clean_env() -> dict[str, str]:
-    """This process's environment without SGME_* settings, which would leak into the server."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SGME_")}
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclasses.dataclass
-class Server:
-    proc: subprocess.Popen[bytes]
-    url: str
-    log: Path
-
-    def output(self) -> str:
-        return self.log.read_text(encoding="utf-8", errors="replace")[-4000:]
-
-    def client(self) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=10.0)
-
-
-def poll(what: str, condition: Callable[[], T | None], *, timeout: float, server: Server) -> T:
-    """``condition()``'s first truthy value; fails after ``timeout`` or if the server died."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if server.proc.poll() is not None:
-            pytest.fail(
-                f"server exited ({server.proc.returncode}) before {what}:\n{server.output()}"
-            )
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}:\n{server.output()}")
-        time.sleep(0.02)  # the polling interval, not a synchronisation
-
-
-@pytest.fixture
-def start_server(tmp_path: Path) -> Iterator[Callable[..., Server]]:
-    """``start_server(data_dir, *args)``: a running ``sgme serve``; every one is stopped at the
-    end of the test, whatever happened."""
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def start(data_dir: Path, *args: str) -> Server:
-        port = free_port()
-        log = tmp_path / f"serve-{len(procs)}.log"
-        with log.open("wb") as out:
-            proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "pipeline.cli",
-                    "serve",
-                    "--data-dir",
-                    str(data_dir),
-                    "--port",
-                    str(port),
-                    "--log-level",
-                    "warning",
-                    *args,
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=clean_env(),
-                cwd=tmp_path,
-            )
-        procs.append(proc)
-        server = Server(proc, f"http://127.0.0.1:{port}", log)
-
-        def healthy() -> bool:
-            try:
-                r = httpx.get(f"{server.url}/v1/health", timeout=2.0)
-            except httpx.TransportError:
-                return False
-            return r.status_code == 200 and r.json()["status"] == "ok"
-
-        poll("/v1/health", healthy, timeout=START_TIMEOUT, server=server)
-        return server
-
-    yield start
-    for proc in procs:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=15)
+@contextlib.contextmanager
+def serve(
+    procs: harness.Procs, data_dir: Path, *args: str
+) -> Iterator[tuple[harness.Proc, httpx.Client]]:
+    """A running ``sgme serve`` on a free port, and a client for it."""
+    port = harness.free_port()
+    argv = ["serve", "--data-dir", str(data_dir), "--port", str(port), "--log-level", "warning"]
+    proc = procs.start(f"serve-{port}", [*argv, *args], harness.clean_env())
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10.0) as client:
+        harness.wait_healthy(client, proc, timeout=60)
+        yield proc, client
 
 
 def file_row(client: httpx.Client, file_id: str) -> dict[str, Any]:
@@ -127,8 +39,13 @@ def file_row(client: httpx.Client, file_id: str) -> dict[str, Any]:
     return dict(r.json())
 
 
-def flushed_up_to(client: httpx.Client, file_id: str, seq: int) -> Callable[[], bool]:
-    return lambda: file_row(client, file_id)["flushed_seq"] >= seq
+def wait_flushed(client: httpx.Client, proc: harness.Proc, file_id: str, seq: int) -> None:
+    def flushed() -> bool:
+        return bool(file_row(client, file_id)["flushed_seq"] >= seq)
+
+    harness.wait_until(
+        flushed, timeout=FLUSH_TIMEOUT, what=f"{file_id} flushed to {seq}", check=proc.check_alive
+    )
 
 
 def check_file(client: httpx.Client, data_dir: Path, file_id: str, contents: list[str]) -> None:
@@ -164,36 +81,23 @@ def append(client: httpx.Client, session_key: str, *contents: str) -> dict[str, 
 
 
 def test_serve_flushes_acknowledged_appends_in_the_background(
-    start_server: Callable[..., Server], tmp_path: Path
+    procs: harness.Procs, tmp_path: Path
 ) -> None:
     data_dir = tmp_path / "data"
-    server = start_server(data_dir)
-    with server.client() as client:
+    with serve(procs, data_dir) as (proc, client):
         first = append(client, "s1", "hello 1", "hello 2", "hello 3")
         file_id = first["file_id"]
         assert first["source_refs"] == [f"{file_id}:{s}" for s in (1, 2, 3)]
         assert first["status"] == "pending"
-        poll(
-            "the first flush",
-            flushed_up_to(client, file_id, 3),
-            timeout=FLUSH_TIMEOUT,
-            server=server,
-        )
+        wait_flushed(client, proc, file_id, 3)
         check_file(client, data_dir, file_id, ["hello 1", "hello 2", "hello 3"])
         assert (data_dir / "raw" / "sessions" / f"{file_id}.md").is_file()
 
         more = [append(client, "s1", f"more {i}") for i in range(1, 6)]
         assert [a["first_seq"] for a in more] == [4, 5, 6, 7, 8]
         other = append(client, "s2", "elsewhere")["file_id"]
-        poll(
-            "the next flushes",
-            flushed_up_to(client, file_id, 8),
-            timeout=FLUSH_TIMEOUT,
-            server=server,
-        )
-        poll(
-            "the other file", flushed_up_to(client, other, 1), timeout=FLUSH_TIMEOUT, server=server
-        )
+        wait_flushed(client, proc, file_id, 8)
+        wait_flushed(client, proc, other, 1)
         check_file(
             client,
             data_dir,
@@ -206,21 +110,15 @@ def test_serve_flushes_acknowledged_appends_in_the_background(
 
 
 def test_sigkill_loses_nothing_acknowledged_and_restart_flushes_it_once(
-    start_server: Callable[..., Server], tmp_path: Path
+    procs: harness.Procs, tmp_path: Path
 ) -> None:
     data_dir = tmp_path / "data"
     # No periodic sweep during the test: only the sweep at start can find the orphaned rows.
     config = tmp_path / "sgme.yaml"
     config.write_text("sweep_interval: 3600\n", encoding="utf-8")
-    server = start_server(data_dir, "--config", str(config))
-    with server.client() as client:
+    with serve(procs, data_dir, "--config", str(config)) as (proc, client):
         file_id = append(client, "crash", "before 1")["file_id"]
-        poll(
-            "the first flush",
-            flushed_up_to(client, file_id, 1),
-            timeout=FLUSH_TIMEOUT,
-            server=server,
-        )
+        wait_flushed(client, proc, file_id, 1)
         expected = ["before 1"]
 
         # Holding the file's lock keeps the server's flush waiting, so these appends are
@@ -235,20 +133,15 @@ def test_sigkill_loses_nothing_acknowledged_and_restart_flushes_it_once(
             assert (row["flushed_seq"], row["pending_messages"]) == (1, 10)
             backlog = client.get("/v1/health").json()["journal_backlog"]
             assert backlog == {"rows": 5, "messages": 10}
-            server.proc.send_signal(signal.SIGKILL)
-            assert server.proc.wait(timeout=15) == -signal.SIGKILL
+            proc.kill()
+            assert proc.popen.returncode == -signal.SIGKILL
 
     on_disk = (data_dir / "raw" / "sessions" / f"{file_id}.md").read_bytes()
     assert [m.content for m in document.parse(on_disk.decode("utf-8")).messages] == ["before 1"]
 
-    restarted = start_server(data_dir, "--config", str(config))
-    with restarted.client() as client:
-        poll(
-            "the sweep at start to flush the orphaned journal rows",
-            flushed_up_to(client, file_id, 11),
-            timeout=FLUSH_TIMEOUT,
-            server=restarted,
-        )
+    with serve(procs, data_dir, "--config", str(config)) as (restarted, client):
+        # the sweep at start flushes the orphaned journal rows
+        wait_flushed(client, restarted, file_id, 11)
         check_file(client, data_dir, file_id, expected)
         assert client.get("/v1/health").json()["journal_backlog"] == {"rows": 0, "messages": 0}
 
@@ -268,22 +161,12 @@ def test_sigkill_loses_nothing_acknowledged_and_restart_flushes_it_once(
 
 def test_serve_refuses_to_bind_a_non_loopback_address(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
+    argv = ["serve", "--data-dir", str(data_dir), "--host", "0.0.0.0"]
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pipeline.cli",
-            "serve",
-            "--data-dir",
-            str(data_dir),
-            "--host",
-            "0.0.0.0",
-            "--port",
-            str(free_port()),
-        ],
+        [sys.executable, "-m", "pipeline.cli", *argv, "--port", str(harness.free_port())],
         stdin=subprocess.DEVNULL,
         capture_output=True,
-        env=clean_env(),
+        env=harness.clean_env(),
         cwd=tmp_path,
         timeout=60,
     )
