@@ -151,11 +151,7 @@ class Service:
         it here and answer once it is in the file — or, if that fails, as acknowledged only
         (the queue finishes the flush; the client must not retry an acknowledged append)."""
         result = journal.ingest(self.engine, body, limits=self.settings.limits)
-        if not wait:
-            if result.kick:
-                self.kick(result.file_id)
-            return Appended(result)
-        return self._flushed(result)
+        return self._acknowledged(result, wait=wait)
 
     def append_queued(self, body: Mapping[str, Any]) -> Appended | None:
         """An append that came over Celery (``sgme.append``): ``idempotency_key`` is required,
@@ -178,13 +174,14 @@ class Service:
     ) -> Appended:
         """Ingest an upload; like :meth:`append`."""
         result = journal.ingest_upload(self.engine, body, limits=self.settings.limits)
+        return self._acknowledged(result, wait=wait)
+
+    def _acknowledged(self, result: journal.AppendResult, *, wait: bool) -> Appended:
+        """After the commit: kick the flush, or (``wait``) flush here, falling back to a kick."""
         if not wait:
             if result.kick:
                 self.kick(result.file_id)
             return Appended(result)
-        return self._flushed(result)
-
-    def _flushed(self, result: journal.AppendResult) -> Appended:
         try:
             flushed = self.flush(result.file_id)
         except errors.SgmeError as exc:
