@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lint unit integration bench chaos clean
+.PHONY: install hermes-env run test lint unit integration bench chaos clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python >= 3.11 is required"'
@@ -15,17 +15,35 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+## make hermes-env: .venv-hermes with the real hermes-agent (the provider's and the state.db
+## importer's tests run it); rebuilt only when its requirements change. Hermes pins its own
+## dependencies, so it gets a virtualenv of its own and nothing leaks into .venv.
+HERMES_PYTHON ?= $(shell command -v python3.11 || command -v python3.12 || command -v python3.13)
+HERMES_VENV ?= .venv-hermes
+HERMES_REQUIREMENTS := integrations/hermes/requirements-test.txt
+HERMES_STAMP := $(HERMES_VENV)/.installed
+
+$(HERMES_STAMP): $(HERMES_REQUIREMENTS)
+	@test -n "$(HERMES_PYTHON)" || { echo "hermes-agent needs Python 3.11-3.13"; exit 1; }
+	rm -rf $(HERMES_VENV)
+	$(HERMES_PYTHON) -m venv $(HERMES_VENV)
+	$(HERMES_VENV)/bin/pip install --quiet --upgrade pip
+	$(HERMES_VENV)/bin/pip install --quiet -r $(HERMES_REQUIREMENTS)
+	@touch $@
+
+hermes-env: $(HERMES_STAMP)
+
 ## make run: the embedded service (SQLite + ./data + in-process flusher) on 127.0.0.1:8765
 run: $(STAMP)
 	$(BIN)/sgme migrate
 	$(BIN)/sgme serve
 
 ## make test: lint, type-check and the whole test suite
-test: $(STAMP) lint
+test: $(STAMP) $(HERMES_STAMP) lint
 	$(BIN)/pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check pipeline workers tests bench
+	$(BIN)/ruff check pipeline workers tests bench integrations
 	$(BIN)/mypy
 
 unit: $(STAMP)
@@ -48,4 +66,4 @@ chaos: $(STAMP)
 	for i in $$(seq $(CHAOS_ROUNDS)); do CI=true $(BIN)/pytest -q tests/e2e/test_chaos.py || exit 1; done
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(HERMES_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,378 @@
+"""SGME L0 as a Hermes Agent memory provider: every completed turn, appended to SGME.
+
+Install: ``sgme hermes install`` copies this directory to ``$HERMES_HOME/plugins/sgme/``;
+enable it with ``memory.provider: sgme`` in Hermes' ``config.yaml``.
+
+Configuration (environment first, then ``$HERMES_HOME/sgme.json`` written by
+``hermes memory setup``, then defaults): ``SGME_URL`` (``http://127.0.0.1:8765``),
+``SGME_TOKEN`` (sent as ``Authorization: Bearer``), ``SGME_AGENT_ID`` (``hermes``).
+
+What it does:
+
+- ``sync_turn`` appends exactly that turn — the user message, each assistant tool call, each
+  tool result, the final assistant message, in SGME's tool-call convention — to the session
+  file whose session_key is Hermes' session id, with the messages' own times (the time the
+  turn completed for those that carry none). The idempotency key is derived from the session,
+  the turn's position in the transcript and a hash of its content, so a turn sent twice is
+  written once.
+- It never blocks or breaks the agent: a turn is written to a local spool
+  (``$HERMES_HOME/sgme/spool/``) and a background thread sends it with short timeouts. What the
+  server could not take stays there, in order, and goes at the next turn, at
+  ``on_session_end`` and at ``shutdown``. A turn the server refuses as invalid is moved to
+  ``spool/rejected/`` for a person to look at; nothing is silently dropped.
+- No writes for ``agent_context`` ``cron``, ``flush`` or ``subagent`` (as Hermes' own
+  providers do). ``on_session_switch`` starts a new session_key; the spool keeps what was
+  queued for the old one.
+
+Recall (``prefetch``, a search tool) comes with SGME's search endpoint: it belongs in
+``prefetch``/``get_tool_schemas``/``handle_tool_call`` below.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import threading
+import time
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+from agent.memory_provider import MemoryProvider
+
+from . import messages as convention
+
+try:
+    import httpx
+except ImportError:  # pragma: no cover - Hermes ships httpx; is_available() says so if not
+    httpx = None  # type: ignore[assignment]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_URL = "http://127.0.0.1:8765"
+DEFAULT_AGENT_ID = "hermes"
+SKIP_CONTEXTS = ("cron", "flush", "subagent")
+CONFIG_FILE = "sgme.json"
+#: seconds: connecting, and the whole answer; a slow server costs a spooled turn, not the agent
+CONNECT_TIMEOUT = 2.0
+REQUEST_TIMEOUT = 5.0
+#: seconds on_session_end / shutdown spend delivering the spool at most
+DRAIN_TIMEOUT = 5.0
+#: answers after which a spooled turn is kept for a person, not retried
+REJECTED = (400, 413, 422)
+#: keys remembered as sent in this process (a replayed turn is not even spooled again)
+REMEMBERED_KEYS = 4096
+
+
+def load_config(hermes_home: Path) -> dict[str, str]:
+    """url, token and agent_id: environment, then ``sgme.json``, then defaults."""
+    stored: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError):
+        stored = json.loads((hermes_home / CONFIG_FILE).read_text(encoding="utf-8"))
+    if not isinstance(stored, dict):
+        stored = {}
+    env = os.environ
+    return {
+        "url": (env.get("SGME_URL") or stored.get("url") or DEFAULT_URL).rstrip("/"),
+        "token": env.get("SGME_TOKEN") or stored.get("token") or "",
+        "agent_id": env.get("SGME_AGENT_ID") or stored.get("agent_id") or DEFAULT_AGENT_ID,
+    }
+
+
+class Spool:
+    """Append bodies waiting to be delivered, one JSON file each, oldest first."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.rejected = directory / "rejected"
+        self._counter = 0
+        self._lock = threading.Lock()
+
+    def put(self, body: dict[str, Any]) -> Path:
+        """Store a body durably (write, fsync, rename) at the end of the queue."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with self._lock:
+            self._counter += 1
+            name = f"{time.time_ns():020d}-{os.getpid()}-{self._counter:06d}.json"
+        path = self.directory / name
+        tmp = self.directory / ("." + name + ".tmp")
+        with open(tmp, "w", encoding="utf-8") as out:
+            json.dump(body, out, ensure_ascii=False)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+        return path
+
+    def pending(self) -> list[Path]:
+        """What waits, in order."""
+        try:
+            return sorted(p for p in self.directory.glob("*.json") if p.is_file())
+        except OSError:
+            return []
+
+    def reject(self, path: Path) -> None:
+        self.rejected.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):
+            os.replace(path, self.rejected / path.name)
+
+
+class Sender:
+    """Delivers the spool in order from a background thread, or on demand with a deadline."""
+
+    def __init__(self, config: dict[str, str], spool: Spool) -> None:
+        self.config = config
+        self.spool = spool
+        self._deliver_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sgme-sender", daemon=True)
+        headers = {"Content-Type": "application/json"}
+        if config["token"]:
+            headers["Authorization"] = "Bearer " + config["token"]
+        self._client = httpx.Client(
+            base_url=config["url"],
+            headers=headers,
+            timeout=httpx.Timeout(REQUEST_TIMEOUT, connect=CONNECT_TIMEOUT),
+        )
+        self._down_logged = False
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def kick(self) -> None:
+        """Ask the background thread to deliver (returns at once)."""
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait()
+            self._wake.clear()
+            if not self._stop.is_set():
+                self.deliver()
+
+    def deliver(self, deadline: float | None = None) -> bool:
+        """Send the spooled bodies in order until one cannot go; True when none is left."""
+        with self._deliver_lock:
+            for path in self.spool.pending():
+                if deadline is not None and time.monotonic() > deadline:
+                    return False
+                try:
+                    body = json.loads(path.read_text(encoding="utf-8"))
+                except FileNotFoundError:
+                    continue  # another Hermes process sharing this home delivered it
+                except (OSError, ValueError) as exc:
+                    logger.warning("sgme: unreadable spool file %s: %s", path, exc)
+                    self.spool.reject(path)
+                    continue
+                if not self._send(path, body):
+                    return False
+            return True
+
+    def _send(self, path: Path, body: dict[str, Any]) -> bool:
+        try:
+            answer = self._client.post("/v1/append", json=body)
+        except httpx.HTTPError as exc:
+            if not self._down_logged:
+                logger.warning(
+                    "sgme: %s unreachable (%s); turns wait in %s",
+                    self.config["url"],
+                    exc,
+                    self.spool.directory,
+                )
+                self._down_logged = True
+            return False
+        self._down_logged = False
+        status = answer.status_code
+        if status < 300 or status == 409:
+            # 409: the key is taken by this same turn sent earlier (its times differ): it is in
+            # SGME already.
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            return True
+        if status in REJECTED:
+            logger.warning(
+                "sgme: %s refused turn %s (%s): kept in %s",
+                self.config["url"],
+                body.get("idempotency_key"),
+                answer.text[:500],
+                self.spool.rejected,
+            )
+            self.spool.reject(path)
+            return True
+        logger.warning(
+            "sgme: %s answered %s; turns wait in %s",
+            self.config["url"],
+            status,
+            self.spool.directory,
+        )
+        return False
+
+    def close(self, timeout: float = DRAIN_TIMEOUT) -> None:
+        """One last bounded delivery, then stop the thread."""
+        self.deliver(deadline=time.monotonic() + timeout)
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=1.0)
+        self._client.close()
+
+
+class SgmeMemoryProvider(MemoryProvider):
+    """Appends every completed Hermes turn to SGME L0 (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._config: dict[str, str] = {}
+        self._session_id = ""
+        self._writes = True
+        self._metadata: dict[str, Any] = {}
+        self._sender: Sender | None = None
+        self._sent: OrderedDict[str, None] = OrderedDict()
+        self._turns = 0
+
+    @property
+    def name(self) -> str:
+        return "sgme"
+
+    def is_available(self) -> bool:
+        return httpx is not None
+
+    def initialize(self, session_id: str, **kwargs: Any) -> None:
+        home = Path(
+            kwargs.get("hermes_home") or os.environ.get("HERMES_HOME") or Path.home() / ".hermes"
+        )
+        self._config = load_config(home)
+        self._session_id = session_id
+        self._writes = kwargs.get("agent_context", "primary") not in SKIP_CONTEXTS
+        self._metadata = {
+            k: v
+            for k, v in {
+                "client": "hermes-sgme-provider",
+                "platform": kwargs.get("platform"),
+                "profile": kwargs.get("agent_identity"),
+            }.items()
+            if isinstance(v, str) and v
+        }
+        if self._sender is None:
+            self._sender = Sender(self._config, Spool(home / "sgme" / "spool"))
+            self._sender.start()
+            self._sender.kick()  # what an earlier run could not deliver
+
+    def system_prompt_block(self) -> str:
+        return ""
+
+    def get_tool_schemas(self) -> list[dict[str, Any]]:
+        return []  # a search tool comes with SGME's search endpoint
+
+    def sync_turn(
+        self,
+        user_content: str,
+        assistant_content: str,
+        *,
+        session_id: str = "",
+        messages: list[dict[str, Any]] | None = None,
+    ) -> None:
+        if not self._writes or self._sender is None:
+            return
+        session = session_id or self._session_id
+        if not session:
+            return
+        completed = convention.ts(time.time())
+        position, turn = (-1, [])
+        if messages:
+            position, turn = convention.current_turn(
+                list(messages), user_content or "", assistant_content or ""
+            )
+        if not turn:
+            position = self._turns
+            turn = [
+                {"role": "user", "content": user_content},
+                {"role": "assistant", "content": assistant_content},
+            ]
+        self._turns = position + 1
+        converted, _ = convention.convert(turn, when=completed)
+        converted = [part for m in converted for part in convention.split_large(m)]
+        if not converted:
+            return
+        key = convention.turn_key(session, position, converted)
+        if key in self._sent:
+            return  # the same turn again: it is already on its way
+        self._sent[key] = None
+        while len(self._sent) > REMEMBERED_KEYS:
+            self._sent.popitem(last=False)
+        runs = list(convention.batches(converted))
+        for number, batch in enumerate(runs):
+            body = {
+                "agent_id": self._config["agent_id"],
+                "session_key": session,
+                "source_type": "session",
+                "idempotency_key": key if len(runs) == 1 else f"{key}/{number}",
+                "messages": batch,
+            }
+            if self._metadata:
+                body["metadata"] = dict(self._metadata)
+            try:
+                self._sender.spool.put(body)
+            except OSError as exc:
+                logger.warning("sgme: cannot spool turn %s: %s", key, exc)
+                return
+        self._sender.kick()
+
+    def on_session_end(self, messages: list[dict[str, Any]]) -> None:
+        if self._sender is not None:
+            self._sender.deliver(deadline=time.monotonic() + DRAIN_TIMEOUT)
+
+    def on_session_switch(
+        self,
+        new_session_id: str,
+        *,
+        parent_session_id: str = "",
+        reset: bool = False,
+        rewound: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        # Spooled turns carry their own session_key: switching drops nothing queued.
+        if new_session_id and new_session_id != self._session_id:
+            self._session_id = new_session_id
+            self._turns = 0
+        if parent_session_id:
+            self._metadata["parent_session"] = parent_session_id
+        else:
+            self._metadata.pop("parent_session", None)
+
+    def shutdown(self) -> None:
+        if self._sender is not None:
+            self._sender.close()
+            self._sender = None
+
+    def get_config_schema(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "key": "url",
+                "description": "SGME L0 server URL",
+                "default": DEFAULT_URL,
+                "env_var": "SGME_URL",
+            },
+            {
+                "key": "token",
+                "description": "SGME bearer token (sgme token create)",
+                "secret": True,
+                "env_var": "SGME_TOKEN",
+            },
+            {
+                "key": "agent_id",
+                "description": "agent_id the turns are stored under",
+                "default": DEFAULT_AGENT_ID,
+                "env_var": "SGME_AGENT_ID",
+            },
+        ]
+
+    def save_config(self, values: dict[str, Any], hermes_home: str) -> None:
+        keep = {k: str(v) for k, v in values.items() if k in ("url", "agent_id") and v}
+        path = Path(hermes_home) / CONFIG_FILE
+        path.write_text(json.dumps(keep, indent=2) + "\n", encoding="utf-8")
+
+
+def register(ctx: Any) -> None:
+    """Hermes' plugin entry point."""
+    ctx.register_memory_provider(SgmeMemoryProvider())

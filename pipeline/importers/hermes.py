@@ -1,0 +1,223 @@
+"""Hermes Agent's ``state.db`` (``$HERMES_HOME/state.db``, SQLite), opened read-only.
+
+Sessions in the order they started; each session's messages by id (their insertion order),
+with their own timestamps. Message rows are OpenAI-style: ``content`` (structured content is
+stored as ``"\\x00json:"`` + JSON and decoded here), an assistant's ``tool_calls`` (JSON),
+a tool row's ``tool_name`` / ``tool_call_id`` — converted exactly as
+:mod:`pipeline.importers.openai` converts chat messages. Rows of role ``session_meta`` are
+bookkeeping, not transcript.
+
+Rows no longer live in the session are not imported as its transcript:
+
+- **pre-compaction history** (``active = 0, compacted = 1``: what an in-place compaction
+  replaced with its summary) is the real conversation, so it is imported as a session of its
+  own, ``{session id}#compacted``, with ``compacted_from`` in its metadata. Its rows only
+  ever grow at the end, so re-imports append only what a later compaction added;
+- **rewound turns** (``active = 0, compacted = 0``: what the user took back with /undo or a
+  rewind) are left out and counted as skipped.
+
+A live turn appended by an earlier import stays in L0 when it is later rewound or compacted
+(L0 is append-only); a turn that comes back different is a new key and is appended.
+
+Older schemas work: columns are looked up with ``PRAGMA table_info``, and a database without
+``active`` (before rewinds existed) has every row live. The last turn of a session that has
+not ended is imported once it is finished (it ends with assistant text). Session key: the
+Hermes session id; metadata: source (cli, telegram, …), model, title, cwd, git branch, parent
+session. Keys: ``hermes-db:{session id}:{turn number}:{hash}``.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import urllib.parse
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from pipeline import errors
+from pipeline.importers import convention, openai, source
+
+SOURCE = "hermes-db"
+JSON_PREFIX = "\x00json:"
+COMPACTED_SUFFIX = "#compacted"
+_SESSION_FIELDS = (
+    "id",
+    "source",
+    "model",
+    "title",
+    "cwd",
+    "git_branch",
+    "parent_session_id",
+    "started_at",
+    "ended_at",
+)
+_MESSAGE_FIELDS = (
+    "id",
+    "role",
+    "content",
+    "tool_call_id",
+    "tool_calls",
+    "tool_name",
+    "timestamp",
+    "active",
+    "compacted",
+)
+
+
+def files(path: Path) -> list[Path]:
+    """The database: ``path`` itself, or ``path/state.db`` for a Hermes home."""
+    source.existing(path)
+    if path.is_dir():
+        return [source.existing(path / "state.db")]
+    return [path]
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    """A read-only connection (``?mode=ro``): an import never writes to Hermes' database."""
+    uri = "file:" + urllib.parse.quote(str(path.resolve())) + "?mode=ro"
+    try:
+        conn = sqlite3.connect(uri, uri=True, timeout=5.0)
+    except sqlite3.Error as exc:
+        raise errors.StorageUnavailable(f"cannot open {str(path)!r} read-only: {exc}") from exc
+    conn.row_factory = sqlite3.Row
+    return conn
+
+
+def columns(conn: sqlite3.Connection, table: str) -> set[str]:
+    """The columns a table has in this database (older schemas lack some)."""
+    return {str(row[1]) for row in conn.execute(f"PRAGMA table_info({table})")}
+
+
+def decode(content: Any) -> Any:
+    """A stored content value: structured content (``"\\x00json:"`` + JSON) decoded.
+
+    Raises ``ValueError`` when the JSON after the prefix does not parse."""
+    if isinstance(content, str) and content.startswith(JSON_PREFIX):
+        return json.loads(content[len(JSON_PREFIX) :])
+    return content
+
+
+def _select(conn: sqlite3.Connection, table: str, wanted: tuple[str, ...], tail: str) -> str:
+    have = columns(conn, table)
+    listed = ", ".join(c if c in have else f"NULL AS {c}" for c in wanted)
+    return f"SELECT {listed} FROM {table} {tail}"
+
+
+def _rows(
+    conn: sqlite3.Connection, path: Path, session_id: str, query: str
+) -> tuple[list[dict[str, Any]], list[source.Problem]]:
+    """A session's message rows as OpenAI-style dicts, and the rows it could not read."""
+    messages: list[dict[str, Any]] = []
+    problems: list[source.Problem] = []
+    for row in conn.execute(query, (session_id,)):
+        where = f"session {session_id!r} message id {row['id']}"
+        if row["role"] == "session_meta":
+            continue
+        try:
+            content = decode(row["content"])
+        except ValueError as exc:
+            problems.append(source.Problem(str(path), None, f"{where}: bad JSON content: {exc}"))
+            continue
+        calls: Any = row["tool_calls"]
+        if isinstance(calls, str) and calls:
+            try:
+                calls = json.loads(calls)
+            except ValueError as exc:
+                problems.append(
+                    source.Problem(str(path), None, f"{where}: bad tool_calls JSON: {exc}")
+                )
+                continue
+        messages.append(
+            {
+                "role": row["role"],
+                "content": content,
+                "tool_calls": calls or None,
+                "tool_call_id": row["tool_call_id"],
+                "tool_name": row["tool_name"],
+                "timestamp": row["timestamp"],
+                "active": 1 if row["active"] is None else row["active"],
+                "compacted": row["compacted"] or 0,
+            }
+        )
+    return messages, problems
+
+
+def _turns(messages: list[convention.Message], *, finished: bool) -> tuple[list[source.Turn], int]:
+    """Numbered turns, and the messages of an unfinished last turn (left for a later run)."""
+    turns = openai.turns(messages)
+    skipped = 0
+    if turns and not finished:
+        last = turns[-1][-1]
+        if last["role"] != "assistant" or convention.parse_tool_call(last["content"]):
+            skipped = len(turns.pop())
+    return [
+        source.Turn(position=str(number), messages=tuple(turn)) for number, turn in enumerate(turns)
+    ], skipped
+
+
+def read(path: Path) -> Iterator[source.Session | source.Problem]:
+    """Every session of one ``state.db``."""
+    conn = connect(path)
+    try:
+        yield from _read(conn, path)
+    except sqlite3.Error as exc:
+        yield source.Problem(str(path), None, f"cannot read the database: {exc}")
+    finally:
+        conn.close()
+
+
+def _read(conn: sqlite3.Connection, path: Path) -> Iterator[source.Session | source.Problem]:
+    have = columns(conn, "sessions")
+    if not have or not columns(conn, "messages"):
+        yield source.Problem(str(path), None, "not a Hermes state.db (no sessions/messages table)")
+        return
+    order = "started_at, id" if "started_at" in have else "rowid"
+    sessions = conn.execute(
+        _select(conn, "sessions", _SESSION_FIELDS, f"ORDER BY {order}")
+    ).fetchall()
+    query = _select(conn, "messages", _MESSAGE_FIELDS, "WHERE session_id = ? ORDER BY id")
+    for session in sessions:
+        rows, problems = _rows(conn, path, str(session["id"]), query)
+        yield from problems
+        yield from _sessions(session, rows, path)
+
+
+def _sessions(
+    session: Mapping[str, Any], rows: list[dict[str, Any]], path: Path
+) -> Iterator[source.Session]:
+    """The live session, and its pre-compaction history when it has one."""
+    session_id = str(session["id"])
+    meta = {
+        "importer": SOURCE,
+        "source": session["source"],
+        "model": session["model"],
+        "title": session["title"],
+        "cwd": session["cwd"],
+        "git_branch": session["git_branch"],
+        "parent_session": session["parent_session_id"],
+    }
+    live = [r for r in rows if r["active"]]
+    compacted = [r for r in rows if not r["active"] and r["compacted"]]
+    rewound = len(rows) - len(live) - len(compacted)
+    messages, left_out = openai.convert(live)
+    turns, unfinished = _turns(messages, finished=session["ended_at"] is not None)
+    yield source.Session(
+        source=SOURCE,
+        session_key=session_id,
+        metadata=convention.metadata(meta),
+        turns=tuple(turns),
+        origin=str(path),
+        skipped=left_out + unfinished + rewound,
+    )
+    if compacted:
+        history, left_out = openai.convert(compacted)
+        turns, _ = _turns(history, finished=True)
+        yield source.Session(
+            source=SOURCE,
+            session_key=session_id + COMPACTED_SUFFIX,
+            metadata=convention.metadata({**meta, "compacted_from": session_id}),
+            turns=tuple(turns),
+            origin=str(path),
+            skipped=left_out,
+        )

@@ -1,0 +1,189 @@
+"""Run an importer: sessions in, appends out, through an injected ``ingest``.
+
+Each source turn becomes one append (several when it is larger than one append may be) with a
+deterministic idempotency key (:func:`pipeline.importers.convention.key`), so running an
+import twice writes nothing the second time and an interrupted import, run again, completes
+without duplicates. The first append of a session carries its metadata (the server takes it
+only from the append that creates the file).
+
+``ingest(body)`` is whatever commits one append: ``journal.ingest(engine, body, limits=…)``
+in ``sgme import``, ``Client.append`` over HTTP, or a list in tests. It returns the append's
+answer; one with ``replayed`` true (or ``{"replayed": True}``) counts as already imported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from pipeline import errors
+from pipeline.importers import convention, source
+
+Ingest = Callable[[dict[str, Any]], object]
+Flush = Callable[[str], object]
+
+
+@dataclasses.dataclass
+class Report:
+    """What an import did. ``files`` counts the L0 session files appended to (or found
+    complete); ``messages`` the messages newly appended; ``replayed`` those an earlier run had
+    already appended; ``skipped`` the source messages deliberately left out."""
+
+    files: int = 0
+    messages: int = 0
+    replayed: int = 0
+    skipped: int = 0
+    errors: list[source.Problem] = dataclasses.field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``--json`` summary: ``{"files", "messages", "skipped", "errors"}`` (+ replayed)."""
+        return {
+            "files": self.files,
+            "messages": self.messages,
+            "skipped": self.skipped,
+            "errors": [problem.to_json() for problem in self.errors],
+            "replayed": self.replayed,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class Progress:
+    """Where a run is, after each source file (for a progress bar)."""
+
+    file: Path
+    files_done: int
+    files_total: int
+    report: Report
+
+
+def _no_progress(_event: Progress) -> None:
+    return None
+
+
+def _field(result: object, name: str) -> Any:
+    if isinstance(result, Mapping):
+        return result.get(name)
+    return getattr(result, name, None)
+
+
+def run(
+    reader: source.Reader,
+    path: Path,
+    *,
+    agent_id: str,
+    ingest: Ingest,
+    flush: Flush | None = None,
+    progress: Callable[[Progress], None] = _no_progress,
+    dry_run: bool = False,
+    max_messages: int = convention.MAX_APPEND_MESSAGES,
+    max_bytes: int = convention.MAX_APPEND_BYTES,
+) -> Report:
+    """Import everything ``reader`` finds under ``path`` as ``agent_id``.
+
+    A malformed record or a turn the server refuses is reported in ``errors`` and skipped;
+    the rest goes on. A transient error (the index unreachable) stops the run: nothing
+    acknowledged is lost and running it again continues where it stopped. With ``dry_run``
+    nothing is sent; the report says what would have been. ``flush(file_id)`` is called once
+    per session that got new messages (the CLI writes the file right away).
+    """
+    report = Report()
+    files = reader.files(path)
+    for done, file in enumerate(files, start=1):
+        for item in reader.read(file):
+            if isinstance(item, source.Problem):
+                report.errors.append(item)
+            else:
+                _session(
+                    item,
+                    report,
+                    agent_id=agent_id,
+                    ingest=ingest,
+                    flush=flush,
+                    dry_run=dry_run,
+                    max_messages=max_messages,
+                    max_bytes=max_bytes,
+                )
+        progress(Progress(file=file, files_done=done, files_total=len(files), report=report))
+    return report
+
+
+def bodies(
+    session: source.Session,
+    *,
+    agent_id: str,
+    max_messages: int = convention.MAX_APPEND_MESSAGES,
+    max_bytes: int = convention.MAX_APPEND_BYTES,
+) -> list[tuple[source.Turn, dict[str, Any]]]:
+    """The append bodies of a session, each with the turn it comes from, in order."""
+    out: list[tuple[source.Turn, dict[str, Any]]] = []
+    for turn in session.turns:
+        messages = [part for m in turn.messages for part in convention.split_large(m)]
+        if not messages:
+            continue
+        turn_key = convention.key(session.source, session.session_key, turn.position, messages)
+        runs = list(convention.batches(messages, max_messages=max_messages, max_bytes=max_bytes))
+        for number, batch in enumerate(runs):
+            body: dict[str, Any] = {
+                "agent_id": agent_id,
+                "session_key": session.session_key,
+                "source_type": "session",
+                "idempotency_key": turn_key if len(runs) == 1 else f"{turn_key}/{number}",
+                "messages": batch,
+            }
+            if not out and session.metadata:
+                body["metadata"] = dict(session.metadata)
+            out.append((turn, body))
+    return out
+
+
+def _session(
+    session: source.Session,
+    report: Report,
+    *,
+    agent_id: str,
+    ingest: Ingest,
+    flush: Flush | None,
+    dry_run: bool,
+    max_messages: int,
+    max_bytes: int,
+) -> None:
+    report.skipped += session.skipped
+    appends = bodies(session, agent_id=agent_id, max_messages=max_messages, max_bytes=max_bytes)
+    if not appends:
+        return
+    report.files += 1
+    written: set[str] = set()
+    for turn, body in appends:
+        count = len(body["messages"])
+        if dry_run:
+            report.messages += count
+            continue
+        try:
+            result = ingest(body)
+        except errors.Conflict:
+            # The key is this turn's content hash: the same key with another body can only
+            # differ in the session metadata (a title set later, say), which the server keeps
+            # from the first append anyway. The turn is in L0 already.
+            report.replayed += count
+            continue
+        except errors.PermanentError as exc:
+            report.errors.append(
+                source.Problem(
+                    session.origin,
+                    turn.line,
+                    f"session {session.session_key!r} turn {turn.position}: {exc.detail}",
+                )
+            )
+            continue
+        if _field(result, "replayed"):
+            report.replayed += count
+        else:
+            report.messages += count
+            file_id = _field(result, "file_id")
+            if isinstance(file_id, str):
+                written.add(file_id)
+    if flush is not None:
+        for file_id in sorted(written):
+            flush(file_id)

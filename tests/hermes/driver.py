@@ -1,0 +1,87 @@
+"""Drives the sgme provider through Hermes' own plugin loader and MemoryManager.
+
+Run with ``.venv-hermes/bin/python`` (the real hermes-agent), ``HERMES_HOME`` set to a home
+whose ``plugins/sgme/`` holds the provider. Reads one JSON command per line on stdin and
+answers each with one line ``@@ {json}`` on stdout (Hermes may print other things).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+from agent.memory_manager import MemoryManager
+from plugins.memory import (
+    _get_active_memory_provider,
+    discover_memory_providers,
+    load_memory_provider,
+)
+
+HOME = Path(os.environ["HERMES_HOME"])
+manager = MemoryManager()
+
+
+def run(command: dict[str, Any]) -> dict[str, Any]:
+    op = command["op"]
+    if op == "load":
+        found = [(name, available) for name, _, available in discover_memory_providers()]
+        provider = load_memory_provider("sgme")
+        assert provider is not None, "Hermes' loader did not find the sgme provider"
+        manager.add_provider(provider)
+        return {
+            "discovered": found,
+            "active": _get_active_memory_provider(),
+            "name": provider.name,
+            "class": type(provider).__name__,
+            "module": type(provider).__module__,
+            "available": provider.is_available(),
+        }
+    if op == "init":
+        manager.initialize_all(
+            session_id=command["session_id"],
+            platform="cli",
+            agent_context=command.get("agent_context", "primary"),
+        )
+        return {}
+    if op == "turn":
+        manager.sync_all(
+            command["user"],
+            command["assistant"],
+            session_id=command.get("session_id", ""),
+            messages=command.get("messages"),
+        )
+        return {"drained": manager.flush_pending(timeout=30)}
+    if op == "switch":
+        manager.on_session_switch(
+            command["session_id"], parent_session_id=command.get("parent", "")
+        )
+        return {}
+    if op == "end":
+        manager.on_session_end(command.get("messages", []))
+        return {}
+    if op == "spool":
+        spool = HOME / "sgme" / "spool"
+        return {"pending": sorted(p.name for p in spool.glob("*.json")) if spool.is_dir() else []}
+    if op == "shutdown":
+        manager.shutdown_all()
+        return {"drain": manager.shutdown_drain_state}
+    raise ValueError(f"unknown op {op!r}")
+
+
+def main() -> None:
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            answer = {"ok": True, **run(json.loads(line))}
+        except Exception:
+            answer = {"ok": False, "error": traceback.format_exc()}
+        print("@@ " + json.dumps(answer), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""The state.db importer on a database written by Hermes' own SessionDB (hermes-agent 0.19.0,
+in .venv-hermes): rewound rows left out, pre-compaction history as its own session, the
+running turn left for later — then imported for real into a SQLite index and read back."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import hermes_env
+
+from pipeline import document, index, journal
+from pipeline.importers import convention, reader, runner
+
+
+def make_state_db(tmp_path: Path) -> Path:
+    path = tmp_path / "hermes-home" / "state.db"
+    path.parent.mkdir(parents=True)
+    done = subprocess.run(
+        [str(hermes_env.python()), str(hermes_env.HERE / "make_state_db.py"), str(path)],
+        env=hermes_env.hermes_env(path.parent),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1])["schema_version"] == 22
+    return path
+
+
+def test_import_a_state_db_made_by_hermes(tmp_path: Path) -> None:
+    path = make_state_db(tmp_path)
+    bodies: list[dict[str, Any]] = []
+
+    def record(body: dict[str, Any]) -> dict[str, Any]:
+        bodies.append(body)
+        return {"file_id": body["session_key"]}
+
+    report = runner.run(reader("hermes"), path, agent_id="hermes", ingest=record)
+    by_session: dict[str, list[tuple[str, str, str | None]]] = {}
+    for body in bodies:
+        by_session.setdefault(body["session_key"], []).extend(
+            (m["role"], m["content"], m.get("tool_name")) for m in body["messages"]
+        )
+    assert list(by_session) == ["s1", "s2", "s2#compacted"]
+    assert by_session["s1"] == [
+        ("user", "list files\n[image_url]", None),
+        ("assistant", convention.call_body("terminal", '{"command": "ls"}'), None),
+        ("tool", "a.txt", "terminal"),
+        ("assistant", "One file: a.txt", None),
+        ("user", "copy it", None),
+        ("assistant", "Copied.", None),
+    ]
+    assert by_session["s2"] == [
+        ("user", "[summary] first/one", None),
+        ("assistant", "Noted.", None),
+        ("user", "second", None),
+        ("assistant", "two", None),
+        ("user", "third", None),
+        ("assistant", "three", None),
+    ]
+    assert by_session["s2#compacted"] == [
+        ("user", "first", None),
+        ("assistant", "one", None),
+        ("user", "second", None),
+        ("assistant", "two", None),
+    ]
+    first = {body["session_key"]: body for body in reversed(bodies)}
+    assert first["s1"]["metadata"] == {
+        "importer": "hermes-db",
+        "source": "cli",
+        "model": "model-a",
+        "title": "Listing files",
+        "cwd": "/src/app",
+    }
+    assert first["s2"]["metadata"]["parent_session"] == "s1"
+    assert first["s2#compacted"]["metadata"]["compacted_from"] == "s2"
+    assert first["s1"]["messages"][0]["ts"] == "2026-08-03T11:18:07Z"
+    assert report.errors == []
+    assert report.skipped == 3  # two rewound rows, and the question s2 has not answered yet
+    assert all(b["idempotency_key"].startswith(f"hermes-db:{b['session_key']}:") for b in bodies)
+
+    # for real: into a SQLite index, a flush per session, twice
+    engine = index.create_engine(f"sqlite:///{tmp_path / 'index.sqlite3'}")
+    index.migrate(engine)
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    try:
+        for run in range(2):
+            flushed: list[str] = []
+
+            def flush(file_id: str, flushed: list[str] = flushed) -> None:
+                flushed.append(file_id)
+                journal.flush(engine, data_dir, file_id)
+
+            again = runner.run(
+                reader("hermes"),
+                path,
+                agent_id="hermes",
+                ingest=lambda body: journal.ingest(engine, body),
+                flush=flush,
+            )
+            assert (again.messages, len(flushed)) == ((16, 3) if run == 0 else (0, 0))
+        texts = {}
+        for md in (data_dir / "raw" / "sessions").glob("*.md"):
+            doc = document.parse(md.read_text(encoding="utf-8"), file_id=md.stem)
+            texts[doc.header.session_key] = [(m.role, m.content) for m in doc.messages]
+        assert texts["s1"][1] == (
+            "assistant",
+            convention.call_body("terminal", '{"command": "ls"}'),
+        )
+        assert {k: len(v) for k, v in texts.items()} == {"s1": 6, "s2": 6, "s2#compacted": 4}
+    finally:
+        engine.dispose()
