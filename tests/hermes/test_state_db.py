@@ -11,7 +11,7 @@ from typing import Any
 
 import hermes_env
 
-from pipeline import document, index, journal
+from pipeline import database, document, journal
 from pipeline.importers import convention, reader, runner
 
 
@@ -84,8 +84,8 @@ def test_import_a_state_db_made_by_hermes(tmp_path: Path) -> None:
     assert all(b["idempotency_key"].startswith(f"hermes-db:{b['session_key']}:") for b in bodies)
 
     # for real: into a SQLite index, a flush per session, twice
-    engine = index.create_engine(f"sqlite:///{tmp_path / 'index.sqlite3'}")
-    index.migrate(engine)
+    engine = database.create_engine(f"sqlite:///{tmp_path / 'index.sqlite3'}")
+    database.migrate(engine)
     data_dir = tmp_path / "data"
     data_dir.mkdir()
     try:

@@ -9,12 +9,12 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from pipeline import document, index, journal
+from pipeline import database, document, index, journal
 from pipeline.importers import convention, reader, runner
 
 
 def read_back(engine: sa.Engine, data_dir: Path, file_id: str) -> document.Document:
-    with index.transaction(engine) as conn:
+    with database.transaction(engine) as conn:
         row = index.get_file(conn, file_id)
     assert row is not None
     return document.parse((data_dir / row.path).read_text(encoding="utf-8"), file_id=file_id)
@@ -35,8 +35,8 @@ def import_into(engine: sa.Engine, data_dir: Path, path: Path) -> tuple[runner.R
 
 
 def test_import_into_sqlite_and_read_back(tmp_path: Path) -> None:
-    engine = index.create_engine(f"sqlite:///{tmp_path / 'index.sqlite3'}")
-    index.migrate(engine)
+    engine = database.create_engine(f"sqlite:///{tmp_path / 'index.sqlite3'}")
+    database.migrate(engine)
     data_dir = tmp_path / "data"
     data_dir.mkdir()
     chat = {
