@@ -97,9 +97,31 @@ def read_path(path: Path) -> bytes:
     return b"".join(_decompressed_chunks(path))
 
 
+def stream_archived(data_dir: Path, row: tables.FileRow, *, chunk: int = CHUNK) -> Iterator[bytes]:
+    """The original bytes of an archived file, decompressed as they are read (the archive is
+    opened before the first chunk: a missing one is an error the caller can still answer)."""
+    handle = store.open_read(store.checked(data_dir, row.path))
+    return _stream(handle, row, chunk)
+
+
+def _stream(handle: BinaryIO, row: tables.FileRow, chunk: int) -> Iterator[bytes]:
+    with handle:
+        try:
+            with zstandard.ZstdDecompressor().stream_reader(handle) as stream:
+                left = row.flushed_bytes
+                while left > 0:
+                    data = stream.read(min(chunk, left))
+                    if not data:
+                        raise errors.FileDamaged(f"archive of {row.file_id} ends early")
+                    left -= len(data)
+                    yield data
+        except zstandard.ZstdError as exc:
+            raise errors.FileDamaged(f"archive of {row.file_id} is corrupt: {exc}") from None
+
+
 def read_archived(data_dir: Path, row: tables.FileRow) -> bytes:
     """The original bytes of an archived file, checked against the committed length."""
-    data = b"".join(_decompressed_chunks(data_dir / row.path))
+    data = b"".join(_decompressed_chunks(store.checked(data_dir, row.path)))
     if len(data) != row.flushed_bytes:
         raise errors.FileDamaged(
             f"archive of {row.file_id} holds {len(data)} bytes, {row.flushed_bytes} were committed"
@@ -180,8 +202,8 @@ def compress(
             return None
         if row.status != "refined" or row.next_seq != row.flushed_seq + 1:
             return None
-        original = data_dir / row.path
-        final = data_dir / archive_relative_path(row)
+        original = store.checked(data_dir, row.path)
+        final = store.checked(data_dir, archive_relative_path(row))
         temp = final.with_name(f".{final.name}.tmp")
         # Left by a crash before the index pointed at them: never committed, start over.
         store.remove(temp)
@@ -298,10 +320,10 @@ def archive_cold(
 
 def _finish(data_dir: Path, row: tables.FileRow) -> None:
     """An archived row whose original survived a crash: delete it once the archive verifies."""
-    original = data_dir / live_relative_path(row)
+    original = store.checked(data_dir, live_relative_path(row))
     if not store.exists(original):
         return
-    archived_sha, size = _digest(_decompressed_chunks(data_dir / row.path))
+    archived_sha, size = _digest(_decompressed_chunks(store.checked(data_dir, row.path)))
     with store.reader(original) as src:
         original_sha, _ = _digest(_chunks(src, row.flushed_bytes))
     if archived_sha == original_sha and size == row.flushed_bytes:
@@ -315,7 +337,7 @@ def finish_interrupted(
     many were removed."""
     removed = 0
     for subdir in store.SUBDIRS.values():
-        folder = data_dir / "raw" / subdir
+        folder = store.checked_dir(data_dir, f"raw/{subdir}")
         if not folder.is_dir():
             continue
         names = [p.stem for p in folder.glob("*.md")]
@@ -356,7 +378,7 @@ def restore_locked(engine: sa.Engine, data_dir: Path, row: tables.FileRow) -> ta
     head, count = document.chain(data)
     if head.hex() != row.chain_head or count != row.flushed_seq:
         raise errors.FileDamaged(f"archive of {row.file_id} fails its hash chain; not restoring")
-    live = data_dir / live_relative_path(row)
+    live = store.checked(data_dir, live_relative_path(row))
     if store.exists(live):
         # A crash after the index update left the original: it is the same bytes or garbage.
         with store.reader(live) as handle:
@@ -373,5 +395,5 @@ def restore_locked(engine: sa.Engine, data_dir: Path, row: tables.FileRow) -> ta
     with database.transaction(engine) as conn:
         restored = index.mark_restored(conn, row.file_id, path=live_relative_path(row))
     assert restored is not None
-    store.remove(data_dir / row.path)
+    store.remove(store.checked(data_dir, row.path))
     return restored

@@ -7,18 +7,24 @@
      │    ├── NotFound               404     not-found          no such file, message or token
      │    ├── Conflict               409     conflict           contradicts what is recorded
      │    │    └── ConstraintViolation 409   conflict           a unique/foreign key refused it
-     │    └── FileDamaged            409     file-damaged       a file differs from its index
+     │    ├── FileDamaged            409     file-damaged       a file differs from its index
+     │    ├── RequestTooLarge        413     too-large          a body over max_request_bytes
+     │    └── RequestTimeout         408     request-timeout    a body that came too slowly
      ├── TransientError              503     unavailable        retried by tasks with backoff
      │    ├── LockTimeout            503     lock-timeout       a per-file lock was not acquired
      │    ├── IndexUnavailable       503     index-unavailable  the database is unreachable/busy
      │    ├── StorageUnavailable     503     storage-unavailable the data directory failed us
-     │    └── RefinerError           503     refiner-error      the refiner failed (LLM, webhook)
+     │    ├── RefinerError           503     refiner-error      the refiner failed (LLM, webhook)
+     │    ├── Overloaded             503     overloaded         the journal backlog is too long
+     │    └── InsufficientStorage    507     insufficient-storage the disk cannot take more
      ├── Misconfigured               500     misconfigured      settings or schema need an operator
      └── InternalError               500     internal           a bug: logged once, never retried
 
 The API answers every one as an RFC 9457 problem document whose ``type`` is
 ``urn:sgme:problem:<type>`` (:func:`problem_type`); FastAPI's own refusals use ``http-error``
 and a request that matches no route ``not-found``.
+
+An error may carry ``retry_after`` (seconds): the API sends it as ``Retry-After``.
 
 Foreign exceptions (``OSError``, ``sqlalchemy.exc``, ``zstandard.ZstdError``) are mapped to one
 of these where they cross into ``pipeline``'s public functions, so callers catch only these.
@@ -46,9 +52,11 @@ class SgmeError(Exception):
     #: whether a task that hit this error should be retried
     retry: ClassVar[bool] = False
 
-    def __init__(self, detail: str) -> None:
+    def __init__(self, detail: str, *, retry_after: float | None = None) -> None:
         super().__init__(detail)
         self.detail = detail
+        #: seconds after which the same call may succeed (the API's ``Retry-After``)
+        self.retry_after = retry_after
 
 
 class PermanentError(SgmeError):
@@ -94,6 +102,22 @@ class FileDamaged(PermanentError):
 
     type = "file-damaged"
     status = 409
+    #: False when this damage was already recorded (and logged) before
+    first: bool = True
+
+
+class RequestTooLarge(PermanentError):
+    """A request body larger than the server takes (``max_request_bytes``)."""
+
+    type = "too-large"
+    status = 413
+
+
+class RequestTimeout(PermanentError):
+    """A request body that did not arrive within ``body_timeout``."""
+
+    type = "request-timeout"
+    status = 408
 
 
 class TransientError(SgmeError):
@@ -126,6 +150,19 @@ class RefinerError(TransientError):
     """A refiner failed (bad answer, timeout, unreachable service); the job is retried."""
 
     type = "refiner-error"
+
+
+class Overloaded(TransientError):
+    """More is waiting to be written than the limits allow: slow down and retry."""
+
+    type = "overloaded"
+
+
+class InsufficientStorage(TransientError):
+    """The data volume is (nearly) full: nothing more is acknowledged until it has room."""
+
+    type = "insufficient-storage"
+    status = 507
 
 
 class Misconfigured(SgmeError):

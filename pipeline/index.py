@@ -9,7 +9,6 @@ the refinement claim and its epoch/lease fence (DESIGN §4), the archive fence (
 from __future__ import annotations
 
 import datetime as dt
-import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -136,10 +135,11 @@ def record_append(conn: sa.Connection, file_id: str, *, next_seq: int) -> None:
     _update(conn, file_id, next_seq=next_seq, flush_pending=True)
 
 
-def record_damage(conn: sa.Connection, file_id: str, kind: str, detail: str) -> None:
-    """A file that no longer matches what was committed: status ``error`` and an anomaly."""
+def record_damage(conn: sa.Connection, file_id: str, kind: str, detail: str) -> bool:
+    """A file that no longer matches what was committed: status ``error`` and an anomaly.
+    True the first time this damage is recorded."""
     mark_error(conn, file_id)
-    record_anomaly(conn, file_id, kind, detail)
+    return record_anomaly(conn, file_id, kind, detail) == 1
 
 
 def mark_error(conn: sa.Connection, file_id: str) -> bool:
@@ -472,102 +472,15 @@ def reindex_file(conn: sa.Connection, file_id: str, *, archived: bool, **values:
 
 
 # ---------------------------------------------------------------------------------------------
-# append_journal and tables.append_keys
-
-
-_INSERT_JOURNAL = sa.insert(tables.append_journal)
-_JOURNAL_AFTER = (
-    sa.select(tables.append_journal)
-    .where(
-        tables.append_journal.c.file_id == sa.bindparam("file_id"),
-        tables.append_journal.c.first_seq > sa.bindparam("seq"),
-    )
-    .order_by(tables.append_journal.c.first_seq)
-)
-_DELETE_JOURNAL = sa.delete(tables.append_journal).where(
-    tables.append_journal.c.file_id == sa.bindparam("file_id"),
-    tables.append_journal.c.last_seq <= sa.bindparam("seq"),
-)
-
-
-def add_journal(conn: sa.Connection, **values: Any) -> None:
-    """Record one acknowledged append."""
-    values.setdefault("created_at", tables.utcnow())
-    conn.execute(_INSERT_JOURNAL, values)
-
-
-def journal_after(conn: sa.Connection, file_id: str, seq: int) -> list[tables.JournalRow]:
-    """Journal rows of ``file_id`` past ``seq``, in seq order."""
-    rows = conn.execute(_JOURNAL_AFTER, {"file_id": file_id, "seq": seq})
-    return [tables.JournalRow.from_row(row) for row in rows]
-
-
-def delete_journal(conn: sa.Connection, file_id: str, upto_seq: int) -> None:
-    """Drop the journal rows a flush applied."""
-    conn.execute(_DELETE_JOURNAL, {"file_id": file_id, "seq": upto_seq})
-
-
-def stale_journal_files(conn: sa.Connection, older_than: dt.datetime | None) -> list[str]:
-    """Files with journal rows created before ``older_than`` (all of them for None)."""
-    query = sa.select(tables.append_journal.c.file_id).group_by(tables.append_journal.c.file_id)
-    if older_than is not None:
-        query = query.where(tables.append_journal.c.created_at < older_than)
-    return [row[0] for row in conn.execute(query)]
-
-
-def journal_backlog(conn: sa.Connection) -> tuple[int, int]:
-    """``(rows, messages)`` waiting in the journal."""
-    query = sa.select(
-        sa.func.count(),
-        sa.func.coalesce(
-            sa.func.sum(tables.append_journal.c.last_seq - tables.append_journal.c.first_seq + 1), 0
-        ),
-    )
-    rows, messages = conn.execute(query).one()
-    return int(rows), int(messages)
-
-
-_GET_KEY = sa.select(tables.append_keys.c.request_hash, tables.append_keys.c.response_json).where(
-    tables.append_keys.c.agent_id == sa.bindparam("agent_id"),
-    tables.append_keys.c.idempotency_key == sa.bindparam("key"),
-)
-
-
-def get_key(conn: sa.Connection, agent_id: str, key: str) -> tuple[str, dict[str, Any]] | None:
-    """``(request_hash, response)`` recorded for an idempotency key, or None."""
-    row = conn.execute(_GET_KEY, {"agent_id": agent_id, "key": key}).first()
-    return (row[0], json.loads(row[1])) if row else None
-
-
-def put_key(
-    conn: sa.Connection, agent_id: str, key: str, request_hash: str, response: dict[str, Any]
-) -> bool:
-    """Remember the answer given for an idempotency key; False when a concurrent request
-    holding the same key got there first (its transaction committed meanwhile)."""
-    stmt = (
-        database.insert(conn, tables.append_keys)
-        .values(
-            agent_id=agent_id,
-            idempotency_key=key,
-            request_hash=request_hash,
-            response_json=json.dumps(response),
-            created_at=tables.utcnow(),
-        )
-        .on_conflict_do_nothing()
-        .returning(tables.append_keys.c.agent_id)
-    )
-    return conn.execute(stmt).first() is not None
-
-
-# ---------------------------------------------------------------------------------------------
 # anomalies
 
 
 def record_anomaly(
     conn: sa.Connection, file_id: str | None, kind: str, detail: str, *, key: str = ""
-) -> None:
+) -> int:
     """Record an anomaly, once per (file, kind, key): a repeat only counts (the first detail
-    stays). Anomalies without a file are events, each recorded."""
+    stays). Anomalies without a file are events, each recorded. Returns the count (1 the
+    first time)."""
     now = tables.utcnow()
     stmt = database.insert(conn, tables.anomalies).values(
         file_id=file_id, kind=kind, key=key[:100], detail=detail, created_at=now, count=1
@@ -577,7 +490,7 @@ def record_anomaly(
             index_elements=["file_id", "kind", "key"],
             set_={"count": tables.anomalies.c.count + 1, "last_seen_at": now},
         )
-    conn.execute(stmt)
+    return int(conn.execute(stmt.returning(tables.anomalies.c.count)).scalar_one())
 
 
 def list_anomalies(

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from pipeline import archive, database, document, errors, index, journal, store, tables
+from pipeline import archive, database, document, errors, index, journal, ledger, store, tables
 
 log = logging.getLogger(__name__)
 Progress = Callable[[int], None]  #: called with the number of files just finished
@@ -76,7 +76,7 @@ def check_file(data_dir: Path, row: tables.FileRow) -> list[Problem]:
     """fsck of one indexed file."""
     if row.flushed_bytes == 0:
         return []
-    path = data_dir / row.path
+    path = store.checked(data_dir, row.path)
     try:
         data = (
             archive.read_archived(data_dir, row) if row.status == "archived" else store.read(path)
@@ -109,16 +109,34 @@ def count_files(engine: sa.Engine) -> int:
 
 
 def _disk_files(data_dir: Path) -> Iterator[tuple[str, Path]]:
-    """``(source_type or "archive", path)`` of every raw file on disk."""
+    """``(source_type or "archive", path)`` of every raw file on disk (a directory that is a
+    symlink is not entered: :func:`refused_dirs` names it)."""
     for source_type, subdir in store.SUBDIRS.items():
         folder = data_dir / "raw" / subdir
-        if folder.is_dir():
+        if folder.is_dir() and not folder.is_symlink():
             for path in sorted(folder.glob("*.md")):
                 yield source_type, path
     folder = data_dir / "raw" / "archive"
-    if folder.is_dir():
-        for path in sorted(folder.glob("*/*.md.zst")):
-            yield "archive", path
+    if folder.is_dir() and not folder.is_symlink():
+        for month in sorted(folder.iterdir()):
+            if month.is_dir() and not month.is_symlink():
+                for path in sorted(month.glob("*.md.zst")):
+                    yield "archive", path
+
+
+def refused_dirs(data_dir: Path) -> list[Problem]:
+    """Directories under ``raw/`` that are symlinks: never followed, always reported."""
+    found = []
+    candidates = [f"raw/{subdir}" for subdir in (*store.SUBDIRS.values(), "archive")]
+    archive_dir = data_dir / "raw" / "archive"
+    if archive_dir.is_dir() and not archive_dir.is_symlink():
+        candidates += [f"raw/archive/{p.name}" for p in sorted(archive_dir.iterdir())]
+    for relative in ["raw", *candidates]:
+        try:
+            store.checked_dir(data_dir, relative)
+        except errors.FileDamaged as exc:
+            found.append(Problem(relative, "symlinked_dir", exc.detail))
+    return list({p.file_id: p for p in found}.values())
 
 
 def _file_id(path: Path) -> str:
@@ -134,6 +152,7 @@ def fsck(engine: sa.Engine, data_dir: Path, *, progress: Progress | None = None)
         problems.extend(check_file(data_dir, row))
         if progress:
             progress(1)
+    problems.extend(refused_dirs(data_dir))
     for _, path in _disk_files(data_dir):
         relative = path.relative_to(data_dir).as_posix()
         if relative not in known:
@@ -182,7 +201,7 @@ def reindex(
     clamped to the file's message count.
     """
     with database.transaction(engine) as conn:
-        pending = index.stale_journal_files(conn, None)
+        pending = ledger.stale_journal_files(conn, None)
     for file_id in pending:
         journal.flush(engine, data_dir, file_id, lock_timeout=lock_timeout)
     scanned = inserted = updated = 0

@@ -20,8 +20,38 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from pipeline import archive, database, document, errors, index, metrics, store, tables, validation
+from pipeline import (
+    archive,
+    database,
+    document,
+    errors,
+    index,
+    ledger,
+    metrics,
+    store,
+    tables,
+    validation,
+)
 
+
+@dataclasses.dataclass(frozen=True)
+class Backlog:
+    """How much may wait to be written (``backlog_*`` settings): past these, appends are
+    refused with a ``Retry-After`` instead of acknowledged (DESIGN §3, bounded work)."""
+
+    #: acknowledged messages of one file not yet in it (503 past this)
+    max_file_messages: int = 100_000
+    #: bytes waiting in the journal over all files (503 past this)
+    max_total_bytes: int = 1024 * 1024 * 1024
+    #: bytes kept free on the data volume: an append is acknowledged only if the journal's
+    #: backlog and the append fit in the free space above this (507 otherwise)
+    min_free_bytes: int = 64 * 1024 * 1024
+    retry_after: float = 5.0  #: seconds a refused client is told to wait
+    #: bytes a flush writes, fsyncs and commits at a time (one journal row at least)
+    flush_chunk_bytes: int = 8 * 1024 * 1024
+
+
+DEFAULT_BACKLOG = Backlog()
 #: a fault-injection hook: called with a step name at each step of a flush (tests use it)
 FaultHook = Callable[[str], None]
 FLUSH_STEPS = ("locked", "read", "truncated", "written", "committed")
@@ -72,7 +102,7 @@ def _replay(
     """The recorded answer for a retried idempotency key, or None when the key is new."""
     if key is None:
         return None
-    found = index.get_key(conn, agent_id, key)
+    found = ledger.get_key(conn, agent_id, key)
     if found is None:
         return None
     recorded_hash, response = found
@@ -85,7 +115,7 @@ def _replay(
 def _remember(
     conn: sa.Connection, agent_id: str, key: str | None, digest: str, result: AppendResult
 ) -> None:
-    if key is not None and not index.put_key(conn, agent_id, key, digest, result.to_json()):
+    if key is not None and not ledger.put_key(conn, agent_id, key, digest, result.to_json()):
         raise _KeyRaced
 
 
@@ -106,17 +136,23 @@ def ingest(
     body: Mapping[str, Any] | bytes | validation.Append,
     *,
     limits: validation.Limits = validation.DEFAULT_LIMITS,
+    backlog: Backlog | None = None,
 ) -> AppendResult:
     """Validate an append and commit it to the journal (the acknowledgement point).
 
     Nothing is written when anything in the body is wrong. The caller enqueues a flush when
-    ``result.kick`` is true (no flush was already pending for the file).
+    ``result.kick`` is true (no flush was already pending for the file). With ``backlog``,
+    an append that would leave more than ``backlog.max_file_messages`` messages waiting for
+    the file's flush is refused with :class:`errors.Overloaded`.
     """
     append = body if isinstance(body, validation.Append) else validation.parse_append(body, limits)
-    return _commit(engine, functools.partial(apply_append, append=append))
+    apply = functools.partial(apply_append, append=append, backlog=backlog)
+    return _commit(engine, apply)
 
 
-def apply_append(conn: sa.Connection, *, append: validation.Append) -> AppendResult:
+def apply_append(
+    conn: sa.Connection, *, append: validation.Append, backlog: Backlog | None = None
+) -> AppendResult:
     """Ingest's work inside the caller's transaction: find or create the session's row and
     lock it, allocate seqs, journal the rendered blocks, remember the key."""
     row = index.find_file(
@@ -145,19 +181,27 @@ def apply_append(conn: sa.Connection, *, append: validation.Append) -> AppendRes
     if replayed is not None:
         return replayed
     first = row.next_seq
+    waiting = first - 1 - row.flushed_seq
+    if backlog is not None and waiting + len(append.messages) > backlog.max_file_messages:
+        raise errors.Overloaded(
+            f"{waiting} messages of this session wait to be written; at most "
+            f"{backlog.max_file_messages} may (backlog_max_file_messages)",
+            retry_after=backlog.retry_after,
+        )
     rendered = "".join(
         document.render_block(m, first=first + i == 1) for i, m in enumerate(append.messages)
     )
     if first == 1:
         rendered = document.render_frontmatter(_header(row)) + rendered
     last = first + len(append.messages) - 1
-    index.add_journal(
+    ledger.add_journal(
         conn,
         file_id=row.file_id,
         first_seq=first,
         last_seq=last,
         last_ts=max((m.ts for m in append.messages), key=document.parse_ts),
         data=rendered,
+        size=len(rendered.encode("utf-8")),
     )
     index.record_append(conn, row.file_id, next_seq=last + 1)
     result = AppendResult(
@@ -222,13 +266,15 @@ def apply_upload(conn: sa.Connection, *, upload: validation.Upload) -> AppendRes
         started_at=document.format_ts(now),
         metadata=upload.metadata,
     )
-    index.add_journal(
+    rendered = document.render_frontmatter(header) + document.render_upload(upload.content)
+    ledger.add_journal(
         conn,
         file_id=file_id,
         first_seq=1,
         last_seq=1,
         last_ts=document.format_ts(now),
-        data=document.render_frontmatter(header) + document.render_upload(upload.content),
+        data=rendered,
+        size=len(rendered.encode("utf-8")),
     )
     result = AppendResult(
         file_id=file_id,
@@ -250,13 +296,16 @@ def _damaged(
     engine: sa.Engine, file_id: str, kind: str, detail: str, *, mark_error: bool = True
 ) -> errors.FileDamaged:
     """Record that a file cannot be flushed. The sweeper keeps re-kicking it (its journal rows
-    wait), so the anomaly is recorded once and then only counted."""
+    wait), so the anomaly is recorded once and then only counted; the error's ``first`` says
+    whether this was the first time (the caller logs only that one)."""
     with database.transaction(engine) as conn:
         if mark_error:
-            index.record_damage(conn, file_id, kind, detail)
+            first = index.record_damage(conn, file_id, kind, detail)
         else:
-            index.record_anomaly(conn, file_id, kind, detail)
-    return errors.FileDamaged(f"file {file_id}: {detail}")
+            first = index.record_anomaly(conn, file_id, kind, detail) == 1
+    damaged = errors.FileDamaged(f"file {file_id}: {detail}")
+    damaged.first = first
+    return damaged
 
 
 def _no_fault(step: str) -> None:
@@ -269,12 +318,16 @@ def flush(
     file_id: str,
     *,
     lock_timeout: float = store.DEFAULT_LOCK_TIMEOUT,
+    chunk_bytes: int = DEFAULT_BACKLOG.flush_chunk_bytes,
     fault: FaultHook = _no_fault,
 ) -> FlushResult:
     """Write every journal row of ``file_id`` past ``flushed_seq`` to its file, once.
 
     Idempotent: running it twice, concurrently or after a crash at any point, leaves each
-    acknowledged message in the file exactly once and in seq order.
+    acknowledged message in the file exactly once and in seq order. The backlog goes out in
+    chunks of about ``chunk_bytes`` (one journal row at least), each written, fsynced and
+    committed before the next is read: memory stays bounded, and after a full disk the
+    backlog drains as space frees instead of needing room for all of it at once.
     """
     with (
         store.lock(data_dir, file_id, timeout=lock_timeout),
@@ -285,23 +338,19 @@ def flush(
         with database.transaction(engine) as conn:
             # Cleared before reading, so an append committed after this read kicks again.
             row = index.start_flush(conn, file_id)
-            pending = index.journal_after(conn, file_id, row.flushed_seq) if row else []
+            # What is acknowledged now; what comes later was kicked again and waits its turn
+            # (a busy session must not keep one flush going for ever).
+            upto = row.next_seq - 1 if row else 0
+            batch = (
+                ledger.journal_batch(conn, file_id, row.flushed_seq, chunk_bytes, upto=upto)
+                if row
+                else []
+            )
         if row is None:
             raise errors.NotFound(f"no file {file_id}")
-        if not pending:
+        if not batch:
             return FlushResult(file_id, 0, 0, row.flushed_seq, row.status)
         fault("read")
-        seq = row.flushed_seq
-        for entry in pending:
-            if entry.first_seq != seq + 1:
-                raise _damaged(
-                    engine,
-                    file_id,
-                    "journal_gap",
-                    f"journal resumes at seq {entry.first_seq}, file ends at seq {seq}",
-                )
-            seq = entry.last_seq
-
         if row.status == "archived":
             # An append to an archived session brings the file back first (DESIGN §5).
             try:
@@ -311,72 +360,117 @@ def flush(
                 raise _damaged(
                     engine, file_id, "restore_failed", exc.detail, mark_error=False
                 ) from None
+        current = _check_file(engine, data_dir, row, fault)
+        first_seq, first_bytes = row.flushed_seq, row.flushed_bytes
+        while batch:
+            row = _write_chunk(
+                engine, data_dir, row, batch, exists=current is not None, fault=fault
+            )
+            current = row.flushed_bytes
+            now = tables.utcnow()
+            for entry in batch:
+                metrics.ACK_TO_FLUSH_SECONDS.observe((now - entry.created_at).total_seconds())
+            with database.transaction(engine) as conn:
+                batch = ledger.journal_batch(conn, file_id, row.flushed_seq, chunk_bytes, upto=upto)
+        metrics.FLUSH_SECONDS.observe(time.perf_counter() - started)
+        messages, size = row.flushed_seq - first_seq, row.flushed_bytes - first_bytes
+        return FlushResult(file_id, messages, size, row.flushed_seq, "new")
 
-        path = data_dir / row.path
-        expected = row.flushed_bytes
+
+def _check_file(
+    engine: sa.Engine, data_dir: Path, row: tables.FileRow, fault: FaultHook
+) -> int | None:
+    """The file's length, once it is exactly what was committed: a torn tail left by a crash
+    is cut (the journal proves it was never acknowledged); a missing or shorter file is
+    damage, and nothing is written past a hole. None when the file does not exist yet."""
+    expected = row.flushed_bytes
+    try:
+        path = store.checked(data_dir, row.path)
         current = store.size(path)
-        if current is None and expected > 0:
-            raise _damaged(engine, file_id, "file_missing", f"{row.path} is missing")
-        if current is not None and current < expected:
+    except errors.FileDamaged as exc:  # a symlink where the file or a directory should be
+        raise _damaged(engine, row.file_id, "file_replaced", exc.detail) from None
+    if current is None and expected > 0:
+        raise _damaged(engine, row.file_id, "file_missing", f"{row.path} is missing")
+    if current is not None and current < expected:
+        raise _damaged(
+            engine,
+            row.file_id,
+            "file_shrunk",
+            f"{row.path} is {current} bytes but {expected} were committed; not writing past a hole",
+        )
+    if current is not None and current > expected:
+        store.truncate(path, expected)
+        with database.transaction(engine) as conn:
+            index.record_anomaly(
+                conn,
+                row.file_id,
+                "torn_tail_truncated",
+                f"cut {current - expected} unacknowledged bytes after offset {expected}",
+                key=str(expected),
+            )
+        fault("truncated")
+        current = expected
+    return current
+
+
+def _write_chunk(
+    engine: sa.Engine,
+    data_dir: Path,
+    row: tables.FileRow,
+    batch: list[tables.JournalRow],
+    *,
+    exists: bool,
+    fault: FaultHook,
+) -> tables.FileRow:
+    """Write one chunk of journal rows after the committed bytes, fsync, and commit it (the
+    fenced update and the rows' deletion in one transaction); the row as it now is."""
+    seq = row.flushed_seq
+    for entry in batch:
+        if entry.first_seq != seq + 1:
             raise _damaged(
                 engine,
-                file_id,
-                "file_shrunk",
-                f"{row.path} is {current} bytes but {expected} were committed; not writing "
-                "past a hole",
+                row.file_id,
+                "journal_gap",
+                f"journal resumes at seq {entry.first_seq}, file ends at seq {seq}",
             )
-        if current is not None and current > expected:
-            # The journal proves these bytes were never acknowledged: a flush died mid-write.
-            store.truncate(path, expected)
-            with database.transaction(engine) as conn:
-                index.record_anomaly(
-                    conn,
-                    file_id,
-                    "torn_tail_truncated",
-                    f"cut {current - expected} unacknowledged bytes after offset {expected}",
-                    key=str(expected),
-                )
-            fault("truncated")
-
-        data = "".join(entry.data for entry in pending).encode("utf-8")
+        seq = entry.last_seq
+    data = "".join(entry.data for entry in batch).encode("utf-8")
+    expected = row.flushed_bytes
+    if expected == 0:
+        head, _ = document.chain(data)
+    else:
+        head = bytes.fromhex(row.chain_head or "")
+        for block in document.split_rendered(data):
+            head = document.chain_extend(head, block)
+    path = store.checked(data_dir, row.path)
+    if not exists:
+        store.create(path, data)
+    else:
+        store.append(path, data, expected_size=expected)
         if expected == 0:
-            head, _ = document.chain(data)
-        else:
-            head = bytes.fromhex(row.chain_head or "")
-            for block in document.split_rendered(data):
-                head = document.chain_extend(head, block)
-
-        if current is None:
-            store.create(path, data)
-        else:
-            store.append(path, data, expected_size=expected)
-            if expected == 0:
-                store.fsync_dir(path.parent)
-        fault("written")
-
-        with database.transaction(engine) as conn:
-            updated = index.advance_flushed(
-                conn,
-                file_id,
-                old_seq=row.flushed_seq,
-                flushed_seq=seq,
-                flushed_bytes=expected + len(data),
-                chain_head=head.hex(),
-                ended_at=max(document.parse_ts(e.last_ts) for e in pending).replace(tzinfo=None),
-            )
-            if not updated:
-                raise errors.Conflict(f"file {file_id} was flushed by someone else meanwhile")
-            index.delete_journal(conn, file_id, seq)
-        fault("committed")
-        metrics.FLUSH_SECONDS.observe(time.perf_counter() - started)
-        now = tables.utcnow()
-        for entry in pending:
-            metrics.ACK_TO_FLUSH_SECONDS.observe((now - entry.created_at).total_seconds())
-        status = "archived" if row.status == "archived" else "new"
-        return FlushResult(file_id, seq - row.flushed_seq, len(data), seq, status)
+            store.fsync_dir(path.parent)
+    fault("written")
+    ended_at = max(document.parse_ts(e.last_ts) for e in batch).replace(tzinfo=None)
+    with database.transaction(engine) as conn:
+        updated = index.advance_flushed(
+            conn,
+            row.file_id,
+            old_seq=row.flushed_seq,
+            flushed_seq=seq,
+            flushed_bytes=expected + len(data),
+            chain_head=head.hex(),
+            ended_at=ended_at,
+        )
+        if not updated:
+            raise errors.Conflict(f"file {row.file_id} was flushed by someone else meanwhile")
+        ledger.delete_journal(conn, row.file_id, seq)
+    fault("committed")
+    return dataclasses.replace(
+        row, flushed_seq=seq, flushed_bytes=expected + len(data), chain_head=head.hex()
+    )
 
 
 def stale_files(engine: sa.Engine, *, age: float) -> list[str]:
     """Files whose journal rows have waited more than ``age`` seconds (the sweeper's list)."""
     with database.transaction(engine) as conn:
-        return index.stale_journal_files(conn, tables.utcnow() - dt.timedelta(seconds=age))
+        return ledger.stale_journal_files(conn, tables.utcnow() - dt.timedelta(seconds=age))

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from pipeline import database, errors, index, tables
+from pipeline import database, errors, index, ledger, tables
 
 FLUSH_SECONDS = Histogram(
     "sgme_flush_seconds",
@@ -39,7 +39,7 @@ class IndexCollector(Collector):
         """Journal backlog, refinement lag, files by status, anomalies by kind."""
         try:
             with database.transaction(self.engine) as conn:
-                rows, messages = index.journal_backlog(conn)
+                rows, messages, size = ledger.journal_backlog(conn)
                 lag_sum, lag_max = index.refinement_lag(conn)
                 statuses = index.count_files_by_status(conn)
                 kinds = index.count_anomalies_by_kind(conn)
@@ -56,6 +56,11 @@ class IndexCollector(Collector):
         )
         backlog.add_metric([], messages)
         yield backlog
+        backlog_bytes = GaugeMetricFamily(
+            "sgme_journal_backlog_bytes", "Bytes of acknowledged appends not yet in their files"
+        )
+        backlog_bytes.add_metric([], size)
+        yield backlog_bytes
         backlog_rows = GaugeMetricFamily(
             "sgme_journal_backlog_appends", "Acknowledged appends not yet in their files"
         )

@@ -12,14 +12,27 @@ import collections
 import contextlib
 import dataclasses
 import logging
+import math
 import threading
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Protocol
 
 import sqlalchemy as sa
 
-from pipeline import archive, database, errors, index, journal, metrics, refine, validation
+from pipeline import (
+    archive,
+    database,
+    errors,
+    index,
+    journal,
+    ledger,
+    metrics,
+    refine,
+    store,
+    validation,
+)
 from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -110,6 +123,53 @@ class Appended:
         return answer
 
 
+class Admission:
+    """Whether the store can take one more append: the journal's backlog under its limit, and
+    the backlog plus the append fitting in the data volume's free space (above a reserve),
+    so that nothing is acknowledged that the disk cannot hold. Both figures are read at most
+    every ``REFRESH`` seconds (a query and a ``statvfs``), not per append."""
+
+    REFRESH = 0.5  #: seconds a measured backlog or free space is reused
+
+    def __init__(self, engine: sa.Engine, data_dir: Path, backlog: journal.Backlog) -> None:
+        self.engine = engine
+        self.data_dir = data_dir
+        self.backlog = backlog
+        self._measured = -math.inf
+        self._journal_bytes = 0
+        self._free_bytes = 0
+        self._lock = threading.Lock()
+
+    def check(self, size: int) -> None:
+        """Raise :class:`errors.Overloaded` or :class:`errors.InsufficientStorage` (each with
+        ``retry_after``) if ``size`` more bytes should not be acknowledged now."""
+        journal_bytes, free = self._measure()
+        b = self.backlog
+        if journal_bytes + size > b.max_total_bytes:
+            raise errors.Overloaded(
+                f"{journal_bytes} bytes of appends wait to be written; at most "
+                f"{b.max_total_bytes} may (backlog_max_total_bytes)",
+                retry_after=b.retry_after,
+            )
+        if journal_bytes + size > free - b.min_free_bytes:
+            raise errors.InsufficientStorage(
+                f"the data volume has {free} bytes free: not enough for {journal_bytes} bytes "
+                f"waiting to be written and this append above the {b.min_free_bytes}-byte "
+                "reserve (backlog_min_free_bytes)",
+                retry_after=b.retry_after,
+            )
+
+    def _measure(self) -> tuple[int, int]:
+        with self._lock:
+            now = time.monotonic()
+            if now - self._measured >= self.REFRESH:
+                with database.transaction(self.engine) as conn:
+                    self._journal_bytes = ledger.journal_backlog(conn)[2]
+                self._free_bytes = store.free_bytes(self.data_dir)
+                self._measured = now
+            return self._journal_bytes, self._free_bytes
+
+
 class Service:
     """Settings, the index engine, a queue, and the refiner (loaded on first use)."""
 
@@ -121,6 +181,7 @@ class Service:
         self.queue = queue
         self._refiner: refine.Refiner | None = None
         self._lock = threading.Lock()
+        self.admission = Admission(engine, settings.data_dir, settings.backlog)
 
     @property
     def refiner(self) -> refine.Refiner:
@@ -149,8 +210,17 @@ class Service:
     ) -> Appended:
         """Ingest an append (the acknowledgement) and enqueue its flush; with ``wait``, flush
         it here and answer once it is in the file — or, if that fails, as acknowledged only
-        (the queue finishes the flush; the client must not retry an acknowledged append)."""
-        result = journal.ingest(self.engine, body, limits=self.settings.limits)
+        (the queue finishes the flush; the client must not retry an acknowledged append).
+
+        Refused with a ``Retry-After`` rather than acknowledged when the store cannot keep up
+        (DESIGN §3, bounded work): :class:`errors.Overloaded` past a backlog limit,
+        :class:`errors.InsufficientStorage` when the disk could not take the backlog."""
+        s = self.settings
+        append = (
+            body if isinstance(body, validation.Append) else validation.parse_append(body, s.limits)
+        )
+        self.admission.check(sum(len(m.content) for m in append.messages) + 256)
+        result = journal.ingest(self.engine, append, backlog=s.backlog)
         return self._acknowledged(result, wait=wait)
 
     def append_queued(self, body: Mapping[str, Any]) -> Appended | None:
@@ -173,7 +243,13 @@ class Service:
         self, body: Mapping[str, Any] | bytes | validation.Upload, *, wait: bool = False
     ) -> Appended:
         """Ingest an upload; like :meth:`append`."""
-        result = journal.ingest_upload(self.engine, body, limits=self.settings.limits)
+        upload = (
+            body
+            if isinstance(body, validation.Upload)
+            else validation.parse_upload(body, self.settings.limits)
+        )
+        self.admission.check(len(upload.content) + 1024)
+        result = journal.ingest_upload(self.engine, upload)
         return self._acknowledged(result, wait=wait)
 
     def _acknowledged(self, result: journal.AppendResult, *, wait: bool) -> Appended:
@@ -194,9 +270,22 @@ class Service:
     # flush, sweep and dispatch
 
     def flush(self, file_id: str) -> journal.FlushResult:
-        """Write the file's pending journal rows, then dispatch its refinement if it is due."""
+        """Write the file's pending journal rows, then dispatch its refinement if it is due.
+
+        A damaged file is refused (FileDamaged): logged as an error the first time, then only
+        counted in its anomaly, however often the sweeper comes back to it."""
         s = self.settings
-        result = journal.flush(self.engine, s.data_dir, file_id, lock_timeout=s.lock_timeout)
+        try:
+            result = journal.flush(
+                self.engine,
+                s.data_dir,
+                file_id,
+                lock_timeout=s.lock_timeout,
+                chunk_bytes=s.backlog.flush_chunk_bytes,
+            )
+        except errors.FileDamaged as exc:
+            (log.error if exc.first else log.debug)("flush of %s refused: %s", file_id, exc.detail)
+            raise
         try:
             self.dispatch([file_id])
         except errors.SgmeError as exc:  # the flush stands; the beat dispatch catches up

@@ -19,13 +19,36 @@ from typing import Any
 
 import yaml
 
-from pipeline import archive, database, errors, refine, store, validation
+from pipeline import archive, database, errors, journal, refine, store, validation
+
+
+@dataclasses.dataclass(frozen=True)
+class Http:
+    """The HTTP server's bounds (``http_*`` settings; docs/operations.md says what a client
+    gets at each)."""
+
+    #: a request body larger than this is refused with 413 before any of it is parsed (from
+    #: Content-Length, or counted as a chunked body arrives); above the 32 MiB append limit,
+    #: as JSON escaping makes a body larger than its content
+    max_request_bytes: int = 64 * 1024 * 1024
+    body_timeout: float = 120.0  #: seconds for a whole request body to arrive (then 408)
+    header_timeout: float = 30.0  #: seconds for a request head to arrive (then closed)
+    keepalive_timeout: float = 5.0  #: seconds an idle keep-alive connection is kept
+    #: open connections at most; the oldest idle one is closed to make room for a new one
+    max_connections: int = 4096
+    #: bytes of message content one page of ``/messages`` or one ref holds at most
+    max_page_bytes: int = 16 * 1024 * 1024
+
+
+DEFAULT_HTTP = Http()
 
 #: option groups: settings key prefix → (Settings field, the group's frozen dataclass)
 GROUPS: dict[str, tuple[str, type[Any]]] = {
     "refine": ("refinement", refine.Options),
     "archive": ("archiving", archive.Options),
     "limits": ("limits", validation.Limits),
+    "http": ("http", Http),
+    "backlog": ("backlog", journal.Backlog),
 }
 #: fields of a group that come from a top-level setting instead of a key of their own
 _SHARED = {("archive", "lock_timeout"): "lock_timeout"}
@@ -59,6 +82,8 @@ class Settings:
     #: worker side: expose Prometheus metrics on this port (0: off)
     worker_metrics_port: int = 0
     limits: validation.Limits = validation.DEFAULT_LIMITS
+    http: Http = DEFAULT_HTTP
+    backlog: journal.Backlog = journal.DEFAULT_BACKLOG
 
     @property
     def index_url(self) -> str:

@@ -32,8 +32,42 @@ def relative_path(source_type: str, file_id: str) -> str:
     return f"raw/{SUBDIRS[source_type]}/{file_id}.md"
 
 
-def _storage_error(action: str, path: Path, exc: OSError) -> errors.StorageUnavailable:
-    return errors.StorageUnavailable(f"cannot {action} {path}: {exc.strerror or exc}")
+def _storage_error(action: str, path: Path, exc: OSError) -> errors.TransientError:
+    """A failed file operation as a transient error; a full disk or quota is its own kind, so
+    that appends stop being acknowledged until there is room (507)."""
+    detail = f"cannot {action} {path}: {exc.strerror or exc}"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return errors.InsufficientStorage(detail)
+    return errors.StorageUnavailable(detail)
+
+
+def checked(data_dir: Path, relative: str) -> Path:
+    """``data_dir / relative``, refusing a symlink at any directory between the two: the files
+    under ``raw/`` are the store's own, and a link out of it (to another volume, another
+    user's files) must never be read or written through. The file itself is opened with
+    ``O_NOFOLLOW`` by every function here."""
+    _check_dirs(data_dir, Path(relative).parts[:-1])
+    return data_dir / relative
+
+
+def checked_dir(data_dir: Path, relative: str) -> Path:
+    """:func:`checked` for a directory: none of ``relative``'s parts may be a symlink."""
+    _check_dirs(data_dir, Path(relative).parts)
+    return data_dir / relative
+
+
+def _check_dirs(data_dir: Path, parts: tuple[str, ...]) -> None:
+    path = data_dir
+    for part in parts:
+        path = path / part
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return  # made later by mkdir, which makes a real directory
+        except OSError as exc:
+            raise _storage_error("stat", path, exc) from exc
+        if not stat.S_ISDIR(st.st_mode):
+            raise errors.FileDamaged(f"{path} is not a directory (a symlink?); refusing it")
 
 
 def fsync_dir(path: Path) -> None:
@@ -46,6 +80,17 @@ def fsync_dir(path: Path) -> None:
             os.close(fd)
     except OSError as exc:
         raise _storage_error("fsync directory", path, exc) from exc
+
+
+def free_bytes(path: Path) -> int:
+    """Bytes an unprivileged writer may still use on the volume of ``path``."""
+    try:
+        st = os.statvfs(path)
+    except FileNotFoundError:
+        return free_bytes(path.parent) if path.parent != path else 0
+    except OSError as exc:
+        raise _storage_error("statvfs", path, exc) from exc
+    return st.f_bavail * st.f_frsize
 
 
 def size(path: Path) -> int | None:
@@ -217,16 +262,23 @@ def exclusive_writer(path: Path) -> Iterator[BinaryIO]:
     handle.close()
 
 
-@contextlib.contextmanager
-def reader(path: Path) -> Iterator[BinaryIO]:
-    """The file opened for reading, never through a symlink."""
+def open_read(path: Path) -> BinaryIO:
+    """The file opened for reading, never through a symlink; the caller closes it."""
     try:
         fd = os.open(path, os.O_RDONLY | _OPEN_FLAGS)
     except FileNotFoundError:
         raise errors.NotFound(f"raw file {path} is missing") from None
     except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise errors.FileDamaged(f"{path} is a symlink; refusing to follow it") from None
         raise _storage_error("open", path, exc) from exc
-    with os.fdopen(fd, "rb") as handle:
+    return os.fdopen(fd, "rb")
+
+
+@contextlib.contextmanager
+def reader(path: Path) -> Iterator[BinaryIO]:
+    """The file opened for reading, never through a symlink."""
+    with open_read(path) as handle:
         try:
             yield handle
         except OSError as exc:

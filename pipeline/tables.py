@@ -61,6 +61,7 @@ append_journal = sa.Table(
     sa.Column("last_seq", sa.Integer, nullable=False),
     sa.Column("last_ts", sa.String(40), nullable=False),
     sa.Column("data", sa.Text, nullable=False),
+    sa.Column("size", sa.BigInteger, nullable=False, server_default="0"),  # of data, in UTF-8
     sa.Column("created_at", sa.DateTime, nullable=False),
     sa.UniqueConstraint("file_id", "first_seq", name="uq_append_journal_seq"),
 )
@@ -190,6 +191,7 @@ class JournalRow(Record):
     last_seq: int
     last_ts: str
     data: str
+    size: int
     created_at: dt.datetime
 
 

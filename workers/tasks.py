@@ -8,6 +8,7 @@ with exponential backoff and jitter, limits from the settings; nothing else is.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -42,7 +43,10 @@ def register(app: Celery, service: Service) -> None:
     @app.task(name="sgme.flush", **flushes)
     def flush(self: Task, file_id: str) -> None:
         """Write a file's pending journal rows, then dispatch its refinement if it is due."""
-        service.flush(file_id)
+        # A damaged file is recorded as an anomaly and logged (once) by the service; a retry
+        # would change nothing, and the sweeper comes back to it anyway.
+        with contextlib.suppress(errors.FileDamaged):
+            service.flush(file_id)
 
     @app.task(name="sgme.append", **flushes)
     def append(self: Task, **body: Any) -> None:

@@ -4,6 +4,7 @@ to an RFC 9457 problem document (``application/problem+json``)."""
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -14,16 +15,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pipeline import errors, validation
 from pipeline.api import appends, files, models, ops, refinement
+from pipeline.api.deps import problem
+from pipeline.api.server import BodyLimit
 from pipeline.service import Service
 
 log = logging.getLogger(__name__)
-PROBLEM = "application/problem+json"
-
-
-def problem(status: int, kind: str, title: str, detail: str, **headers: str) -> JSONResponse:
-    """A problem+json answer."""
-    body = {"type": errors.problem_type(kind), "title": title, "status": status, "detail": detail}
-    return JSONResponse(body, status_code=status, media_type=PROBLEM, headers=headers or None)
 
 
 def create_app(service: Service) -> FastAPI:
@@ -34,6 +30,8 @@ def create_app(service: Service) -> FastAPI:
         description="The raw layer of SGME: append-only Markdown transcripts, indexed.",
     )
     app.state.service = service
+    http = service.settings.http
+    app.add_middleware(BodyLimit, max_bytes=http.max_request_bytes, timeout=http.body_timeout)
     for router in (appends.router, files.router, refinement.router, ops.router):
         app.include_router(router)
 
@@ -43,7 +41,10 @@ def create_app(service: Service) -> FastAPI:
             log.error("%s: %s", exc.type, exc.detail, exc_info=exc)
         elif exc.status >= 500:
             log.warning("%s: %s", exc.type, exc.detail)
-        return problem(exc.status, exc.type, type(exc).__name__, exc.detail)
+        headers = {}
+        if exc.retry_after is not None:
+            headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
+        return problem(exc.status, exc.type, type(exc).__name__, exc.detail, **headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:

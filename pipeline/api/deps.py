@@ -5,12 +5,19 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import Depends, Path, Request
+from fastapi.responses import JSONResponse
 
-from pipeline import validation
+from pipeline import errors, validation
 from pipeline.api import models
 from pipeline.service import Service
 
 PROBLEM = "application/problem+json"
+
+
+def problem(status: int, kind: str, title: str, detail: str, **headers: str) -> JSONResponse:
+    """A problem+json answer (RFC 9457)."""
+    body = {"type": errors.problem_type(kind), "title": title, "status": status, "detail": detail}
+    return JSONResponse(body, status_code=status, media_type=PROBLEM, headers=headers or None)
 
 
 def _service(request: Request) -> Service:
@@ -30,9 +37,11 @@ def problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
         400: "bad request",
         404: "not found",
         409: "conflict",
+        408: "the request body came too slowly",
         413: "request body too large",
         422: "invalid input",
-        503: "unavailable; retry with backoff",
+        503: "unavailable; retry after Retry-After seconds, or with backoff",
+        507: "the data volume is full; retry after Retry-After seconds",
     }
     schema = {"$ref": "#/components/schemas/Problem"}
     return {

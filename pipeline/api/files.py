@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query, Response
+from fastapi.responses import StreamingResponse
+from starlette.concurrency import iterate_in_threadpool
 
 from pipeline import database, index, reader, validation
 from pipeline.api import models
@@ -54,10 +56,14 @@ def get_file(file_id: FileIdPath, service: ServiceDep) -> dict[str, Any]:
     },
 )
 def get_raw(file_id: FileIdPath, service: ServiceDep) -> Response:
-    """The file's committed bytes, exactly as on disk (decompressed if archived)."""
+    """The file's committed bytes, exactly as on disk (decompressed if archived), streamed."""
     row = reader.get_file(service.engine, file_id)
-    data = reader.read_bytes(service.settings.data_dir, row)
-    return Response(data, media_type="text/markdown; charset=utf-8")
+    chunks = reader.stream(service.engine, service.settings.data_dir, row)
+    return StreamingResponse(
+        iterate_in_threadpool(chunks),
+        media_type="text/markdown; charset=utf-8",
+        headers={"Content-Length": str(row.flushed_bytes)},
+    )
 
 
 @router.get(
@@ -71,11 +77,23 @@ def get_messages(
     after_seq: Annotated[int, Query(ge=0, le=validation.MAX_SEQ)] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> dict[str, Any]:
-    """Flushed messages with ``seq > after_seq``."""
+    """Flushed messages with ``seq > after_seq``: up to ``limit``, and no more than
+    ``http_max_page_bytes`` of content (at least one message); page on with
+    ``after_seq = next_after_seq``."""
     found = reader.messages(
-        service.engine, service.settings.data_dir, file_id, after_seq=after_seq, limit=limit
+        service.engine,
+        service.settings.data_dir,
+        file_id,
+        after_seq=after_seq,
+        limit=limit,
+        max_bytes=service.settings.http.max_page_bytes,
     )
-    return {"file_id": file_id, "messages": [m.to_json(file_id) for m in found]}
+    next_after = found[-1].seq if found else None
+    return {
+        "file_id": file_id,
+        "messages": [m.to_json(file_id) for m in found],
+        "next_after_seq": next_after,
+    }
 
 
 @router.get("/v1/refs/{ref}", response_model=models.Ref, responses=problems(404, 409, 422, 503))
@@ -84,8 +102,15 @@ def get_ref(
     service: ServiceDep,
     context: Annotated[int, Query(ge=0, le=50)] = 1,
 ) -> dict[str, Any]:
-    """The message a source_ref (``file_id:seq``) names, with its neighbours."""
-    found = reader.resolve(service.engine, service.settings.data_dir, ref, context=context)
+    """The message a source_ref (``file_id:seq``) names, with up to ``context`` neighbours on
+    each side (the nearest first, within ``http_max_page_bytes`` of content)."""
+    found = reader.resolve(
+        service.engine,
+        service.settings.data_dir,
+        ref,
+        context=context,
+        max_bytes=service.settings.http.max_page_bytes,
+    )
     file_id = found.file.file_id
     return {
         "source_ref": f"{file_id}:{found.message.seq}",

@@ -99,10 +99,12 @@ class Message(Model):
 
 
 class Messages(Model):
-    """A page of a file's messages."""
+    """A page of a file's messages; pass ``next_after_seq`` back as ``after_seq`` for the
+    next (an empty page ends it)."""
 
     file_id: str
     messages: list[Message]
+    next_after_seq: int | None
 
 
 class Ref(Model):

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from pipeline import database, errors, index, metrics, store
+from pipeline import database, errors, ledger, metrics, store
 from pipeline.api import models
 from pipeline.api.deps import ServiceDep
 
@@ -26,9 +26,9 @@ def health(service: ServiceDep) -> JSONResponse:
     checks: dict[str, Any] = {"journal_backlog": None}
     try:
         with database.transaction(service.engine) as conn:
-            rows, messages = index.journal_backlog(conn)
+            rows, messages, size = ledger.journal_backlog(conn)
         checks["index"] = "ok"
-        checks["journal_backlog"] = {"rows": rows, "messages": messages}
+        checks["journal_backlog"] = {"rows": rows, "messages": messages, "bytes": size}
     except errors.SgmeError as exc:
         checks["index"] = exc.detail
     # A name of its own per probe: concurrent health checks must not trip over each other.

@@ -60,13 +60,19 @@ def cmd_ls(ctx: Context) -> int:
     from rich.table import Table
     from rich.text import Text
 
-    table = Table("file_id", "agent", "type", "session_key", "msgs", "status", "ended_at")
+    table = Table("agent", "type", "session_key", "msgs", "status", "ended_at")
+    table.add_column("file_id", no_wrap=True, min_width=36)  # whole: scripts copy it
     for row in rows:
         ended = row.ended_at.strftime("%Y-%m-%d %H:%M:%S") if row.ended_at else ""
         # Text, not markup: a session_key like "[/bold]" or "[link=…]" is shown as sent.
-        cells = (row.file_id, row.agent_id, row.source_type, row.session_key[:40])
-        table.add_row(*(Text(c) for c in cells), str(row.flushed_seq), row.status, ended)
-    Console().print(table)
+        cells = (row.agent_id, row.source_type, row.session_key[:40])
+        table.add_row(
+            *(Text(c) for c in cells), str(row.flushed_seq), row.status, ended, row.file_id
+        )
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=160)  # a pipe has no width: don't squeeze the columns
+    console.print(table)
     return 0
 
 

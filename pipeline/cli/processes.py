@@ -38,9 +38,8 @@ def _exit_on_signal(signum: int, _frame: Any) -> None:
 
 def cmd_serve(ctx: Context) -> int:
     """API + an in-process worker and beat on the in-memory broker (the embedded default)."""
-    import uvicorn
-
     from pipeline.api import app as api_app
+    from pipeline.api import server
 
     a = ctx.args
     settings = ctx.settings(host=a.host, port=a.port, broker_url=a.broker_url)
@@ -57,22 +56,21 @@ def cmd_serve(ctx: Context) -> int:
         # default handler that kills the process before the embedded worker and beat are
         # stopped (the task in progress dies with it). SystemExit instead runs the cleanup.
         signal.signal(signal.SIGTERM, _exit_on_signal)
-        uvicorn.run(app, host=settings.host, port=settings.port, log_level=a.log_level)
+        server.run(app, settings, log_level=a.log_level)
     return 0
 
 
 def cmd_api(ctx: Context) -> int:
     """The API alone; work goes to the workers through the broker."""
-    import uvicorn
-
     from pipeline.api import app as api_app
+    from pipeline.api import server
 
     a = ctx.args
     settings = ctx.settings(host=a.host, port=a.port, broker_url=a.broker_url)
     _check_bind(settings)
     engine = ctx.engine(settings)
     app = api_app.create_app(Service(settings, engine, ctx.workers.queue(settings, engine)))
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=a.log_level)
+    server.run(app, settings, log_level=a.log_level)
     return 0
 
 

@@ -27,7 +27,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from pipeline import database, index, journal
+from pipeline import database, index, journal, ledger
 
 SESSIONS = ("alpha", "beta", "gamma")
 SNIPPETS = (
@@ -62,7 +62,7 @@ def run_round(url: str, data_dir: Path, spec: dict[str, Any], number: int) -> No
             with database.transaction(engine) as conn:
                 row = index.get_file(conn, file_id)
                 assert row is not None
-                pending = index.journal_after(conn, file_id, row.flushed_seq)
+                pending = ledger.journal_after(conn, file_id, row.flushed_seq)
             data = "".join(entry.data for entry in pending).encode()
             cut = rng.randrange(1, len(data))
             path = data_dir / row.path

@@ -467,15 +467,19 @@ def test_health_reports_index_data_dir_and_journal_backlog(app: Api) -> None:
     assert r.json() == {
         "status": "ok",
         "index": "ok",
-        "journal_backlog": {"rows": 0, "messages": 0},
+        "journal_backlog": {"rows": 0, "messages": 0, "bytes": 0},
         "data_dir": "ok",
     }
     a = app.append(body("a", *[{"role": "user", "content": "x"}] * 3))["file_id"]
     app.append(body("b"))
-    assert app.client.get("/v1/health").json()["journal_backlog"] == {"rows": 2, "messages": 4}
+    backlog = app.client.get("/v1/health").json()["journal_backlog"]
+    with database.transaction(app.engine) as conn:
+        sizes = conn.execute(sa.select(tables.append_journal.c.data)).scalars().all()
+    assert backlog == {"rows": 2, "messages": 4, "bytes": sum(len(d.encode()) for d in sizes)}
     app.flush(a)
-    assert app.client.get("/v1/health").json()["journal_backlog"] == {"rows": 1, "messages": 1}
-    assert not (app.data_dir / ".health").exists()
+    backlog = app.client.get("/v1/health").json()["journal_backlog"]
+    assert (backlog["rows"], backlog["messages"]) == (1, 1)
+    assert list(app.data_dir.glob(".health*")) == []
 
 
 def test_openapi_lists_the_interface(app: Api) -> None:

@@ -12,7 +12,18 @@ import sqlalchemy as sa
 import zstandard
 from conftest import set_row
 
-from pipeline import archive, database, errors, index, integrity, journal, reader, refine, tables
+from pipeline import (
+    archive,
+    database,
+    errors,
+    index,
+    integrity,
+    journal,
+    ledger,
+    reader,
+    refine,
+    tables,
+)
 
 CONTENT = [
     "I prefer tea.\n```python\n# Display the results to the user\nprint(1)\n```",
@@ -317,4 +328,4 @@ def test_append_to_a_corrupt_archive_waits_in_the_journal(
     assert (row.status, row.next_seq) == ("archived", result.last_seq + 1)
     with database.transaction(engine) as conn:
         assert [a.kind for a in index.list_anomalies(conn, file_id=file_id)] == ["restore_failed"]
-        assert [j.first_seq for j in index.journal_after(conn, file_id, 0)] == [result.first_seq]
+        assert [j.first_seq for j in ledger.journal_after(conn, file_id, 0)] == [result.first_seq]

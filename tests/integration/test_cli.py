@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from pipeline import cli, database, document, tables
+from pipeline import cli, database, document, errors, tables
 
 TS1 = "2026-08-03T11:18:06Z"
 TS2 = "2026-08-03T11:20:05Z"
@@ -408,3 +408,39 @@ def test_usage_errors_exit_2(sgme: Sgme, args: tuple[str, ...]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         sgme(*args)
     assert exit_info.value.code == 2
+
+
+def test_ls_shows_user_text_as_text_not_markup(sgme: Sgme) -> None:
+    keys = ["[/bold]", "[link=https://evil.example]click[/link]", "[red]x"]
+    for key in keys:
+        assert sgme("append", stdin=append_body(key)).code == 0
+    run = sgme("ls")
+    assert run.code == 0, run.err
+    out = run.out.decode("utf-8")
+    for key in keys:
+        assert key in out, out
+    assert "\x1b" not in out  # no escape sequence (no hyperlink, no colour) from user text
+    file_ids = [row["file_id"] for row in sgme("ls", "--json").json()]
+    assert all(f in out for f in file_ids)  # whole ids, even in a pipe
+
+
+def test_the_server_engine_fsyncs_every_commit(tmp_path: Path) -> None:
+    """The engine `sgme serve` and the workers get commits with SQLite's synchronous=FULL
+    (2): with NORMAL a power cut could take back an acknowledged append."""
+    from pipeline.cli import Context
+
+    args = cli.build_parser().parse_args(["serve", "--data-dir", str(tmp_path / "d")])
+    ctx = Context(args)
+    try:
+        engine = ctx.engine(ctx.settings(), migrate=True)
+        with engine.connect() as conn:
+            assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 2
+            assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+    finally:
+        ctx.close()
+    with pytest.raises(errors.Misconfigured, match="power cut"):
+        database.create_engine(f"sqlite:///{tmp_path / 'x.db'}", synchronous="NORMAL")
+    extra = database.create_engine(f"sqlite:///{tmp_path / 'y.db'}", synchronous="EXTRA")
+    with extra.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 3
+    extra.dispose()

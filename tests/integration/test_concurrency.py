@@ -14,7 +14,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from pipeline import database, document, index, integrity, journal, validation
+from pipeline import database, document, index, integrity, journal, ledger, validation
 
 CHILD = Path(__file__).with_name("append_child.py")
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,7 +83,7 @@ def test_concurrent_appends_to_one_session(
     total = PROCESSES * PER_PROCESS
     with database.transaction(engine) as conn:
         row = index.get_file(conn, file_id)
-        assert index.journal_after(conn, file_id, 0) == []
+        assert ledger.journal_after(conn, file_id, 0) == []
     assert row is not None
     assert (row.flushed_seq, row.next_seq) == (total, total + 1)
 

@@ -18,6 +18,7 @@ from pipeline import (
     index,
     integrity,
     journal,
+    ledger,
     reader,
     tables,
     validation,
@@ -52,7 +53,7 @@ def file_bytes(engine: sa.Engine, data_dir: Path, file_id: str) -> bytes:
 
 def journal_rows(engine: sa.Engine, file_id: str) -> list[tables.JournalRow]:
     with database.transaction(engine) as conn:
-        return index.journal_after(conn, file_id, 0)
+        return ledger.journal_after(conn, file_id, 0)
 
 
 def table_counts(engine: sa.Engine) -> dict[str, int]:

@@ -1,0 +1,115 @@
+"""The ledger of appends: journal rows (acknowledged, not yet in their files) and idempotency
+keys (the answer each key got), as named functions that take a Connection."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any
+
+import sqlalchemy as sa
+
+from pipeline import database, tables
+
+_INSERT_JOURNAL = sa.insert(tables.append_journal)
+_J = tables.append_journal.c
+#: the rows of one file after a seq, in seq order, as long as the bytes before each row stay
+#: under a budget (so at least one row): a running sum over the ``size`` column
+_RUNNING = (
+    sa.select(
+        tables.append_journal,
+        sa.func.sum(_J.size).over(order_by=_J.first_seq).label("running"),
+    )
+    .where(
+        _J.file_id == sa.bindparam("file_id"),
+        _J.first_seq > sa.bindparam("seq"),
+        _J.last_seq <= sa.bindparam("upto"),
+    )
+    .subquery()
+)
+_JOURNAL_BATCH = (
+    sa.select(*(_RUNNING.c[c.name] for c in tables.append_journal.columns))
+    .where(_RUNNING.c.running - _RUNNING.c.size < sa.bindparam("budget"))
+    .order_by(_RUNNING.c.first_seq)
+)
+_DELETE_JOURNAL = sa.delete(tables.append_journal).where(
+    tables.append_journal.c.file_id == sa.bindparam("file_id"),
+    tables.append_journal.c.last_seq <= sa.bindparam("seq"),
+)
+
+
+def add_journal(conn: sa.Connection, **values: Any) -> None:
+    """Record one acknowledged append (``size`` is the UTF-8 length of its ``data``)."""
+    values.setdefault("created_at", tables.utcnow())
+    conn.execute(_INSERT_JOURNAL, values)
+
+
+def journal_batch(
+    conn: sa.Connection, file_id: str, seq: int, budget: int, *, upto: int = 2**31 - 1
+) -> list[tables.JournalRow]:
+    """Journal rows of ``file_id`` with ``seq < seq <= upto``, in seq order, about ``budget``
+    bytes of them (the first row whatever its size; then rows while the bytes before them
+    are under it)."""
+    params = {"file_id": file_id, "seq": seq, "budget": budget, "upto": upto}
+    return [tables.JournalRow.from_row(row) for row in conn.execute(_JOURNAL_BATCH, params)]
+
+
+def journal_after(conn: sa.Connection, file_id: str, seq: int) -> list[tables.JournalRow]:
+    """Every journal row of ``file_id`` past ``seq``, in seq order."""
+    return journal_batch(conn, file_id, seq, 2**62)
+
+
+def delete_journal(conn: sa.Connection, file_id: str, upto_seq: int) -> None:
+    """Drop the journal rows a flush applied."""
+    conn.execute(_DELETE_JOURNAL, {"file_id": file_id, "seq": upto_seq})
+
+
+def stale_journal_files(conn: sa.Connection, older_than: dt.datetime | None) -> list[str]:
+    """Files with journal rows created before ``older_than`` (all of them for None)."""
+    query = sa.select(tables.append_journal.c.file_id).group_by(tables.append_journal.c.file_id)
+    if older_than is not None:
+        query = query.where(tables.append_journal.c.created_at < older_than)
+    return [row[0] for row in conn.execute(query)]
+
+
+def journal_backlog(conn: sa.Connection) -> tuple[int, int, int]:
+    """``(rows, messages, bytes)`` waiting in the journal."""
+    query = sa.select(
+        sa.func.count(),
+        sa.func.coalesce(sa.func.sum(_J.last_seq - _J.first_seq + 1), 0),
+        sa.func.coalesce(sa.func.sum(_J.size), 0),
+    )
+    rows, messages, size = conn.execute(query).one()
+    return int(rows), int(messages), int(size)
+
+
+_GET_KEY = sa.select(tables.append_keys.c.request_hash, tables.append_keys.c.response_json).where(
+    tables.append_keys.c.agent_id == sa.bindparam("agent_id"),
+    tables.append_keys.c.idempotency_key == sa.bindparam("key"),
+)
+
+
+def get_key(conn: sa.Connection, agent_id: str, key: str) -> tuple[str, dict[str, Any]] | None:
+    """``(request_hash, response)`` recorded for an idempotency key, or None."""
+    row = conn.execute(_GET_KEY, {"agent_id": agent_id, "key": key}).first()
+    return (row[0], json.loads(row[1])) if row else None
+
+
+def put_key(
+    conn: sa.Connection, agent_id: str, key: str, request_hash: str, response: dict[str, Any]
+) -> bool:
+    """Remember the answer given for an idempotency key; False when a concurrent request
+    holding the same key got there first (its transaction committed meanwhile)."""
+    stmt = (
+        database.insert(conn, tables.append_keys)
+        .values(
+            agent_id=agent_id,
+            idempotency_key=key,
+            request_hash=request_hash,
+            response_json=json.dumps(response),
+            created_at=tables.utcnow(),
+        )
+        .on_conflict_do_nothing()
+        .returning(tables.append_keys.c.agent_id)
+    )
+    return conn.execute(stmt).first() is not None
