@@ -168,6 +168,8 @@ def resolve(
     nearest first, as long as their content fits in ``max_bytes`` with the message's."""
     file_id, seq = validation.parse_ref(ref)
     row = get_file(engine, file_id)
+    if seq > validation.MAX_SEQ:
+        raise errors.NotFound(f"no message {ref}")
     doc = read_document(engine, data_dir, row)
     if doc is None or seq > len(doc.messages):
         if seq < row.next_seq:

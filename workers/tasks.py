@@ -38,7 +38,13 @@ def register(app: Celery, service: Service) -> None:
     would hand a shared task to every app made later, and this one belongs to ``app``)."""
     s = service.settings
     flushes = _retries(s.flush_max_retries, s.flush_retry_backoff)
-    refines = _retries(s.refinement.max_retries, s.refinement.retry_backoff)
+    # A refine job is acknowledged only when it ends, and given back if its worker dies, so a
+    # lost job comes back from the broker; the claim's short lease covers a wiped broker.
+    refines = {
+        **_retries(s.refinement.max_retries, s.refinement.retry_backoff),
+        "acks_late": True,
+        "reject_on_worker_lost": True,
+    }
 
     @app.task(name="sgme.flush", **flushes)
     def flush(self: Task, file_id: str) -> None:

@@ -82,4 +82,39 @@ def _openapi(app: FastAPI, service: Service) -> dict[str, Any]:
         body = model.model_json_schema(ref_template=template)
         components.update(body.pop("$defs", {}))
         components[model.__name__] = body
+    _link(schema)
     return schema
+
+
+#: what an acknowledgement names, and where it can be followed (OpenAPI links: clients and
+#: tools such as schemathesis's stateful phase go from an append to its file and messages)
+_FOLLOW = {
+    "getFile": ("/v1/files/{file_id}", "get", "file_id", "$response.body#/file_id"),
+    "getMessages": ("/v1/files/{file_id}/messages", "get", "file_id", "$response.body#/file_id"),
+    "getRaw": ("/v1/files/{file_id}/raw", "get", "file_id", "$response.body#/file_id"),
+    "refineFile": ("/v1/files/{file_id}/refine", "post", "file_id", "$response.body#/file_id"),
+}
+
+
+def _link(schema: dict[str, Any]) -> None:
+    paths = schema["paths"]
+
+    def operation_id(path: str, method: str) -> str:
+        return str(paths[path][method]["operationId"])
+
+    links = {
+        name: {"operationId": operation_id(path, method), "parameters": {param: value}}
+        for name, (path, method, param, value) in _FOLLOW.items()
+    }
+    ref = operation_id("/v1/refs/{ref}", "get")
+    appended = {
+        **links,
+        "getRef": {"operationId": ref, "parameters": {"ref": "$response.body#/source_refs/0"}},
+    }
+    for status in ("200", "202"):
+        paths["/v1/append"]["post"]["responses"][status]["links"] = appended
+    uploaded = {
+        "getFile": links["getFile"],
+        "getRef": {"operationId": ref, "parameters": {"ref": "$response.body#/source_ref"}},
+    }
+    paths["/v1/uploads"]["post"]["responses"]["201"]["links"] = uploaded

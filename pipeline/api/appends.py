@@ -28,7 +28,7 @@ def _body(model: str) -> dict[str, Any]:
     response_model=models.Appended,
     responses={
         200: {"model": models.Appended, "description": "with wait=flushed: in the file"},
-        **problems(409, 413, 422, 503),
+        **problems(408, 409, 413, 422, 503, 507),
     },
     openapi_extra=_body("AppendBody"),
 )
@@ -36,8 +36,10 @@ async def append(
     request: Request,
     response: Response,
     service: ServiceDep,
-    wait: Literal["flushed"] | None = Query(
-        None, description="'flushed': answer once the messages are in the file"
+    # Not Optional in the schema: omitted means "don't wait"; there is no null to send.
+    wait: Literal["flushed"] = Query(
+        None,
+        description="'flushed': answer once the messages are in the file",
     ),
 ) -> dict[str, Any]:
     """Append messages to a session (created on first use). Acknowledged (202) = durable in
@@ -55,7 +57,7 @@ async def append(
     "/v1/uploads",
     status_code=201,
     response_model=models.Uploaded,
-    responses=problems(409, 413, 422, 503),
+    responses=problems(408, 409, 413, 422, 503, 507),
     openapi_extra=_body("UploadBody"),
 )
 async def upload(request: Request, service: ServiceDep) -> dict[str, Any]:

@@ -27,12 +27,18 @@ def _service(request: Request) -> Service:
 
 ServiceDep = Annotated[Service, Depends(_service)]
 FileIdPath = Annotated[
-    str, Path(pattern=validation.FILE_ID_PATTERN, description="a file_id (UUID4)")
+    str,
+    Path(
+        pattern=validation.FILE_ID_PATTERN,
+        description="a file_id (UUID4)",
+        json_schema_extra={"format": "uuid"},
+    ),
 ]
 
 
 def problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """``responses=`` for routes: each status answered with a problem document."""
+    """``responses=`` for routes: each status answered with a problem document (and 500,
+    which any route answers for a bug)."""
     reasons = {
         400: "bad request",
         404: "not found",
@@ -40,6 +46,7 @@ def problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
         408: "the request body came too slowly",
         413: "request body too large",
         422: "invalid input",
+        500: "a bug (logged by the server)",
         503: "unavailable; retry after Retry-After seconds, or with backoff",
         507: "the data volume is full; retry after Retry-After seconds",
     }
@@ -49,7 +56,7 @@ def problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
             "description": reasons.get(status, "error"),
             "content": {PROBLEM: {"schema": schema}},
         }
-        for status in statuses
+        for status in sorted({*statuses, 500})
     }
 
 

@@ -25,7 +25,9 @@ def list_files(
     status: Status | None = None,
     source_type: SourceType | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    cursor: Annotated[str | None, Query(pattern=validation.FILE_ID_PATTERN)] = None,
+    cursor: Annotated[
+        str | None, Query(pattern=validation.FILE_ID_PATTERN, json_schema_extra={"format": "uuid"})
+    ] = None,
 ) -> dict[str, Any]:
     """Files ordered by file_id; pass ``next_cursor`` back as ``cursor`` for the next page."""
     with database.transaction(service.engine) as conn:

@@ -30,7 +30,7 @@ class Problem(Model):
 class Appended(Model):
     """Answer of ``POST /v1/append``: where the messages are (or will be) in the file."""
 
-    file_id: str = Field(pattern=validation.FILE_ID_PATTERN)
+    file_id: str = Field(pattern=validation.FILE_ID_PATTERN, json_schema_extra={"format": "uuid"})
     first_seq: int
     last_seq: int
     source_refs: list[str]
@@ -40,7 +40,7 @@ class Appended(Model):
 class Uploaded(Model):
     """Answer of ``POST /v1/uploads``."""
 
-    file_id: str = Field(pattern=validation.FILE_ID_PATTERN)
+    file_id: str = Field(pattern=validation.FILE_ID_PATTERN, json_schema_extra={"format": "uuid"})
     source_ref: str
 
 
@@ -54,7 +54,7 @@ class Segment(Model):
 class File(Model):
     """A file's index row."""
 
-    file_id: str = Field(pattern=validation.FILE_ID_PATTERN)
+    file_id: str = Field(pattern=validation.FILE_ID_PATTERN, json_schema_extra={"format": "uuid"})
     path: str
     source_type: Literal["session", "upload", "external"]
     agent_id: str

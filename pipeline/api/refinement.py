@@ -31,7 +31,9 @@ def refine_file(file_id: FileIdPath, service: ServiceDep) -> dict[str, Any]:
 @router.get("/v1/l1", response_model=models.L1Items, responses=problems(422, 503))
 def list_l1(
     service: ServiceDep,
-    file_id: Annotated[str | None, Query(pattern=validation.FILE_ID_PATTERN)] = None,
+    file_id: Annotated[
+        str | None, Query(pattern=validation.FILE_ID_PATTERN, json_schema_extra={"format": "uuid"})
+    ] = None,
     agent_id: Annotated[str | None, Query(pattern=validation.AGENT_ID_PATTERN)] = None,
     after: Annotated[int, Query(ge=0, le=MAX_ID, description="items with id > after")] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,

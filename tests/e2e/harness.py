@@ -8,6 +8,7 @@ Nothing here sleeps to synchronise: every wait polls a condition against a deadl
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import datetime as dt
@@ -374,6 +375,8 @@ class Load:
         self.seed = seed
         self.errors: list[BaseException] = []
         self.retries = 0
+        #: how many answers of each status the clients got (retries included)
+        self.statuses: collections.Counter[int] = collections.Counter()
         self.acked_messages = 0
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
@@ -426,6 +429,8 @@ class Load:
         while True:
             try:
                 response = client.post("/v1/append", json=body)
+                with self._lock:
+                    self.statuses[response.status_code] += 1
                 if response.status_code < 500:
                     break
             except httpx.TransportError:

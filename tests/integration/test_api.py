@@ -501,6 +501,39 @@ def test_openapi_lists_the_interface(app: Api) -> None:
     assert "text/markdown" in paths["/v1/files/{file_id}/raw"]["get"]["responses"]["200"]["content"]
 
 
+def test_openapi_declares_every_answer(app: Api) -> None:
+    """The contract a tool can check: problem+json for every 4xx/5xx a route gives, with the
+    real codes, and the rules the server applies (patterns, formats, sizes, enums)."""
+    spec = app.client.get("/openapi.json").json()
+    paths, schemas = spec["paths"], spec["components"]["schemas"]
+    append = paths["/v1/append"]["post"]["responses"]
+    assert {"200", "202", "408", "409", "413", "422", "500", "503", "507"} <= set(append)
+    for path, methods in paths.items():
+        for operation in methods.values():
+            for status, answer in operation["responses"].items():
+                if status.startswith(("4", "5")) and path != "/v1/health":
+                    assert list(answer["content"]) == ["application/problem+json"], (path, status)
+    assert {"404", "422"} <= set(paths["/v1/files/{file_id}"]["get"]["responses"])
+    body = schemas["AppendBody"]
+    assert body["properties"]["agent_id"]["pattern"] == "^[A-Za-z0-9_.-]{1,64}$"
+    assert body["properties"]["messages"]["minItems"] == 1
+    assert body["properties"]["source_type"]["enum"] == ["session", "external"]
+    file_id = next(p for p in paths["/v1/files/{file_id}"]["get"]["parameters"])
+    assert file_id["schema"]["format"] == "uuid"
+    assert schemas["File"]["properties"]["status"]["enum"] == [
+        "pending",
+        "new",
+        "refined",
+        "error",
+        "archived",
+    ]
+    links = append["202"]["links"]
+    assert links["getRef"]["parameters"] == {"ref": "$response.body#/source_refs/0"}
+    r = app.client.delete("/v1/files")
+    assert r.status_code == 405 and r.headers["allow"] == "GET"
+    assert r.headers["content-type"].startswith("application/problem+json")
+
+
 # ---------------------------------------------------------------------------------------------
 # errors: problem+json, and nothing written
 

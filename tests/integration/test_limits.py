@@ -142,7 +142,7 @@ def test_metadata_too_deep_is_422_and_listings_keep_working(make: Any) -> None:
         (f"/v1/refs/{FILE_ID}:%D9%A3", "source_ref"),  # Arabic-Indic 3
         (f"/v1/refs/{FILE_ID}:01", "source_ref"),
         (f"/v1/refs/{FILE_ID}:0", "source_ref"),
-        (f"/v1/refs/{FILE_ID}:99999999999", "source_ref"),
+        (f"/v1/refs/{FILE_ID}:99999999999", "source_ref"),  # 11 digits
         ("/v1/files?status=lost", "status"),
         ("/v1/refs/x?context=51", "context"),
     ],

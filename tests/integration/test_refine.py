@@ -629,3 +629,59 @@ def test_every_item_resolves_to_the_message_it_came_from(engine: sa.Engine, data
                 assert message.content.split("\n")[0] == first_line
             else:
                 assert item.content in message.content
+
+
+# ---------------------------------------------------------------------------------------------
+# the lease heartbeat (DESIGN §4): short leases, renewed by the running job
+
+
+def test_a_slow_job_keeps_its_claim_and_a_lost_one_frees_the_file(
+    engine: sa.Engine, data_dir: Path, database_url: str
+) -> None:
+    import time
+
+    from pipeline.service import LocalQueue, Service
+    from pipeline.settings import Settings
+
+    lease = 1.0
+    file_id = add(engine, data_dir, "slow", statements(1, 3))
+    settings = Settings(
+        data_dir=data_dir,
+        database_url=database_url,
+        refinement=refine.Options(lease_seconds=lease, min_messages=1),
+    )
+    service = Service(settings, engine, LocalQueue())
+    taken: list[refine.Claim | None] = []
+
+    class Slow:
+        """A model call that takes three leases; meanwhile others try to claim the file."""
+
+        name = "slow"
+
+        def refine(self, window: refine.Window) -> list[refine.Item]:
+            deadline = time.monotonic() + 3 * lease
+            while time.monotonic() < deadline:
+                taken.append(refine.claim(engine, file_id, lease_seconds=lease))
+                time.sleep(lease / 10)
+            return BuiltinRefiner().refine(window)
+
+    service._refiner = Slow()
+    c = refine.claim(engine, file_id, lease_seconds=lease)
+    assert c is not None
+    assert service.refine_segment(c, final=True) is True
+    assert len(taken) >= 20 and set(taken) == {None}  # renewed: never claimable meanwhile
+    done = row(engine, file_id)
+    assert (done.last_refined_seq, done.refine_lease_until, done.status) == (3, None, "refined")
+    assert sorted(seqs(i)[0] for i in items(engine, file_id)) == [1, 2, 3]
+
+    # A job lost with its worker renews nothing: the file is claimable again within a lease.
+    add(engine, data_dir, "slow", statements(4, 4))
+    lost = refine.claim(engine, file_id, lease_seconds=lease)
+    assert lost is not None
+    deadline = time.monotonic() + 10 * lease
+    again = None
+    while again is None:
+        assert time.monotonic() < deadline, "the lost job's lease never ran out"
+        again = refine.claim(engine, file_id, lease_seconds=lease)
+        time.sleep(lease / 10)
+    assert again.epoch == lost.epoch + 1 and (again.lo, again.hi) == (3, 4)

@@ -180,6 +180,7 @@ def test_only_transient_errors_are_retried(app: Celery, monkeypatch: pytest.Monk
     assert flush.max_retries == app.sgme.settings.flush_max_retries
     segment = app.tasks["sgme.refine_segment"]
     assert segment.max_retries == app.sgme.settings.refinement.max_retries == 3
+    assert segment.acks_late is True and segment.reject_on_worker_lost is True
     calls = {"bug": 0, "busy": 0}
 
     def flaky_flush(file_id: str) -> None:

@@ -324,6 +324,7 @@ def test_check_file_id_source_type_and_refs() -> None:
         validation.check_source_type("mail")
     assert info.value.detail == "source_type must be one of session, upload, external; got 'mail'"
     assert validation.parse_ref(f"{FILE_ID}:12") == (FILE_ID, 12)
+    assert validation.parse_ref(f"{FILE_ID}:9999999999") == (FILE_ID, 9999999999)
     for seq in ("0", "01", "²", "٣", "-1", "+1", " 1", "1 ", "", "99999999999"):
         with pytest.raises(errors.InvalidInput, match="not a source_ref"):
             validation.parse_ref(f"{FILE_ID}:{seq}")
