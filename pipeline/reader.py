@@ -7,6 +7,7 @@ flush left behind is never served as content.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -24,13 +25,27 @@ class Ref:
     after: tuple[document.Message, ...]
 
 
-def get_file(engine: sa.Engine, file_id: str) -> tables.FileRow:
-    """The index row of ``file_id``; NotFound when there is none."""
+def missing(file_id: str) -> errors.NotFound:
+    """The one answer for a file that does not exist — and for another agent's file, which
+    must be indistinguishable from it (DESIGN §6)."""
+    return errors.NotFound(f"no file {file_id}")
+
+
+def visible(row: tables.FileRow, agents: Collection[str] | None) -> bool:
+    """Whether a caller holding ``agents`` (None: every agent) may see the file."""
+    return agents is None or row.agent_id in agents
+
+
+def get_file(
+    engine: sa.Engine, file_id: str, *, agents: Collection[str] | None = None
+) -> tables.FileRow:
+    """The index row of ``file_id``; NotFound when there is none, or when it belongs to an
+    agent not among ``agents`` (None: every agent)."""
     validation.check_file_id(file_id)
     with database.transaction(engine) as conn:
         row = index.get_file(conn, file_id)
-    if row is None:
-        raise errors.NotFound(f"no file {file_id}")
+    if row is None or not visible(row, agents):
+        raise missing(file_id)
     return row
 
 
@@ -71,19 +86,34 @@ def read_document(
 
 
 def messages(
-    engine: sa.Engine, data_dir: Path, file_id: str, *, after_seq: int = 0, limit: int = 100
+    engine: sa.Engine,
+    data_dir: Path,
+    file_id: str,
+    *,
+    after_seq: int = 0,
+    limit: int = 100,
+    agents: Collection[str] | None = None,
 ) -> list[document.Message]:
-    """Flushed messages of a file with ``seq > after_seq``, at most ``limit`` of them."""
-    doc = read_document(engine, data_dir, get_file(engine, file_id))
+    """Flushed messages of a file with ``seq > after_seq``, at most ``limit`` of them (a file
+    of an agent not among ``agents`` is NotFound)."""
+    doc = read_document(engine, data_dir, get_file(engine, file_id, agents=agents))
     if doc is None:
         return []
     return list(doc.messages[after_seq : after_seq + limit])
 
 
-def resolve(engine: sa.Engine, data_dir: Path, ref: str, *, context: int = 1) -> Ref:
-    """The message a source_ref names, plus ``context`` neighbours on each side."""
+def resolve(
+    engine: sa.Engine,
+    data_dir: Path,
+    ref: str,
+    *,
+    context: int = 1,
+    agents: Collection[str] | None = None,
+) -> Ref:
+    """The message a source_ref names, plus ``context`` neighbours on each side (a file of an
+    agent not among ``agents`` is NotFound)."""
     file_id, seq = validation.parse_ref(ref)
-    row = get_file(engine, file_id)
+    row = get_file(engine, file_id, agents=agents)
     doc = read_document(engine, data_dir, row)
     if doc is None or seq > len(doc.messages):
         if seq < row.next_seq:

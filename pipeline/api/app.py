@@ -12,8 +12,8 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from pipeline import errors, validation
-from pipeline.api import appends, files, models, ops, refinement
+from pipeline import auth, errors, validation
+from pipeline.api import appends, files, models, ops, refinement, security
 from pipeline.service import Service
 
 log = logging.getLogger(__name__)
@@ -26,6 +26,12 @@ def problem(status: int, kind: str, title: str, detail: str, **headers: str) -> 
     return JSONResponse(body, status_code=status, media_type=PROBLEM, headers=headers or None)
 
 
+def answer(exc: errors.SgmeError) -> JSONResponse:
+    """The problem+json answer of one of our errors, with the headers it calls for."""
+    headers = security.headers(exc)
+    return problem(exc.status, exc.type, type(exc).__name__, exc.detail, **headers)
+
+
 def create_app(service: Service) -> FastAPI:
     """The API over ``service`` (its settings, engine and queue)."""
     app = FastAPI(
@@ -34,6 +40,15 @@ def create_app(service: Service) -> FastAPI:
         description="The raw layer of SGME: append-only Markdown transcripts, indexed.",
     )
     app.state.service = service
+    settings = service.settings
+    app.state.verifier = auth.Verifier(
+        service.engine,
+        require_auth=settings.require_auth,
+        cache_seconds=settings.token_cache_seconds,
+    )
+    app.add_middleware(
+        security.HostAllowlist, allowed=security.allowed_hosts(settings), refuse=answer
+    )
     for router in (appends.router, files.router, refinement.router, ops.router):
         app.include_router(router)
 
@@ -43,7 +58,7 @@ def create_app(service: Service) -> FastAPI:
             log.error("%s: %s", exc.type, exc.detail, exc_info=exc)
         elif exc.status >= 500:
             log.warning("%s: %s", exc.type, exc.detail)
-        return problem(exc.status, exc.type, type(exc).__name__, exc.detail)
+        return answer(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -81,4 +96,5 @@ def _openapi(app: FastAPI, service: Service) -> dict[str, Any]:
         body = model.model_json_schema(ref_template=template)
         components.update(body.pop("$defs", {}))
         components[model.__name__] = body
+    security.document(schema, service.settings)
     return schema

@@ -32,6 +32,7 @@ def problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
         409: "conflict",
         413: "request body too large",
         422: "invalid input",
+        429: "too soon: repeat after Retry-After seconds",
         503: "unavailable; retry with backoff",
     }
     schema = {"$ref": "#/components/schemas/Problem"}

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Path, Query, Response
 from pipeline import database, index, reader, validation
 from pipeline.api import models
 from pipeline.api.deps import FileIdPath, ServiceDep, problems
+from pipeline.api.security import Reader
 
 router = APIRouter(tags=["files"])
 
@@ -19,17 +20,19 @@ SourceType = Literal["session", "upload", "external"]
 @router.get("/v1/files", response_model=models.Files, responses=problems(422, 503))
 def list_files(
     service: ServiceDep,
+    caller: Reader,
     agent_id: Annotated[str | None, Query(pattern=validation.AGENT_ID_PATTERN)] = None,
     status: Status | None = None,
     source_type: SourceType | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     cursor: Annotated[str | None, Query(pattern=validation.FILE_ID_PATTERN)] = None,
 ) -> dict[str, Any]:
-    """Files ordered by file_id; pass ``next_cursor`` back as ``cursor`` for the next page."""
+    """Files ordered by file_id; pass ``next_cursor`` back as ``cursor`` for the next page.
+    Only the token's agents' files are listed (an ``agent_id`` it does not hold lists none)."""
     with database.transaction(service.engine) as conn:
         rows = index.list_files(
             conn,
-            agent_id=agent_id,
+            agents=caller.listing(agent_id),
             status=status,
             source_type=source_type,
             after=cursor,
@@ -40,9 +43,9 @@ def list_files(
 
 
 @router.get("/v1/files/{file_id}", response_model=models.File, responses=problems(404, 422, 503))
-def get_file(file_id: FileIdPath, service: ServiceDep) -> dict[str, Any]:
+def get_file(file_id: FileIdPath, service: ServiceDep, caller: Reader) -> dict[str, Any]:
     """The file's index row."""
-    return reader.get_file(service.engine, file_id).to_json()
+    return reader.get_file(service.engine, file_id, agents=caller.agents).to_json()
 
 
 @router.get(
@@ -53,9 +56,9 @@ def get_file(file_id: FileIdPath, service: ServiceDep) -> dict[str, Any]:
         **problems(404, 409, 422, 503),
     },
 )
-def get_raw(file_id: FileIdPath, service: ServiceDep) -> Response:
+def get_raw(file_id: FileIdPath, service: ServiceDep, caller: Reader) -> Response:
     """The file's committed bytes, exactly as on disk (decompressed if archived)."""
-    row = reader.get_file(service.engine, file_id)
+    row = reader.get_file(service.engine, file_id, agents=caller.agents)
     data = reader.read_bytes(service.settings.data_dir, row)
     return Response(data, media_type="text/markdown; charset=utf-8")
 
@@ -68,12 +71,18 @@ def get_raw(file_id: FileIdPath, service: ServiceDep) -> Response:
 def get_messages(
     file_id: FileIdPath,
     service: ServiceDep,
+    caller: Reader,
     after_seq: Annotated[int, Query(ge=0, le=validation.MAX_SEQ)] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> dict[str, Any]:
     """Flushed messages with ``seq > after_seq``."""
     found = reader.messages(
-        service.engine, service.settings.data_dir, file_id, after_seq=after_seq, limit=limit
+        service.engine,
+        service.settings.data_dir,
+        file_id,
+        after_seq=after_seq,
+        limit=limit,
+        agents=caller.agents,
     )
     return {"file_id": file_id, "messages": [m.to_json(file_id) for m in found]}
 
@@ -82,10 +91,13 @@ def get_messages(
 def get_ref(
     ref: Annotated[str, Path(pattern=validation.SOURCE_REF_PATTERN, description="file_id:seq")],
     service: ServiceDep,
+    caller: Reader,
     context: Annotated[int, Query(ge=0, le=50)] = 1,
 ) -> dict[str, Any]:
     """The message a source_ref (``file_id:seq``) names, with its neighbours."""
-    found = reader.resolve(service.engine, service.settings.data_dir, ref, context=context)
+    found = reader.resolve(
+        service.engine, service.settings.data_dir, ref, context=context, agents=caller.agents
+    )
     file_id = found.file.file_id
     return {
         "source_ref": f"{file_id}:{found.message.seq}",
