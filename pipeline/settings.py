@@ -48,9 +48,6 @@ class Settings:
     #: Celery retries of flushes and ``sgme.append`` tasks (lock timeouts, a busy database)
     flush_max_retries: int = 8
     flush_retry_backoff: int = 1  #: seconds before the first retry (doubles, with jitter)
-    #: allow binding a non-loopback address although there is no authentication yet; only
-    #: for networks where every client is trusted (a compose network published on 127.0.0.1)
-    trust_network: bool = False
     #: every /v1/* endpoint but /v1/health needs a bearer token even before any token exists
     #: (once one was made, they need one anyway); lets ``serve``/``api`` bind a network address
     require_auth: bool = False
@@ -95,6 +92,12 @@ class Settings:
             if key in env:
                 values[name] = env[key]
         values.update({k: v for k, v in overrides.items() if v is not None})
+        if "trust_network" in values:
+            raise errors.InvalidInput(
+                "the trust_network setting is gone: the API has bearer tokens now. Remove it, "
+                "then create a token (`sgme token create --agent-id '*' --scope admin`) or set "
+                "require_auth: true to listen on a network address"
+            )
         unknown = set(values) - set(known)
         if unknown:
             raise errors.InvalidInput(f"unknown settings: {', '.join(sorted(unknown))}")
