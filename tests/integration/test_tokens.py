@@ -334,3 +334,34 @@ def _body(agent_id: str) -> dict[str, Any]:
         "session_key": "leak",
         "messages": [{"role": "user", "content": "hello"}],
     }
+
+
+# ---------------------------------------------------------------------------------------------
+# the settings
+
+
+def test_auth_settings_come_from_yaml_and_the_environment(tmp_path: Path) -> None:
+    env = {
+        "SGME_ALLOWED_HOSTS": "api, sgme.example.org ,",
+        "SGME_REQUIRE_AUTH": "true",
+        "SGME_TOKEN_CACHE_SECONDS": "2.5",
+        "SGME_REFINE_COOLDOWN_SECONDS": "30",
+    }
+    s = Settings.load(environ=env)
+    assert s.allowed_hosts == ("api", "sgme.example.org")
+    assert (s.require_auth, s.token_cache_seconds) == (True, 2.5)
+    assert s.refinement.cooldown_seconds == 30
+    config = tmp_path / "sgme.yaml"
+    config.write_text("allowed_hosts: [a, '::1']\nmetrics_require_auth: yes\n", encoding="utf-8")
+    s = Settings.load(config, environ={})
+    assert s.allowed_hosts == ("a", "::1") and s.metrics_require_auth is True
+
+
+def test_a_config_that_still_trusts_the_network_says_what_replaced_it(
+    sgme: Sgme, tmp_path: Path
+) -> None:
+    old = tmp_path / "old.yaml"
+    old.write_text("trust_network: true\n", encoding="utf-8")
+    assert_one_line_error(
+        sgme("ls", "--config", str(old)), "trust_network", "sgme token create", "require_auth"
+    )
