@@ -4,12 +4,16 @@
      ├── PermanentError              4xx     never retried: fix the request
      │    ├── InvalidInput           422     invalid-input      bad body, parameter or setting
      │    │    └── FormatError       422     format-error       text that is not the L0 format
+     │    ├── HostNotAllowed         400     host-not-allowed   Host not in allowed_hosts
+     │    ├── Unauthorized           401     unauthorized       no token, or a bad or revoked one
+     │    ├── Forbidden              403     forbidden          a token without the scope/agent
      │    ├── NotFound               404     not-found          no such file, message or token
      │    ├── Conflict               409     conflict           contradicts what is recorded
      │    │    └── ConstraintViolation 409   conflict           a unique/foreign key refused it
      │    ├── FileDamaged            409     file-damaged       a file differs from its index
      │    ├── RequestTooLarge        413     too-large          a body over max_request_bytes
      │    └── RequestTimeout         408     request-timeout    a body that came too slowly
+     ├── Throttled                   429     too-many-requests  repeat after retry_after seconds
      ├── TransientError              503     unavailable        retried by tasks with backoff
      │    ├── LockTimeout            503     lock-timeout       a per-file lock was not acquired
      │    ├── IndexUnavailable       503     index-unavailable  the database is unreachable/busy
@@ -79,6 +83,41 @@ class FormatError(InvalidInput):
     type = "format-error"
 
 
+class HostNotAllowed(PermanentError):
+    """The request's Host header is not one the server answers to (``allowed_hosts``): what a
+    page that rebound its own DNS name to this server would send."""
+
+    type = "host-not-allowed"
+    status = 400
+
+
+class Unauthorized(PermanentError):
+    """The request carries no bearer token, or one that is malformed, unknown or revoked.
+
+    ``error`` is RFC 6750's code for the ``WWW-Authenticate`` challenge: empty when no token
+    was presented, ``invalid_token`` otherwise.
+    """
+
+    type = "unauthorized"
+    status = 401
+
+    def __init__(self, detail: str, *, error: str = "") -> None:
+        super().__init__(detail)
+        self.error = error
+
+
+class Forbidden(PermanentError):
+    """The token is valid but may not do this: a scope it lacks (``scope``), or an agent_id
+    it does not hold."""
+
+    type = "forbidden"
+    status = 403
+
+    def __init__(self, detail: str, *, scope: str = "") -> None:
+        super().__init__(detail)
+        self.scope = scope
+
+
 class NotFound(PermanentError):
     """The file, message or key asked for does not exist."""
 
@@ -118,6 +157,17 @@ class RequestTimeout(PermanentError):
 
     type = "request-timeout"
     status = 408
+
+
+class Throttled(SgmeError):
+    """Refused for now (a full re-refine of the same file is running or just ran): the same
+    call succeeds after ``retry_after`` seconds. Not retried by tasks."""
+
+    type = "too-many-requests"
+    status = 429
+
+    def __init__(self, detail: str, *, retry_after: float) -> None:
+        super().__init__(detail, retry_after=retry_after)
 
 
 class TransientError(SgmeError):

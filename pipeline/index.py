@@ -9,7 +9,7 @@ the refinement claim and its epoch/lease fence (DESIGN §4), the archive fence (
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -60,16 +60,16 @@ def find_file(
 def list_files(
     conn: sa.Connection,
     *,
-    agent_id: str | None = None,
+    agents: Collection[str] | None = None,
     status: str | None = None,
     source_type: str | None = None,
     after: str | None = None,
     limit: int = 100,
 ) -> list[tables.FileRow]:
-    """Rows ordered by file_id, starting after the cursor ``after``."""
+    """Rows of ``agents`` (None: all) ordered by file_id, starting after the cursor ``after``."""
     query = sa.select(tables.raw_files).order_by(tables.raw_files.c.file_id).limit(limit)
-    if agent_id is not None:
-        query = query.where(tables.raw_files.c.agent_id == agent_id)
+    if agents is not None:
+        query = query.where(tables.raw_files.c.agent_id.in_(list(agents)))
     if status is not None:
         query = query.where(tables.raw_files.c.status == status)
     if source_type is not None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -30,11 +30,11 @@ def list_items(
     conn: sa.Connection,
     *,
     file_id: str | None = None,
-    agent_id: str | None = None,
+    agents: Collection[str] | None = None,
     after: int = 0,
     limit: int = 100,
 ) -> list[tables.L1Item]:
-    """Items in insertion order, after the id ``after``."""
+    """Items of ``agents`` (None: all) in insertion order, after the id ``after``."""
     query = (
         sa.select(tables.l1_items)
         .where(tables.l1_items.c.id > after)
@@ -43,6 +43,6 @@ def list_items(
     )
     if file_id is not None:
         query = query.where(tables.l1_items.c.file_id == file_id)
-    if agent_id is not None:
-        query = query.where(tables.l1_items.c.agent_id == agent_id)
+    if agents is not None:
+        query = query.where(tables.l1_items.c.agent_id.in_(list(agents)))
     return [tables.L1Item.from_row(row) for row in conn.execute(query)]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -29,13 +29,27 @@ class Ref:
     after: tuple[document.Message, ...]
 
 
-def get_file(engine: sa.Engine, file_id: str) -> tables.FileRow:
-    """The index row of ``file_id``; NotFound when there is none."""
+def missing(file_id: str) -> errors.NotFound:
+    """The one answer for a file that does not exist — and for another agent's file, which
+    must be indistinguishable from it (DESIGN §6)."""
+    return errors.NotFound(f"no file {file_id}")
+
+
+def visible(row: tables.FileRow, agents: Collection[str] | None) -> bool:
+    """Whether a caller holding ``agents`` (None: every agent) may see the file."""
+    return agents is None or row.agent_id in agents
+
+
+def get_file(
+    engine: sa.Engine, file_id: str, *, agents: Collection[str] | None = None
+) -> tables.FileRow:
+    """The index row of ``file_id``; NotFound when there is none, or when it belongs to an
+    agent not among ``agents`` (None: every agent)."""
     validation.check_file_id(file_id)
     with database.transaction(engine) as conn:
         row = index.get_file(conn, file_id)
-    if row is None:
-        raise errors.NotFound(f"no file {file_id}")
+    if row is None or not visible(row, agents):
+        raise missing(file_id)
     return row
 
 
@@ -147,10 +161,12 @@ def messages(
     after_seq: int = 0,
     limit: int = 100,
     max_bytes: int = UNBOUNDED,
+    agents: Collection[str] | None = None,
 ) -> list[document.Message]:
     """Flushed messages of a file with ``seq > after_seq``: at most ``limit`` of them, and no
-    more than ``max_bytes`` of content (but at least one)."""
-    doc = read_document(engine, data_dir, get_file(engine, file_id))
+    more than ``max_bytes`` of content (but at least one). A file of an agent not among
+    ``agents`` is NotFound."""
+    doc = read_document(engine, data_dir, get_file(engine, file_id, agents=agents))
     if doc is None:
         return []
     return _within(doc.messages[after_seq : after_seq + limit], max_bytes)
@@ -163,11 +179,13 @@ def resolve(
     *,
     context: int = 1,
     max_bytes: int = UNBOUNDED,
+    agents: Collection[str] | None = None,
 ) -> Ref:
     """The message a source_ref names, plus up to ``context`` neighbours on each side, the
-    nearest first, as long as their content fits in ``max_bytes`` with the message's."""
+    nearest first, as long as their content fits in ``max_bytes`` with the message's (a file
+    of an agent not among ``agents`` is NotFound)."""
     file_id, seq = validation.parse_ref(ref)
-    row = get_file(engine, file_id)
+    row = get_file(engine, file_id, agents=agents)
     if seq > validation.MAX_SEQ:
         raise errors.NotFound(f"no message {ref}")
     doc = read_document(engine, data_dir, row)

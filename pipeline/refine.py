@@ -17,7 +17,7 @@ import json
 import logging
 import math
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import Any, Protocol
@@ -44,6 +44,9 @@ class Options:
     window_tokens: int = 6000  #: refiner context budget per window (about 4 bytes a token)
     overlap_messages: int = 1  #: messages repeated from the previous window
     dispatch_interval: float = 5.0  #: seconds between beat dispatches
+    #: seconds after a full re-refine over HTTP finished before the next one of the same file
+    #: is accepted (while it runs, none is): each can cost real money with an LLM refiner
+    cooldown_seconds: float = 300.0
 
 
 DEFAULT_OPTIONS = Options()
@@ -384,6 +387,7 @@ def commit(engine: sa.Engine, c: Claim, items: Sequence[Item], *, refiner: str) 
         if c.lo == 0:
             # A full (re-)refine replaces whatever the file's items were.
             l1.delete_items(conn, c.file_id)
+            _finish_full(conn, c.file_id)
         l1.add_items(
             conn,
             [
@@ -415,14 +419,80 @@ def fail(engine: sa.Engine, c: Claim, detail: str) -> bool:
         return True
 
 
-def request_full(engine: sa.Engine, file_id: str) -> None:
+def request_full(
+    engine: sa.Engine,
+    file_id: str,
+    *,
+    cooldown: float = 0.0,
+    agents: Collection[str] | None = None,
+) -> None:
     """Full re-refine: ``last_refined_seq = 0``; the file's L1 items are replaced when the run
-    commits (until then the old ones stay listed)."""
+    commits (until then the old ones stay listed).
+
+    ``agents``: the file must belong to one of them, or it is NotFound exactly as a file that
+    does not exist. ``cooldown`` (seconds; the API passes ``refine_cooldown_seconds``, the
+    ``sgme`` command 0): Throttled while the file's previous full re-refine is still running,
+    or finished less than ``cooldown`` seconds ago. The request is recorded in the index, so
+    every API process applies the same cooldown.
+    """
     validation.check_file_id(file_id)
     with database.transaction(engine) as conn:
         row = index.get_file(conn, file_id, for_update=True)
-        if row is None:
-            raise errors.NotFound(f"no file {file_id}")
+        if row is None or not reader.visible(row, agents):
+            raise reader.missing(file_id)
         if row.status == "pending":
             raise errors.Conflict(f"file {file_id} has nothing flushed yet")
+        if cooldown > 0:
+            _check_cooldown(conn, row, cooldown)
         index.restart_refinement(conn, file_id)
+        now = tables.utcnow()
+        stmt = database.insert(conn, tables.full_refines).values(
+            file_id=file_id, requested_at=now, finished_at=None
+        )
+        conn.execute(
+            stmt.on_conflict_do_update(
+                index_elements=["file_id"], set_={"requested_at": now, "finished_at": None}
+            )
+        )
+
+
+def _check_cooldown(conn: sa.Connection, row: tables.FileRow, cooldown: float) -> None:
+    """Throttled while the last full re-refine of ``row`` runs or finished < ``cooldown`` ago."""
+    t = tables.full_refines.c
+    last = conn.execute(sa.select(t.requested_at, t.finished_at).where(t.file_id == row.file_id))
+    found = last.first()
+    if found is None:
+        return
+    requested_at, finished_at = found
+    # Still running: nothing of it committed yet, and the file can still be refined (a failed
+    # or archived one is not running; its cooldown counts from the request).
+    running = (
+        finished_at is None
+        and row.last_refined_seq == 0
+        and row.flushed_seq > 0
+        and row.status in tables.REFINABLE
+    )
+    if running:
+        raise errors.Throttled(
+            f"a full re-refine of file {row.file_id} (asked for at {tables.iso(requested_at)}) "
+            f"is still running; another may start {cooldown:g} s after it finishes",
+            retry_after=cooldown,
+        )
+    since = finished_at or requested_at
+    wait = (since - tables.utcnow()).total_seconds() + cooldown
+    if wait > 0:
+        raise errors.Throttled(
+            f"file {row.file_id} was fully re-refined at {tables.iso(since)}; another full "
+            f"re-refine may start in {math.ceil(wait)} s (refine_cooldown_seconds: {cooldown:g})",
+            retry_after=wait,
+        )
+
+
+def _finish_full(conn: sa.Connection, file_id: str) -> None:
+    """The first segment of a full re-refine committed: its cooldown starts now."""
+    t = tables.full_refines.c
+    conn.execute(
+        sa.update(tables.full_refines)
+        .where(t.file_id == file_id, t.finished_at.is_(None))
+        .values(finished_at=tables.utcnow())
+    )

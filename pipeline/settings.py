@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from pipeline import archive, database, errors, journal, refine, store, validation
+from pipeline import archive, auth, database, errors, journal, refine, store, validation
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,9 +71,16 @@ class Settings:
     #: Celery retries of flushes and ``sgme.append`` tasks (lock timeouts, a busy database)
     flush_max_retries: int = 8
     flush_retry_backoff: int = 1  #: seconds before the first retry (doubles, with jitter)
-    #: allow binding a non-loopback address although there is no authentication yet; only
-    #: for networks where every client is trusted (a compose network published on 127.0.0.1)
-    trust_network: bool = False
+    #: every /v1/* endpoint but /v1/health needs a bearer token even before any token exists
+    #: (once one was made, they need one anyway); lets ``serve``/``api`` bind a network address
+    require_auth: bool = False
+    #: Host header names the API answers to, besides the address it binds; any other is a 400
+    #: (what a DNS-rebinding page sends). "*" allows any: only behind a proxy that checks Host
+    allowed_hosts: tuple[str, ...] = ("localhost", "127.0.0.1", "::1")
+    metrics_require_auth: bool = False  #: ``/metrics`` needs an admin token
+    #: seconds an API process trusts what it read about a token (at most 60): a token made or
+    #: revoked by ``sgme token`` takes effect in running servers within this time
+    token_cache_seconds: float = auth.DEFAULT_CACHE_SECONDS
     refinement: refine.Options = refine.DEFAULT_OPTIONS
     refiner: str = "builtin"  #: entry point name in group ``sgme.refiners``
     #: refiner options, e.g. {base_url, model, api_key, timeout} for openai, {url} for webhook
@@ -110,6 +117,12 @@ class Settings:
             if key in env:
                 values[name] = env[key]
         values.update({k: v for k, v in overrides.items() if v is not None})
+        if "trust_network" in values:
+            raise errors.InvalidInput(
+                "the trust_network setting is gone: the API has bearer tokens now. Remove it, "
+                "then create a token (`sgme token create --agent-id '*' --scope admin`) or set "
+                "require_auth: true to listen on a network address"
+            )
         unknown = set(values) - set(known)
         if unknown:
             raise errors.InvalidInput(f"unknown settings: {', '.join(sorted(unknown))}")
@@ -167,6 +180,9 @@ def _convert(name: str, raw: Any, default: Any) -> Any:
             return dict(value or {})
         if name == "data_dir":
             return Path(raw)
+        if isinstance(default, tuple):
+            items = raw.split(",") if isinstance(raw, str) else list(raw or ())
+            return tuple(str(item).strip() for item in items if str(item).strip())
         if isinstance(default, bool):
             return str(raw).lower() in ("1", "true", "yes", "on")
         if isinstance(default, int):

@@ -114,6 +114,31 @@ l1_items = sa.Table(
 )
 sa.Index("ix_l1_items_agent", l1_items.c.agent_id, l1_items.c.id)
 
+# Bearer tokens of the HTTP API (pipeline.auth): only the sha256 of a secret is kept. A revoked
+# token keeps its row, so auth stays on once any token was ever made.
+api_tokens = sa.Table(
+    "api_tokens",
+    metadata,
+    sa.Column("token_id", sa.String(32), primary_key=True),
+    sa.Column("token_hash", sa.String(64), nullable=False, unique=True),
+    sa.Column("name", sa.String(200), nullable=False, server_default=""),
+    sa.Column("agent_ids", sa.Text, nullable=False),  # JSON list; ["*"] is every agent
+    sa.Column("scopes", sa.Text, nullable=False),  # JSON list of pipeline.auth.SCOPES
+    sa.Column("created_at", sa.DateTime, nullable=False),
+    sa.Column("last_used_at", sa.DateTime),  # written at most once a minute per token
+    sa.Column("revoked_at", sa.DateTime),
+)
+
+# The last full re-refine asked for over HTTP, per file (pipeline.refine.request_full): kept in
+# the index so that every API process applies one cooldown.
+full_refines = sa.Table(
+    "full_refines",
+    metadata,
+    sa.Column("file_id", sa.String(36), sa.ForeignKey("raw_files.file_id"), primary_key=True),
+    sa.Column("requested_at", sa.DateTime, nullable=False),
+    sa.Column("finished_at", sa.DateTime),  # the commit of its first segment (lo = 0)
+)
+
 
 def utcnow() -> dt.datetime:
     """Now, as the naive UTC datetime the index stores."""
@@ -238,3 +263,17 @@ class L1Item(Record):
             "segment": {"lo": self.segment_lo, "hi": self.segment_hi},
             "created_at": iso(self.created_at),
         }
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenRow(Record):
+    """One row of ``api_tokens`` (never the secret: only its hash is stored)."""
+
+    token_id: str
+    token_hash: str
+    name: str
+    agent_ids: str
+    scopes: str
+    created_at: dt.datetime
+    last_used_at: dt.datetime | None
+    revoked_at: dt.datetime | None

@@ -1,20 +1,28 @@
 """Shared fixtures: an index on SQLite (always) and on PostgreSQL (a database of its own,
 created and dropped by the test run; skipped off CI when PostgreSQL is not running, a failure
-on CI), and a fresh data directory."""
+on CI), a fresh data directory, and the ``sgme`` command run in this process."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import io
+import json
 import os
+import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
-from pipeline import database, tables
+from pipeline import cli, database, tables
+
+# Helper modules of the e2e tests: pytest rewrites their asserts too (before any test imports
+# them), so a failed check there says what it compared.
+pytest.register_assert_rewrite("harness", "services")
 
 CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 POSTGRES_ADMIN_URL = os.environ.get(
@@ -104,6 +112,60 @@ def data_dir(tmp_path: Path) -> Path:
     path = tmp_path / "data"
     path.mkdir()
     return path
+
+
+# ---------------------------------------------------------------------------------------------
+# the `sgme` command in this process (tests/integration)
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One ``sgme`` invocation: exit code, stdout bytes, stderr text."""
+
+    code: int
+    out: bytes
+    err: str
+
+    def json(self) -> Any:
+        return json.loads(self.out)
+
+
+Sgme = Callable[..., Run]
+
+
+@pytest.fixture
+def sgme(
+    data_dir: Path,
+    database_url: str,
+    capsysbinary: pytest.CaptureFixture[bytes],
+    monkeypatch: pytest.MonkeyPatch,
+) -> Sgme:
+    """``sgme(command, *args, stdin=None)`` against this test's data dir and index."""
+    for name in list(os.environ):
+        if name.startswith("SGME_"):
+            monkeypatch.delenv(name)
+    capsysbinary.readouterr()
+
+    def run(command: str, *args: str, stdin: str | None = None, common: bool = True) -> Run:
+        argv = [command]
+        if common:
+            argv += ["--data-dir", str(data_dir), "--database-url", database_url]
+        monkeypatch.setattr(sys, "stdin", io.StringIO(stdin or ""))
+        code = cli.main([*argv, *args])
+        out, err = capsysbinary.readouterr()
+        return Run(code, out, err.decode("utf-8"))
+
+    return run
+
+
+def assert_one_line_error(run: Run, *needles: str) -> None:
+    """A failed command: exit 2, nothing on stdout, one line on stderr naming the fault."""
+    assert run.code == cli.EXIT_ERROR, run
+    assert run.out == b""
+    assert run.err.endswith("\n") and run.err.count("\n") == 1, run.err
+    assert run.err.startswith("sgme "), run.err
+    for needle in needles:
+        assert needle in run.err, run.err
 
 
 # ---------------------------------------------------------------------------------------------

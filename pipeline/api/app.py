@@ -4,7 +4,6 @@ to an RFC 9457 problem document (``application/problem+json``)."""
 from __future__ import annotations
 
 import logging
-import math
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -13,13 +12,19 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from pipeline import errors, validation
-from pipeline.api import appends, files, models, ops, refinement
+from pipeline import auth, errors, validation
+from pipeline.api import appends, files, models, ops, refinement, security
 from pipeline.api.deps import problem
 from pipeline.api.server import BodyLimit
 from pipeline.service import Service
 
 log = logging.getLogger(__name__)
+
+
+def answer(exc: errors.SgmeError) -> JSONResponse:
+    """The problem+json answer of one of our errors, with the headers it calls for."""
+    headers = security.headers(exc)
+    return problem(exc.status, exc.type, type(exc).__name__, exc.detail, **headers)
 
 
 def create_app(service: Service) -> FastAPI:
@@ -30,8 +35,18 @@ def create_app(service: Service) -> FastAPI:
         description="The raw layer of SGME: append-only Markdown transcripts, indexed.",
     )
     app.state.service = service
-    http = service.settings.http
+    settings = service.settings
+    app.state.verifier = auth.Verifier(
+        service.engine,
+        require_auth=settings.require_auth,
+        cache_seconds=settings.token_cache_seconds,
+    )
+    http = settings.http
     app.add_middleware(BodyLimit, max_bytes=http.max_request_bytes, timeout=http.body_timeout)
+    # added last, so it runs first: a foreign Host is refused before anything else
+    app.add_middleware(
+        security.HostAllowlist, allowed=security.allowed_hosts(settings), refuse=answer
+    )
     for router in (appends.router, files.router, refinement.router, ops.router):
         app.include_router(router)
 
@@ -41,10 +56,7 @@ def create_app(service: Service) -> FastAPI:
             log.error("%s: %s", exc.type, exc.detail, exc_info=exc)
         elif exc.status >= 500:
             log.warning("%s: %s", exc.type, exc.detail)
-        headers = {}
-        if exc.retry_after is not None:
-            headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
-        return problem(exc.status, exc.type, type(exc).__name__, exc.detail, **headers)
+        return answer(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -83,6 +95,7 @@ def _openapi(app: FastAPI, service: Service) -> dict[str, Any]:
         components.update(body.pop("$defs", {}))
         components[model.__name__] = body
     _link(schema)
+    security.document(schema, service.settings)
     return schema
 
 

@@ -11,8 +11,11 @@ from typing import Any, Literal
 from fastapi import APIRouter, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
+from pipeline import auth, validation
 from pipeline.api import models
 from pipeline.api.deps import ServiceDep, problems
+from pipeline.api.security import Appender
+from pipeline.service import Appended, Service
 
 router = APIRouter(tags=["append"])
 
@@ -36,6 +39,7 @@ async def append(
     request: Request,
     response: Response,
     service: ServiceDep,
+    caller: Appender,
     # Not Optional in the schema: omitted means "don't wait"; there is no null to send.
     wait: Literal["flushed"] = Query(
         None,
@@ -47,7 +51,7 @@ async def append(
     is 200 once the messages are in the file (202 if that flush failed: it is retried, and
     the append stands)."""
     body = await request.body()
-    done = await run_in_threadpool(service.append, body, wait=wait == "flushed")
+    done = await run_in_threadpool(_append, service, caller, body, wait == "flushed")
     if done.flushed:
         response.status_code = 200
     return done.to_json()
@@ -60,8 +64,22 @@ async def append(
     responses=problems(408, 409, 413, 422, 503, 507),
     openapi_extra=_body("UploadBody"),
 )
-async def upload(request: Request, service: ServiceDep) -> dict[str, Any]:
+async def upload(request: Request, service: ServiceDep, caller: Appender) -> dict[str, Any]:
     """Store one UTF-8 text document as a file of its own."""
     body = await request.body()
-    done = await run_in_threadpool(service.upload, body)
+    done = await run_in_threadpool(_upload, service, caller, body)
     return {"file_id": done.result.file_id, "source_ref": done.result.source_refs[0]}
+
+
+def _append(service: Service, caller: auth.Caller, body: bytes, wait: bool) -> Appended:
+    """Validate, check the token holds the body's agent_id (403), then append."""
+    parsed = validation.parse_append(body, service.settings.limits)
+    caller.require_agent(parsed.agent_id)
+    return service.append(parsed, wait=wait)
+
+
+def _upload(service: Service, caller: auth.Caller, body: bytes) -> Appended:
+    """Validate, check the token holds the body's agent_id (403), then store."""
+    parsed = validation.parse_upload(body, service.settings.limits)
+    caller.require_agent(parsed.agent_id)
+    return service.upload(parsed)

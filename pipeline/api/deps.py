@@ -46,6 +46,7 @@ def problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
         408: "the request body came too slowly",
         413: "request body too large",
         422: "invalid input",
+        429: "too soon: repeat after Retry-After seconds",
         500: "a bug (logged by the server)",
         503: "unavailable; retry after Retry-After seconds, or with backoff",
         507: "the data volume is full; retry after Retry-After seconds",

@@ -11,6 +11,7 @@ from starlette.concurrency import iterate_in_threadpool
 from pipeline import database, index, reader, validation
 from pipeline.api import models
 from pipeline.api.deps import FileIdPath, ServiceDep, problems
+from pipeline.api.security import Reader
 
 router = APIRouter(tags=["files"])
 
@@ -21,6 +22,7 @@ SourceType = Literal["session", "upload", "external"]
 @router.get("/v1/files", response_model=models.Files, responses=problems(422, 503))
 def list_files(
     service: ServiceDep,
+    caller: Reader,
     agent_id: Annotated[str | None, Query(pattern=validation.AGENT_ID_PATTERN)] = None,
     status: Status | None = None,
     source_type: SourceType | None = None,
@@ -29,11 +31,12 @@ def list_files(
         str | None, Query(pattern=validation.FILE_ID_PATTERN, json_schema_extra={"format": "uuid"})
     ] = None,
 ) -> dict[str, Any]:
-    """Files ordered by file_id; pass ``next_cursor`` back as ``cursor`` for the next page."""
+    """Files ordered by file_id; pass ``next_cursor`` back as ``cursor`` for the next page.
+    Only the token's agents' files are listed (an ``agent_id`` it does not hold lists none)."""
     with database.transaction(service.engine) as conn:
         rows = index.list_files(
             conn,
-            agent_id=agent_id,
+            agents=caller.listing(agent_id),
             status=status,
             source_type=source_type,
             after=cursor,
@@ -44,9 +47,9 @@ def list_files(
 
 
 @router.get("/v1/files/{file_id}", response_model=models.File, responses=problems(404, 422, 503))
-def get_file(file_id: FileIdPath, service: ServiceDep) -> dict[str, Any]:
+def get_file(file_id: FileIdPath, service: ServiceDep, caller: Reader) -> dict[str, Any]:
     """The file's index row."""
-    return reader.get_file(service.engine, file_id).to_json()
+    return reader.get_file(service.engine, file_id, agents=caller.agents).to_json()
 
 
 @router.get(
@@ -57,9 +60,9 @@ def get_file(file_id: FileIdPath, service: ServiceDep) -> dict[str, Any]:
         **problems(404, 409, 422, 503),
     },
 )
-def get_raw(file_id: FileIdPath, service: ServiceDep) -> Response:
+def get_raw(file_id: FileIdPath, service: ServiceDep, caller: Reader) -> Response:
     """The file's committed bytes, exactly as on disk (decompressed if archived), streamed."""
-    row = reader.get_file(service.engine, file_id)
+    row = reader.get_file(service.engine, file_id, agents=caller.agents)
     chunks = reader.stream(service.engine, service.settings.data_dir, row)
     return StreamingResponse(
         iterate_in_threadpool(chunks),
@@ -76,6 +79,7 @@ def get_raw(file_id: FileIdPath, service: ServiceDep) -> Response:
 def get_messages(
     file_id: FileIdPath,
     service: ServiceDep,
+    caller: Reader,
     after_seq: Annotated[int, Query(ge=0, le=validation.MAX_SEQ)] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> dict[str, Any]:
@@ -89,6 +93,7 @@ def get_messages(
         after_seq=after_seq,
         limit=limit,
         max_bytes=service.settings.http.max_page_bytes,
+        agents=caller.agents,
     )
     next_after = found[-1].seq if found else None
     return {
@@ -102,6 +107,7 @@ def get_messages(
 def get_ref(
     ref: Annotated[str, Path(pattern=validation.SOURCE_REF_PATTERN, description="file_id:seq")],
     service: ServiceDep,
+    caller: Reader,
     context: Annotated[int, Query(ge=0, le=50)] = 1,
 ) -> dict[str, Any]:
     """The message a source_ref (``file_id:seq``) names, with up to ``context`` neighbours on
@@ -112,6 +118,7 @@ def get_ref(
         ref,
         context=context,
         max_bytes=service.settings.http.max_page_bytes,
+        agents=caller.agents,
     )
     file_id = found.file.file_id
     return {

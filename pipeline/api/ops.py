@@ -5,13 +5,14 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Depends, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from pipeline import database, errors, ledger, metrics, store
 from pipeline.api import models
 from pipeline.api.deps import ServiceDep
+from pipeline.api.security import metrics_caller
 
 router = APIRouter(tags=["operations"])
 
@@ -49,6 +50,7 @@ def health(service: ServiceDep) -> JSONResponse:
     "/metrics",
     response_class=Response,
     responses={200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}}},
+    dependencies=[Depends(metrics_caller)],
 )
 def prometheus(service: ServiceDep) -> Response:
     """Prometheus metrics: journal backlog, flush latency, refinement lag, anomalies."""

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query
 from pipeline import database, l1, reader, refine, validation
 from pipeline.api import models
 from pipeline.api.deps import FileIdPath, ServiceDep, problems
+from pipeline.api.security import Reader, Refiner
 
 router = APIRouter(tags=["refinement"])
 MAX_ID = 2**63 - 1
@@ -18,12 +19,14 @@ MAX_ID = 2**63 - 1
     "/v1/files/{file_id}/refine",
     status_code=202,
     response_model=models.File,
-    responses=problems(404, 409, 422, 503),
+    responses=problems(404, 409, 422, 429, 503),
 )
-def refine_file(file_id: FileIdPath, service: ServiceDep) -> dict[str, Any]:
+def refine_file(file_id: FileIdPath, service: ServiceDep, caller: Refiner) -> dict[str, Any]:
     """Full re-refine: ``last_refined_seq = 0``; the file's L1 items are replaced when the new
-    run commits."""
-    refine.request_full(service.engine, file_id)
+    run commits. 429 with ``Retry-After`` while the file's last full re-refine is running or
+    finished less than ``refine_cooldown_seconds`` ago."""
+    cooldown = service.settings.refinement.cooldown_seconds
+    refine.request_full(service.engine, file_id, cooldown=cooldown, agents=caller.agents)
     service.dispatch([file_id])
     return reader.get_file(service.engine, file_id).to_json()
 
@@ -31,6 +34,7 @@ def refine_file(file_id: FileIdPath, service: ServiceDep) -> dict[str, Any]:
 @router.get("/v1/l1", response_model=models.L1Items, responses=problems(422, 503))
 def list_l1(
     service: ServiceDep,
+    caller: Reader,
     file_id: Annotated[
         str | None, Query(pattern=validation.FILE_ID_PATTERN, json_schema_extra={"format": "uuid"})
     ] = None,
@@ -38,8 +42,11 @@ def list_l1(
     after: Annotated[int, Query(ge=0, le=MAX_ID, description="items with id > after")] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> dict[str, Any]:
-    """L1 items, oldest first; each source_ref resolves through ``/v1/refs/…``."""
+    """L1 items, oldest first; each source_ref resolves through ``/v1/refs/…``. Only the
+    token's agents' items are listed (an ``agent_id`` it does not hold lists none)."""
     with database.transaction(service.engine) as conn:
-        items = l1.list_items(conn, file_id=file_id, agent_id=agent_id, after=after, limit=limit)
+        items = l1.list_items(
+            conn, file_id=file_id, agents=caller.listing(agent_id), after=after, limit=limit
+        )
     next_after = items[-1].id if len(items) == limit else None
     return {"items": [item.to_json() for item in items], "next_after": next_after}

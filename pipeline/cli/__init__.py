@@ -7,7 +7,7 @@ exits 1 when it finds a problem. Only ``migrate`` and ``serve`` change the index
 other command refuses to work on a schema that is behind and says what to run.
 
 The commands live in modules by what they are for (``processes``, ``files``,
-``maintenance``); each has a ``register(add)`` that declares its subcommands.
+``maintenance``, ``tokens``); each has a ``register(add)`` that declares its subcommands.
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ def progress(label: str, total: int) -> Iterator[Callable[[int], None]]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``sgme`` argument parser."""
-    from pipeline.cli import files, maintenance, processes
+    from pipeline.cli import files, maintenance, processes, tokens
 
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--data-dir", help="data directory (env SGME_DATA_DIR, default ./data)")
@@ -135,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func)
         return p
 
-    for module in (processes, files, maintenance):
+    for module in (processes, files, maintenance, tokens):
         module.register(add)
     return parser
 

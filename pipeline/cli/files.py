@@ -48,7 +48,7 @@ def cmd_ls(ctx: Context) -> int:
     with database.transaction(ctx.engine(settings)) as conn:
         rows = index.list_files(
             conn,
-            agent_id=a.agent_id,
+            agents=None if a.agent_id is None else [a.agent_id],
             status=a.status,
             source_type=a.source_type,
             limit=a.limit,

@@ -6,9 +6,10 @@ import argparse
 import ipaddress
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 
-from pipeline import errors
+from pipeline import auth, database, errors
 from pipeline.cli import Add, Context
 from pipeline.service import Service
 from pipeline.settings import Settings
@@ -24,12 +25,26 @@ def _is_loopback(host: str) -> bool:
 
 
 def _check_bind(settings: Settings) -> None:
-    if not _is_loopback(settings.host) and not settings.trust_network:
-        raise errors.InvalidInput(
-            f"refusing to listen on {settings.host}: there is no authentication yet, so the "
-            "server binds loopback addresses only (127.0.0.1, ::1, localhost) unless "
-            "SGME_TRUST_NETWORK=true says every client that can reach it is trusted"
-        )
+    """A network address only with auth on: anyone who can reach the port could otherwise read
+    and write every agent's memory. Read-only, before anything is created or migrated."""
+    if _is_loopback(settings.host) or settings.require_auth:
+        return
+    url = settings.index_url
+    # A SQLite index that does not exist yet has no tokens (and a refusal creates nothing).
+    if not url.startswith("sqlite:///") or Path(url.removeprefix("sqlite:///")).exists():
+        engine = database.create_engine(url, busy_timeout=settings.sqlite_busy_timeout)
+        try:
+            if auth.made_any(engine):
+                return
+        finally:
+            engine.dispose()
+    raise errors.InvalidInput(
+        f"refusing to listen on {settings.host}: authentication is off (no token exists), so "
+        "the server binds loopback addresses only (127.0.0.1, ::1, localhost). Create a token "
+        "first: `sgme migrate`, then `sgme token create --agent-id '*' --scope admin --name ops` "
+        "(with the same --data-dir/--database-url); or set require_auth: true "
+        "(SGME_REQUIRE_AUTH=true)"
+    )
 
 
 def _exit_on_signal(signum: int, _frame: Any) -> None:

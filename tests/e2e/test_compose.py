@@ -58,12 +58,41 @@ def test_sgme_commands_parse(service: str) -> None:
         assert args.queues == queues[service]
 
 
-def test_production_config_loads_and_allows_the_container_bind() -> None:
+def test_production_config_loads_with_auth_on() -> None:
     settings = Settings.load(ROOT / "config" / "production.yaml", environ={})
-    assert settings.trust_network is True
     assert settings.host == "0.0.0.0"
+    # the container binds every address, so auth must be on from the first start
+    assert settings.require_auth is True
+    # the published port (127.0.0.1, localhost) and other containers (`api`) are answered
+    assert {"localhost", "127.0.0.1", "api"} <= set(settings.allowed_hosts)
     default = Settings.load(ROOT / "config" / "default.yaml", environ={})
     assert default == Settings()  # default.yaml documents exactly the built-in defaults
+    assert default.require_auth is False and default.host == "127.0.0.1"
+
+
+def test_redis_and_postgres_are_on_the_internal_network_only() -> None:
+    """The sgme.append task path trusts the broker: nothing outside may reach Redis."""
+    services, networks = COMPOSE["services"], COMPOSE["networks"]
+    assert networks["internal"]["internal"] is True
+    for name in ("redis", "postgres"):
+        assert services[name]["networks"] == ["internal"], name
+        assert "ports" not in services[name], name
+    published = {name for name, svc in services.items() if svc.get("ports")}
+    assert published == {"api", "flower"}
+    for name in published:
+        assert all(p.startswith("127.0.0.1:") for p in services[name]["ports"]), name
+        assert "edge" in services[name]["networks"]
+
+
+def test_the_first_admin_token_is_a_one_shot_step() -> None:
+    token = COMPOSE["services"]["token"]
+    assert token["profiles"] == ["tools"]  # `up` does not run it; `run --rm token` does
+    assert token["restart"] == "no"
+    args = cli.build_parser().parse_args(token["command"][1:])
+    assert (args.command, args.token_command) == ("token", "create")
+    assert args.agent_id == ["*"] and args.scope == ["admin"]
+    assert "docker compose run --rm token" in (ROOT / "docker-compose.yml").read_text()
+    assert token["depends_on"]["migrate"] == {"condition": "service_completed_successfully"}
 
 
 def _free_port() -> int:

@@ -2,7 +2,11 @@
 all its default checks and all its phases (examples, coverage, fuzzing, stateful), from a
 fixed seed, for a bounded time. Every schema-valid request must be accepted, every invalid one
 refused with a declared 4xx problem document, every answer must match its declared schema,
-status and content type, and no request may get a 500. Zero failures."""
+status and content type, and no request may get a 500. Zero failures.
+
+Auth is on (an admin token for every agent, sent with every request), so the run also checks
+that a request without the token is refused as the schema says (schemathesis's
+``ignored_auth``)."""
 
 from __future__ import annotations
 
@@ -25,8 +29,13 @@ def test_schemathesis_finds_nothing(procs: harness.Procs, tmp_path: Path) -> Non
     if not st.exists() and shutil.which("st") is None:
         pytest.fail("schemathesis is a dev dependency: `make install` installs it")
     port = harness.free_port()
-    argv = ["serve", "--data-dir", str(tmp_path / "data"), "--port", str(port)]
-    server = procs.start("serve", [*argv, "--log-level", "warning"], harness.clean_env())
+    data = ["--data-dir", str(tmp_path / "data")]
+    env = harness.clean_env()
+    procs.run(["migrate", *data], env)
+    made = procs.run(["token", "create", *data, "--agent-id", "*", "--scope", "admin"], env)
+    token = made.strip().splitlines()[-1]
+    argv = ["serve", *data, "--port", str(port)]
+    server = procs.start("serve", [*argv, "--log-level", "warning"], env)
     url = f"http://127.0.0.1:{port}"
     with httpx.Client(base_url=url) as client:
         harness.wait_healthy(client, server, timeout=60)
@@ -37,6 +46,8 @@ def test_schemathesis_finds_nothing(procs: harness.Procs, tmp_path: Path) -> Non
             f"{url}/openapi.json",
             "--seed",
             SEED,
+            "--header",
+            f"Authorization: Bearer {token}",
             "--max-time",
             SECONDS,
             "--no-color",

@@ -16,13 +16,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import harness
 import httpx
 import pytest
+import services
 from conftest import scratch_database
-
-pytest.register_assert_rewrite("harness")
-import harness  # noqa: E402
-import services  # noqa: E402
 
 SESSIONS = 20
 MESSAGES = 600

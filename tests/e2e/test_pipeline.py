@@ -13,12 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import harness
 import httpx
-import pytest
 from conftest import REDIS_URL
-
-pytest.register_assert_rewrite("harness")
-import harness  # noqa: E402
 
 SESSIONS = 50
 MESSAGES = 2000

@@ -1,13 +1,17 @@
 """``sgme serve`` as a real process: the embedded worker flushes what the API acknowledged,
-a SIGKILL loses nothing acknowledged (the sweep at start flushes it, exactly once), and the
-server refuses to bind anything but loopback. The processes come from ``harness.py``."""
+a SIGKILL loses nothing acknowledged (the sweep at start flushes it, exactly once), the server
+binds a network address only with auth on, and tokens made or revoked by the CLI reach it
+without a restart. The processes come from ``harness.py``."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -163,19 +167,130 @@ def test_sigkill_loses_nothing_acknowledged_and_restart_flushes_it_once(
         check_file(client, data_dir, file_id, [*expected, "after restart"])
 
 
-def test_serve_refuses_to_bind_a_non_loopback_address(tmp_path: Path) -> None:
-    data_dir = tmp_path / "data"
-    argv = ["serve", "--data-dir", str(data_dir), "--host", "0.0.0.0"]
-    result = subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", *argv, "--port", str(harness.free_port())],
+def run_sgme(cwd: Path, *args: str, **settings: str) -> subprocess.CompletedProcess[str]:
+    """A one-shot ``sgme`` child (its exit code is the caller's to check)."""
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", *args],
         stdin=subprocess.DEVNULL,
         capture_output=True,
-        env=harness.clean_env(),
-        cwd=tmp_path,
+        text=True,
+        env=harness.clean_env(**settings),
+        cwd=cwd,
         timeout=60,
+        check=False,
     )
-    assert result.returncode == 2, result
-    err = result.stderr.decode("utf-8")
-    assert "0.0.0.0" in err and "loopback" in err, err
+
+
+def test_serve_refuses_a_network_address_until_a_token_exists(
+    procs: harness.Procs, tmp_path: Path
+) -> None:
+    data_dir = tmp_path / "data"
+    port = harness.free_port()
+    argv = ["serve", "--data-dir", str(data_dir), "--host", "0.0.0.0", "--port", str(port)]
+    refused = run_sgme(tmp_path, *argv)
+    assert refused.returncode == 2, refused
+    err = refused.stderr
+    assert "0.0.0.0" in err and "loopback" in err and "sgme token create" in err, err
     assert err.startswith("sgme serve: ") and err.count("\n") == 1, err
-    assert not data_dir.exists()
+    with socket.socket() as s:  # nothing listens on the port
+        assert s.connect_ex(("127.0.0.1", port)) != 0
+    assert not data_dir.exists()  # and nothing was created
+
+    assert run_sgme(tmp_path, "migrate", "--data-dir", str(data_dir)).returncode == 0
+    made = run_sgme(
+        tmp_path,
+        "token",
+        "create",
+        "--data-dir",
+        str(data_dir),
+        "--agent-id",
+        "*",
+        "--scope",
+        "admin",
+        "--json",
+    )
+    assert made.returncode == 0, made
+    secret = json.loads(made.stdout)["token"]
+
+    proc = procs.start(f"serve-{port}", [*argv, "--log-level", "debug"], harness.clean_env())
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10.0) as client:
+        harness.wait_healthy(client, proc, timeout=60)
+        assert client.get("/v1/files").status_code == 401
+        assert (
+            client.get("/v1/files", headers={"Authorization": "Bearer sgme_x"}).status_code == 401
+        )
+        auth = {"Authorization": f"Bearer {secret}"}
+        assert client.get("/v1/files", headers=auth).status_code == 200
+        r = client.post(
+            "/v1/append?wait=flushed",
+            headers=auth,
+            json={
+                "agent_id": "e2e",
+                "session_key": "s",
+                "messages": [{"role": "user", "content": "x"}],
+            },
+        )
+        assert r.status_code == 200, r.text
+        # a page that rebinds its DNS name to this server sends its own Host: refused
+        rebound = client.get("/v1/files", headers={**auth, "Host": "attacker.example"})
+        assert rebound.status_code == 400
+        assert rebound.json()["type"] == "urn:sgme:problem:host-not-allowed"
+    proc.stop()
+    log = proc.log_path.read_text(encoding="utf-8")
+    assert "GET /v1/files" in log  # the access log is there, and it has no secret in it
+    assert secret not in log and secret.removeprefix("sgme_")[:16] not in log
+
+
+def test_require_auth_lets_serve_bind_a_network_address(
+    procs: harness.Procs, tmp_path: Path
+) -> None:
+    port = harness.free_port()
+    argv = ["serve", "--data-dir", str(tmp_path / "data"), "--host", "0.0.0.0", "--port", str(port)]
+    proc = procs.start(f"serve-{port}", argv, harness.clean_env(require_auth="true"))
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10.0) as client:
+        harness.wait_healthy(client, proc, timeout=60)
+        r = client.get("/v1/files")
+        assert r.status_code == 401 and r.headers["www-authenticate"].startswith("Bearer")
+
+
+def test_tokens_made_and_revoked_by_the_cli_reach_a_running_server(
+    procs: harness.Procs, tmp_path: Path
+) -> None:
+    """Without a restart, within token_cache_seconds (5 s by default)."""
+    data_dir = tmp_path / "data"
+    with serve(procs, data_dir) as (proc, client):
+        assert client.get("/v1/files").status_code == 200  # no token yet: open (loopback)
+        made = run_sgme(
+            tmp_path,
+            "token",
+            "create",
+            "--data-dir",
+            str(data_dir),
+            "--agent-id",
+            "e2e",
+            "--scope",
+            "read",
+        )
+        assert made.returncode == 0, made
+        secret = made.stdout.splitlines()[-1]
+        token_id = made.stdout.split("token_id:")[1].split()[0]
+        auth = {"Authorization": f"Bearer {secret}"}
+        started = time.monotonic()
+        harness.wait_until(
+            lambda: client.get("/v1/files").status_code == 401,
+            timeout=15,
+            what="the server to require the new token",
+            check=proc.check_alive,
+        )
+        assert time.monotonic() - started < 5 + 2
+        assert client.get("/v1/files", headers=auth).status_code == 200
+        revoked = run_sgme(tmp_path, "token", "revoke", token_id, "--data-dir", str(data_dir))
+        assert revoked.returncode == 0, revoked
+        started = time.monotonic()
+        harness.wait_until(
+            lambda: client.get("/v1/files", headers=auth).status_code == 401,
+            timeout=15,
+            what="the server to refuse the revoked token",
+            check=proc.check_alive,
+        )
+        assert time.monotonic() - started < 5 + 2

@@ -71,7 +71,12 @@ class Api:
         self.data_dir = data_dir
         self.queue = Recorder()
         self.kicks = self.queue.kicks
-        settings = Settings(data_dir=data_dir, database_url=database_url, limits=limits)
+        settings = Settings(
+            data_dir=data_dir,
+            database_url=database_url,
+            limits=limits,
+            allowed_hosts=("testserver",),  # TestClient's Host
+        )
         app = api_app.create_app(Service(settings, engine, self.queue))
         self.client = TestClient(app, raise_server_exceptions=True)
 

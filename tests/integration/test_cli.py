@@ -3,62 +3,18 @@ fsck, reindex and migrate, with the exit codes and the one-line errors scripts r
 
 from __future__ import annotations
 
-import dataclasses
-import io
 import json
-import os
-import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from conftest import Sgme, assert_one_line_error
 
 from pipeline import cli, database, document, errors, tables
 
 TS1 = "2026-08-03T11:18:06Z"
 TS2 = "2026-08-03T11:20:05Z"
-
-
-@dataclasses.dataclass(frozen=True)
-class Run:
-    """One ``sgme`` invocation: exit code, stdout bytes, stderr text."""
-
-    code: int
-    out: bytes
-    err: str
-
-    def json(self) -> Any:
-        return json.loads(self.out)
-
-
-Sgme = Callable[..., Run]
-
-
-@pytest.fixture
-def sgme(
-    data_dir: Path,
-    database_url: str,
-    capsysbinary: pytest.CaptureFixture[bytes],
-    monkeypatch: pytest.MonkeyPatch,
-) -> Sgme:
-    """``sgme(command, *args, stdin=None)`` against this test's data dir and index."""
-    for name in list(os.environ):
-        if name.startswith("SGME_"):
-            monkeypatch.delenv(name)
-    capsysbinary.readouterr()
-
-    def run(command: str, *args: str, stdin: str | None = None, common: bool = True) -> Run:
-        argv = [command]
-        if common:
-            argv += ["--data-dir", str(data_dir), "--database-url", database_url]
-        monkeypatch.setattr(sys, "stdin", io.StringIO(stdin or ""))
-        code = cli.main([*argv, *args])
-        out, err = capsysbinary.readouterr()
-        return Run(code, out, err.decode("utf-8"))
-
-    return run
 
 
 def append_body(session_key: str = "s1", *messages: dict[str, Any], **extra: Any) -> str:
@@ -70,15 +26,6 @@ def append_body(session_key: str = "s1", *messages: dict[str, Any], **extra: Any
             **extra,
         }
     )
-
-
-def assert_one_line_error(run: Run, *needles: str) -> None:
-    assert run.code == cli.EXIT_ERROR, run
-    assert run.out == b""
-    assert run.err.endswith("\n") and run.err.count("\n") == 1, run.err
-    assert run.err.startswith("sgme "), run.err
-    for needle in needles:
-        assert needle in run.err, run.err
 
 
 def raw_path(data_dir: Path, file_id: str, subdir: str = "sessions") -> Path:

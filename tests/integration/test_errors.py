@@ -59,7 +59,12 @@ class Queue:
 
 @pytest.fixture
 def service(engine: sa.Engine, data_dir: Path, database_url: str) -> Service:
-    settings = Settings(data_dir=data_dir, database_url=database_url, lock_timeout=0.3)
+    settings = Settings(
+        data_dir=data_dir,
+        database_url=database_url,
+        lock_timeout=0.3,
+        allowed_hosts=("testserver",),  # TestClient's Host
+    )
     return Service(settings, engine, Queue())
 
 

@@ -42,7 +42,7 @@ def body(session_key: str = "s1", *contents: str, **extra: Any) -> dict[str, Any
 
 
 def _service(engine: sa.Engine, data_dir: Path, database_url: str, **changes: Any) -> Service:
-    base = Settings(data_dir=data_dir, database_url=database_url)
+    base = Settings(data_dir=data_dir, database_url=database_url, allowed_hosts=("testserver",))
     return Service(dataclasses.replace(base, **changes), engine, NoQueue())
 
 

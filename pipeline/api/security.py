@@ -1,0 +1,187 @@
+"""The API's side of :mod:`pipeline.auth`: the bearer token of each request, the scope each
+route needs, the Host allowlist, and how all of it shows in answers and in ``/openapi.json``.
+
+Checks run in this order, each answered with a problem document:
+Host not allowed → 400; no, a malformed, unknown or revoked token → 401 with
+``WWW-Authenticate: Bearer``; a scope the token lacks → 403 (before anything is looked up, so a
+403 says nothing about what exists); another agent's file → 404 exactly as if it did not exist.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Collection
+from typing import Annotated, Any
+
+from fastapi import Depends, Request, Security
+from fastapi.security import HTTPBearer
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from pipeline import auth, errors
+from pipeline.settings import Settings
+
+REALM = "sgme"
+ANY_HOST = "*"
+
+bearer = HTTPBearer(
+    auto_error=False,
+    scheme_name="bearer",
+    description=(
+        "A token made by `sgme token create` (`sgme_…`). Required on every /v1/* path but "
+        "/v1/health once any token exists or require_auth is set; /metrics needs an admin "
+        "token when metrics_require_auth is set."
+    ),
+)
+
+
+def _secret(request: Request) -> str | None:
+    """The token of the ``Authorization`` header; None without one, "" (malformed) when the
+    header is not ``Bearer <token>``."""
+    header = request.headers.get("authorization")
+    if header is None:
+        return None
+    scheme, _, value = header.strip().partition(" ")
+    return value.strip() if scheme.lower() == "bearer" else ""
+
+
+async def _verify(request: Request, *, required: bool = False) -> auth.Caller:
+    """The request's caller: from the verifier's memory when it can answer, else in a thread
+    (it reads the index)."""
+    verifier: auth.Verifier = request.app.state.verifier
+    secret = _secret(request)
+    found = verifier.quick(secret, required=required)
+    if found is not None:
+        return found
+    return await run_in_threadpool(verifier.caller, secret, required=required)
+
+
+async def caller(request: Request, _: Annotated[Any, Security(bearer)] = None) -> auth.Caller:
+    """The caller of a ``/v1/*`` request (:data:`auth.OPEN` while auth is off)."""
+    return await _verify(request)
+
+
+def _scope(name: str) -> Any:
+    async def dependency(who: Annotated[auth.Caller, Depends(caller)]) -> auth.Caller:
+        who.require(name)
+        return who
+
+    dependency.__name__ = f"require_{name}"
+    return Depends(dependency)
+
+
+Appender = Annotated[auth.Caller, _scope("append")]
+Reader = Annotated[auth.Caller, _scope("read")]
+Refiner = Annotated[auth.Caller, _scope("refine")]
+
+
+async def metrics_caller(request: Request) -> None:
+    """``/metrics``: open, unless ``metrics_require_auth`` asks for an admin token."""
+    settings: Settings = request.app.state.service.settings
+    if settings.metrics_require_auth:
+        (await _verify(request, required=True)).require("admin")
+
+
+def headers(exc: errors.SgmeError) -> dict[str, str]:
+    """The headers an error's answer carries: the Bearer challenge of a 401 (and of a 403 for
+    a scope, RFC 6750), ``Retry-After`` of an error that says when to come back."""
+    if isinstance(exc, errors.Unauthorized):
+        challenge = f'Bearer realm="{REALM}"'
+        if exc.error:
+            challenge += f', error="{exc.error}"'
+        return {"WWW-Authenticate": challenge}
+    if isinstance(exc, errors.Forbidden) and exc.scope:
+        challenge = f'Bearer realm="{REALM}", error="insufficient_scope", scope="{exc.scope}"'
+        return {"WWW-Authenticate": challenge}
+    if exc.retry_after is not None:  # 429, and a 503 or 507 that knows when to come back
+        return {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}
+    return {}
+
+
+# ---------------------------------------------------------------------------------------------
+# the Host allowlist
+
+
+def allowed_hosts(settings: Settings) -> frozenset[str] | None:
+    """The Host names the server answers to: ``allowed_hosts`` plus the bind address (unless
+    a wildcard); None when ``*`` allows any. Lower case, IPv6 without brackets."""
+    names = {_name(h) for h in settings.allowed_hosts if h.strip()}
+    if ANY_HOST in names:
+        return None
+    if settings.host not in ("", "0.0.0.0", "::"):
+        names.add(_name(settings.host))
+    return frozenset(names)
+
+
+def _name(host: str) -> str:
+    return host.strip().lower().removeprefix("[").removesuffix("]").rstrip(".")
+
+
+def host_name(header: str) -> str:
+    """The name in a Host header, without its port: ``[::1]:8765`` → ``::1``."""
+    header = header.strip()
+    if header.startswith("["):
+        return _name(header.partition("]")[0] + "]")
+    if header.count(":") == 1:
+        header = header.partition(":")[0]
+    return _name(header)
+
+
+class HostAllowlist:
+    """ASGI middleware: a request whose Host is not allowed gets a 400 problem document. A web
+    page that rebinds its own DNS name to this server sends that name as Host, so it reads
+    nothing (DNS rebinding)."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        allowed: Collection[str] | None,
+        refuse: Callable[[errors.SgmeError], Response],
+    ) -> None:
+        self.app = app
+        self.allowed = None if allowed is None else frozenset(allowed)
+        self.refuse = refuse
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket") or self.allowed is None:
+            await self.app(scope, receive, send)
+            return
+        raw = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
+        if host_name(raw) in self.allowed:
+            await self.app(scope, receive, send)
+            return
+        refusal = errors.HostNotAllowed(
+            f"this server does not answer to Host {raw!r}; an operator can add the name to "
+            "allowed_hosts (SGME_ALLOWED_HOSTS)"
+        )
+        await self.refuse(refusal)(scope, receive, send)
+
+
+# ---------------------------------------------------------------------------------------------
+# /openapi.json
+
+_REASONS = {
+    400: "the Host header is not in allowed_hosts",
+    401: "no bearer token, or a malformed, unknown or revoked one (WWW-Authenticate: Bearer)",
+    403: "the token lacks the scope this needs, or the agent_id of the body",
+}
+
+
+def document(schema: dict[str, Any], settings: Settings) -> None:
+    """Add the answers of the checks above to every operation of ``schema``: 400 everywhere,
+    401 and 403 wherever a bearer token is asked for (``/metrics`` only when protected)."""
+    problem = {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
+
+    def answer(status: int) -> dict[str, Any]:
+        return {"description": _REASONS[status], "content": problem}
+
+    for path, operations in schema.get("paths", {}).items():
+        for operation in operations.values():
+            responses = operation.setdefault("responses", {})
+            responses.setdefault("400", answer(400))
+            if path == "/metrics" and settings.metrics_require_auth:
+                operation["security"] = [{bearer.scheme_name: []}]
+            if operation.get("security"):
+                responses.setdefault("401", answer(401))
+                responses.setdefault("403", answer(403))
