@@ -39,8 +39,11 @@ run: $(STAMP)
 	$(BIN)/sgme serve
 
 ## make test: lint, type-check and the whole test suite
+## Two workers (this machine has two cores): the long end-to-end tests mostly wait (a minute
+## of quiet before refinement, a 30 s broker outage), so they overlap well.
+PYTEST_WORKERS ?= 2
 test: $(STAMP) $(HERMES_STAMP) lint
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
 
 lint: $(STAMP)
 	$(BIN)/ruff check pipeline workers tests bench integrations

@@ -38,6 +38,15 @@ def unavailable(reason: str) -> None:
     pytest.skip(reason)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``make test`` runs two workers), the tests that use the shared Redis
+    database run one at a time, in one worker: each empties it and checks that nobody else is
+    connected."""
+    for item in items:
+        if "production" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("redis"))
+
+
 @contextlib.contextmanager
 def scratch_database(prefix: str) -> Iterator[str]:
     """The URL of a new, empty PostgreSQL database, dropped afterwards. Skipped off CI when
