@@ -119,6 +119,21 @@ def _stream(handle: BinaryIO, row: tables.FileRow, chunk: int) -> Iterator[bytes
             raise errors.FileDamaged(f"archive of {row.file_id} is corrupt: {exc}") from None
 
 
+def read_range(data_dir: Path, row: tables.FileRow, offset: int, length: int) -> bytes:
+    """``length`` bytes of an archived file's original from ``offset``: decompressed as a
+    stream up to them (a zstd frame cannot be entered in the middle), in bounded memory."""
+    wanted = []
+    position = 0
+    for chunk in stream_archived(data_dir, row):
+        end = position + len(chunk)
+        if end > offset:
+            wanted.append(chunk[max(0, offset - position) : offset + length - position])
+        position = end
+        if position >= offset + length:
+            break
+    return b"".join(wanted)
+
+
 def read_archived(data_dir: Path, row: tables.FileRow) -> bytes:
     """The original bytes of an archived file, checked against the committed length."""
     data = b"".join(_decompressed_chunks(store.checked(data_dir, row.path)))

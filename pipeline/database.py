@@ -195,14 +195,16 @@ def _alembic_config() -> Any:
     return config
 
 
-def migrate(engine: sa.Engine) -> None:
-    """Bring the schema to the newest Alembic revision."""
+def migrate(engine: sa.Engine, *, data_dir: Path | None = None) -> None:
+    """Bring the schema to the newest Alembic revision; a revision that fills something from
+    the files (the message catalog) reads them from ``data_dir``."""
     from alembic import command
 
     config = _alembic_config()
     try:
         with engine.begin() as conn:
             config.attributes["connection"] = conn
+            config.attributes["data_dir"] = data_dir
             command.upgrade(config, "head")
     except sa_exc.SQLAlchemyError as exc:
         raise map_error(exc) from exc

@@ -434,27 +434,84 @@ def parse(text: str, *, file_id: str | None = None) -> Document:
     stops.append(len(text))
     messages: list[Message] = []
     append = messages.append
-    # the hot loop of every read, kept flat: at ~1 KB a message, each Python-level step counts
+    body_message = _body_message
+    # the hot loop of every full read, kept flat: at ~1 KB a message, each step counts
     for seq, (m, stop) in enumerate(zip(headings, stops, strict=True), 1):
         _, ts, role = m.groups()
-        raw = text[m.end() + 1 : stop]
-        body = raw.strip("\n")
-        if "\r" in body and (body.startswith("\r") or body.endswith("\r")):
-            body = _strip_breaks(raw)
-        tool_name = None
-        if role == "tool" and body.startswith("**tool**: "):
-            # no partition: a tool's output is often the biggest body, so copy it only once
-            nl = body.find("\n")
-            tool = _TOOL_LINE.fullmatch(body, 0, nl if nl >= 0 else len(body))
-            if tool:
-                tool_name = tool.group(1)
-                # the end was stripped with the body; only the breaks after the tool line go
-                breaks = _BREAKS.match(body, nl + 1) if nl >= 0 else None
-                body = body[breaks.end() :] if breaks else ""
-        if "\\" in body:
-            body = unescape(body)
-        append(_message(role, body, ts, tool_name, seq))
+        append(body_message(text[m.end() + 1 : stop], ts, role, seq))
     return Document(header=header, messages=tuple(messages))
+
+
+def _body_message(raw: str, ts: str, role: str, seq: int) -> Message:
+    """The message whose heading said ``ts`` and ``role`` and whose body is ``raw`` (the text
+    after the heading line, up to the next heading)."""
+    body = raw.strip("\n")
+    if "\r" in body and (body.startswith("\r") or body.endswith("\r")):
+        body = _strip_breaks(raw)
+    tool_name = None
+    if role == "tool" and body.startswith("**tool**: "):
+        # no partition: a tool's output is often the biggest body, so copy it only once
+        nl = body.find("\n")
+        tool = _TOOL_LINE.fullmatch(body, 0, nl if nl >= 0 else len(body))
+        if tool:
+            tool_name = tool.group(1)
+            # the end was stripped with the body; only the breaks after the tool line go
+            breaks = _BREAKS.match(body, nl + 1) if nl >= 0 else None
+            body = body[breaks.end() :] if breaks else ""
+    if "\\" in body:
+        body = unescape(body)
+    return _message(role, body, ts, tool_name, seq)
+
+
+def parse_block(block: bytes, seq: int, *, upload_ts: str | None = None) -> Message:
+    """One message from the bytes of its block (a heading line and its body), as read from a
+    file by its offset; an upload's single block has no heading: pass ``upload_ts``."""
+    try:
+        text = block.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise errors.FormatError(f"message {seq} is not UTF-8 at byte {exc.start}") from None
+    if upload_ts is not None:
+        return Message(role="user", content=unescape(_body(text)), ts=upload_ts, seq=seq)
+    nl = text.find("\n")
+    heading = HEADING.fullmatch(text, 0, nl if nl >= 0 else len(text))
+    if heading is None:
+        raise errors.FormatError(f"message {seq} does not start with a heading line")
+    _, ts, role = heading.groups()
+    return _body_message(text[nl + 1 :] if nl >= 0 else "", ts, role, seq)
+
+
+@dataclass(frozen=True)
+class Located:
+    """A message and where its block is in the file (bytes)."""
+
+    offset: int
+    length: int
+    message: Message
+
+
+def locate(
+    data: bytes, *, base: int = 0, first_seq: int = 1, upload_ts: str | None = None
+) -> list[Located]:
+    """The blocks of ``data``: a whole file (``base`` 0: it starts with its frontmatter) or
+    rendered blocks written after ``base`` bytes of one. ``upload_ts`` marks an upload, whose
+    one block is everything after the frontmatter."""
+    if base == 0:
+        body, starts = block_offsets(data)
+        if upload_ts is not None or (starts == [body] and not _HEADING_BYTES.match(data, body)):
+            starts = [body]
+            upload_ts = upload_ts or _header_of(data).started_at
+    else:
+        starts = _block_starts(data, 0)
+    bounds = [*starts, len(data)]
+    return [
+        Located(base + lo, hi - lo, parse_block(data[lo:hi], seq, upload_ts=upload_ts))
+        for seq, (lo, hi) in enumerate(itertools.pairwise(bounds), first_seq)
+    ]
+
+
+def _header_of(data: bytes) -> Header:
+    yaml_text, _ = split_frontmatter(data[: data.find(b"\n---", 3) + 5].decode("utf-8"))
+    return parse_header(yaml_text)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ fsck only reports; each problem is also written as an anomaly whose kind starts 
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import json
 import logging
 from collections.abc import Callable, Iterator
@@ -14,7 +15,18 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from pipeline import archive, database, document, errors, index, journal, ledger, store, tables
+from pipeline import (
+    archive,
+    catalog,
+    database,
+    document,
+    errors,
+    index,
+    journal,
+    ledger,
+    store,
+    tables,
+)
 
 log = logging.getLogger(__name__)
 Progress = Callable[[int], None]  #: called with the number of files just finished
@@ -72,8 +84,61 @@ def check_bytes(row: tables.FileRow, data: bytes) -> list[Problem]:
     return problems
 
 
-def check_file(data_dir: Path, row: tables.FileRow) -> list[Problem]:
-    """fsck of one indexed file."""
+def check_catalog(
+    row: tables.FileRow,
+    data: bytes,
+    cataloged: list[tables.MessageRow],
+    unindexed: list[int],
+) -> list[Problem]:
+    """Compare the catalog's rows of a file with the blocks of its committed bytes."""
+    try:
+        found = locate_file(
+            data[: row.flushed_bytes], source_type=row.source_type, started_at=row.started_at
+        )
+    except (UnicodeDecodeError, errors.SgmeError):
+        return []  # check_bytes already reports why the file does not parse
+    problems = []
+    on_disk = [
+        (
+            f.message.seq,
+            f.offset,
+            f.length,
+            document.parse_ts(f.message.ts).replace(tzinfo=None),
+            f.message.role,
+            f.message.tool_name,
+        )
+        for f in found
+    ]
+    in_index = [(r.seq, r.byte_offset, r.byte_length, r.ts, r.role, r.tool_name) for r in cataloged]
+    if on_disk != in_index:
+        wrong = next(
+            (d[0] for d, i in zip(on_disk, in_index, strict=False) if d != i),
+            min(len(on_disk), len(in_index)) + 1,
+        )
+        problems.append(
+            Problem(
+                row.file_id,
+                "catalog_mismatch",
+                f"the message catalog has {len(in_index)} rows for {len(on_disk)} messages; "
+                f"first difference at seq {wrong} (run sgme reindex)",
+            )
+        )
+    if unindexed:
+        problems.append(
+            Problem(
+                row.file_id,
+                "search_index_missing",
+                f"{len(unindexed)} messages have no search terms (run sgme reindex)",
+            )
+        )
+    return problems
+
+
+def check_file(
+    data_dir: Path, row: tables.FileRow, engine: sa.Engine | None = None
+) -> list[Problem]:
+    """fsck of one indexed file: its bytes against the index row, and (given ``engine``) its
+    messages against the catalog and the search index."""
     if row.flushed_bytes == 0:
         return []
     path = store.checked(data_dir, row.path)
@@ -88,7 +153,14 @@ def check_file(data_dir: Path, row: tables.FileRow) -> list[Problem]:
         return [Problem(row.file_id, kind, exc.detail)]
     except errors.SgmeError as exc:
         return [Problem(row.file_id, "unreadable", exc.detail)]
-    return check_bytes(row, data)
+    problems = check_bytes(row, data)
+    # The catalog describes the committed file: only an intact file can show it to be wrong.
+    if engine is not None and not problems:
+        with database.transaction(engine) as conn:
+            cataloged = catalog.rows(conn, row.file_id, after=0, upto=row.flushed_seq)
+            unindexed = catalog.unindexed(conn, [r.id for r in cataloged])
+        problems += check_catalog(row, data, cataloged, unindexed)
+    return problems
 
 
 def _all_rows(engine: sa.Engine) -> Iterator[tables.FileRow]:
@@ -100,6 +172,47 @@ def _all_rows(engine: sa.Engine) -> Iterator[tables.FileRow]:
         if len(rows) < 500:
             return
         after = rows[-1].file_id
+
+
+def locate_file(
+    data: bytes, *, source_type: str, started_at: dt.datetime
+) -> list[document.Located]:
+    """Every message of a whole file's bytes and where its block is."""
+    upload_ts = document.format_ts(started_at) if source_type == "upload" else None
+    return document.locate(data, upload_ts=upload_ts)
+
+
+def catalog_all(conn: sa.Connection, data_dir: Path) -> tuple[int, int]:
+    """Catalog every flushed message of every file from the file itself (the migration that
+    makes the catalog, and ``reindex``): ``(files cataloged, files that could not be read)``.
+    Reads only the columns it needs, so it works at any later schema too."""
+    f = tables.raw_files.c
+    query = sa.select(
+        f.file_id,
+        f.path,
+        f.status,
+        f.flushed_bytes,
+        f.agent_id,
+        f.session_key,
+        f.source_type,
+        f.started_at,
+    ).where(f.flushed_bytes > 0)
+    done = failed = 0
+    for row in conn.execute(query).all():
+        try:
+            path = store.checked(data_dir, row.path)
+            if row.status == "archived":
+                data = archive.read_path(path)[: row.flushed_bytes]
+            else:
+                data = store.read(path, row.flushed_bytes)
+            found = locate_file(data, source_type=row.source_type, started_at=row.started_at)
+        except (UnicodeDecodeError, errors.SgmeError) as exc:
+            log.warning("cannot catalog %s: %s", row.file_id, exc)
+            failed += 1
+            continue
+        catalog.add(conn, catalog.Owner(row.file_id, row.agent_id, row.session_key), found)
+        done += 1
+    return done, failed
 
 
 def count_files(engine: sa.Engine) -> int:
@@ -149,7 +262,7 @@ def fsck(engine: sa.Engine, data_dir: Path, *, progress: Progress | None = None)
     known: set[str] = set()
     for row in _all_rows(engine):
         known.add(row.path)
-        problems.extend(check_file(data_dir, row))
+        problems.extend(check_file(data_dir, row, engine))
         if progress:
             progress(1)
     problems.extend(refused_dirs(data_dir))
@@ -193,17 +306,19 @@ def reindex(
     lock_timeout: float = store.DEFAULT_LOCK_TIMEOUT,
     progress: Progress | None = None,
 ) -> ReindexReport:
-    """Rebuild ``raw_files`` from the files on disk.
+    """Rebuild ``raw_files`` and the message catalog (with the search index) from the files.
 
     Pending journal rows are flushed first, so the files hold everything acknowledged. For each
     file the file-derived columns (path, header fields, message count, committed length, chain
     head, ended_at) are set from the file; refinement state is kept where a row exists and
-    clamped to the file's message count.
+    clamped to the file's message count. The catalog is dropped and made again, file by file.
     """
     with database.transaction(engine) as conn:
         pending = ledger.stale_journal_files(conn, None)
     for file_id in pending:
         journal.flush(engine, data_dir, file_id, lock_timeout=lock_timeout)
+    with database.transaction(engine) as conn:
+        catalog.clear(conn)
     scanned = inserted = updated = 0
     failed: list[Problem] = []
     live = {_file_id(path) for kind, path in _disk_files(data_dir) if kind != "archive"}
@@ -218,7 +333,12 @@ def reindex(
             continue
         try:
             data = archive.read_path(path) if archived else store.read(path)
-            doc = document.parse(data.decode("utf-8"), file_id=file_id)
+            yaml_text, _ = document.split_frontmatter(data[: data.find(b"\n---", 3) + 5].decode())
+            header = document.parse_header(yaml_text)
+            if header.file_id != file_id:
+                raise errors.FormatError(f"file_id {header.file_id!r} is not the file's own")
+            started_at = document.parse_ts(header.started_at).replace(tzinfo=None)
+            found = locate_file(data, source_type=header.source_type, started_at=started_at)
             head, count = document.chain(data)
         except (UnicodeDecodeError, errors.SgmeError) as exc:
             detail = exc.detail if isinstance(exc, errors.SgmeError) else f"not UTF-8: {exc}"
@@ -226,21 +346,20 @@ def reindex(
             if progress:
                 progress(1)
             continue
-        header = doc.header
         if not archived and header.source_type != source_type:
             failed.append(
                 Problem(
                     file_id, "misplaced", f"a {header.source_type} file in raw/{path.parent.name}"
                 )
             )
-        last_ts = max((m.ts for m in doc.messages), key=document.parse_ts)
+        last_ts = max((f.message.ts for f in found), key=document.parse_ts)
         values = {
             "path": path.relative_to(data_dir).as_posix(),
             "source_type": header.source_type,
             "agent_id": header.agent_id,
             "session_key": header.session_key,
             "metadata_json": json.dumps(dict(header.metadata), ensure_ascii=False),
-            "started_at": document.parse_ts(header.started_at).replace(tzinfo=None),
+            "started_at": started_at,
             "ended_at": document.parse_ts(last_ts).replace(tzinfo=None),
             "flushed_seq": count,
             "flushed_bytes": len(data),
@@ -251,6 +370,8 @@ def reindex(
                 inserted += 1
             else:
                 updated += 1
+            owner = catalog.Owner(header.file_id, header.agent_id, header.session_key)
+            catalog.add(conn, owner, found)
         if progress:
             progress(1)
     _record(engine, failed, "reindex")

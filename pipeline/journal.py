@@ -22,6 +22,7 @@ import sqlalchemy as sa
 
 from pipeline import (
     archive,
+    catalog,
     database,
     document,
     errors,
@@ -436,12 +437,28 @@ def _write_chunk(
         seq = entry.last_seq
     data = "".join(entry.data for entry in batch).encode("utf-8")
     expected = row.flushed_bytes
-    if expected == 0:
-        head, _ = document.chain(data)
-    else:
-        head = bytes.fromhex(row.chain_head or "")
-        for block in document.split_rendered(data):
-            head = document.chain_extend(head, block)
+    upload_ts = document.format_ts(row.started_at) if row.source_type == "upload" else None
+    try:
+        found = document.locate(
+            data, base=expected, first_seq=row.flushed_seq + 1, upload_ts=upload_ts
+        )
+    except errors.FormatError as exc:  # the journal holds what ingest rendered: a bug
+        raise errors.InternalError(
+            f"journal of {row.file_id} does not parse: {exc.detail}"
+        ) from exc
+    if len(found) != seq - row.flushed_seq:
+        raise errors.InternalError(
+            f"journal of {row.file_id} holds {len(found)} blocks for seqs "
+            f"{row.flushed_seq + 1}..{seq}"
+        )
+    head = (
+        document.chain_start(data[: found[0].offset])
+        if expected == 0
+        else bytes.fromhex(row.chain_head or "")
+    )
+    for located in found:
+        start = located.offset - expected
+        head = document.chain_extend(head, data[start : start + located.length])
     path = store.checked(data_dir, row.path)
     if not exists:
         store.create(path, data)
@@ -464,6 +481,7 @@ def _write_chunk(
         if not updated:
             raise errors.Conflict(f"file {row.file_id} was flushed by someone else meanwhile")
         ledger.delete_journal(conn, row.file_id, seq)
+        catalog.add(conn, catalog.Owner.of(row), found)
     fault("committed")
     return dataclasses.replace(
         row, flushed_seq=seq, flushed_bytes=expected + len(data), chain_head=head.hex()

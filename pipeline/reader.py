@@ -7,6 +7,7 @@ flush left behind is never served as content.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
@@ -14,8 +15,9 @@ from typing import BinaryIO
 
 import sqlalchemy as sa
 
-from pipeline import archive, database, document, errors, index, store, tables, validation
+from pipeline import archive, catalog, database, document, errors, index, store, tables, validation
 
+log = logging.getLogger(__name__)
 CHUNK = 1 << 20  #: bytes per read while streaming a file
 
 
@@ -142,14 +144,99 @@ def read_document(
 UNBOUNDED = 2**62
 
 
-def _within(found: Iterable[document.Message], budget: int) -> list[document.Message]:
-    """The leading messages whose content fits in ``budget`` bytes (the first one always)."""
-    kept: list[document.Message] = []
-    for m in found:
-        budget -= len(m.content.encode("utf-8"))
+def read_range(
+    engine: sa.Engine, data_dir: Path, row: tables.FileRow, offset: int, length: int
+) -> bytes:
+    """``length`` committed bytes of a file from ``offset``: a ``pread`` of just those bytes
+    (an archive is decompressed as a stream up to them, in bounded memory). Damage is
+    recorded as by :func:`committed`."""
+    if offset + length > row.flushed_bytes:
+        raise _damaged(
+            engine, row, "file_unreadable", f"catalog reaches past byte {row.flushed_bytes}"
+        )
+    try:
+        if row.status == "archived":
+            return archive.read_range(data_dir, row, offset, length)
+        data = store.read_range(store.checked(data_dir, row.path), offset, length)
+    except (errors.FileDamaged, errors.NotFound) as exc:
+        raise _damaged(engine, row, "file_unreadable", exc.detail) from None
+    if len(data) < length:
+        raise _damaged(
+            engine, row, "file_unreadable", f"{row.path} ends before byte {offset + length}"
+        )
+    return data
+
+
+def read_messages(
+    engine: sa.Engine, data_dir: Path, row: tables.FileRow, found: list[tables.MessageRow]
+) -> list[document.Message]:
+    """The messages of catalog rows that follow each other in the file, read in one range."""
+    if not found:
+        return []
+    lo = found[0].byte_offset
+    last = found[-1]
+    data = read_range(engine, data_dir, row, lo, last.byte_offset + last.byte_length - lo)
+    upload_ts = document.format_ts(row.started_at) if row.source_type == "upload" else None
+    try:
+        return [
+            document.parse_block(
+                data[r.byte_offset - lo : r.byte_offset - lo + r.byte_length],
+                r.seq,
+                upload_ts=upload_ts,
+            )
+            for r in found
+        ]
+    except errors.FormatError as exc:
+        raise _damaged(engine, row, "format_error", exc.detail) from None
+
+
+def message_text(
+    engine: sa.Engine,
+    data_dir: Path,
+    row: tables.FileRow,
+    message: tables.MessageRow,
+    *,
+    cap: int,
+) -> str:
+    """The text of one cataloged message, from at most its first ``cap`` bytes (a snippet's
+    worth: a longer message comes back cut, at a character boundary)."""
+    data = read_range(engine, data_dir, row, message.byte_offset, min(message.byte_length, cap))
+    text = data.decode("utf-8", "ignore")
+    if row.source_type == "upload":
+        return document.unescape(text.strip("\r\n"))
+    try:
+        return document.parse_block(text.encode(), message.seq).content
+    except errors.FormatError as exc:
+        raise _damaged(engine, row, "format_error", exc.detail) from None
+
+
+def _cataloged(
+    engine: sa.Engine, row: tables.FileRow, after: int, upto: int
+) -> list[tables.MessageRow] | None:
+    """The catalog rows ``after < seq <= upto`` (``upto`` within what is flushed), or None
+    when the catalog does not have them all (a store migrated without its data directory, not
+    yet reindexed: the caller reads the whole file instead)."""
+    upto = min(upto, row.flushed_seq)
+    if upto <= after:
+        return []
+    with database.transaction(engine) as conn:
+        found = catalog.rows(conn, row.file_id, after=after, upto=upto)
+    if len(found) != upto - after:
+        log.warning(
+            "file %s is not fully cataloged; reading all of it (run sgme reindex)", row.file_id
+        )
+        return None
+    return found
+
+
+def _fits(found: list[tables.MessageRow], budget: int) -> list[tables.MessageRow]:
+    """The leading rows whose blocks fit in ``budget`` bytes (the first one always)."""
+    kept: list[tables.MessageRow] = []
+    for r in found:
+        budget -= r.byte_length
         if kept and budget < 0:
             break
-        kept.append(m)
+        kept.append(r)
     return kept
 
 
@@ -164,12 +251,38 @@ def messages(
     agents: Collection[str] | None = None,
 ) -> list[document.Message]:
     """Flushed messages of a file with ``seq > after_seq``: at most ``limit`` of them, and no
-    more than ``max_bytes`` of content (but at least one). A file of an agent not among
-    ``agents`` is NotFound."""
-    doc = read_document(engine, data_dir, get_file(engine, file_id, agents=agents))
-    if doc is None:
-        return []
-    return _within(doc.messages[after_seq : after_seq + limit], max_bytes)
+    more than ``max_bytes`` of their blocks (but at least one). Only their bytes are read. A
+    file of an agent not among ``agents`` is NotFound."""
+    row = get_file(engine, file_id, agents=agents)
+    found = _cataloged(engine, row, after_seq, after_seq + limit)
+    if found is None:
+        doc = read_document(engine, data_dir, row)
+        whole = doc.messages[after_seq : after_seq + limit] if doc else ()
+        return _within(whole, max_bytes)
+    return read_messages(engine, data_dir, row, _fits(found, max_bytes))
+
+
+def between(
+    engine: sa.Engine, data_dir: Path, row: tables.FileRow, lo: int, hi: int
+) -> list[document.Message]:
+    """The flushed messages ``lo < seq <= hi`` of a file (a refinement segment), read as one
+    range of its bytes."""
+    found = _cataloged(engine, row, lo, hi)
+    if found is None:
+        doc = read_document(engine, data_dir, row)
+        return list(doc.messages[lo:hi]) if doc else []
+    return read_messages(engine, data_dir, row, found)
+
+
+def _within(found: Iterable[document.Message], budget: int) -> list[document.Message]:
+    """The leading messages whose content fits in ``budget`` bytes (the first one always)."""
+    kept: list[document.Message] = []
+    for m in found:
+        budget -= len(m.content.encode("utf-8"))
+        if kept and budget < 0:
+            break
+        kept.append(m)
+    return kept
 
 
 def resolve(
@@ -182,27 +295,53 @@ def resolve(
     agents: Collection[str] | None = None,
 ) -> Ref:
     """The message a source_ref names, plus up to ``context`` neighbours on each side, the
-    nearest first, as long as their content fits in ``max_bytes`` with the message's (a file
-    of an agent not among ``agents`` is NotFound)."""
+    nearest first, as long as their blocks fit in ``max_bytes`` with the message's (a side
+    stops at the first that does not). Only those bytes are read. A file of an agent not
+    among ``agents`` is NotFound."""
     file_id, seq = validation.parse_ref(ref)
     row = get_file(engine, file_id, agents=agents)
-    if seq > validation.MAX_SEQ:
+    if seq > validation.MAX_SEQ or seq >= row.next_seq:
         raise errors.NotFound(f"no message {ref}")
+    if seq > row.flushed_seq:
+        raise errors.NotFound(f"message {ref} is acknowledged but not flushed yet")
+    found = _cataloged(engine, row, max(0, seq - 1 - context), seq + context)
+    if found is None:
+        return _resolve_whole(engine, data_dir, row, seq, context=context, max_bytes=max_bytes)
+    at = seq - 1 - max(0, seq - 1 - context)
+    lo = hi = at
+    budget = max_bytes - found[at].byte_length
+    growing = {-1: True, 1: True}  # before, after: each side stops at the first that misses
+    while any(growing.values()):
+        for side, on in growing.items():
+            j = lo - 1 if side < 0 else hi + 1
+            if on and 0 <= j < len(found) and found[j].byte_length <= budget:
+                budget -= found[j].byte_length
+                lo, hi = min(lo, j), max(hi, j)
+            else:
+                growing[side] = False
+    read = read_messages(engine, data_dir, row, found[lo : hi + 1])
+    i = at - lo
+    return Ref(file=row, message=read[i], before=tuple(read[:i]), after=tuple(read[i + 1 :]))
+
+
+def _resolve_whole(
+    engine: sa.Engine,
+    data_dir: Path,
+    row: tables.FileRow,
+    seq: int,
+    *,
+    context: int,
+    max_bytes: int,
+) -> Ref:
     doc = read_document(engine, data_dir, row)
     if doc is None or seq > len(doc.messages):
-        if seq < row.next_seq:
-            raise errors.NotFound(f"message {ref} is acknowledged but not flushed yet")
-        raise errors.NotFound(f"no message {ref}")
+        raise errors.NotFound(f"no message {row.file_id}:{seq}")
     i = seq - 1
     message = doc.messages[i]
-    budget = max_bytes - len(message.content.encode("utf-8"))
-    before: list[document.Message] = []
-    after: list[document.Message] = []
-    for distance in range(1, context + 1):
-        for side, j in ((before, i - distance), (after, i + distance)):
-            if 0 <= j < len(doc.messages):
-                size = len(doc.messages[j].content.encode("utf-8"))
-                if size <= budget:
-                    budget -= size
-                    side.append(doc.messages[j])
-    return Ref(file=row, message=message, before=tuple(reversed(before)), after=tuple(after))
+    near = _within(doc.messages[i + 1 : i + 1 + context], max_bytes)
+    return Ref(
+        file=row,
+        message=message,
+        before=tuple(doc.messages[max(0, i - context) : i]),
+        after=tuple(near),
+    )

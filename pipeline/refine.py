@@ -297,12 +297,10 @@ def segment(
 ) -> tuple[tables.FileRow, list[document.Message]]:
     """The file row and the messages ``lo < seq <= hi`` of a claim, read from the file."""
     row = reader.get_file(engine, c.file_id)
-    doc = reader.read_document(engine, data_dir, row)
-    found = list(doc.messages[c.lo : c.hi]) if doc else []
+    found = reader.between(engine, data_dir, row, c.lo, c.hi)
     if len(found) != c.hi - c.lo:
         raise errors.FileDamaged(
-            f"file {c.file_id} holds {len(doc.messages) if doc else 0} messages; "
-            f"segment {c.lo}<seq<={c.hi} was claimed"
+            f"file {c.file_id} has {len(found)} of the messages {c.lo}<seq<={c.hi} claimed"
         )
     return row, found
 

@@ -36,7 +36,8 @@ class Http:
     keepalive_timeout: float = 5.0  #: seconds an idle keep-alive connection is kept
     #: open connections at most; the oldest idle one is closed to make room for a new one
     max_connections: int = 4096
-    #: bytes of message content one page of ``/messages`` or one ref holds at most
+    #: bytes of messages (their blocks in the file) one page of ``/messages`` or one ref's
+    #: neighbours hold at most; one message always comes, however large
     max_page_bytes: int = 16 * 1024 * 1024
 
 

@@ -95,6 +95,24 @@ sa.Index("ix_anomalies_file", anomalies.c.file_id)
 sa.Index("uq_anomalies_once", anomalies.c.file_id, anomalies.c.kind, anomalies.c.key, unique=True)
 sa.Index("ix_anomalies_kind", anomalies.c.kind)
 
+#: one row per flushed message (DESIGN §5b): where its block is in the file and the facts of
+#: its heading, written in the commit of the flush that wrote it; ``id`` is the search index's
+#: row id (the text's terms are kept in ``message_terms``, made per database by migration 0006)
+messages = sa.Table(
+    "messages",
+    metadata,
+    sa.Column("id", _BigId, primary_key=True, autoincrement=True),
+    sa.Column("file_id", sa.String(36), sa.ForeignKey("raw_files.file_id"), nullable=False),
+    sa.Column("seq", sa.Integer, nullable=False),
+    sa.Column("byte_offset", sa.BigInteger, nullable=False),  # of the block in the file
+    sa.Column("byte_length", sa.Integer, nullable=False),
+    sa.Column("ts", sa.DateTime, nullable=False),
+    sa.Column("role", sa.String(16), nullable=False),
+    sa.Column("tool_name", sa.String(200)),
+    sa.UniqueConstraint("file_id", "seq", name="uq_messages_seq"),
+)
+sa.Index("ix_messages_ts", messages.c.ts)
+
 l1_items = sa.Table(
     "l1_items",
     metadata,
@@ -218,6 +236,20 @@ class JournalRow(Record):
     data: str
     size: int
     created_at: dt.datetime
+
+
+@dataclasses.dataclass(frozen=True)
+class MessageRow(Record):
+    """Where one flushed message is in its file."""
+
+    id: int
+    file_id: str
+    seq: int
+    byte_offset: int
+    byte_length: int
+    ts: dt.datetime
+    role: str
+    tool_name: str | None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pipeline import auth, errors, validation
-from pipeline.api import appends, files, models, ops, refinement, security
+from pipeline.api import appends, files, models, ops, refinement, searching, security
 from pipeline.api.deps import problem
 from pipeline.api.server import BodyLimit
 from pipeline.service import Service
@@ -47,7 +47,7 @@ def create_app(service: Service) -> FastAPI:
     app.add_middleware(
         security.HostAllowlist, allowed=security.allowed_hosts(settings), refuse=answer
     )
-    for router in (appends.router, files.router, refinement.router, ops.router):
+    for router in (appends.router, files.router, searching.router, refinement.router, ops.router):
         app.include_router(router)
 
     @app.exception_handler(errors.SgmeError)

@@ -148,3 +148,23 @@ class Health(Model):
     index: str
     data_dir: str
     journal_backlog: dict[str, int] | None = None
+
+
+class Hit(Model):
+    """One search hit: the message's source_ref, where it is, and a snippet of its text."""
+
+    source_ref: str
+    file_id: str
+    seq: int
+    ts: str
+    role: Literal["user", "assistant", "tool", "system"]
+    agent_id: str
+    session_key: str
+    snippet: str
+    score: float = Field(description="higher is better; comparable within one answer only")
+
+
+class Hits(Model):
+    """Answer of ``GET /v1/search``, best first."""
+
+    hits: list[Hit]

@@ -60,7 +60,7 @@ class Context:
         )
         self._engines.append(engine)
         if migrate:
-            database.migrate(engine)
+            database.migrate(engine, data_dir=settings.data_dir)
         else:
             database.check_schema(engine)
         return engine
@@ -117,7 +117,7 @@ def progress(label: str, total: int) -> Iterator[Callable[[int], None]]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``sgme`` argument parser."""
-    from pipeline.cli import files, maintenance, processes, tokens
+    from pipeline.cli import files, maintenance, processes, searching, tokens
 
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--data-dir", help="data directory (env SGME_DATA_DIR, default ./data)")
@@ -135,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func)
         return p
 
-    for module in (processes, files, maintenance, tokens):
+    for module in (processes, files, searching, maintenance, tokens):
         module.register(add)
     return parser
 
@@ -149,6 +149,8 @@ def main(argv: list[str] | None = None, *, workers: Workers | None = None) -> in
     # One log line per task is Flower's job; keep the console for warnings unless asked.
     if level != "DEBUG":
         logging.getLogger("celery").setLevel(logging.WARNING)
+        # Alembic tells at INFO how it talks to the database, at every schema check.
+        logging.getLogger("alembic").setLevel(logging.WARNING)
     ctx = Context(args, workers)
     try:
         return int(args.func(ctx))

@@ -14,6 +14,7 @@ from conftest import set_row
 
 from pipeline import (
     archive,
+    catalog,
     database,
     errors,
     index,
@@ -251,6 +252,7 @@ def test_reindex_understands_archived_files(engine: sa.Engine, data_dir: Path) -
     before = _row(engine, file_id)
     with database.transaction(engine) as conn:
         conn.execute(sa.delete(tables.l1_items))
+        catalog.clear(conn)  # the message catalog goes with the index
         conn.execute(sa.delete(tables.raw_files))
 
     report = integrity.reindex(engine, data_dir)

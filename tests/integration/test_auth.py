@@ -178,6 +178,13 @@ ENDPOINTS = [
     Endpoint("l1", "GET", lambda f: "/v1/l1", "read", "list", 200),
     Endpoint("l1-of-alice", "GET", lambda f: f"/v1/l1?agent_id={ALICE}", "read", "list", 200),
     Endpoint("l1-of-a-file", "GET", lambda f: f"/v1/l1?file_id={f}", "read", "list", 200),
+    Endpoint("search", "GET", lambda f: "/v1/search?q=hi", "read", "list", 200),
+    Endpoint(
+        "search-of-alice", "GET", lambda f: f"/v1/search?q=hi&agent_id={ALICE}", "read", "list", 200
+    ),
+    Endpoint(
+        "search-in-a-file", "GET", lambda f: f"/v1/search?q=hi&file_id={f}", "read", "list", 200
+    ),
     Endpoint("health", "GET", lambda f: "/v1/health", None, "open", 200),
     Endpoint("metrics", "GET", lambda f: "/metrics", None, "open", 200),
 ]
@@ -191,7 +198,10 @@ def call(w: World, e: Endpoint, headers: dict[str, str], file_id: str | None = N
 
 def listed(r: Any) -> list[dict[str, Any]]:
     data = r.json()
-    return list(data["files"] if "files" in data else data["items"])
+    for key in ("files", "items", "hits"):
+        if key in data:
+            return list(data[key])
+    raise AssertionError(f"not a listing: {data}")
 
 
 def count_files(engine: sa.Engine) -> int:
@@ -226,7 +236,8 @@ def check(w: World, e: Endpoint, case: str, headers: dict[str, str]) -> None:
             assert r.status_code == 200, r.text
             rows = listed(r)
             assert all(row["agent_id"] == BOB for row in rows), rows
-            assert bool(rows) is (e.name in ("files", "l1")), rows  # bob's own are there
+            # bob's own are there
+            assert bool(rows) is (e.name in ("files", "l1", "search")), rows
         else:
             assert_indistinguishable(w, e, headers, r)
         return
@@ -234,7 +245,7 @@ def check(w: World, e: Endpoint, case: str, headers: dict[str, str]) -> None:
     if e.kind == "list":
         rows = listed(r)
         agents = {row["agent_id"] for row in rows}
-        everyone = case == "admin" and e.name in ("files", "l1")
+        everyone = case == "admin" and e.name in ("files", "l1", "search")
         assert agents == ({ALICE, BOB} if everyone else {ALICE}), (case, rows)
     if e.name in ("file", "ref", "refine"):
         assert r.json()["agent_id"] == ALICE
@@ -545,7 +556,7 @@ def test_openapi_declares_the_bearer_scheme_and_the_refusals(world: World) -> No
                 content = responses[status]["content"]["application/problem+json"]
                 assert content["schema"] == {"$ref": "#/components/schemas/Problem"}
             secured += 1
-    assert secured == 9
+    assert secured == 10  # every /v1 route but health, search included
     refine = schema["paths"]["/v1/files/{file_id}/refine"]["post"]["responses"]
     assert "429" in refine
 

@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 from conftest import Sgme, assert_one_line_error
 
-from pipeline import cli, database, document, errors, tables
+from pipeline import catalog, cli, database, document, errors, tables
 
 TS1 = "2026-08-03T11:18:06Z"
 TS2 = "2026-08-03T11:20:05Z"
@@ -210,6 +210,7 @@ def test_reindex_rebuilds_deleted_rows_from_the_files(
     assert len(before) == 3
 
     with database.transaction(engine) as conn:
+        catalog.clear(conn)  # the message catalog goes with the index
         conn.execute(sa.delete(tables.raw_files))
     assert sgme("ls", "--json").json() == []
 

@@ -229,7 +229,8 @@ def test_a_damaged_file_read_twice_is_one_anomaly(
     file_id = client.post("/v1/append?wait=flushed", json=body()).json()["file_id"]
     path = data_dir / f"raw/sessions/{file_id}.md"
     data = path.read_bytes()
-    path.write_bytes(b"garbage" + data[7:])  # same length: the frontmatter is gone
+    # same length, heading line broken: reads go to the block by its offset and find no heading
+    path.write_bytes(data.replace(b"\n# 2026", b"\nX 2026"))
     for _ in range(3):
         _problem(client.get(f"/v1/files/{file_id}/messages"), 409, "file-damaged")
     with database.transaction(engine) as conn:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from pipeline import database, document, index, integrity, journal, tables
+from pipeline import catalog, database, document, index, integrity, journal, tables
 
 TS = [f"2026-08-03T11:18:0{i}Z" for i in range(1, 10)]
 
@@ -279,6 +279,7 @@ def test_reindex_rebuilds_raw_files_from_the_files_alone(engine: sa.Engine, data
 
     with database.transaction(engine) as conn:
         conn.execute(sa.delete(tables.append_keys))
+        catalog.clear(conn)  # the message catalog goes with the index
         conn.execute(sa.delete(tables.raw_files))
     assert snapshot(engine) == {}
 

@@ -188,8 +188,9 @@ def test_health_does_not_race_with_itself(make: Any, data_dir: Path) -> None:
 
 
 def test_pages_stop_at_the_byte_budget(make: Any) -> None:
-    client, _ = make(http=settings.Http(max_page_bytes=250))
-    contents = [f"{i:03d}" + "m" * 96 for i in range(10)]  # 100 bytes each
+    # 100 bytes of content: blocks of about 140 bytes with their heading lines
+    client, _ = make(http=settings.Http(max_page_bytes=300))
+    contents = [f"{i:03d}" + "m" * 96 for i in range(10)]
     r = client.post("/v1/append?wait=flushed", json=body("p", *contents))
     file_id = r.json()["file_id"]
     pages, after = [], 0
@@ -202,7 +203,7 @@ def test_pages_stop_at_the_byte_budget(make: Any) -> None:
         after = page["next_after_seq"]
     assert pages == [[1, 2], [3, 4], [5, 6], [7, 8], [9, 10]]
     ref = client.get(f"/v1/refs/{file_id}:5", params={"context": 50}).json()
-    assert [m["seq"] for m in ref["before"]] == [4]  # the nearest that fit: 100 + 100 + 100 > 250
+    assert [m["seq"] for m in ref["before"]] == [4]  # the nearest that fit: three blocks > 300
     assert [m["seq"] for m in ref["after"]] == []
     huge = "h" * 1000  # one message larger than a page still comes, alone
     client.post("/v1/append?wait=flushed", json=body("p", huge))

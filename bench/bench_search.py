@@ -1,0 +1,339 @@
+"""The message catalog and search, measured (issue: the message index).
+
+1. Reads that don't grow with the file: resolving one source_ref (with a neighbour on each
+   side) and reading a page of 20 messages near the end, in a file of 10 messages and one of
+   20,000, through the catalog (``reader.resolve`` / ``reader.messages``), against what every
+   read did before the catalog: read the whole file and ``document.parse`` it — same process,
+   same files. Target: the two sizes within 2x of each other.
+2. Search latency: p50/p99 of ``search.search`` over ``--messages`` (1,000,000) messages in
+   2,000 sessions of 50 agents, English-like text with a tenth in Chinese and Japanese,
+   queries drawn from the corpus (single words, two words, phrases, CJK substrings, some with
+   an agent filter), on SQLite and on PostgreSQL. Target on SQLite: p50 <= 20 ms, p99 <= 100
+   ms. And the index build rate during ingest (messages/s through ``journal.flush``, which
+   writes the catalog and the terms in its commit).
+3. The cost of the search index to the append path: one-message appends through
+   ``journal.ingest`` + ``journal.flush`` with the catalog as it is, and with the terms left
+   out (``catalog.add`` writing only the rows), interleaved rounds, best of each. Target: at
+   most 15% fewer appends/s.
+
+    .venv/bin/python bench/bench_search.py [--messages 1000000] [--only reads|search|cost]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
+
+from conftest import scratch_database  # noqa: E402
+
+from pipeline import catalog, database, document, journal, reader, search, store, terms  # noqa: E402
+
+AGENTS = 50
+SESSIONS = 2000
+SEED = 7
+_CJK = (
+    "数据库迁移已经完成我们决定使用索引系统日志服务器配置用户偏好喜欢绿茶咖啡早上"
+    "会议记录项目计划测试结果部署失败重试连接网络安全密码更新私はコーヒーよりも緑茶が好きです"
+)
+
+
+def words(rng: random.Random, n: int = 20000) -> list[str]:
+    """A vocabulary of pronounceable made-up words."""
+    syllables = [c + v for c in "bcdfghjklmnprstvwz" for v in "aeiou"]
+    found: set[str] = set()
+    while len(found) < n:
+        found.add("".join(rng.choice(syllables) for _ in range(rng.randint(1, 4))))
+    return sorted(found)
+
+
+def corpus(rng: random.Random, vocabulary: list[str], count: int) -> Iterator[str]:
+    """``count`` messages: Zipf-distributed words, one in ten with a CJK sentence."""
+    cumulative = list(itertools.accumulate(1 / (i + 1) for i in range(len(vocabulary))))
+    for _ in range(count):
+        text = " ".join(rng.choices(vocabulary, cum_weights=cumulative, k=rng.randint(8, 40)))
+        if rng.random() < 0.1:
+            start = rng.randrange(len(_CJK) - 12)
+            text += " " + _CJK[start : start + rng.randint(4, 12)]
+        yield text
+
+
+def timed(func: Callable[[], Any], rounds: int) -> float:
+    """The median seconds of ``func`` over ``rounds`` calls."""
+    samples = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        func()
+        samples.append(time.perf_counter() - started)
+    return statistics.median(samples)
+
+
+def fill(engine: Any, data_dir: Path, agent: str, key: str, texts: list[str]) -> str:
+    file_id = ""
+    for lo in range(0, len(texts), 1000):
+        messages = [{"role": "user", "content": t} for t in texts[lo : lo + 1000]]
+        body = {"agent_id": agent, "session_key": key, "messages": messages}
+        file_id = journal.ingest(engine, body).file_id
+    journal.flush(engine, data_dir, file_id)
+    return file_id
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. reads
+
+
+def bench_reads(url: str, data_dir: Path, name: str) -> list[str]:
+    engine = database.create_engine(url)
+    database.migrate(engine)
+    rng = random.Random(SEED)
+    vocabulary = words(rng, 2000)
+    rows = []
+    for count in (10, 20_000):
+        texts = list(corpus(rng, vocabulary, count))
+        file_id = fill(engine, data_dir, "reader", f"reads-{count}", texts)
+        row = reader.get_file(engine, file_id)
+        ref = f"{file_id}:{count - 1}"
+
+        def whole(row: Any = row, seq: int = count - 1) -> None:
+            data = store.read(store.checked(data_dir, row.path), row.flushed_bytes)
+            doc = document.parse(data.decode("utf-8"), file_id=row.file_id)
+            assert doc.messages[seq - 1].seq == seq
+
+        rounds = 200 if count == 10 else 30
+        ref_s = timed(lambda ref=ref: reader.resolve(engine, data_dir, ref, context=1), rounds)
+        page_s = timed(
+            lambda fid=file_id, c=count: reader.messages(
+                engine, data_dir, fid, after_seq=max(0, c - 20), limit=20
+            ),
+            rounds,
+        )
+        whole_s = timed(whole, rounds)
+        size = row.flushed_bytes
+        rows.append((name, count, size, ref_s, page_s, whole_s))
+    engine.dispose()
+    small, large = rows
+    out = [
+        f"| {n} | {c:,} | {s / 1e6:.2f} | {r * 1e3:.2f} | {p * 1e3:.2f} | {w * 1e3:.2f} |"
+        for n, c, s, r, p, w in rows
+    ]
+    out.append(
+        f"| {name} | 20,000 / 10 | | {large[3] / small[3]:.2f}x | {large[4] / small[4]:.2f}x | "
+        f"{large[5] / small[5]:.0f}x |"
+    )
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. search
+
+
+def queries(rng: random.Random, texts: list[str], count: int) -> list[tuple[str, str | None]]:
+    """Queries drawn from the corpus: (q, agent filter or None)."""
+    found: list[tuple[str, str | None]] = []
+    while len(found) < count:
+        text = rng.choice(texts)
+        tokens = text.split()
+        kind = rng.random()
+        if kind < 0.3:
+            q = rng.choice(tokens)
+        elif kind < 0.55:
+            q = " ".join(rng.sample(tokens, min(2, len(tokens))))
+        elif kind < 0.8:
+            at = rng.randrange(max(1, len(tokens) - 2))
+            q = '"' + " ".join(tokens[at : at + 3]) + '"'
+        else:
+            cjk = [t for t in tokens if not t.isascii()]
+            if not cjk:
+                continue
+            run = cjk[0]
+            at = rng.randrange(max(1, len(run) - 3))
+            q = run[at : at + rng.randint(2, 4)]
+        if not terms.terms(q):
+            continue
+        found.append((q, f"agent-{rng.randrange(AGENTS)}" if rng.random() < 0.3 else None))
+    return found
+
+
+def bench_search(url: str, data_dir: Path, name: str, total: int) -> list[str]:
+    engine = database.create_engine(url)
+    database.migrate(engine)
+    rng = random.Random(SEED)
+    vocabulary = words(rng)
+    per_session = max(1, total // SESSIONS)
+    sample: list[str] = []
+    started = time.perf_counter()
+    flush_seconds = 0.0
+    made = 0
+    for s in range(SESSIONS):
+        texts = list(corpus(rng, vocabulary, per_session))
+        made += len(texts)
+        if len(sample) < 20_000:
+            sample.extend(texts[:10])
+        for lo in range(0, len(texts), 1000):
+            messages = [{"role": "user", "content": t} for t in texts[lo : lo + 1000]]
+            body = {
+                "agent_id": f"agent-{s % AGENTS}",
+                "session_key": f"session-{s}",
+                "messages": messages,
+            }
+            file_id = journal.ingest(engine, body).file_id
+            flushed = time.perf_counter()
+            journal.flush(engine, data_dir, file_id)
+            flush_seconds += time.perf_counter() - flushed
+        if s % 200 == 199:
+            print(
+                f"  {name}: {made:,} messages in {time.perf_counter() - started:.0f} s",
+                file=sys.stderr,
+            )
+    build = time.perf_counter() - started
+    if database.is_postgres(engine):  # what autovacuum does soon after a bulk load
+        with engine.begin() as conn:
+            conn.exec_driver_sql("ANALYZE")
+    asked = queries(random.Random(SEED + 1), sample, 500)
+    for q, agent in asked[:50]:  # warm the caches
+        search.search(engine, data_dir, q, catalog.Filters(agent_id=agent), limit=10)
+    samples, hits = [], 0
+    for q, agent in asked:
+        begun = time.perf_counter()
+        found = search.search(engine, data_dir, q, catalog.Filters(agent_id=agent), limit=10)
+        samples.append(time.perf_counter() - begun)
+        hits += bool(found)
+    engine.dispose()
+    samples.sort()
+    p50 = samples[len(samples) // 2] * 1e3
+    p99 = samples[int(len(samples) * 0.99)] * 1e3
+    return [
+        f"| {name} | {made:,} | {made / flush_seconds:,.0f} | {made / build:,.0f} | "
+        f"{p50:.1f} | {p99:.1f} | {hits}/{len(asked)} |"
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. the cost to the append path
+
+
+@contextlib.contextmanager
+def without_terms() -> Iterator[None]:
+    """``catalog.add`` writing the rows but not the search terms."""
+    real = catalog.add
+    insert = catalog._INSERT_ROWS
+
+    def rows_only(conn: Any, owner: Any, found: Any) -> None:
+        if found:
+            conn.execute(
+                insert,
+                [
+                    {
+                        "file_id": owner.file_id,
+                        "seq": f.message.seq,
+                        "byte_offset": f.offset,
+                        "byte_length": f.length,
+                        "ts": document.parse_ts(f.message.ts).replace(tzinfo=None),
+                        "role": f.message.role,
+                        "tool_name": f.message.tool_name,
+                    }
+                    for f in found
+                ],
+            ).all()
+
+    catalog.add = rows_only  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        catalog.add = real  # type: ignore[assignment]
+
+
+def bench_cost(url: str, data_dir: Path, name: str, appends: int) -> list[str]:
+    engine = database.create_engine(url)
+    database.migrate(engine)
+    rng = random.Random(SEED)
+    texts = list(corpus(rng, words(rng, 5000), appends))
+    rates: dict[str, list[float]] = {"with search": [], "without": []}
+    for round_ in range(3):
+        for label in ("with search", "without"):
+            key = f"cost-{label}-{round_}"
+            started = time.perf_counter()
+            with without_terms() if label == "without" else contextlib.nullcontext():
+                for text in texts:
+                    body = {
+                        "agent_id": "cost",
+                        "session_key": key,
+                        "messages": [{"role": "user", "content": text}],
+                    }
+                    result = journal.ingest(engine, body)
+                    journal.flush(engine, data_dir, result.file_id)
+            rates[label].append(appends / (time.perf_counter() - started))
+    engine.dispose()
+    best = {label: max(r) for label, r in rates.items()}
+    change = best["with search"] / best["without"] - 1
+    return [
+        f"| {name} | {best['without']:,.0f} | {best['with search']:,.0f} | {change * 100:+.1f}% |"
+    ]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=1_000_000)
+    parser.add_argument("--appends", type=int, default=2000)
+    parser.add_argument("--only", choices=("reads", "search", "cost"), action="append")
+    parser.add_argument("--sqlite-only", action="store_true")
+    args = parser.parse_args()
+    only = set(args.only or ("reads", "search", "cost"))
+    backends = ["sqlite"] if args.sqlite_only else ["sqlite", "postgres"]
+    with tempfile.TemporaryDirectory(prefix="sgme-bench-search-") as tmp:
+        root = Path(tmp)
+
+        @contextlib.contextmanager
+        def url(backend: str, label: str) -> Iterator[str]:
+            if backend == "sqlite":
+                yield f"sqlite:///{root / f'{label}.sqlite3'}"
+            else:
+                with scratch_database(f"sgme_bench_{label}") as found:
+                    yield found
+
+        if "reads" in only:
+            print("## reads: ms per call (median)")
+            print("| backend | messages | MB | ref ±1 | page of 20 | whole-file parse |")
+            print("|---|---|---|---|---|---|")
+            for backend in backends:
+                with url(backend, "reads") as u:
+                    for line in bench_reads(u, root / f"reads-{backend}", backend):
+                        print(line, flush=True)
+        if "search" in only:
+            print(f"\n## search over {args.messages:,} messages (10 best of each query)")
+            print(
+                "| backend | messages | index build msg/s (flush) | ingest+flush msg/s | "
+                "p50 ms | p99 ms | queries with hits |"
+            )
+            print("|---|---|---|---|---|---|---|")
+            for backend in backends:
+                with url(backend, "search") as u:
+                    for line in bench_search(u, root / f"search-{backend}", backend, args.messages):
+                        print(line, flush=True)
+        if "cost" in only:
+            print(
+                f"\n## the search index's cost to one-message appends ({args.appends:,} each, "
+                "best of 3)"
+            )
+            print("| backend | appends/s without terms | with terms | change |")
+            print("|---|---|---|---|")
+            for backend in backends:
+                with url(backend, "cost") as u:
+                    for line in bench_cost(u, root / f"cost-{backend}", backend, args.appends):
+                        print(line, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

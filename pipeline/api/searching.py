@@ -1,0 +1,66 @@
+"""``GET /v1/search``: full-text search over every raw message the caller may read."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Query
+
+from pipeline import catalog, search, validation
+from pipeline.api import models
+from pipeline.api.deps import ServiceDep, problems
+from pipeline.api.security import Reader
+
+router = APIRouter(tags=["search"])
+Role = Literal["user", "assistant", "tool", "system"]
+
+
+def _utc(value: dt.datetime | None) -> dt.datetime | None:
+    if value is None or value.tzinfo is None:
+        return value
+    return value.astimezone(dt.UTC).replace(tzinfo=None)
+
+
+@router.get("/v1/search", response_model=models.Hits, responses=problems(422, 503))
+def search_messages(
+    service: ServiceDep,
+    caller: Reader,
+    q: Annotated[
+        str,
+        Query(
+            min_length=1,
+            max_length=1000,
+            pattern=r"^[^\x00]*[^\W_][^\x00]*$",
+            description='words (all must occur) and "quoted phrases"; any language, CJK too',
+        ),
+    ],
+    agent_id: Annotated[str | None, Query(pattern=validation.AGENT_ID_PATTERN)] = None,
+    session_key: Annotated[
+        str | None, Query(min_length=1, max_length=512, pattern="^[^\\x00-\\x1f\\x7f]*$")
+    ] = None,
+    file_id: Annotated[
+        str | None, Query(pattern=validation.FILE_ID_PATTERN, json_schema_extra={"format": "uuid"})
+    ] = None,
+    role: Role | None = None,
+    since: Annotated[
+        dt.datetime | None, Query(description="messages at or after (RFC 3339)")
+    ] = None,
+    until: Annotated[
+        dt.datetime | None, Query(description="messages at or before (RFC 3339)")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=search.MAX_LIMIT)] = search.DEFAULT_LIMIT,
+) -> dict[str, Any]:
+    """The messages that best match ``q``, best first, each with its ``source_ref`` and a
+    snippet; filters combine. Only the caller's agents are searched."""
+    filters = catalog.Filters(
+        agents=caller.agents,
+        agent_id=agent_id,
+        session_key=session_key,
+        file_id=file_id,
+        role=role,
+        since=_utc(since),
+        until=_utc(until),
+    )
+    found = search.search(service.engine, service.settings.data_dir, q, filters, limit=limit)
+    return search.hits_of(found)

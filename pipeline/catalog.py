@@ -1,0 +1,282 @@
+"""The message catalog (DESIGN §5b): one row per flushed message — where its block is in the
+file, the facts of its heading — and the search terms of its text, both written in the commit
+of the flush that wrote the message (never ahead of ``flushed_seq``, never behind), rebuilt by
+``reindex``, checked by ``fsck``. No file access here.
+
+The terms live in ``message_terms``, one row per message under the same id: on SQLite an FTS5
+table without content (the text stays in the files; the index holds terms and, in a second
+column, tags for the agent, the file, the session and the role, so filters intersect there);
+on PostgreSQL a ``tsvector`` with a GIN index (filters are ordinary SQL). The terms are
+:mod:`pipeline.terms`'s on both, so a query finds the same messages on either.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections.abc import Collection, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+
+from pipeline import database, document, tables, terms
+
+_M = tables.messages.c
+_INSERT_ROWS = sa.insert(tables.messages).returning(_M.id, sort_by_parameter_order=True)
+_FTS_INSERT = sa.text("INSERT INTO message_terms (rowid, terms, tags) VALUES (:id, :terms, :tags)")
+_PG_INSERT = sa.text("INSERT INTO message_terms (id, tsv) VALUES (:id, CAST(:tsv AS tsvector))")
+
+
+@dataclasses.dataclass(frozen=True)
+class Owner:
+    """What the catalog keeps of a message's file: its id, and for filtering its agent and
+    session."""
+
+    file_id: str
+    agent_id: str
+    session_key: str
+
+    @classmethod
+    def of(cls, row: tables.FileRow) -> Owner:
+        """The owner facts of a file row."""
+        return cls(row.file_id, row.agent_id, row.session_key)
+
+
+def _tags(owner: Owner, role: str) -> str:
+    return " ".join(
+        (
+            terms.tag("a", owner.agent_id),
+            terms.tag("f", owner.file_id),
+            terms.tag("s", owner.session_key),
+            terms.tag("r", role),
+        )
+    )
+
+
+def add(conn: sa.Connection, owner: Owner, found: Sequence[document.Located]) -> None:
+    """Catalog flushed messages of a file and index their text (in the flush's commit)."""
+    if not found:
+        return
+    values = [
+        {
+            "file_id": owner.file_id,
+            "seq": located.message.seq,
+            "byte_offset": located.offset,
+            "byte_length": located.length,
+            "ts": document.parse_ts(located.message.ts).replace(tzinfo=None),
+            "role": located.message.role,
+            "tool_name": located.message.tool_name,
+        }
+        for located in found
+    ]
+    ids = conn.execute(_INSERT_ROWS, values).scalars().all()
+    words = [terms.terms(located.message.content) for located in found]
+    if database.is_postgres(conn):
+        tsvs = [{"id": i, "tsv": terms.tsvector(w)} for i, w in zip(ids, words, strict=True)]
+        conn.execute(_PG_INSERT, tsvs)
+    else:
+        conn.execute(
+            _FTS_INSERT,
+            [
+                {"id": i, "terms": " ".join(w), "tags": _tags(owner, located.message.role)}
+                for i, w, located in zip(ids, words, found, strict=True)
+            ],
+        )
+
+
+_ROWS = (
+    sa.select(tables.messages)
+    .where(
+        _M.file_id == sa.bindparam("file_id"),
+        _M.seq > sa.bindparam("after"),
+        _M.seq <= sa.bindparam("upto"),
+    )
+    .order_by(_M.seq)
+)
+
+
+def rows(conn: sa.Connection, file_id: str, *, after: int, upto: int) -> list[tables.MessageRow]:
+    """The catalog rows of ``file_id`` with ``after < seq <= upto``, in seq order."""
+    found = conn.execute(_ROWS, {"file_id": file_id, "after": after, "upto": upto})
+    return [tables.MessageRow.from_row(row) for row in found]
+
+
+def clear(conn: sa.Connection) -> None:
+    """Drop every row and every term (``reindex`` rebuilds them from the files)."""
+    if database.is_postgres(conn):
+        conn.execute(sa.text("TRUNCATE message_terms, messages"))
+    else:
+        conn.execute(sa.text("INSERT INTO message_terms (message_terms) VALUES ('delete-all')"))
+        conn.execute(sa.delete(tables.messages))
+
+
+def unindexed(conn: sa.Connection, ids: Sequence[int]) -> list[int]:
+    """The ids among ``ids`` that have no terms (``fsck``)."""
+    if not ids:
+        return []
+    if database.is_postgres(conn):
+        query = sa.text("SELECT id FROM message_terms WHERE id = ANY(:ids)")
+        present = set(conn.execute(query, {"ids": list(ids)}).scalars())
+    else:
+        query = sa.text("SELECT rowid FROM message_terms WHERE rowid = :id")
+        present = {i for i in ids if conn.execute(query, {"id": i}).first() is not None}
+    return [i for i in ids if i not in present]
+
+
+# ---------------------------------------------------------------------------------------------
+# search
+
+
+@dataclasses.dataclass(frozen=True)
+class Filters:
+    """What a search is narrowed to; ``agents`` are the caller's (None: every agent)."""
+
+    agents: Collection[str] | None = None
+    agent_id: str | None = None
+    session_key: str | None = None
+    file_id: str | None = None
+    role: str | None = None
+    since: dt.datetime | None = None
+    until: dt.datetime | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Hit:
+    """A message that matched, with what a result shows of its file."""
+
+    message: tables.MessageRow
+    agent_id: str
+    session_key: str
+    score: float
+
+
+_HIT_COLUMNS = (
+    *(tables.messages.c[c.name] for c in tables.messages.columns),
+    tables.raw_files.c.agent_id,
+    tables.raw_files.c.session_key,
+)
+
+
+DEFAULT_WINDOW = 10_000  #: matches ranked at most per query (the newest)
+
+
+def find(
+    conn: sa.Connection,
+    query: terms.Query,
+    filters: Filters,
+    *,
+    limit: int,
+    window: int = DEFAULT_WINDOW,
+) -> list[Hit]:
+    """The best ``limit`` matches of ``query`` within ``filters``, best first; equal scores in
+    source_ref order (when more tie than ``limit`` takes, which of them come is not fixed).
+
+    Only the newest ``window`` matches are ranked: a query for a word that half the messages
+    contain would otherwise score every one of them, and its time would grow with the store.
+    """
+    if filters.agents is not None and not filters.agents:
+        return []
+    if database.is_postgres(conn):
+        return _find_postgres(conn, query, filters, limit, window)
+    return _find_sqlite(conn, query, filters, limit, window)
+
+
+def _find_sqlite(
+    conn: sa.Connection, query: terms.Query, f: Filters, limit: int, window: int
+) -> list[Hit]:
+    tags: list[list[str]] = []
+    if f.agents is not None:
+        tags.append([terms.tag("a", a) for a in sorted(f.agents)])
+    for kind, value in (("a", f.agent_id), ("s", f.session_key), ("f", f.file_id), ("r", f.role)):
+        if value is not None:
+            tags.append([terms.tag(kind, value)])
+    match = terms.fts5_match(query, tags=tags)
+    fts = sa.table("message_terms", sa.column("rowid"))
+    rank: sa.ColumnElement[float] = sa.literal_column("bm25(message_terms)")
+    # FTS5 walks the matches newest first and stops after the window (scoring only those);
+    # a time window needs the catalog, so then the join filters first.
+    if f.since is None and f.until is None:
+        newest = (
+            sa.select(fts.c.rowid.label("id"), rank.label("rank"))
+            .where(sa.text("message_terms MATCH :match"))
+            .order_by(fts.c.rowid.desc())
+            .limit(window)
+            .subquery()
+        )
+        best = sa.select(newest).order_by(newest.c.rank).limit(limit).subquery()
+        stmt = (
+            sa.select(*_HIT_COLUMNS, (-best.c.rank).label("score"))
+            .select_from(best)
+            .join(tables.messages, tables.messages.c.id == best.c.id)
+            .join(tables.raw_files, tables.raw_files.c.file_id == tables.messages.c.file_id)
+            .order_by(best.c.rank, tables.messages.c.file_id, tables.messages.c.seq)
+        )
+    else:
+        within = (
+            sa.select(*_HIT_COLUMNS, (-rank).label("score"))
+            .select_from(fts)
+            .join(tables.messages, tables.messages.c.id == fts.c.rowid)
+            .join(tables.raw_files, tables.raw_files.c.file_id == tables.messages.c.file_id)
+            .where(sa.text("message_terms MATCH :match"), *_window(f))
+            .order_by(fts.c.rowid.desc())
+            .limit(window)
+            .subquery()
+        )
+        stmt = (
+            sa.select(within)
+            .order_by(within.c.score.desc(), within.c.file_id, within.c.seq)
+            .limit(limit)
+        )
+    return [_hit(row) for row in conn.execute(stmt, {"match": match})]
+
+
+def _window(f: Filters) -> list[Any]:
+    found = []
+    if f.since is not None:
+        found.append(tables.messages.c.ts >= f.since)
+    if f.until is not None:
+        found.append(tables.messages.c.ts <= f.until)
+    return found
+
+
+def _find_postgres(
+    conn: sa.Connection, query: terms.Query, f: Filters, limit: int, window: int
+) -> list[Hit]:
+    t = sa.table("message_terms", sa.column("id"), sa.column("tsv"))
+    q = sa.cast(sa.bindparam("tsquery", type_=sa.Text), postgresql.TSQUERY)
+    score = sa.func.ts_rank_cd(t.c.tsv, q)
+    m, files = tables.messages.c, tables.raw_files.c
+    where = [t.c.tsv.op("@@")(q), *_window(f)]
+    if f.agents is not None:
+        where.append(files.agent_id.in_(sorted(f.agents)))
+    for column, value in (
+        (files.agent_id, f.agent_id),
+        (files.session_key, f.session_key),
+        (m.file_id, f.file_id),
+        (m.role, f.role),
+    ):
+        if value is not None:
+            where.append(column == value)
+    newest = (
+        sa.select(*_HIT_COLUMNS, score.label("score"))
+        .select_from(t)
+        .join(tables.messages, m.id == t.c.id)
+        .join(tables.raw_files, files.file_id == m.file_id)
+        .where(*where)
+        .order_by(t.c.id.desc())
+        .limit(window)
+        .subquery()
+    )
+    stmt = (
+        sa.select(newest)
+        .order_by(newest.c.score.desc(), newest.c.file_id, newest.c.seq)
+        .limit(limit)
+    )
+    return [_hit(row) for row in conn.execute(stmt, {"tsquery": terms.tsquery(query)})]
+
+
+def _hit(row: sa.Row[Any]) -> Hit:
+    values = row._mapping
+    message = tables.MessageRow(**{c.name: values[c.name] for c in tables.messages.columns})
+    return Hit(message, values["agent_id"], values["session_key"], float(values["score"]))

@@ -1,0 +1,256 @@
+"""The message catalog and full-text search (DESIGN §5b), on SQLite and PostgreSQL: reads
+that touch only the bytes they return, whatever the file's size; search over every raw
+message in any language; the catalog kept in step by the flush, rebuilt by reindex, checked by
+fsck; archived files still searchable."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from pipeline import archive, catalog, database, errors, integrity, journal, reader, refine, search
+
+TS = dt.datetime(2026, 8, 3, 11, 0, tzinfo=dt.UTC)
+
+
+def ts(minutes: float) -> str:
+    return (TS + dt.timedelta(minutes=minutes)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def session(
+    engine: sa.Engine,
+    data_dir: Path,
+    key: str,
+    contents: list[str],
+    *,
+    agent: str = "hermes",
+    role: str = "user",
+    start: float = 0,
+) -> str:
+    """A flushed session of ``contents`` (1,000 messages per append); its file_id."""
+    file_id = ""
+    for lo in range(0, len(contents), 1000):
+        tool = {"tool_name": "shell"} if role == "tool" else {}
+        messages = [
+            {"role": role, "content": c, "ts": ts(start + lo + i), **tool}
+            for i, c in enumerate(contents[lo : lo + 1000])
+        ]
+        body = {"agent_id": agent, "session_key": key, "messages": messages}
+        file_id = journal.ingest(engine, body).file_id
+    journal.flush(engine, data_dir, file_id)
+    return file_id
+
+
+class Reads:
+    """Counts the bytes read from raw files (every read goes through os.pread or os.read)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.bytes = 0
+        real_pread, real_read = os.pread, os.read
+
+        def pread(fd: int, n: int, offset: int) -> bytes:
+            data = real_pread(fd, n, offset)
+            self.bytes += len(data)
+            return data
+
+        def read(fd: int, n: int) -> bytes:
+            data = real_read(fd, n)
+            self.bytes += len(data)
+            return data
+
+        monkeypatch.setattr(os, "pread", pread)
+        monkeypatch.setattr(os, "read", read)
+
+
+@pytest.mark.parametrize("count", [10, 20_000])
+def test_a_read_touches_only_the_bytes_it_returns(
+    engine: sa.Engine, data_dir: Path, monkeypatch: pytest.MonkeyPatch, count: int
+) -> None:
+    contents = [f"message {i} " + "x" * 200 for i in range(count)]
+    file_id = session(engine, data_dir, f"long-{count}", contents)
+    with database.transaction(engine) as conn:
+        rows = catalog.rows(conn, file_id, after=0, upto=count)
+    size = {r.seq: r.byte_length for r in rows}
+    assert len(rows) == count
+    reads = Reads(monkeypatch)
+
+    ref = reader.resolve(engine, data_dir, f"{file_id}:{count - 1}", context=1)
+    assert [m.content for m in (*ref.before, ref.message, *ref.after)] == contents[-3:]
+    assert reads.bytes == size[count - 2] + size[count - 1] + size[count]
+
+    reads.bytes = 0
+    page = reader.messages(engine, data_dir, file_id, after_seq=count - 5, limit=5)
+    assert [m.content for m in page] == contents[-5:]
+    assert reads.bytes == sum(size[s] for s in range(count - 4, count + 1))
+
+    reads.bytes = 0
+    row = reader.get_file(engine, file_id)
+    found = reader.between(engine, data_dir, row, count - 2, count)  # a refinement segment
+    assert [m.seq for m in found] == [count - 1, count]
+    assert reads.bytes == size[count - 1] + size[count]
+
+
+def test_search_finds_phrases_words_and_cjk_among_thousands(
+    engine: sa.Engine, data_dir: Path
+) -> None:
+    filler = [f"routine status update number {i}, all systems nominal" for i in range(3000)]
+    filler[1234] = "The user said: I prefer green tea over coffee in the morning."
+    filler[2345] = "数据库迁移已经完成，我们决定使用 PostgreSQL 作为索引。"
+    filler[2999] = "私はコーヒーよりも緑茶が好きです。한국어 문장도 찾을 수 있어요."
+    file_id = session(engine, data_dir, "big", filler)
+
+    def refs(q: str, **filters: Any) -> list[str]:
+        found = search.search(engine, data_dir, q, catalog.Filters(**filters), limit=10)
+        return [r.source_ref for r in found]
+
+    assert refs('"green tea over coffee"') == [f"{file_id}:1235"]
+    assert refs('"coffee over green tea"') == []  # a phrase is in order
+    assert refs("PREFER morning") == [f"{file_id}:1235"]  # words, any case, all required
+    assert refs("数据库") == [f"{file_id}:2346"]  # a CJK substring of three characters
+    assert refs("迁移") == [f"{file_id}:2346"]  # and of two
+    assert refs("緑茶") == [f"{file_id}:3000"]
+    assert refs("문장도") == [f"{file_id}:3000"]
+    assert refs("postgresql 索引") == [f"{file_id}:2346"]
+    nominal = refs("nominal", file_id=file_id)
+    assert len(nominal) == 10 and all(r.startswith(file_id) for r in nominal)
+    hit = search.search(engine, data_dir, "green tea", limit=1)[0]
+    assert "prefer green tea" in hit.snippet
+    assert (hit.seq, hit.role, hit.agent_id, hit.session_key) == (1235, "user", "hermes", "big")
+    assert hit.ts == ts(1234).replace(".000000", "")
+    with pytest.raises(errors.InvalidInput, match="no word"):
+        search.search(engine, data_dir, '"" ... !!')
+
+
+def test_filters_combine_and_nobody_sees_another_agents_messages(
+    engine: sa.Engine, data_dir: Path
+) -> None:
+    a = session(engine, data_dir, "s-a", ["the launch code is blue"], agent="alice")
+    b = session(engine, data_dir, "s-b", ["the launch code is red"], agent="bob", start=60)
+    c = session(engine, data_dir, "s-c", ["launch notes"], agent="bob", role="tool", start=120)
+
+    def found(q: str = "launch", **filters: Any) -> set[str]:
+        hits = search.search(engine, data_dir, q, catalog.Filters(**filters), limit=50)
+        return {h.file_id for h in hits}
+
+    assert found() == {a, b, c}
+    assert found(agents={"alice"}) == {a}
+    assert found(agents={"alice"}, agent_id="bob") == set()
+    assert found(agents=set()) == set()
+    assert found(agent_id="bob") == {b, c}
+    assert found(session_key="s-b") == {b}
+    assert found(role="tool") == {c}
+    assert found(file_id=a) == {a}
+    assert found(since=(TS + dt.timedelta(minutes=30)).replace(tzinfo=None)) == {b, c}
+    assert found(until=(TS + dt.timedelta(minutes=90)).replace(tzinfo=None)) == {a, b}
+    assert found(agent_id="bob", until=(TS + dt.timedelta(minutes=90)).replace(tzinfo=None)) == {b}
+    assert found("code red") == {b}
+
+
+def test_reindex_after_losing_the_index_gives_the_same_results(
+    engine: sa.Engine, data_dir: Path
+) -> None:
+    session(engine, data_dir, "one", [f"alpha beta {i} 中文检索 {i % 7}" for i in range(90)])
+    session(engine, data_dir, "two", ["beta gamma", "中文", "upload-like text"], agent="other")
+    upload = journal.ingest_upload(
+        engine, {"agent_id": "hermes", "filename": "n.md", "content": "an uploaded beta note"}
+    )
+    journal.flush(engine, data_dir, upload.file_id)
+    queries = ["beta", "中文检索", '"alpha beta 17"', "note", "gamma"]
+
+    def results() -> list[list[tuple[str, str, float]]]:
+        # a limit above every query's matches: which of many equal scores come is not fixed
+        return [
+            [
+                (r.source_ref, r.snippet, r.score)
+                for r in search.search(engine, data_dir, q, limit=search.MAX_LIMIT)
+            ]
+            for q in queries
+        ]
+
+    before = results()
+    assert all(before) and before[3][0][0] == f"{upload.file_id}:1"
+    with database.transaction(engine) as conn:
+        catalog.clear(conn)
+    assert results() == [[] for _ in queries]
+    integrity.reindex(engine, data_dir)
+    assert results() == before
+    assert integrity.fsck(engine, data_dir) == []
+
+
+def test_fsck_names_a_catalog_that_no_longer_matches(engine: sa.Engine, data_dir: Path) -> None:
+    file_id = session(engine, data_dir, "c", ["one", "two", "three"])
+    assert integrity.fsck(engine, data_dir) == []
+    with database.transaction(engine) as conn:
+        conn.execute(sa.text("UPDATE messages SET byte_length = byte_length + 1 WHERE seq = 2"))
+    problems = integrity.fsck(engine, data_dir)
+    assert [(p.file_id, p.kind) for p in problems] == [(file_id, "catalog_mismatch")]
+    assert "first difference at seq 2" in problems[0].detail
+
+
+def test_archived_files_stay_searchable_and_readable(engine: sa.Engine, data_dir: Path) -> None:
+    file_id = session(engine, data_dir, "old", [f"archived fact number {i}" for i in range(50)])
+    c = refine.claim(engine, file_id, lease_seconds=60)
+    assert c is not None and refine.commit(engine, c, [], refiner="test")
+    assert archive.compress(engine, data_dir, file_id) is not None
+    hits = search.search(engine, data_dir, '"fact number 42"')
+    assert [(h.source_ref, h.snippet) for h in hits] == [
+        (f"{file_id}:43", "archived fact number 42")
+    ]
+    ref = reader.resolve(engine, data_dir, f"{file_id}:43", context=1)
+    assert [m.content for m in (*ref.before, ref.message, *ref.after)] == [
+        f"archived fact number {i}" for i in (41, 42, 43)
+    ]
+    assert integrity.fsck(engine, data_dir) == []
+
+
+def test_the_migration_fills_the_catalog_of_an_existing_store(
+    engine: sa.Engine, data_dir: Path
+) -> None:
+    """A store from before the catalog (schema 0005): migrating reads every file into it."""
+    from alembic import command
+
+    file_id = session(engine, data_dir, "pre", ["before the catalog", "数据 in old files"])
+    with engine.begin() as conn:
+        config = database._alembic_config()
+        config.attributes["connection"] = conn
+        command.downgrade(config, "0005")
+    assert database.revisions(engine)[0] == {"0005"}
+    database.migrate(engine, data_dir=data_dir)
+    hits = search.search(engine, data_dir, "数据")
+    assert [h.source_ref for h in hits] == [f"{file_id}:2"]
+    assert integrity.fsck(engine, data_dir) == []
+
+
+def test_sqlite_and_postgres_find_the_same_messages(tmp_path: Path, postgres_url: str) -> None:
+    corpus = [
+        "Deploy the API with two workers",
+        "the api gateway returned 502",
+        "数据库连接失败，重试三次",
+        "我们决定用数据库作为索引",
+        "パスワードを変更しました",
+        "e-mail from Zoë about the café",
+        "tool output: exit code 0",
+    ] * 3
+    queries = ["api", "数据库", "连接失败", "パスワード", "e-mail", "café", "zoë", '"exit code"']
+    answers = []
+    for url in (f"sqlite:///{tmp_path / 'index.sqlite3'}", postgres_url):
+        engine = database.create_engine(url)
+        database.migrate(engine)
+        if database.is_postgres(engine):
+            with engine.begin() as conn:
+                catalog.clear(conn)
+                conn.execute(sa.text("TRUNCATE raw_files, append_journal, append_keys CASCADE"))
+        data_dir = tmp_path / f"data-{engine.dialect.name}"
+        session(engine, data_dir, "mixed", corpus)
+        answers.append(
+            [sorted(h.seq for h in search.search(engine, data_dir, q, limit=50)) for q in queries]
+        )
+        engine.dispose()
+    sqlite, postgres = answers
+    assert sqlite == postgres
+    assert [len(a) for a in sqlite] == [6, 6, 3, 3, 3, 3, 3, 3]
