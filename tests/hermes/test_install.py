@@ -34,6 +34,15 @@ def install(
     return Run(code, out, err.decode("utf-8"))
 
 
+def python(args: list[str], *, cwd: Path, env: dict[str, str] | None = None) -> str:
+    """Run this interpreter to completion; its stdout (fails with its stderr otherwise)."""
+    done = subprocess.run(
+        [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
 def installed(home: Path) -> dict[str, bytes]:
     plugin = home / "plugins" / "sgme"
     return {p.name: p.read_bytes() for p in sorted(plugin.iterdir())}
@@ -96,15 +105,7 @@ def test_a_built_package_carries_the_provider(tmp_path: Path) -> None:
     """setup.py's build step, as a wheel build runs it, copies the provider into the package;
     ``sgme hermes install`` run from that build (no checkout beside it) installs it."""
     build = tmp_path / "build"
-    done = subprocess.run(
-        [sys.executable, "setup.py", "-q", "build_py", "--build-lib", str(build)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
+    python(["setup.py", "-q", "build_py", "--build-lib", str(build)], cwd=ROOT)
     packaged = build / "pipeline" / "hermes-provider"
     assert sorted(p.name for p in packaged.iterdir()) == PROVIDER_FILES
     assert not (build / "integrations").exists()
@@ -116,16 +117,6 @@ def test_a_built_package_carries_the_provider(tmp_path: Path) -> None:
         f"sys.exit(cli.main(['hermes', 'install', '--hermes-home', {str(home)!r}]))"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SGME_", "HERMES_"))}
-    env["PYTHONPATH"] = str(build)
-    ran = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert ran.returncode == 0, ran.stderr
-    assert f"from {build / 'pipeline' / '__init__.py'}" in ran.stdout  # the build, not the tree
+    out = python(["-c", script], cwd=tmp_path, env={**env, "PYTHONPATH": str(build)})
+    assert f"from {build / 'pipeline' / '__init__.py'}" in out  # the build, not the tree
     assert installed(home) == sources()
