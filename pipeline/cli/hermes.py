@@ -60,8 +60,13 @@ def install(home: Path) -> Path:
         if target.is_symlink() or target.is_file():
             target.unlink()
         elif target.exists():
-            os.replace(target, old)
-        os.replace(staging, target)
+            os.replace(target, old)  # aside, and removed once the new one is in place
+        try:
+            os.replace(staging, target)
+        except OSError:
+            if old.exists():
+                os.replace(old, target)  # the earlier install back, rather than none
+            raise
     finally:
         with contextlib.suppress(FileNotFoundError):
             shutil.rmtree(staging)
@@ -73,8 +78,8 @@ def install(home: Path) -> Path:
 def cmd_install(ctx: Context) -> int:
     """Install the provider into a Hermes home and print how to enable and configure it."""
     home = Path(ctx.args.hermes_home) if ctx.args.hermes_home else settings.hermes_home()
+    s = ctx.settings()  # for the URL to suggest; a bad config stops before anything is copied
     target = install(home)
-    s = ctx.settings()
     host = "127.0.0.1" if s.host in ("0.0.0.0", "::", "") else s.host
     url = f"http://{f'[{host}]' if ':' in host else host}:{s.port}"
     print(

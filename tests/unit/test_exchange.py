@@ -1,6 +1,7 @@
-"""The client's request/answer logic without a server (``httpx.MockTransport``): retries reuse
-the idempotency key and stop at the limit or the deadline, only safe calls are repeated after
-a lost answer, every problem type becomes its own error class, and the sync and async clients
+"""The client's request/answer logic (:mod:`pipeline.exchange`, driven through
+:mod:`pipeline.client`) without a server (``httpx.MockTransport``): retries reuse the
+idempotency key and stop at the limit or the deadline, only safe calls are repeated after a
+lost answer, every problem type becomes its own error class, and the sync and async clients
 behave the same. ``tests/e2e/test_client.py`` runs the client against a real ``sgme serve``."""
 
 from __future__ import annotations
