@@ -313,7 +313,12 @@ def _health() -> exchange.Call[models.Health]:
 
 
 class Operations(Generic[Transport]):
-    """What both clients share: the operations, and the settings every call uses."""
+    """What both clients share: the operations, and the settings every call uses.
+
+    ``base_url`` is the server (``http://127.0.0.1:8765``); ``token`` is sent as
+    ``Authorization: Bearer``; ``timeout`` bounds connecting and each read or write of one
+    request, in seconds; ``retry`` says how often and how long a call is tried;
+    ``transport`` replaces httpx's (tests pass an ``httpx.MockTransport``)."""
 
     append = Endpoint(_append)
     upload = Endpoint(_upload)
@@ -337,8 +342,8 @@ class Operations(Generic[Transport]):
         self,
         base_url: str,
         token: str | None = None,
-        *,
         timeout: float = DEFAULT_TIMEOUT,
+        *,
         retry: exchange.Retry = exchange.DEFAULT_RETRY,
         transport: Transport | None = None,
     ) -> None:
