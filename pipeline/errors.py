@@ -20,7 +20,8 @@
      │    ├── StorageUnavailable     503     storage-unavailable the data directory failed us
      │    ├── RefinerError           503     refiner-error      the refiner failed (LLM, webhook)
      │    ├── Overloaded             503     overloaded         the journal backlog is too long
-     │    └── InsufficientStorage    507     insufficient-storage the disk cannot take more
+     │    ├── InsufficientStorage    507     insufficient-storage the disk cannot take more
+     │    └── Unreachable            503     unreachable        (client) no answer from the server
      ├── Misconfigured               500     misconfigured      settings or schema need an operator
      └── InternalError               500     internal           a bug: logged once, never retried
 
@@ -29,6 +30,9 @@ The API answers every one as an RFC 9457 problem document whose ``type`` is
 and a request that matches no route ``not-found``.
 
 An error may carry ``retry_after`` (seconds): the API sends it as ``Retry-After``.
+:mod:`pipeline.client` raises these same classes from the problem documents it gets back, each
+with the ``status`` it was answered with (an answer that is no problem document, a proxy's
+502 say, gets the class of its status).
 
 Foreign exceptions (``OSError``, ``sqlalchemy.exc``, ``zstandard.ZstdError``) are mapped to one
 of these where they cross into ``pipeline``'s public functions, so callers catch only these.
@@ -51,8 +55,9 @@ class SgmeError(Exception):
 
     #: stable problem kind; the API's ``type`` is :func:`problem_type` of it
     type: ClassVar[str] = "internal"
-    #: HTTP status the API answers with
-    status: ClassVar[int] = 500
+    #: HTTP status the API answers with (an instance made by the client from an answer holds
+    #: that answer's status)
+    status: int = 500
     #: whether a task that hit this error should be retried
     retry: ClassVar[bool] = False
 
@@ -213,6 +218,13 @@ class InsufficientStorage(TransientError):
 
     type = "insufficient-storage"
     status = 507
+
+
+class Unreachable(TransientError):
+    """The client got no answer: the server could not be reached, or the connection failed or
+    timed out before the answer came (raised by :mod:`pipeline.client`, never by the server)."""
+
+    type = "unreachable"
 
 
 class Misconfigured(SgmeError):

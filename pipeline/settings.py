@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -148,6 +149,21 @@ class Settings:
 
 
 _TOP = {f.name for f in dataclasses.fields(Settings)} - {a for a, _ in GROUPS.values()}
+
+
+def hermes_home(environ: Mapping[str, str] | None = None) -> Path:
+    """Hermes Agent's home, where ``sgme hermes install`` puts the provider, by Hermes' own
+    rule (``hermes_constants.get_hermes_home``): ``$HERMES_HOME`` as given, else ``~/.hermes``
+    (``%LOCALAPPDATA%\\hermes`` on Windows). Not a setting of ours: it is Hermes' variable,
+    read here because this is the module that reads the environment."""
+    env = os.environ if environ is None else environ
+    found = env.get("HERMES_HOME", "").strip()
+    if found:
+        return Path(found)
+    if sys.platform == "win32":
+        local = env.get("LOCALAPPDATA", "").strip()
+        return (Path(local) if local else Path.home() / "AppData" / "Local") / "hermes"
+    return Path.home() / ".hermes"
 
 
 def _keys() -> list[str]:

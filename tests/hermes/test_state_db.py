@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import hermes_env
+from conftest import Sgme
 
 from pipeline import database, document, journal
 from pipeline.importers import convention, reader, runner
@@ -115,3 +116,20 @@ def test_import_a_state_db_made_by_hermes(tmp_path: Path) -> None:
         assert {k: len(v) for k, v in texts.items()} == {"s1": 6, "s2": 6, "s2#compacted": 4}
     finally:
         engine.dispose()
+
+
+def test_sgme_import_hermes_reads_a_hermes_home(sgme: Sgme, tmp_path: Path) -> None:
+    """The command on a Hermes home (its state.db found inside), twice."""
+    home = make_state_db(tmp_path).parent
+    first = sgme("import", "hermes", str(home), "--json")
+    assert first.code == 0, first.err
+    report = json.loads(first.out.decode().splitlines()[-1])
+    assert report == {"files": 3, "messages": 16, "skipped": 3, "errors": [], "replayed": 0}
+    listed = sgme("ls", "--agent-id", "hermes", "--json").json()
+    assert sorted((r["session_key"], r["flushed_seq"]) for r in listed) == [
+        ("s1", 6),
+        ("s2", 6),
+        ("s2#compacted", 4),
+    ]
+    again = json.loads(sgme("import", "hermes", str(home), "--json").out.decode().splitlines()[-1])
+    assert (again["messages"], again["replayed"]) == (0, 16)

@@ -1,0 +1,118 @@
+"""``sgme import``: the transcripts people already have (Hermes ``state.db``, Codex and Claude
+Code logs, ShareGPT and OpenAI chat datasets), into the data directory and index the command
+is given, through the same ingest path as the API.
+
+Each source turn is one append with a deterministic idempotency key
+(:mod:`pipeline.importers.runner`), sent through :meth:`pipeline.service.Service.append` — the
+API's validation, backlog and disk admission, and journal — and each file that got new
+messages is flushed once its session is in, so the import's files are written as it goes.
+Running the same import again writes nothing; an interrupted one, run again, completes.
+
+Exit codes: 0 when everything was imported, 1 when some records were reported and skipped
+(they are listed), 2 when the import could not run or stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from pipeline import errors, importers, journal, validation
+from pipeline.cli import EXIT_PROBLEMS, Add, Context, progress
+from pipeline.importers import runner
+from pipeline.service import Service
+
+
+def cmd_import(ctx: Context) -> int:
+    """Import one source's transcripts."""
+    a = ctx.args
+    reader = importers.reader(a.source)
+    path = Path(a.path)
+    agent_id = validation.check_agent_id(a.agent_id or a.source)
+    total = len(reader.files(path))  # for the progress bar; the runner walks them again
+    settings = ctx.settings()
+    service = None if a.dry_run else ctx.service(settings)
+    touched: set[str] = set()
+
+    def ingest(body: dict[str, Any]) -> Any:
+        assert service is not None  # a dry run sends nothing
+        result = service.append(body).result
+        touched.add(result.file_id)
+        return result
+
+    def flush(file_id: str) -> None:
+        assert service is not None
+        service.flush(file_id)
+
+    try:
+        with progress(f"import {a.source}", total) as advance:
+            report = runner.run(
+                reader,
+                path,
+                agent_id=agent_id,
+                ingest=ingest,
+                flush=flush,
+                progress=lambda _event: advance(1),
+                dry_run=a.dry_run,
+                max_messages=settings.limits.max_append_messages,
+                max_bytes=settings.limits.max_append_bytes,
+            )
+        if service is not None:
+            _flush_leftovers(service, touched)
+    except errors.TransientError as exc:
+        exc.detail += (
+            "; the import stopped there. Nothing acknowledged is lost: run the same import "
+            "again to continue"
+        )
+        raise
+    _print(report, as_json=a.json, dry_run=a.dry_run)
+    return EXIT_PROBLEMS if report.errors else 0
+
+
+def _flush_leftovers(service: Service, touched: set[str]) -> None:
+    """Write what earlier runs acknowledged but never wrote to the import's files (a run
+    stopped between an append and its flush): this run replays those keys, so the runner
+    has nothing new to flush there, and with no server running nothing else would."""
+    for file_id in sorted(touched & set(journal.stale_files(service.engine, age=0.0))):
+        service.flush(file_id)
+
+
+def _print(report: runner.Report, *, as_json: bool, dry_run: bool) -> None:
+    """The summary on stdout (``--json``: one line, the last), the problems on stderr."""
+    if as_json:
+        print(json.dumps(report.to_json(), ensure_ascii=False))
+        return
+    for problem in report.errors:
+        print(f"sgme import: {problem}", file=sys.stderr)
+    verb = "would import" if dry_run else "imported"
+    print(
+        f"{verb} {report.messages} messages into {report.files} files "
+        f"({report.replayed} already imported, {report.skipped} skipped, "
+        f"{_count(len(report.errors), 'error')})"
+    )
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def register(add: Add) -> None:
+    """Declare ``sgme import``."""
+    p = add("import", cmd_import, "import transcripts: Hermes, Codex, Claude Code, chat datasets")
+    p.add_argument("source", choices=tuple(importers.SOURCES), help="what PATH holds")
+    p.add_argument(
+        "path",
+        metavar="PATH",
+        help="a file, or a directory to walk (hermes: a state.db or a Hermes home)",
+    )
+    p.add_argument("--agent-id", help="the agent_id to store them under (default: the source)")
+    p.add_argument(
+        "--dry-run", action="store_true", help="read and report, send nothing (no index needed)"
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help='print {"files", "messages", "skipped", "errors", "replayed"} as the last line',
+    )
