@@ -43,6 +43,7 @@ class Options:
     threads: int = 0  #: zstd worker threads per file (0: on the calling thread)
     workers: int = 2  #: files compressed at once
     lock_timeout: float = store.DEFAULT_LOCK_TIMEOUT  #: seconds to wait for a file's lock
+    file_locks: bool = True  #: the lock files on the data volume (the ``file_locks`` setting)
 
 
 DEFAULT_OPTIONS = Options()
@@ -188,11 +189,11 @@ def flag_unrefined(engine: sa.Engine, *, older_than_days: float) -> list[str]:
 
 @contextlib.contextmanager
 def _locked(
-    engine: sa.Engine, data_dir: Path, file_id: str, lock_timeout: float
+    engine: sa.Engine, data_dir: Path, file_id: str, lock_timeout: float, *, flock: bool
 ) -> Iterator[tables.FileRow]:
     """Hold the file's locks (the ones flush takes) and yield its row as it is now."""
     with (
-        store.lock(data_dir, file_id, timeout=lock_timeout),
+        store.lock(data_dir, file_id, timeout=lock_timeout, flock=flock),
         database.advisory_lock(engine, file_id),
     ):
         with database.transaction(engine) as conn:
@@ -211,7 +212,7 @@ def compress(
     fault: FaultHook = _no_fault,
 ) -> Outcome | None:
     """Archive one file; None when it is no longer eligible (changed, already archived)."""
-    with _locked(engine, data_dir, file_id, options.lock_timeout) as row:
+    with _locked(engine, data_dir, file_id, options.lock_timeout, flock=options.file_locks) as row:
         if row.status == "archived":
             _finish(data_dir, row)
             return None
@@ -315,7 +316,9 @@ def archive_cold(
     """
     days = options.after_days if older_than_days is None else older_than_days
     report = Report(
-        cleaned_up=finish_interrupted(engine, data_dir, lock_timeout=options.lock_timeout),
+        cleaned_up=finish_interrupted(
+            engine, data_dir, lock_timeout=options.lock_timeout, file_lock=options.file_locks
+        ),
         unrefined_flagged=len(flag_unrefined(engine, older_than_days=days)),
     )
     cold = cold_files(engine, older_than_days=days, limit=1_000_000)
@@ -346,7 +349,11 @@ def _finish(data_dir: Path, row: tables.FileRow) -> None:
 
 
 def finish_interrupted(
-    engine: sa.Engine, data_dir: Path, *, lock_timeout: float = store.DEFAULT_LOCK_TIMEOUT
+    engine: sa.Engine,
+    data_dir: Path,
+    *,
+    lock_timeout: float = store.DEFAULT_LOCK_TIMEOUT,
+    file_lock: bool = True,
 ) -> int:
     """Clean up after crashes: delete originals of archived rows (verified first). Returns how
     many were removed."""
@@ -361,7 +368,7 @@ def finish_interrupted(
             with database.transaction(engine) as conn:
                 archived = index.archived_among(conn, batch)
             for file_id in archived:
-                with _locked(engine, data_dir, file_id, lock_timeout) as row:
+                with _locked(engine, data_dir, file_id, lock_timeout, flock=file_lock) as row:
                     if row.status == "archived":
                         _finish(data_dir, row)
                         removed += 1
@@ -378,9 +385,10 @@ def restore(
     file_id: str,
     *,
     lock_timeout: float = store.DEFAULT_LOCK_TIMEOUT,
+    file_lock: bool = True,
 ) -> bool:
     """Move an archived file back to its live place; False if it was not archived."""
-    with _locked(engine, data_dir, file_id, lock_timeout) as row:
+    with _locked(engine, data_dir, file_id, lock_timeout, flock=file_lock) as row:
         if row.status != "archived":
             return False
         restore_locked(engine, data_dir, row)

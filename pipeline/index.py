@@ -25,16 +25,21 @@ def _bind(name: str) -> Any:
 # ---------------------------------------------------------------------------------------------
 # raw_files: lookups and listings
 
-# The statements on the append path are built once: building a SQLAlchemy statement costs
-# several times more than executing a cached one (bench/bench_append.py).
-_GET_FILE = sa.select(tables.raw_files).where(tables.raw_files.c.file_id == sa.bindparam("file_id"))
-_GET_FILE_FOR_UPDATE = _GET_FILE.with_for_update()
-_FIND_FILE = sa.select(tables.raw_files).where(
-    tables.raw_files.c.agent_id == sa.bindparam("agent_id"),
-    tables.raw_files.c.source_type == sa.bindparam("source_type"),
-    tables.raw_files.c.session_key == sa.bindparam("session_key"),
+# The statements of the append and flush paths are prepared: run on the driver, without
+# SQLAlchemy's per-execution cost (database.Prepared).
+_R = tables.raw_files.c
+_GET_FILE = sa.select(tables.raw_files).where(_R.file_id == sa.bindparam("file_id"))
+_GET = database.Prepared(_GET_FILE)
+_GET_FOR_UPDATE = database.Prepared(_GET_FILE.with_for_update())
+_FIND = database.Prepared(
+    sa.select(tables.raw_files)
+    .where(
+        _R.agent_id == sa.bindparam("agent_id"),
+        _R.source_type == sa.bindparam("source_type"),
+        _R.session_key == sa.bindparam("session_key"),
+    )
+    .with_for_update()
 )
-_FIND_FILE_FOR_UPDATE = _FIND_FILE.with_for_update()
 _UPDATE_FILE: dict[tuple[str, ...], sa.Update] = {}  #: _update's statements by column set
 
 
@@ -42,19 +47,17 @@ def get_file(
     conn: sa.Connection, file_id: str, *, for_update: bool = False
 ) -> tables.FileRow | None:
     """The row of ``file_id``, or None."""
-    query = _GET_FILE_FOR_UPDATE if for_update else _GET_FILE
-    row = conn.execute(query, {"file_id": file_id}).first()
-    return tables.FileRow.from_row(row) if row else None
+    row = (_GET_FOR_UPDATE if for_update else _GET).first(conn, {"file_id": file_id})
+    return tables.FileRow(**row) if row else None
 
 
 def find_file(
-    conn: sa.Connection, agent_id: str, source_type: str, session_key: str, *, for_update: bool
+    conn: sa.Connection, agent_id: str, source_type: str, session_key: str
 ) -> tables.FileRow | None:
-    """The file of one session, or None."""
-    query = _FIND_FILE_FOR_UPDATE if for_update else _FIND_FILE
+    """The file of one session, locked for this transaction (the append path), or None."""
     params = {"agent_id": agent_id, "source_type": source_type, "session_key": session_key}
-    row = conn.execute(query, params).first()
-    return tables.FileRow.from_row(row) if row else None
+    row = _FIND.first(conn, params)
+    return tables.FileRow(**row) if row else None
 
 
 def list_files(
@@ -130,9 +133,17 @@ def _update(conn: sa.Connection, file_id: str, **values: Any) -> int:
     return int(conn.execute(cached, params).rowcount)
 
 
+_RECORD_APPEND = database.Prepared(
+    sa.update(tables.raw_files)
+    .where(_R.file_id == sa.bindparam("file_id"))
+    .values(next_seq=_bind("next_seq"), flush_pending=True, updated_at=_bind("updated_at"))
+)
+
+
 def record_append(conn: sa.Connection, file_id: str, *, next_seq: int) -> None:
     """An append took seqs up to ``next_seq - 1``: a flush is now pending."""
-    _update(conn, file_id, next_seq=next_seq, flush_pending=True)
+    params = {"file_id": file_id, "set_next_seq": next_seq, "set_updated_at": tables.utcnow()}
+    _RECORD_APPEND.execute(conn, params)
 
 
 def record_damage(conn: sa.Connection, file_id: str, kind: str, detail: str) -> bool:
@@ -154,46 +165,27 @@ def mark_error(conn: sa.Connection, file_id: str) -> bool:
     return bool(conn.execute(stmt).rowcount)
 
 
-_START_FLUSH = (
-    sa.update(tables.raw_files)
-    .where(tables.raw_files.c.file_id == sa.bindparam("where_file_id"))
-    .values(flush_pending=False, updated_at=_bind("updated_at"))
-    .returning(*tables.raw_files.c)
-)
-
-
-def start_flush(conn: sa.Connection, file_id: str) -> tables.FileRow | None:
-    """Clear the file's flush-pending flag and return its row (None when there is no row)."""
-    row = conn.execute(_START_FLUSH, {"where_file_id": file_id, "set_updated_at": tables.utcnow()})
-    found = row.first()
-    return tables.FileRow.from_row(found) if found else None
-
-
 _ENDED_AT = _bind("ended_at")
-_ADVANCE_FLUSHED = (
+_NEW_SEQ = _bind("flushed_seq")
+_ADVANCE_FLUSHED = database.Prepared(
     sa.update(tables.raw_files)
-    .where(
-        tables.raw_files.c.file_id == sa.bindparam("where_file_id"),
-        tables.raw_files.c.flushed_seq == sa.bindparam("where_flushed_seq"),
-    )
+    .where(_R.file_id == sa.bindparam("where_file_id"), _R.flushed_seq == sa.bindparam("old_seq"))
     .values(
-        flushed_seq=_bind("flushed_seq"),
+        flushed_seq=_NEW_SEQ,
         flushed_bytes=_bind("flushed_bytes"),
         chain_head=_bind("chain_head"),
-        status=sa.case((tables.raw_files.c.status == "archived", "archived"), else_="new"),
+        status=sa.case((_R.status == "archived", "archived"), else_="new"),
         # The latest message time seen; an append may carry older timestamps than the last.
         ended_at=sa.case(
-            (
-                sa.or_(
-                    tables.raw_files.c.ended_at.is_(None), tables.raw_files.c.ended_at < _ENDED_AT
-                ),
-                _ENDED_AT,
-            ),
-            else_=tables.raw_files.c.ended_at,
+            (sa.or_(_R.ended_at.is_(None), _R.ended_at < _ENDED_AT), _ENDED_AT),
+            else_=_R.ended_at,
         ),
+        # Pending until everything acknowledged so far is written (the flusher goes on).
+        flush_pending=_R.next_seq - 1 > _NEW_SEQ,
         flushed_at=_bind("flushed_at"),
         updated_at=_bind("updated_at"),
     )
+    .returning(_R.next_seq)
 )
 
 
@@ -206,13 +198,15 @@ def advance_flushed(
     flushed_bytes: int,
     chain_head: str,
     ended_at: dt.datetime,
-) -> int:
-    """Record a flush, if nobody advanced ``flushed_seq`` past ``old_seq`` meanwhile; the
-    status becomes ``new`` (an archived file stays ``archived``). Returns the rowcount."""
+) -> int | None:
+    """Record a flush, if nobody advanced ``flushed_seq`` past ``old_seq`` meanwhile (None
+    then): the status becomes ``new`` (an archived file stays ``archived``), and the flush is
+    no longer pending if everything acknowledged is now written. Returns ``next_seq``: more
+    is waiting when it is past ``flushed_seq + 1``."""
     now = tables.utcnow()
     params = {
         "where_file_id": file_id,
-        "where_flushed_seq": old_seq,
+        "old_seq": old_seq,
         "set_flushed_seq": flushed_seq,
         "set_flushed_bytes": flushed_bytes,
         "set_chain_head": chain_head,
@@ -220,7 +214,25 @@ def advance_flushed(
         "set_flushed_at": now,
         "set_updated_at": now,
     }
-    return int(conn.execute(_ADVANCE_FLUSHED, params).rowcount)
+    row = _ADVANCE_FLUSHED.first(conn, params)
+    return None if row is None else int(row["next_seq"])
+
+
+_SETTLE = database.Prepared(
+    sa.update(tables.raw_files)
+    .where(
+        _R.file_id == sa.bindparam("file_id"),
+        _R.flush_pending.is_(True),
+        _R.next_seq - 1 == _R.flushed_seq,
+    )
+    .values(flush_pending=False)
+)
+
+
+def settle_flush(conn: sa.Connection, file_id: str) -> None:
+    """A flush found nothing to write: the file is no longer pending, unless an append came
+    meanwhile (its seqs are past ``flushed_seq``)."""
+    _SETTLE.execute(conn, {"file_id": file_id})
 
 
 # ---------------------------------------------------------------------------------------------

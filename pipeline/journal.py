@@ -23,6 +23,7 @@ import sqlalchemy as sa
 from pipeline import (
     archive,
     catalog,
+    commits,
     database,
     document,
     errors,
@@ -90,11 +91,14 @@ class FlushResult:
     bytes: int
     flushed_seq: int
     status: str  #: the file's status after the flush
+    #: appends acknowledged while this flush ran wait past what it wrote: the caller must
+    #: flush the file again (kick it); their ingest saw the flush pending and did not
+    more: bool = False
 
 
-class _KeyRaced(Exception):
+class _KeyRaced(commits.Again):
     """A concurrent request with the same idempotency key committed first: roll back and
-    answer as the key's recorded request did."""
+    answer, in the next group, as the key's recorded request did."""
 
 
 def _replay(
@@ -120,18 +124,6 @@ def _remember(
         raise _KeyRaced
 
 
-def _commit(engine: sa.Engine, apply: Callable[[sa.Connection], AppendResult]) -> AppendResult:
-    """Run ``apply`` in a transaction; once more if a same-key request won a race (the second
-    run finds its key and replays, or refuses a different body)."""
-    try:
-        with database.transaction(engine) as conn:
-            return apply(conn)
-    except _KeyRaced:
-        pass
-    with database.transaction(engine) as conn:
-        return apply(conn)
-
-
 def ingest(
     engine: sa.Engine,
     body: Mapping[str, Any] | bytes | validation.Append,
@@ -148,7 +140,7 @@ def ingest(
     """
     append = body if isinstance(body, validation.Append) else validation.parse_append(body, limits)
     apply = functools.partial(apply_append, append=append, backlog=backlog)
-    return _commit(engine, apply)
+    return commits.group(engine).run(apply)
 
 
 def apply_append(
@@ -156,9 +148,7 @@ def apply_append(
 ) -> AppendResult:
     """Ingest's work inside the caller's transaction: find or create the session's row and
     lock it, allocate seqs, journal the rendered blocks, remember the key."""
-    row = index.find_file(
-        conn, append.agent_id, append.source_type, append.session_key, for_update=True
-    )
+    row = index.find_file(conn, append.agent_id, append.source_type, append.session_key)
     if row is None:
         file_id = str(uuid.uuid4())
         index.insert_file(
@@ -173,9 +163,7 @@ def apply_append(
             status="pending",
         )
         # On PostgreSQL a concurrent creator may have won; either way lock the row now.
-        row = index.find_file(
-            conn, append.agent_id, append.source_type, append.session_key, for_update=True
-        )
+        row = index.find_file(conn, append.agent_id, append.source_type, append.session_key)
         assert row is not None
     # Checked under the row lock, so two retries of one request cannot both pass.
     replayed = _replay(conn, append.agent_id, append.idempotency_key, append.digest)
@@ -236,7 +224,7 @@ def ingest_upload(
 ) -> AppendResult:
     """Commit an uploaded text document as a new file of one message (DESIGN §2.7)."""
     upload = body if isinstance(body, validation.Upload) else validation.parse_upload(body, limits)
-    return _commit(engine, functools.partial(apply_upload, upload=upload))
+    return commits.group(engine).run(functools.partial(apply_upload, upload=upload))
 
 
 def apply_upload(conn: sa.Connection, *, upload: validation.Upload) -> AppendResult:
@@ -320,6 +308,7 @@ def flush(
     *,
     lock_timeout: float = store.DEFAULT_LOCK_TIMEOUT,
     chunk_bytes: int = DEFAULT_BACKLOG.flush_chunk_bytes,
+    file_lock: bool = True,
     fault: FaultHook = _no_fault,
 ) -> FlushResult:
     """Write every journal row of ``file_id`` past ``flushed_seq`` to its file, once.
@@ -328,28 +317,33 @@ def flush(
     acknowledged message in the file exactly once and in seq order. The backlog goes out in
     chunks of about ``chunk_bytes`` (one journal row at least), each written, fsynced and
     committed before the next is read: memory stays bounded, and after a full disk the
-    backlog drains as space frees instead of needing room for all of it at once.
+    backlog drains as space frees instead of needing room for all of it at once. It writes
+    what was acknowledged when it started; what came later is flushed again by the caller
+    (``result.more``), so a busy session cannot keep one flush going for ever.
+
+    Each chunk's commit is lazy (no disk flush of its own: its journal rows, deleted in it,
+    are still there if a power cut takes it back) and shared with the other flushes of this
+    process that commit at the same moment (:mod:`pipeline.commits`). ``file_lock=False``
+    leaves out the lock file on the data volume: then PostgreSQL's advisory lock alone keeps
+    two processes off one file (a networked volume whose ``flock`` cannot be trusted).
     """
     with (
-        store.lock(data_dir, file_id, timeout=lock_timeout),
+        store.lock(data_dir, file_id, timeout=lock_timeout, flock=file_lock),
         database.advisory_lock(engine, file_id),
     ):
         fault("locked")
         started = time.perf_counter()
-        with database.transaction(engine) as conn:
-            # Cleared before reading, so an append committed after this read kicks again.
-            row = index.start_flush(conn, file_id)
-            # What is acknowledged now; what comes later was kicked again and waits its turn
-            # (a busy session must not keep one flush going for ever).
-            upto = row.next_seq - 1 if row else 0
-            batch = (
-                ledger.journal_batch(conn, file_id, row.flushed_seq, chunk_bytes, upto=upto)
-                if row
-                else []
-            )
-        if row is None:
-            raise errors.NotFound(f"no file {file_id}")
+        with database.reading(engine) as conn:
+            row = index.get_file(conn, file_id)
+            if row is None:
+                raise errors.NotFound(f"no file {file_id}")
+            # What is acknowledged now; what comes later is the caller's to flush again.
+            upto = row.next_seq - 1
+            batch = ledger.journal_batch(conn, file_id, row.flushed_seq, chunk_bytes, upto=upto)
         if not batch:
+            if row.flush_pending:
+                with database.transaction(engine, durable=False) as conn:
+                    index.settle_flush(conn, file_id)
             return FlushResult(file_id, 0, 0, row.flushed_seq, row.status)
         fault("read")
         if row.status == "archived":
@@ -363,19 +357,22 @@ def flush(
                 ) from None
         current = _check_file(engine, data_dir, row, fault)
         first_seq, first_bytes = row.flushed_seq, row.flushed_bytes
-        while batch:
-            row = _write_chunk(
+        while True:
+            row, next_seq = _write_chunk(
                 engine, data_dir, row, batch, exists=current is not None, fault=fault
             )
             current = row.flushed_bytes
             now = tables.utcnow()
             for entry in batch:
                 metrics.ACK_TO_FLUSH_SECONDS.observe((now - entry.created_at).total_seconds())
-            with database.transaction(engine) as conn:
+            if row.flushed_seq >= upto:
+                break
+            with database.reading(engine) as conn:
                 batch = ledger.journal_batch(conn, file_id, row.flushed_seq, chunk_bytes, upto=upto)
         metrics.FLUSH_SECONDS.observe(time.perf_counter() - started)
         messages, size = row.flushed_seq - first_seq, row.flushed_bytes - first_bytes
-        return FlushResult(file_id, messages, size, row.flushed_seq, "new")
+        more = next_seq - 1 > row.flushed_seq
+        return FlushResult(file_id, messages, size, row.flushed_seq, "new", more=more)
 
 
 def _check_file(
@@ -422,9 +419,10 @@ def _write_chunk(
     *,
     exists: bool,
     fault: FaultHook,
-) -> tables.FileRow:
+) -> tuple[tables.FileRow, int]:
     """Write one chunk of journal rows after the committed bytes, fsync, and commit it (the
-    fenced update and the rows' deletion in one transaction); the row as it now is."""
+    fenced update, the rows' deletion and their catalog rows in one transaction); the row as
+    it now is, and the file's ``next_seq`` at that commit."""
     seq = row.flushed_seq
     for entry in batch:
         if entry.first_seq != seq + 1:
@@ -468,24 +466,30 @@ def _write_chunk(
             store.fsync_dir(path.parent)
     fault("written")
     ended_at = max(document.parse_ts(e.last_ts) for e in batch).replace(tzinfo=None)
-    with database.transaction(engine) as conn:
-        updated = index.advance_flushed(
+    owner = catalog.Owner.of(row)
+
+    def commit(conn: sa.Connection) -> int:
+        next_seq = index.advance_flushed(
             conn,
-            row.file_id,
+            owner.file_id,
             old_seq=row.flushed_seq,
             flushed_seq=seq,
             flushed_bytes=expected + len(data),
             chain_head=head.hex(),
             ended_at=ended_at,
         )
-        if not updated:
-            raise errors.Conflict(f"file {row.file_id} was flushed by someone else meanwhile")
-        ledger.delete_journal(conn, row.file_id, seq)
-        catalog.add(conn, catalog.Owner.of(row), found)
+        if next_seq is None:
+            raise errors.Conflict(f"file {owner.file_id} was flushed by someone else meanwhile")
+        ledger.delete_journal(conn, owner.file_id, seq)
+        catalog.add(conn, owner, found)
+        return next_seq
+
+    next_seq = commits.group(engine, durable=False).run(commit)
     fault("committed")
-    return dataclasses.replace(
+    advanced = dataclasses.replace(
         row, flushed_seq=seq, flushed_bytes=expected + len(data), chain_head=head.hex()
     )
+    return advanced, next_seq
 
 
 def stale_files(engine: sa.Engine, *, age: float) -> list[str]:

@@ -11,8 +11,10 @@ import sqlalchemy as sa
 
 from pipeline import database, tables
 
-_INSERT_JOURNAL = sa.insert(tables.append_journal)
 _J = tables.append_journal.c
+_INSERT_JOURNAL = database.Prepared(
+    sa.insert(tables.append_journal).values(database.binds(tables.append_journal))
+)
 #: the rows of one file after a seq, in seq order, as long as the bytes before each row stay
 #: under a budget (so at least one row): a running sum over the ``size`` column
 _RUNNING = (
@@ -27,21 +29,22 @@ _RUNNING = (
     )
     .subquery()
 )
-_JOURNAL_BATCH = (
+_JOURNAL_BATCH = database.Prepared(
     sa.select(*(_RUNNING.c[c.name] for c in tables.append_journal.columns))
     .where(_RUNNING.c.running - _RUNNING.c.size < sa.bindparam("budget"))
     .order_by(_RUNNING.c.first_seq)
 )
-_DELETE_JOURNAL = sa.delete(tables.append_journal).where(
-    tables.append_journal.c.file_id == sa.bindparam("file_id"),
-    tables.append_journal.c.last_seq <= sa.bindparam("seq"),
+_DELETE_JOURNAL = database.Prepared(
+    sa.delete(tables.append_journal).where(
+        _J.file_id == sa.bindparam("file_id"), _J.last_seq <= sa.bindparam("seq")
+    )
 )
 
 
 def add_journal(conn: sa.Connection, **values: Any) -> None:
     """Record one acknowledged append (``size`` is the UTF-8 length of its ``data``)."""
     values.setdefault("created_at", tables.utcnow())
-    conn.execute(_INSERT_JOURNAL, values)
+    _INSERT_JOURNAL.execute(conn, values)
 
 
 def journal_batch(
@@ -51,7 +54,7 @@ def journal_batch(
     bytes of them (the first row whatever its size; then rows while the bytes before them
     are under it)."""
     params = {"file_id": file_id, "seq": seq, "budget": budget, "upto": upto}
-    return [tables.JournalRow.from_row(row) for row in conn.execute(_JOURNAL_BATCH, params)]
+    return [tables.JournalRow(**row) for row in _JOURNAL_BATCH.rows(conn, params)]
 
 
 def journal_after(conn: sa.Connection, file_id: str, seq: int) -> list[tables.JournalRow]:
@@ -61,7 +64,7 @@ def journal_after(conn: sa.Connection, file_id: str, seq: int) -> list[tables.Jo
 
 def delete_journal(conn: sa.Connection, file_id: str, upto_seq: int) -> None:
     """Drop the journal rows a flush applied."""
-    conn.execute(_DELETE_JOURNAL, {"file_id": file_id, "seq": upto_seq})
+    _DELETE_JOURNAL.execute(conn, {"file_id": file_id, "seq": upto_seq})
 
 
 def stale_journal_files(conn: sa.Connection, older_than: dt.datetime | None) -> list[str]:
@@ -83,16 +86,21 @@ def journal_backlog(conn: sa.Connection) -> tuple[int, int, int]:
     return int(rows), int(messages), int(size)
 
 
-_GET_KEY = sa.select(tables.append_keys.c.request_hash, tables.append_keys.c.response_json).where(
-    tables.append_keys.c.agent_id == sa.bindparam("agent_id"),
-    tables.append_keys.c.idempotency_key == sa.bindparam("key"),
+_K = tables.append_keys.c
+_GET_KEY = database.Prepared(
+    sa.select(_K.request_hash, _K.response_json).where(
+        _K.agent_id == sa.bindparam("agent_id"), _K.idempotency_key == sa.bindparam("key")
+    )
 )
 
 
 def get_key(conn: sa.Connection, agent_id: str, key: str) -> tuple[str, dict[str, Any]] | None:
     """``(request_hash, response)`` recorded for an idempotency key, or None."""
-    row = conn.execute(_GET_KEY, {"agent_id": agent_id, "key": key}).first()
-    return (row[0], json.loads(row[1])) if row else None
+    row = _GET_KEY.first(conn, {"agent_id": agent_id, "key": key})
+    return (row["request_hash"], json.loads(row["response_json"])) if row else None
+
+
+_PUT_KEY: dict[str, database.Prepared] = {}  #: per dialect: the insert differs
 
 
 def put_key(
@@ -100,16 +108,19 @@ def put_key(
 ) -> bool:
     """Remember the answer given for an idempotency key; False when a concurrent request
     holding the same key got there first (its transaction committed meanwhile)."""
-    stmt = (
-        database.insert(conn, tables.append_keys)
-        .values(
-            agent_id=agent_id,
-            idempotency_key=key,
-            request_hash=request_hash,
-            response_json=json.dumps(response),
-            created_at=tables.utcnow(),
+    stmt = _PUT_KEY.get(conn.dialect.name)
+    if stmt is None:
+        stmt = _PUT_KEY[conn.dialect.name] = database.Prepared(
+            database.insert(conn, tables.append_keys)
+            .values(database.binds(tables.append_keys))
+            .on_conflict_do_nothing()
+            .returning(_K.agent_id)
         )
-        .on_conflict_do_nothing()
-        .returning(tables.append_keys.c.agent_id)
-    )
-    return conn.execute(stmt).first() is not None
+    params = {
+        "agent_id": agent_id,
+        "idempotency_key": key,
+        "request_hash": request_hash,
+        "response_json": json.dumps(response),
+        "created_at": tables.utcnow(),
+    }
+    return stmt.first(conn, params) is not None

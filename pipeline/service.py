@@ -282,10 +282,13 @@ class Service:
                 file_id,
                 lock_timeout=s.lock_timeout,
                 chunk_bytes=s.backlog.flush_chunk_bytes,
+                file_lock=s.file_locks,
             )
         except errors.FileDamaged as exc:
             (log.error if exc.first else log.debug)("flush of %s refused: %s", file_id, exc.detail)
             raise
+        if result.more:  # appends acknowledged during this flush: their ingest did not kick
+            self.kick(file_id)
         try:
             self.dispatch([file_id])
         except errors.SgmeError as exc:  # the flush stands; the beat dispatch catches up

@@ -53,7 +53,10 @@ GROUPS: dict[str, tuple[str, type[Any]]] = {
     "backlog": ("backlog", journal.Backlog),
 }
 #: fields of a group that come from a top-level setting instead of a key of their own
-_SHARED = {("archive", "lock_timeout"): "lock_timeout"}
+_SHARED = {
+    ("archive", "lock_timeout"): "lock_timeout",
+    ("archive", "file_locks"): "file_locks",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +69,10 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8765
     lock_timeout: float = store.DEFAULT_LOCK_TIMEOUT
+    #: per-file lock files (``flock``) on the data volume; off only with PostgreSQL, whose
+    #: advisory locks then keep processes on several hosts off one file (a networked volume
+    #: where ``flock`` cannot be trusted: docs/scaling.md)
+    file_locks: bool = True
     sweep_interval: float = 5.0  #: seconds between sweeps for un-flushed journal rows
     sweep_age: float = 3.0  #: seconds a journal row may wait before the sweeper re-kicks it
     sqlite_busy_timeout: float = database.DEFAULT_BUSY_TIMEOUT
@@ -145,6 +152,13 @@ class Settings:
         for prefix, (attribute, group) in GROUPS.items():
             if groups[prefix]:
                 kwargs[attribute] = group(**groups[prefix])
+        if not kwargs.get("file_locks", True) and not database.is_postgres_url(
+            kwargs.get("database_url", "")
+        ):
+            raise errors.InvalidInput(
+                "file_locks: false needs PostgreSQL (database_url): its advisory locks are "
+                "then all that keeps two processes from writing one file at once"
+            )
         return cls(**kwargs)
 
 

@@ -90,19 +90,32 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
         engine.dispose()
         yield url
         return
-    url = request.getfixturevalue("postgres_url")
-    engine = database.create_engine(url)
+    yield request.getfixturevalue("postgres_database_url")
+
+
+@pytest.fixture
+def postgres_database_url(postgres_url: str) -> str:
+    """The run's PostgreSQL database with every table emptied (a test for PostgreSQL only)."""
+    engine = database.create_engine(postgres_url)
     with engine.begin() as conn:
         names = ", ".join(t.name for t in tables.metadata.sorted_tables)
         conn.execute(sa.text(f"TRUNCATE {names} RESTART IDENTITY CASCADE"))
     engine.dispose()
-    yield url
+    return postgres_url
 
 
 @pytest.fixture
 def engine(database_url: str) -> Iterator[sa.Engine]:
     """An engine on :func:`database_url`."""
     engine = database.create_engine(database_url)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def postgres_engine(postgres_database_url: str) -> Iterator[sa.Engine]:
+    """An engine on :func:`postgres_database_url`."""
+    engine = database.create_engine(postgres_database_url)
     yield engine
     engine.dispose()
 

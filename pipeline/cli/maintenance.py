@@ -100,7 +100,13 @@ def cmd_restore(ctx: Context) -> int:
     settings = ctx.settings()
     engine = ctx.engine(settings)
     file_id = ctx.args.file_id
-    if not archive.restore(engine, settings.data_dir, file_id, lock_timeout=settings.lock_timeout):
+    if not archive.restore(
+        engine,
+        settings.data_dir,
+        file_id,
+        lock_timeout=settings.lock_timeout,
+        file_lock=settings.file_locks,
+    ):
         raise errors.Conflict(f"file {file_id} is not archived")
     row = reader.get_file(engine, file_id)
     print_json({"file_id": row.file_id, "status": row.status, "path": row.path})

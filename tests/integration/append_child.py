@@ -1,11 +1,13 @@
-"""Worker for test_concurrency.py: appends ``count`` messages to one shared session in seeded
-random batches of 1–5, flushing after each append.
+"""Worker for test_concurrency.py: ``THREADS`` threads (writers ``PROC_ID * THREADS + t``)
+each append ``count`` messages to one shared session in seeded random batches of 1–5,
+flushing after each append (``FILE_LOCK`` 0: without the lock files, as on a networked
+volume).
 
-    python append_child.py DATABASE_URL DATA_DIR PROC_ID COUNT SEED OUT_FILE
+    python append_child.py DATABASE_URL DATA_DIR PROC_ID COUNT SEED OUT_PREFIX THREADS FILE_LOCK
 
 Prints ``ready`` once imported and connected, then waits for a line on stdin before it starts,
-so all workers append at the same time. Writes one JSON line per message to OUT_FILE:
-``[source_ref, content, batch]``.
+so all workers append at the same time. Each writer writes one JSON line per message to
+``OUT_PREFIX{writer}.jsonl``: ``[source_ref, content, batch]``.
 """
 
 from __future__ import annotations
@@ -13,27 +15,32 @@ from __future__ import annotations
 import json
 import random
 import sys
+import threading
 from pathlib import Path
+
+import sqlalchemy as sa
 
 from pipeline import database, journal
 
 SESSION = "shared"
 
 
-def main() -> None:
-    url, data_dir, proc, count, seed, out = sys.argv[1:]
-    rng = random.Random(int(seed))
-    engine = database.create_engine(url)
-    with engine.connect():  # connect before the start line, not inside the race
-        pass
-    print("ready", flush=True)
-    sys.stdin.readline()
-
+def write(
+    engine: sa.Engine,
+    data_dir: Path,
+    writer: int,
+    count: int,
+    seed: int,
+    out: Path,
+    *,
+    file_lock: bool,
+) -> None:
+    rng = random.Random(seed + writer)
     results: list[tuple[str, str, int]] = []
     counter = batch = 0
-    while counter < int(count):
-        size = min(rng.randint(1, 5), int(count) - counter)
-        contents = [f"p{proc} c{counter + i:03d} b{batch:03d}" for i in range(size)]
+    while counter < count:
+        size = min(rng.randint(1, 5), count - counter)
+        contents = [f"p{writer} c{counter + i:03d} b{batch:03d}" for i in range(size)]
         result = journal.ingest(
             engine,
             {
@@ -43,10 +50,32 @@ def main() -> None:
             },
         )
         results.extend((ref, c, batch) for ref, c in zip(result.source_refs, contents, strict=True))
-        journal.flush(engine, Path(data_dir), result.file_id)
+        journal.flush(engine, data_dir, result.file_id, file_lock=file_lock)
         counter += size
         batch += 1
-    Path(out).write_text("".join(json.dumps(r) + "\n" for r in results))
+    out.write_text("".join(json.dumps(r) + "\n" for r in results))
+
+
+def main() -> None:
+    url, data_dir, proc, count, seed, prefix, threads, file_lock = sys.argv[1:]
+    engine = database.create_engine(url)
+    with engine.connect():  # connect before the start line, not inside the race
+        pass
+    print("ready", flush=True)
+    sys.stdin.readline()
+    writers = [int(proc) * int(threads) + t for t in range(int(threads))]
+    workers = [
+        threading.Thread(
+            target=write,
+            args=(engine, Path(data_dir), w, int(count), int(seed), Path(f"{prefix}{w}.jsonl")),
+            kwargs={"file_lock": file_lock == "1"},
+        )
+        for w in writers
+    ]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
     engine.dispose()
 
 

@@ -1,7 +1,9 @@
 """Driver for test_crash.py: runs rounds of ingest + flush, each in a forked process that
 SIGKILLs itself at a chosen step inside a flush.
 
-    python crash_child.py DATABASE_URL DATA_DIR  < plan.json
+    python crash_child.py DATABASE_URL DATA_DIR [FILE_LOCK]  < plan.json
+
+``FILE_LOCK`` 0 flushes without the lock files (``file_locks: false``, PostgreSQL only).
 
 ``plan.json`` is a list of rounds ``{"seed", "appends", "step", "occurrence", "torn"}``. Each
 round forks; the fork first flushes whatever earlier rounds left in the journal (a restart),
@@ -47,7 +49,9 @@ def emit(record: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-def run_round(url: str, data_dir: Path, spec: dict[str, Any], number: int) -> None:
+def run_round(
+    url: str, data_dir: Path, spec: dict[str, Any], number: int, *, file_lock: bool
+) -> None:
     engine = database.create_engine(url)
     rng = random.Random(spec["seed"])
     reached: dict[str, int] = {}
@@ -74,7 +78,7 @@ def run_round(url: str, data_dir: Path, spec: dict[str, Any], number: int) -> No
 
     def flush(file_id: str) -> None:
         current["file_id"] = file_id
-        journal.flush(engine, data_dir, file_id, lock_timeout=10, fault=hook)
+        journal.flush(engine, data_dir, file_id, lock_timeout=10, file_lock=file_lock, fault=hook)
 
     # restart: whatever a killed predecessor left acknowledged but unwritten
     for file_id in journal.stale_files(engine, age=0):
@@ -102,6 +106,7 @@ def run_round(url: str, data_dir: Path, spec: dict[str, Any], number: int) -> No
 
 def main() -> None:
     url, data_dir = sys.argv[1], Path(sys.argv[2])
+    file_lock = len(sys.argv) < 4 or sys.argv[3] == "1"
     plan = json.load(sys.stdin)
     for number, spec in enumerate(plan):
         sys.stdout.flush()
@@ -109,7 +114,7 @@ def main() -> None:
         if pid == 0:
             code = 0
             try:
-                run_round(url, data_dir, spec, number)
+                run_round(url, data_dir, spec, number, file_lock=file_lock)
             except BaseException:
                 traceback.print_exc()
                 sys.stderr.flush()

@@ -1,6 +1,7 @@
-"""Eight processes append to one session at once (DESIGN §3): seqs stay contiguous, no message
-is lost or repeated, each batch stays in one piece and each writer's messages keep their
-order."""
+"""Six processes of two threads each append to one session at once (DESIGN §3): seqs stay
+contiguous, no message is lost or repeated, each batch stays in one piece and each writer's
+messages keep their order. Again on PostgreSQL without the lock files (``file_locks: false``,
+a networked volume): its advisory locks alone keep the flushes apart (docs/scaling.md)."""
 
 from __future__ import annotations
 
@@ -12,21 +13,37 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
 
-from pipeline import database, document, index, integrity, journal, ledger, validation
+from pipeline import database, document, errors, index, integrity, journal, ledger, validation
+from pipeline.settings import Settings
 
 CHILD = Path(__file__).with_name("append_child.py")
 ROOT = Path(__file__).resolve().parents[2]
-PROCESSES = 8
-PER_PROCESS = 200
+PROCESSES = 6
+THREADS = 2  #: writers per process (their ingests share group commits)
+WRITERS = PROCESSES * THREADS
+PER_WRITER = 150
 CONTENT = re.compile(r"p(\d+) c(\d{3}) b(\d{3})")
 
 
 def test_concurrent_appends_to_one_session(
     engine: sa.Engine, database_url: str, data_dir: Path, tmp_path: Path
 ) -> None:
-    outs = [tmp_path / f"out{p}.jsonl" for p in range(PROCESSES)]
+    run_writers(engine, database_url, data_dir, tmp_path, file_lock=True)
+
+
+def test_concurrent_appends_with_advisory_locks_only(
+    postgres_engine: sa.Engine, postgres_database_url: str, data_dir: Path, tmp_path: Path
+) -> None:
+    run_writers(postgres_engine, postgres_database_url, data_dir, tmp_path, file_lock=False)
+
+
+def run_writers(
+    engine: sa.Engine, database_url: str, data_dir: Path, tmp_path: Path, *, file_lock: bool
+) -> None:
+    prefix = tmp_path / "out"
     errs = [(tmp_path / f"err{p}.txt").open("w") for p in range(PROCESSES)]
     procs = [
         subprocess.Popen(
@@ -36,9 +53,11 @@ def test_concurrent_appends_to_one_session(
                 database_url,
                 str(data_dir),
                 str(p),
-                str(PER_PROCESS),
-                str(1000 + p),
-                str(outs[p]),
+                str(PER_WRITER),
+                "1000",
+                str(prefix),
+                str(THREADS),
+                "1" if file_lock else "0",
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -68,19 +87,21 @@ def test_concurrent_appends_to_one_session(
     assert codes == [0] * PROCESSES, [
         (tmp_path / f"err{p}.txt").read_text() for p in range(PROCESSES)
     ]
+    if not file_lock:
+        assert not (data_dir / ".locks").exists()  # really without the lock files
 
     # what each writer was told: (source_ref, content, batch)
     told = {
-        p: [tuple(json.loads(line)) for line in outs[p].read_text().splitlines()]
-        for p in range(PROCESSES)
+        w: [tuple(json.loads(line)) for line in Path(f"{prefix}{w}.jsonl").read_text().splitlines()]
+        for w in range(WRITERS)
     }
     file_ids = {validation.parse_ref(ref)[0] for rows in told.values() for ref, _, _ in rows}
     assert len(file_ids) == 1  # everyone found the one session file
     (file_id,) = file_ids
 
     for leftover in journal.stale_files(engine, age=0):
-        journal.flush(engine, data_dir, leftover)
-    total = PROCESSES * PER_PROCESS
+        journal.flush(engine, data_dir, leftover, file_lock=file_lock)
+    total = WRITERS * PER_WRITER
     with database.transaction(engine) as conn:
         row = index.get_file(conn, file_id)
         assert ledger.journal_after(conn, file_id, 0) == []
@@ -99,7 +120,7 @@ def test_concurrent_appends_to_one_session(
     assert all(parsed)
     position = {c: i for i, c in enumerate(contents)}
     for p, rows in told.items():
-        assert len(rows) == PER_PROCESS
+        assert len(rows) == PER_WRITER
         # the seq each writer was told is where its message is
         for ref, content, _ in rows:
             assert doc.messages[validation.parse_ref(ref)[1] - 1].content == content
@@ -115,6 +136,16 @@ def test_concurrent_appends_to_one_session(
     # the writers really interleaved: not simply one process after another
     owners = [int(m.group(1)) for m in parsed if m]
     switches = sum(1 for a, b in itertools.pairwise(owners) if a != b)
-    assert switches > 2 * PROCESSES
+    assert switches > 2 * WRITERS
 
     assert integrity.fsck(engine, data_dir) == []
+
+
+def test_file_locks_can_be_left_out_only_with_postgresql() -> None:
+    with pytest.raises(errors.InvalidInput, match="file_locks: false needs PostgreSQL"):
+        Settings.load(environ={"SGME_FILE_LOCKS": "false"})
+    loaded = Settings.load(
+        environ={"SGME_FILE_LOCKS": "false", "SGME_DATABASE_URL": "postgresql://db/sgme"}
+    )
+    assert (loaded.file_locks, loaded.archiving.file_locks) == (False, False)
+    assert Settings.load(environ={}).file_locks is True

@@ -54,10 +54,10 @@ def make_plan(seed: int, cycles: int) -> list[dict[str, Any]]:
 
 
 def run_child(
-    database_url: str, data_dir: Path, plan: list[dict[str, Any]]
+    database_url: str, data_dir: Path, plan: list[dict[str, Any]], *, file_lock: bool = True
 ) -> list[dict[str, Any]]:
     proc = subprocess.run(
-        [sys.executable, str(CHILD), database_url, str(data_dir)],
+        [sys.executable, str(CHILD), database_url, str(data_dir), "1" if file_lock else "0"],
         input=json.dumps(plan),
         capture_output=True,
         text=True,
@@ -72,11 +72,24 @@ def run_child(
 def test_every_acknowledged_message_survives_sigkill_inside_flush(
     engine: sa.Engine, database_url: str, data_dir: Path
 ) -> None:
+    crash_and_check(engine, database_url, data_dir, file_lock=True)
+
+
+def test_sigkill_inside_flush_with_advisory_locks_only(
+    postgres_engine: sa.Engine, postgres_database_url: str, data_dir: Path
+) -> None:
+    # file_locks: false (a networked volume): PostgreSQL's advisory locks alone
+    crash_and_check(postgres_engine, postgres_database_url, data_dir, file_lock=False)
+
+
+def crash_and_check(
+    engine: sa.Engine, database_url: str, data_dir: Path, *, file_lock: bool
+) -> None:
     # `make chaos` runs many more cycles with a fresh seed; the suite runs a fixed plan.
     seed = int(os.environ.get("SGME_CHAOS_SEED", "20260803"))
     cycles = int(os.environ.get("SGME_CHAOS_CYCLES", "6"))
     plan = make_plan(seed=seed, cycles=cycles)
-    records = run_child(database_url, data_dir, plan)
+    records = run_child(database_url, data_dir, plan, file_lock=file_lock)
 
     rounds = [r for r in records if "round" in r]
     assert [r["round"] for r in rounds] == list(range(len(plan)))
@@ -97,8 +110,9 @@ def test_every_acknowledged_message_survives_sigkill_inside_flush(
 
     # restart: flush every file the journal still holds rows for
     for file_id in journal.stale_files(engine, age=0):
-        journal.flush(engine, data_dir, file_id)
+        journal.flush(engine, data_dir, file_id, file_lock=file_lock)
     assert journal.stale_files(engine, age=0) == []
+    assert (data_dir / ".locks").exists() is file_lock
 
     for file_id, messages in acked.items():
         # acknowledged seqs are 1..n in acknowledgement order: no gap, no repeat

@@ -258,29 +258,31 @@ def test_kick_is_coalesced_until_a_flush_starts(engine: sa.Engine, data_dir: Pat
     assert fourth.kick is False
 
 
-def test_append_during_a_flush_kicks_again_and_is_written_by_the_next_flush(
-    engine: sa.Engine, data_dir: Path
-) -> None:
+def test_append_during_a_flush_is_left_to_the_next_flush(engine: sa.Engine, data_dir: Path) -> None:
     first = journal.ingest(engine, append_body("s"))
     fid = first.file_id
     during: list[journal.AppendResult] = []
 
     def hook(step: str) -> None:
         if step == "read" and not during:
-            # the flush has read its rows and cleared the flag: this append needs a new kick
+            # the flush has read its rows: this append finds the flush pending (no kick of
+            # its own), and the flush says there is more when it commits
             during.append(
                 journal.ingest(engine, append_body("s", {"role": "user", "content": "late"}))
             )
 
     result = journal.flush(engine, data_dir, fid, fault=hook)
-    assert result.flushed_seq == 1
-    assert [r.kick for r in during] == [True]
+    assert (result.flushed_seq, result.more) == (1, True)
+    assert [r.kick for r in during] == [False]
     assert during[0].first_seq == 2
     row = file_row(engine, fid)
     assert (row.flushed_seq, row.next_seq, row.flush_pending) == (1, 3, True)
     assert [(j.first_seq, j.last_seq) for j in journal_rows(engine, fid)] == [(2, 2)]
 
-    assert journal.flush(engine, data_dir, fid).flushed_seq == 2
+    again = journal.flush(engine, data_dir, fid)
+    assert (again.flushed_seq, again.more) == (2, False)
+    assert file_row(engine, fid).flush_pending is False
+    assert journal.ingest(engine, append_body("s")).kick is True  # caught up: kicks again
     doc = document.parse(file_bytes(engine, data_dir, fid).decode(), file_id=fid)
     assert [m.content for m in doc.messages] == ["hello", "late"]
 

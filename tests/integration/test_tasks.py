@@ -81,7 +81,7 @@ def worker(app: Celery) -> sa.Engine:
 
 def _row(engine: sa.Engine, key: str) -> tables.FileRow | None:
     with database.transaction(engine) as conn:
-        return index.find_file(conn, "hermes", "session", key, for_update=False)
+        return index.find_file(conn, "hermes", "session", key)
 
 
 def _anomalies(engine: sa.Engine, kind: str) -> list[tables.Anomaly]:

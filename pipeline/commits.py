@@ -1,0 +1,246 @@
+"""Group commit (DESIGN §3): concurrent transactions of one process share one commit.
+
+A durable commit costs a disk flush (an fsync of SQLite's WAL, a WAL flush on PostgreSQL),
+whatever it holds. So the transactions that arrive while one commits do not each wait for a
+disk flush of their own: they queue, and the next one to commit takes everything queued into
+one transaction (a *group*), each piece of work in a savepoint of its own, and commits once.
+Work that fails (a bad request, a conflict, a full backlog) rolls back to its savepoint and
+fails alone; the rest commit. Every caller gets its answer only after its group's commit.
+
+There is no timer: a group is whatever queued while the previous one committed, so a lone
+caller commits at once, and under load groups grow by themselves. The caller that finds no
+commit running becomes the *leader*: it runs groups until its own work is committed, then
+hands the lead to the first caller still queued and returns.
+
+Work is a function of a Connection; it may run more than once (a group whose transaction
+failed on a deadlock is run again from the start, and work that raises :class:`Again` is
+queued for the next group), so it must only touch the database.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+import sqlalchemy as sa
+
+from pipeline import database, errors
+
+T = TypeVar("T")
+MAX_GROUP = 256  #: pieces of work in one transaction at most
+DEADLOCK_ATTEMPTS = 3  #: runs of a group whose transaction a deadlock aborted
+#: SQLSTATEs after which PostgreSQL has rolled the whole transaction back and the same work
+#: may succeed if run again: serialization failure, deadlock detected
+_RERUN_STATES = {"40001", "40P01"}
+
+
+class Again(Exception):
+    """Raised by work that must run again in a later group (it met the uncommitted or just
+    committed work of another transaction: a same-key race)."""
+
+
+@dataclasses.dataclass(eq=False)
+class _Work(Generic[T]):
+    run: Callable[[sa.Connection], T]
+    #: set when the work is finished, or when its caller must take the lead
+    wake: threading.Event = dataclasses.field(default_factory=threading.Event)
+    finished: bool = False
+    value: Any = None
+    error: BaseException | None = None
+
+    def succeed(self, value: T) -> None:
+        self.value, self.finished = value, True
+
+    def fail(self, error: BaseException) -> None:
+        self.error, self.finished = database.mapped(error), True
+
+    def outcome(self) -> T:
+        if self.error is not None:
+            raise self.error
+        return self.value  # type: ignore[no-any-return]
+
+
+class Group:
+    """The group committer of one engine, for durable or for lazy commits
+    (:func:`database.transaction`'s ``durable``)."""
+
+    def __init__(self, engine: sa.Engine, *, durable: bool, max_group: int = MAX_GROUP) -> None:
+        self.engine = engine
+        self.durable = durable
+        self.max_group = max_group
+        self._mutex = threading.Lock()
+        self._queue: collections.deque[_Work[Any]] = collections.deque()
+        self._leading = False
+        #: groups committed and pieces of work in them (tests and benchmarks read these)
+        self.groups = 0
+        self.works = 0
+
+    def run(self, work: Callable[[sa.Connection], T]) -> T:
+        """Run ``work`` in a transaction shared with whatever else is queued; its value once
+        that transaction committed, or its error (database errors as :mod:`pipeline.errors`)."""
+        mine: _Work[T] = _Work(work)
+        with self._mutex:
+            self._queue.append(mine)
+            follower = self._leading
+            self._leading = True
+        if follower:
+            mine.wake.wait()
+            if mine.finished:
+                return mine.outcome()
+        try:
+            while not mine.finished:
+                self._commit_next()
+        finally:
+            self._hand_over()
+        return mine.outcome()
+
+    def _hand_over(self) -> None:
+        with self._mutex:
+            if self._queue:
+                self._queue[0].wake.set()
+            else:
+                self._leading = False
+
+    def _commit_next(self) -> None:
+        with self._mutex:
+            group = [self._queue.popleft() for _ in range(min(len(self._queue), self.max_group))]
+        again: list[_Work[Any]] = []
+        try:
+            again = self._commit(group)
+        except BaseException as exc:  # an interrupt: nobody may be left waiting
+            for work in group:
+                if not work.finished:
+                    work.fail(exc)
+            raise
+        finally:
+            if again:
+                with self._mutex:
+                    self._queue.extendleft(reversed(again))
+            for work in group:
+                if work.finished:
+                    work.wake.set()
+
+    def _commit(self, group: list[_Work[Any]]) -> list[_Work[Any]]:
+        """Run a group in one transaction and settle each piece of work; the pieces to run
+        again. A lone piece runs without a savepoint (its failure is its transaction's)."""
+        for attempt in range(DEADLOCK_ATTEMPTS):
+            last = attempt + 1 == DEADLOCK_ATTEMPTS
+            outcomes: list[tuple[_Work[Any], str, Any]] = []
+            try:
+                with database.transaction(self.engine, durable=self.durable) as conn:
+                    if len(group) == 1:
+                        outcomes.append((group[0], *_alone(conn, group[0].run)))
+                    else:
+                        for i, work in enumerate(group):
+                            outcomes.append((work, *_in_savepoint(conn, f"g{i}", work.run)))
+            except _Undone as undone:  # the lone piece failed; its transaction rolled back
+                if undone.kind == "failed" and _rerun(undone.error) and not last:
+                    continue
+                outcomes = [(group[0], undone.kind, undone.error)]
+            except errors.SgmeError as exc:
+                if _rerun(exc) and not last:
+                    continue
+                # Nothing committed: every piece that had not failed alone fails with it.
+                failed = {id(w): v for w, kind, v in outcomes if kind == "failed"}
+                for work in group:
+                    work.fail(failed.get(id(work), exc))
+                return []
+            break
+        again = []
+        for work, kind, value in outcomes:
+            if kind == "again":
+                again.append(work)
+            elif kind == "failed":
+                work.fail(value)
+            else:
+                work.succeed(value)
+        if len(again) < len(group):
+            self._count(len(group) - len(again))
+        return again
+
+    def _count(self, works: int) -> None:
+        with self._mutex:
+            self.groups += 1
+            self.works += works
+
+
+class _Undone(Exception):
+    """A lone piece of work that failed (``kind`` ``"failed"`` or ``"again"``): raised out of
+    its transaction so that it rolls back."""
+
+    def __init__(self, kind: str, error: BaseException | None) -> None:
+        super().__init__(kind)
+        self.kind = kind
+        self.error = error
+
+
+def _alone(conn: sa.Connection, run: Callable[[sa.Connection], Any]) -> tuple[str, Any]:
+    try:
+        return "done", run(conn)
+    except Again:
+        raise _Undone("again", None) from None
+    except Exception as exc:
+        raise _Undone("failed", database.mapped(exc)) from exc
+
+
+def _in_savepoint(
+    conn: sa.Connection, name: str, run: Callable[[sa.Connection], Any]
+) -> tuple[str, Any]:
+    """Run one piece of work in a savepoint: ``("done", value)``, ``("again", None)`` or
+    ``("failed", error)``. A lost connection, a deadlock or a savepoint that cannot be rolled
+    back fails the whole group (raised)."""
+    database.savepoint(conn, name, "begin")
+    try:
+        value = run(conn)
+    except Again:
+        database.savepoint(conn, name, "rollback")
+        return "again", None
+    except Exception as exc:
+        error = database.mapped(exc)
+        if _rerun(error) or isinstance(error, errors.IndexUnavailable):
+            raise error from exc  # the transaction is lost with it
+        database.savepoint(conn, name, "rollback")
+        return "failed", error
+    database.savepoint(conn, name, "release")
+    return "done", value
+
+
+def _rerun(exc: BaseException | None) -> bool:
+    """Whether a failure is one PostgreSQL resolved by rolling the transaction back (a
+    deadlock, a serialization failure): the same work may succeed when run again."""
+    seen = 0
+    while exc is not None and seen < 4:
+        for candidate in (exc, getattr(exc, "orig", None)):
+            if getattr(candidate, "sqlstate", None) in _RERUN_STATES:
+                return True
+        exc, seen = exc.__cause__, seen + 1
+    return False
+
+
+_groups: weakref.WeakKeyDictionary[sa.Engine, dict[bool, Group]] = weakref.WeakKeyDictionary()
+_groups_lock = threading.Lock()
+
+
+def group(engine: sa.Engine, *, durable: bool = True) -> Group:
+    """This process's group committer for ``engine`` (one for durable, one for lazy
+    commits)."""
+    with _groups_lock:
+        found = _groups.setdefault(engine, {})
+        if durable not in found:
+            found[durable] = Group(engine, durable=durable)
+        return found[durable]
+
+
+def _forget_groups() -> None:
+    # A child forked while a group was committing must not inherit its queue or its lead.
+    global _groups_lock
+    _groups.clear()
+    _groups_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_groups)

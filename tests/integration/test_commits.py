@@ -1,0 +1,237 @@
+"""Group commit (DESIGN §3, pipeline.commits) on SQLite and PostgreSQL: work that queues while
+a commit runs goes into the next transaction together; a piece that fails fails alone; a
+failed transaction fails every piece in it and commits none; a deadlock runs the group again;
+and journal.ingest really shares its commits when called from many threads."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import sqlalchemy as sa
+
+from pipeline import commits, database, errors, index, journal, tables
+
+THREADS = 12
+
+
+def _anomaly(kind: str) -> Callable[[sa.Connection], str]:
+    """Work that records an anomaly (a row to find afterwards) and returns its kind."""
+
+    def work(conn: sa.Connection) -> str:
+        index.record_anomaly(conn, None, kind, "group commit test")
+        return kind
+
+    return work
+
+
+def _kinds(engine: sa.Engine) -> list[str]:
+    with database.transaction(engine) as conn:
+        return sorted(a.kind for a in index.list_anomalies(conn))
+
+
+def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.001)
+
+
+def _queued(group: commits.Group) -> int:
+    with group._mutex:
+        return len(group._queue)
+
+
+def _run_behind_a_held_commit(
+    group: commits.Group, first: Callable[[sa.Connection], Any], rest: list[Callable[..., Any]]
+) -> tuple[Any, list[Any]]:
+    """Run ``first`` and hold its transaction open until every piece of ``rest`` is queued
+    behind it (so they form one group); the outcome of each (a value or the exception)."""
+    entered, release = threading.Event(), threading.Event()
+
+    def held(conn: sa.Connection) -> Any:
+        value = first(conn)
+        entered.set()
+        release.wait(10)
+        return value
+
+    outcomes: list[Any] = [None] * (len(rest) + 1)
+
+    def call(i: int, work: Callable[[sa.Connection], Any]) -> None:
+        try:
+            outcomes[i] = group.run(work)
+        except Exception as exc:
+            outcomes[i] = exc
+
+    leader = threading.Thread(target=call, args=(0, held))
+    leader.start()
+    assert entered.wait(10), "the leader never ran its work"
+    others = [threading.Thread(target=call, args=(i + 1, w)) for i, w in enumerate(rest)]
+    for thread in others:
+        thread.start()
+    _wait_for(lambda: _queued(group) == len(rest), "every piece to queue")
+    release.set()
+    for thread in [leader, *others]:
+        thread.join(30)
+        assert not thread.is_alive()
+    return outcomes[0], outcomes[1:]
+
+
+def test_work_queued_behind_a_commit_shares_the_next_one(engine: sa.Engine) -> None:
+    group = commits.Group(engine, durable=True)
+    first, rest = _run_behind_a_held_commit(
+        group, _anomaly("k00"), [_anomaly(f"k{i:02d}") for i in range(1, THREADS)]
+    )
+    assert [first, *rest] == [f"k{i:02d}" for i in range(THREADS)]
+    assert (group.groups, group.works) == (2, THREADS)  # the first alone, then all the rest
+    assert _kinds(engine) == [f"k{i:02d}" for i in range(THREADS)]
+
+
+def test_a_failing_piece_fails_alone_and_leaves_nothing(engine: sa.Engine) -> None:
+    def failing(conn: sa.Connection) -> str:
+        index.record_anomaly(conn, None, "bad", "written, then rolled back to its savepoint")
+        raise errors.Conflict("this request contradicts what is recorded")
+
+    group = commits.Group(engine, durable=True)
+    _, rest = _run_behind_a_held_commit(
+        group, _anomaly("first"), [_anomaly("a"), failing, _anomaly("b")]
+    )
+    assert rest[0] == "a" and rest[2] == "b"
+    assert isinstance(rest[1], errors.Conflict)
+    assert _kinds(engine) == ["a", "b", "first"]
+
+
+def test_a_piece_that_must_run_again_goes_into_the_next_group(engine: sa.Engine) -> None:
+    runs: list[int] = []
+
+    def racing(conn: sa.Connection) -> str:
+        runs.append(1)
+        if len(runs) == 1:
+            index.record_anomaly(conn, None, "lost", "rolled back before the rerun")
+            raise commits.Again
+        return _anomaly("again")(conn)
+
+    group = commits.Group(engine, durable=True)
+    _, rest = _run_behind_a_held_commit(group, _anomaly("first"), [racing, _anomaly("x")])
+    assert rest == ["again", "x"] and len(runs) == 2
+    assert group.groups == 3  # first; x (racing went back); racing alone
+    assert _kinds(engine) == ["again", "first", "x"]
+
+
+def test_a_failed_transaction_fails_every_piece_and_commits_none(engine: sa.Engine) -> None:
+    if database.is_postgres(engine):
+
+        def breaking(conn: sa.Connection) -> str:
+            conn.execute(sa.text("SELECT pg_terminate_backend(pg_backend_pid())"))
+            return "never"
+
+        failure: type[errors.SgmeError] = errors.IndexUnavailable
+    else:
+
+        def breaking(conn: sa.Connection) -> str:
+            # A foreign key checked only at COMMIT: the piece itself succeeds, the commit fails.
+            conn.execute(sa.text("PRAGMA defer_foreign_keys=ON"))
+            values = {"seq": 1, "o": 0, "n": 1, "ts": "2026-01-01 00:00:00.000000"}
+            conn.execute(
+                sa.text(
+                    "INSERT INTO messages (file_id, seq, byte_offset, byte_length, ts, role) "
+                    "VALUES ('no-such-file', :seq, :o, :n, :ts, 'user')"
+                ),
+                values,
+            )
+            return "never"
+
+        failure = errors.ConstraintViolation
+
+    group = commits.Group(engine, durable=True)
+    _, rest = _run_behind_a_held_commit(
+        group, _anomaly("first"), [_anomaly("a"), breaking, _anomaly("b")]
+    )
+    assert [type(r) for r in rest] == [failure] * 3, rest
+    assert _kinds(engine) == ["first"]  # nothing of the failed group committed
+    assert (group.groups, group.works) == (1, 1)
+
+
+def test_a_deadlock_runs_the_group_again(postgres_url: str) -> None:
+    # SQLite has one writer at a time and cannot deadlock: PostgreSQL only.
+    engine = database.create_engine(postgres_url)
+    other = database.create_engine(postgres_url)  # another engine: another group committer
+    row1, row2 = (f"row-{uuid.uuid4().hex[:8]}" for _ in range(2))
+    with database.transaction(engine) as conn:
+        for kind in (row1, row2):
+            index.record_anomaly(conn, None, kind, "a row to lock")
+    both = threading.Barrier(2, timeout=10)
+    runs: list[str] = []
+
+    def locking(first: str, second: str) -> Callable[[sa.Connection], str]:
+        def work(conn: sa.Connection) -> str:
+            runs.append(first)
+            lock = sa.text("SELECT id FROM anomalies WHERE kind = :k FOR UPDATE")
+            conn.execute(lock, {"k": first})
+            if runs.count(first) == 1:
+                both.wait()  # both hold their first row: now each asks for the other's
+            conn.execute(lock, {"k": second})
+            return first
+
+        return work
+
+    results: dict[str, Any] = {}
+
+    def call(engine: sa.Engine, first: str, second: str) -> None:
+        try:
+            results[first] = commits.Group(engine, durable=True).run(locking(first, second))
+        except Exception as exc:
+            results[first] = exc
+
+    threads = [
+        threading.Thread(target=call, args=(engine, row1, row2)),
+        threading.Thread(target=call, args=(other, row2, row1)),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    other.dispose()
+    engine.dispose()
+    assert results == {row1: row1, row2: row2}  # nobody was told of the deadlock
+    assert len(runs) == 3  # PostgreSQL aborted one; it ran again and succeeded
+
+
+def test_ingest_from_many_threads_shares_commits(engine: sa.Engine) -> None:
+    group = commits.group(engine)
+    groups, works = group.groups, group.works
+    start = threading.Barrier(THREADS, timeout=10)
+    acks: list[journal.AppendResult] = []
+
+    def append(t: int) -> None:
+        start.wait()
+        for i in range(20):
+            body = {
+                "agent_id": "group",
+                "session_key": f"s{t % 3}",
+                "messages": [{"role": "user", "content": f"t{t} m{i}"}],
+            }
+            acks.append(journal.ingest(engine, body))
+
+    threads = [threading.Thread(target=append, args=(t,)) for t in range(THREADS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert len(acks) == THREADS * 20
+    assert group.works - works == THREADS * 20
+    # fewer commits than appends: concurrent appends shared them
+    assert group.groups - groups < THREADS * 20
+    # three sessions, seqs 1..n each with no gap and no repeat
+    by_file: dict[str, list[int]] = {}
+    for ack in acks:
+        by_file.setdefault(ack.file_id, []).append(ack.first_seq)
+    assert sorted(len(v) for v in by_file.values()) == [80, 80, 80]
+    for seqs in by_file.values():
+        assert sorted(seqs) == list(range(1, 81))
+    with database.transaction(engine) as conn:
+        rows = [index.get_file(conn, f) for f in by_file]
+    assert all(isinstance(r, tables.FileRow) and r.next_seq == 81 for r in rows)
