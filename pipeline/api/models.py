@@ -148,6 +148,8 @@ class Health(Model):
     index: str
     data_dir: str
     journal_backlog: dict[str, int] | None = None
+    #: the answering process (``sgme api --workers N`` runs several)
+    process: int
 
 
 class Hit(Model):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from typing import Any
 
@@ -24,7 +25,7 @@ router = APIRouter(tags=["operations"])
 )
 def health(service: ServiceDep) -> JSONResponse:
     """Whether the index answers and the data directory is writable."""
-    checks: dict[str, Any] = {"journal_backlog": None}
+    checks: dict[str, Any] = {"journal_backlog": None, "process": os.getpid()}
     try:
         with database.transaction(service.engine) as conn:
             rows, messages, size = ledger.journal_backlog(conn)

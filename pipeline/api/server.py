@@ -185,3 +185,26 @@ def config(app: FastAPI, settings: Settings, *, log_level: str = "info") -> uvic
 def run(app: FastAPI, settings: Settings, *, log_level: str = "info") -> None:
     """Serve ``app`` in the foreground until SIGINT or SIGTERM."""
     uvicorn.Server(config(app, settings, log_level=log_level)).run()
+
+
+def run_processes(settings: Settings, *, processes: int, log_level: str = "info") -> None:
+    """Serve the API from ``processes`` processes sharing one listening socket, under
+    uvicorn's supervisor (which restarts a process that dies), until SIGINT or SIGTERM. Each
+    process builds everything from ``settings``, which must also be what
+    :meth:`Settings.load` reads from the environment (``sgme api`` puts them there)."""
+    from uvicorn.supervisors import Multiprocess
+
+    http = settings.http
+    supervised = uvicorn.Config(
+        "pipeline.api.child:app",
+        factory=True,
+        host=settings.host,
+        port=settings.port,
+        log_level=log_level,
+        http="pipeline.api.child:Protocol",
+        timeout_keep_alive=int(max(1, http.keepalive_timeout)),
+        backlog=min(2048, http.max_connections),
+        h11_max_incomplete_event_size=64 * 1024,
+        workers=processes,
+    )
+    Multiprocess(supervised, sockets=[supervised.bind_socket()]).run()

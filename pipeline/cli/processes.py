@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import os
 import signal
 import sys
 from pathlib import Path
@@ -47,6 +48,13 @@ def _check_bind(settings: Settings) -> None:
     )
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def _exit_on_signal(signum: int, _frame: Any) -> None:
     raise SystemExit(0)
 
@@ -84,9 +92,27 @@ def cmd_api(ctx: Context) -> int:
     settings = ctx.settings(host=a.host, port=a.port, broker_url=a.broker_url)
     _check_bind(settings)
     engine = ctx.engine(settings)
+    if a.workers > 1:
+        ctx.close()  # each process opens its own
+        _hand_down(ctx, settings)
+        server.run_processes(settings, processes=a.workers, log_level=a.log_level)
+        return 0
     app = api_app.create_app(Service(settings, engine, ctx.workers.queue(settings, engine)))
     server.run(app, settings, log_level=a.log_level)
     return 0
+
+
+def _hand_down(ctx: Context, settings: Settings) -> None:
+    """Put the settings the flags changed where the API processes read them: the
+    environment (the config file and ``SGME_*`` variables they read anyway)."""
+    a = ctx.args
+    if a.config:
+        os.environ["SGME_CONFIG"] = str(Path(a.config).resolve())
+    os.environ["SGME_DATA_DIR"] = str(settings.data_dir.resolve())
+    os.environ["SGME_DATABASE_URL"] = settings.database_url
+    os.environ["SGME_BROKER_URL"] = settings.broker_url
+    os.environ["SGME_HOST"] = settings.host
+    os.environ["SGME_PORT"] = str(settings.port)
 
 
 def cmd_worker(ctx: Context) -> int:
@@ -126,6 +152,14 @@ def register(add: Add) -> None:
         p.add_argument("--log-level", default="info")
         if name == "serve":
             p.add_argument("--concurrency", type=int, default=4, help="worker threads")
+        else:
+            p.add_argument(
+                "--workers",
+                type=_positive,
+                default=1,
+                help="API processes sharing the port (default 1); each opens its own index "
+                "and broker connections",
+            )
     p = add("worker", cmd_worker, "run a Celery worker (production)")
     p.add_argument("--broker-url", help="Celery broker (env SGME_BROKER_URL)")
     p.add_argument("--queues", default="append,refine,archive")
