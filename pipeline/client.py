@@ -10,7 +10,8 @@ awaits; both offer the same operations with the same arguments and answers.
             print(message.source_ref, message.content)
 
 **Answers** are the API's own response models (:mod:`pipeline.api.models`): ``append`` gives
-an ``Appended``, ``files`` a ``Files`` page, ``raw`` the file's bytes, and so on.
+an ``Appended``, ``files`` a ``Files`` page, ``raw`` the file's bytes, ``search`` the ``Hits``
+best first, and so on.
 
 **Retries.** A call is tried again when the server says it cannot take it now (503, 507, 429,
 and a proxy's 502 or 504 for calls that are safe to repeat) or the connection fails, waiting
@@ -37,6 +38,7 @@ which does no I/O; the two clients only send requests and sleep.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import functools
 import time
 import uuid
@@ -56,6 +58,7 @@ Transport = TypeVar("Transport", httpx.BaseTransport, httpx.AsyncBaseTransport)
 
 DEFAULT_TIMEOUT = 10.0  #: seconds to connect, and for each read or write of one request
 DEFAULT_PAGE_SIZE = 100  #: items per page the ``iter_*`` helpers ask for (the API takes ≤ 1000)
+DEFAULT_SEARCH_LIMIT = 20  #: hits ``search`` asks for (the API takes ≤ 100)
 USER_AGENT = "sgme-client/0.1.0"
 # The retry policies, for ``Client(…, retry=…)`` (they live with the retry logic).
 Retry = exchange.Retry
@@ -312,6 +315,43 @@ def _health() -> exchange.Call[models.Health]:
     )
 
 
+def _search(
+    query: str,
+    *,
+    agent_id: str | None = None,
+    session_key: str | None = None,
+    file_id: str | None = None,
+    role: str | None = None,
+    since: dt.datetime | str | None = None,
+    until: dt.datetime | str | None = None,
+    limit: int = DEFAULT_SEARCH_LIMIT,
+) -> exchange.Call[models.Hits]:
+    """The messages that best match ``query`` (sent as ``q``: words, all of which must occur,
+    and ``"quoted phrases"``; any language), best first, each with its ``source_ref`` and a
+    snippet. The filters combine; ``since`` and ``until`` are datetimes (naive ones are UTC)
+    or RFC 3339 text. Only the token's agents are searched."""
+    params = _query(
+        q=query,
+        agent_id=agent_id,
+        session_key=session_key,
+        file_id=file_id,
+        role=role,
+        since=_time(since),
+        until=_time(until),
+        limit=limit,
+    )
+    return exchange.Call("GET", "/v1/search", exchange.model_reader(models.Hits), params)
+
+
+def _time(value: dt.datetime | str | None) -> str | None:
+    """A time parameter as RFC 3339 text (the server reads a naive one as UTC)."""
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is not None:
+            value = value.astimezone(dt.UTC)
+        return value.replace(tzinfo=None).isoformat() + "Z"
+    return value
+
+
 class Operations(Generic[Transport]):
     """What both clients share: the operations, and the settings every call uses.
 
@@ -333,10 +373,7 @@ class Operations(Generic[Transport]):
     iter_l1 = Paged(_iter_l1)
     refine = Endpoint(_refine)
     health = Endpoint(_health)
-    # search: GET /v1/search is not in the API yet. When it is, it is one builder above
-    # (``_search(query, *, agent_id=None, limit=…) -> exchange.Call[models.SearchHits]``, with the
-    # model in pipeline.api.models) and one line here: ``search = Endpoint(_search)`` (and
-    # ``iter_search = Paged(…)`` if it pages).
+    search = Endpoint(_search)  # one page: the best ``limit`` hits (at most 100), no cursor
 
     def __init__(
         self,

@@ -94,8 +94,9 @@ or in {home / "config.yaml"}:
 Point it at SGME, in the environment or in {home / ".env"} (Hermes loads it at start):
   SGME_URL={url}
   SGME_AGENT_ID=hermes
-  SGME_TOKEN=...   # once the server has tokens; make one with only what the provider needs:
-                   #   sgme token create --agent-id hermes --scope append --name hermes
+  SGME_TOKEN=...   # once the server has tokens; make one with only what the provider needs
+                   # (append to store the turns, read to recall and search them):
+                   #   sgme token create --agent-id hermes --scope append,read --name hermes
 (`hermes memory setup` asks for the same. Turns the server cannot take wait in
 {home / "sgme" / "spool"} and are sent when it is back.)"""
     )

@@ -1,6 +1,7 @@
 """``pipeline.client`` against a real ``sgme serve`` with tokens: typed answers, a 503 made for
 real (the index's write lock held from another connection) retried and written once, each
-refusal raised as its own error class, paging to the end, and the async client."""
+refusal raised as its own error class, paging to the end, search within the token's agents,
+and the async client."""
 
 from __future__ import annotations
 
@@ -154,6 +155,46 @@ def test_answers_are_the_api_models(server: Server) -> None:
             ("preference", "I prefer green tea.", [f"{ack.file_id}:1"])
         ]
         assert sgme.health().status == "ok"
+
+
+def test_search_finds_what_was_appended_within_the_tokens_agents(server: Server) -> None:
+    word = f"kumquat{uuid.uuid4().hex[:8]}"  # found only in this test's messages
+    key = session("search")
+    with client.Client(server.url, server.admin) as admin:
+        alices = admin.append(
+            agent_id="alice",
+            session_key=key,
+            messages=[
+                {"role": "user", "content": f"I keep the {word} jam in the blue jar."},
+                {"role": "assistant", "content": f"Noted: {word} jam, blue jar."},
+                {"role": "user", "content": "unrelated", "ts": "2026-08-03T11:18:06Z"},
+            ],
+            wait=True,  # flushed: the catalog has the messages once the answer comes
+        )
+        bobs = admin.append(
+            agent_id="bob",
+            session_key=key,
+            messages=[{"role": "user", "content": f"bob's {word} jam is red"}],
+            wait=True,
+        )
+        everyone = admin.search(f"{word} jam")
+        assert isinstance(everyone, models.Hits)
+        found = {h.source_ref for h in everyone.hits}
+        assert found == {*alices.source_refs[:2], bobs.source_refs[0]}
+        phrase = admin.search(f'"blue jar" {word}', agent_id="alice", role="user")
+        assert [(h.source_ref, h.role, h.agent_id, h.session_key) for h in phrase.hits] == [
+            (alices.source_refs[0], "user", "alice", key)
+        ]
+        assert word in phrase.hits[0].snippet and phrase.hits[0].file_id == alices.file_id
+        assert admin.search(word, until="2000-01-01T00:00:00Z").hits == []
+        with pytest.raises(errors.InvalidInput):
+            admin.search("!!")
+    with client.Client(server.url, server.reader) as reader:  # alice's only
+        mine = reader.search(word)
+        assert {h.agent_id for h in mine.hits} == {"alice"} and len(mine.hits) == 2
+        assert reader.search(word, agent_id="bob").hits == []
+    with client.Client(server.url, server.appender) as appender, pytest.raises(errors.Forbidden):
+        appender.search(word)  # searching needs the read scope
 
 
 def test_a_503_from_a_locked_index_is_retried_and_written_once(server: Server) -> None:

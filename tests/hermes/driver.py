@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,22 @@ def run(command: dict[str, Any]) -> dict[str, Any]:
     if op == "end":
         manager.on_session_end(command.get("messages", []))
         return {}
+    if op == "prefetch":
+        started = time.monotonic()
+        text = manager.prefetch_all(command["query"], session_id=command.get("session_id", ""))
+        return {"text": text, "seconds": time.monotonic() - started}
+    if op == "queue_prefetch":
+        manager.queue_prefetch_all(command["query"], session_id=command.get("session_id", ""))
+        return {"drained": manager.flush_pending(timeout=30)}
+    if op == "tools":
+        return {
+            "names": sorted(manager.get_all_tool_names()),
+            "system_prompt": manager.build_system_prompt(),
+        }
+    if op == "tool":
+        started = time.monotonic()
+        answer = manager.handle_tool_call(command["name"], command["args"])
+        return {"result": json.loads(answer), "seconds": time.monotonic() - started}
     if op == "spool":
         spool = HOME / "sgme" / "spool"
         return {"pending": sorted(p.name for p in spool.glob("*.json")) if spool.is_dir() else []}

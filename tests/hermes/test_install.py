@@ -68,7 +68,7 @@ def test_install_into_a_temporary_home_and_hermes_loads_it(
         "SGME_URL=http://127.0.0.1:8765",
         "SGME_AGENT_ID=hermes",
         "SGME_TOKEN=",
-        "sgme token create --agent-id hermes --scope append",
+        "sgme token create --agent-id hermes --scope append,read",
         str(home / ".env"),
     ):
         assert needle in text, needle

@@ -7,6 +7,7 @@ behave the same. ``tests/e2e/test_client.py`` runs the client against a real ``s
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import email.utils
 import json
 import time
@@ -18,6 +19,7 @@ import httpx
 import pytest
 
 from pipeline import client, errors, exchange
+from pipeline.api import models
 
 FILE_ID = str(uuid.UUID(int=1, version=4))
 FAST = client.Retry(attempts=4, deadline=10.0, backoff=0.001, max_backoff=0.001)
@@ -388,6 +390,69 @@ def test_health_returns_a_degraded_answer_instead_of_raising() -> None:
     assert (health.status, health.index, len(server.requests)) == ("degraded", degraded["index"], 1)
 
 
+def hit(seq: int, score: float) -> dict[str, Any]:
+    return {
+        "source_ref": f"{FILE_ID}:{seq}",
+        "file_id": FILE_ID,
+        "seq": seq,
+        "ts": "2026-08-03T11:18:06Z",
+        "role": "user",
+        "agent_id": "a",
+        "session_key": "s",
+        "snippet": "I prefer green tea.",
+        "score": score,
+    }
+
+
+def test_search_sends_the_query_and_filters_and_answers_typed_hits() -> None:
+    server = Server(
+        problem(503, "index-unavailable", "index database stayed locked for 30 s"),
+        httpx.Response(200, json={"hits": [hit(4, 2.5), hit(1, 0.5)]}),
+        httpx.Response(200, json={"hits": []}),
+    )
+    with server.sync() as sgme:
+        found = sgme.search(
+            '"green tea" 数据库',
+            agent_id="a",
+            session_key="s 1",
+            role="user",
+            since=dt.datetime(2026, 8, 3, 13, 0, tzinfo=dt.timezone(dt.timedelta(hours=2))),
+            until=dt.datetime(2026, 8, 4),
+            limit=5,
+        )
+        assert sgme.search("tea", since="2026-08-03T11:00:00+02:00").hits == []
+    assert isinstance(found, models.Hits)
+    assert all(isinstance(h, models.Hit) for h in found.hits)
+    assert [(h.source_ref, h.seq, h.snippet, h.score) for h in found.hits] == [
+        (f"{FILE_ID}:4", 4, "I prefer green tea.", 2.5),
+        (f"{FILE_ID}:1", 1, "I prefer green tea.", 0.5),
+    ]
+    first, retried, other = server.requests
+    assert first.url == retried.url  # a read: the 503 retried as it was
+    assert (first.method, first.url.path) == ("GET", "/v1/search")
+    assert dict(first.url.params) == {
+        "q": '"green tea" 数据库',
+        "agent_id": "a",
+        "session_key": "s 1",
+        "role": "user",
+        "since": "2026-08-03T11:00:00Z",  # an aware time, in UTC
+        "until": "2026-08-04T00:00:00Z",  # a naive one is UTC already
+        "limit": "5",
+    }
+    assert dict(other.url.params) == {
+        "q": "tea",
+        "since": "2026-08-03T11:00:00+02:00",  # text goes as given
+        "limit": str(client.DEFAULT_SEARCH_LIMIT),
+    }
+
+
+def test_a_search_the_server_refuses_is_its_error_class() -> None:
+    server = Server(problem(422, "invalid-input", "q has no word to search for: '!!'"))
+    with pytest.raises(errors.InvalidInput, match="no word") as refused:
+        server.sync().search("!!")
+    assert refused.value.status == 422 and len(server.requests) == 1
+
+
 def test_the_async_client_retries_pages_and_maps_errors_like_the_sync_one() -> None:
     server = Server(
         problem(503, "overloaded", retry_after="0"),
@@ -395,19 +460,22 @@ def test_the_async_client_retries_pages_and_maps_errors_like_the_sync_one() -> N
         httpx.Response(200, json=messages_page(1)),
         httpx.Response(200, json=messages_page()),
         problem(404, "not-found", f"no file {FILE_ID}"),
+        httpx.Response(200, json={"hits": [hit(1, 1.0)]}),
     )
 
-    async def scenario() -> tuple[Any, list[int]]:
+    async def scenario() -> tuple[Any, list[int], models.Hits]:
         transport = httpx.MockTransport(server)
         async with client.AsyncClient("http://sgme.test", retry=FAST, transport=transport) as s:
             ack = await s.append(agent_id="a", session_key="s", messages=[MESSAGE], wait=True)
             seqs = [m.seq async for m in s.iter_messages(ack.file_id)]
             with pytest.raises(errors.NotFound, match=f"no file {FILE_ID}"):
                 await s.file(FILE_ID)
-            return ack, seqs
+            return ack, seqs, await s.search("tea", agent_id="a")
 
-    ack, seqs = asyncio.run(scenario())
+    ack, seqs, found = asyncio.run(scenario())
     assert ack.file_id == FILE_ID and seqs == [1]
+    assert [h.source_ref for h in found.hits] == [f"{FILE_ID}:1"]
+    assert dict(server.requests[-1].url.params) == {"q": "tea", "agent_id": "a", "limit": "20"}
     first, second = server.bodies()[:2]
     assert first == second and first["idempotency_key"].startswith("client:")
     assert dict(server.requests[0].url.params) == {"wait": "flushed"}

@@ -23,26 +23,34 @@ What it does:
 - No writes for ``agent_context`` ``cron``, ``flush`` or ``subagent`` (as Hermes' own
   providers do). ``on_session_switch`` starts a new session_key; the spool keeps what was
   queued for the old one.
-
-Recall (``prefetch``, a search tool) comes with SGME's search endpoint: it belongs in
-``prefetch``/``get_tool_schemas``/``handle_tool_call`` below.
+- Recall: before each turn ``prefetch`` searches this agent's messages in SGME for the
+  user's words (``GET /v1/search``, at most :data:`PREFETCH_TIMEOUT` seconds) and returns the
+  best few hits, each with its ``source_ref``, leaving out the current session's latest
+  turns (Hermes has them in context); ``queue_prefetch``, which Hermes runs after a turn on
+  its background worker, searches for that turn's words for the next one. When SGME is down,
+  slow or refuses (a token without the ``read`` scope), the answer is empty: recall never
+  holds up or breaks a turn. The ``sgme_search`` tool searches on the model's request and
+  ``sgme_open`` shows a source_ref with the messages around it (``GET /v1/refs``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import json
 import logging
 import os
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from agent.memory_provider import MemoryProvider
 
 from . import messages as convention
+from . import recall
 
 try:
     import httpx
@@ -64,6 +72,15 @@ DRAIN_TIMEOUT = 5.0
 REJECTED = (400, 413, 422)
 #: keys remembered as sent in this process (a replayed turn is not even spooled again)
 REMEMBERED_KEYS = 4096
+#: seconds the recall before a turn may take: Hermes waits for it before calling the model
+PREFETCH_TIMEOUT = 1.5
+#: seconds the recall for the next turn may take (on Hermes' background worker)
+BACKGROUND_TIMEOUT = 3.0
+PREFETCH_HITS = 5  #: hits in the recalled block before a turn
+#: the current session's latest turns that recall leaves out: Hermes has them in context (its
+#: compressor keeps at least the last 20 messages as they are)
+RECENT_TURNS = 5
+RECENT_SESSIONS = 64  #: sessions whose latest turns are remembered (a gateway serves many)
 
 
 def load_config(hermes_home: Path) -> dict[str, str]:
@@ -219,7 +236,8 @@ class Sender:
 
 
 class SgmeMemoryProvider(MemoryProvider):
-    """Appends every completed Hermes turn to SGME L0 (see the module docstring)."""
+    """Appends every completed Hermes turn to SGME L0 and recalls earlier ones (see the module
+    docstring)."""
 
     def __init__(self) -> None:
         self._config: dict[str, str] = {}
@@ -227,8 +245,15 @@ class SgmeMemoryProvider(MemoryProvider):
         self._writes = True
         self._metadata: dict[str, Any] = {}
         self._sender: Sender | None = None
+        self._reader: recall.Reader | None = None
         self._sent: OrderedDict[str, None] = OrderedDict()
         self._turns = 0
+        # session -> when each of its latest turns began (recall leaves those out)
+        self._recent: OrderedDict[str, deque[dt.datetime]] = OrderedDict()
+        # what queue_prefetch found for the next turn: (session, hits)
+        self._queued: tuple[str, list[dict[str, Any]]] | None = None
+        self._lock = threading.Lock()
+        self._recall_failing = False
 
     @property
     def name(self) -> str:
@@ -257,12 +282,105 @@ class SgmeMemoryProvider(MemoryProvider):
             self._sender = Sender(self._config, Spool(home / "sgme" / "spool"))
             self._sender.start()
             self._sender.kick()  # what an earlier run could not deliver
+        if self._reader is None:
+            self._reader = recall.Reader(self._config)
 
     def system_prompt_block(self) -> str:
-        return ""
+        return (
+            "# SGME L0\nEvery earlier conversation with this user is kept verbatim in SGME. "
+            "Snippets that may bear on the user's message are recalled before each turn; "
+            "sgme_search finds more by words, sgme_open shows a source_ref in full."
+        )
 
     def get_tool_schemas(self) -> list[dict[str, Any]]:
-        return []  # a search tool comes with SGME's search endpoint
+        return [recall.SEARCH_TOOL, recall.OPEN_TOOL]
+
+    # -- recall ------------------------------------------------------------------------------
+
+    def prefetch(self, query: str, *, session_id: str = "") -> str:
+        """The best few earlier messages for the user's ``query``, with what the last
+        ``queue_prefetch`` found; "" when there are none or SGME cannot answer in time."""
+        session = session_id or self._session_id
+        with self._lock:
+            queued, self._queued = self._queued, None
+        hits = self._recall(query, session, PREFETCH_TIMEOUT)
+        if queued is not None and queued[0] == session:
+            keep = self._keeper(session)
+            hits += [hit for hit in queued[1] if keep(hit)]
+        unique: dict[str, dict[str, Any]] = {}
+        for hit in hits:
+            unique.setdefault(hit["source_ref"], hit)
+        return recall.render(list(unique.values())[:PREFETCH_HITS])
+
+    def queue_prefetch(self, query: str, *, session_id: str = "") -> None:
+        """Recall for the next turn the words of the one that just ended (Hermes runs this on
+        its background worker, after ``sync_turn``); the next ``prefetch`` shows it."""
+        session = session_id or self._session_id
+        hits = self._recall(query, session, BACKGROUND_TIMEOUT)
+        with self._lock:
+            self._queued = (session, hits)
+
+    def _recall(self, query: str, session: str, timeout: float) -> list[dict[str, Any]]:
+        """What :meth:`recall.Reader.recall` finds for ``query`` within ``timeout`` seconds,
+        without the session's latest turns; [] when SGME does not answer (said once)."""
+        if self._reader is None or not query.strip():
+            return []
+        try:
+            hits = self._reader.recall(
+                query,
+                limit=PREFETCH_HITS,
+                deadline=time.monotonic() + timeout,
+                keep=self._keeper(session),
+            )
+        except recall.Unavailable as exc:
+            if not self._recall_failing:
+                logger.warning("sgme: recall skipped: %s", exc)
+                self._recall_failing = True
+            return []
+        self._recall_failing = False
+        return hits
+
+    def _keeper(self, session: str) -> Callable[[dict[str, Any]], bool]:
+        """Whether recall should show a hit: not when it is one of ``session``'s latest turns."""
+        with self._lock:
+            starts = self._recent.get(session)
+            since = min(starts) if starts else None
+
+        def keep(hit: dict[str, Any]) -> bool:
+            if since is None or hit.get("session_key") != session:
+                return True
+            when = recall.parse_ts(hit.get("ts"))
+            return when is None or when < since
+
+        return keep
+
+    def _remember_turn(self, session: str, messages: list[dict[str, Any]]) -> None:
+        """Note when a synced turn began (its earliest message)."""
+        times = [t for t in (recall.parse_ts(m.get("ts")) for m in messages) if t is not None]
+        if not times:
+            return
+        with self._lock:
+            starts = self._recent.pop(session, None) or deque(maxlen=RECENT_TURNS)
+            starts.append(min(times))
+            self._recent[session] = starts
+            while len(self._recent) > RECENT_SESSIONS:
+                self._recent.popitem(last=False)
+
+    def handle_tool_call(self, tool_name: str, args: dict[str, Any], **kwargs: Any) -> str:
+        """``sgme_search`` and ``sgme_open``; a JSON object, ``{"error": …}`` when it failed."""
+        if self._reader is None:
+            return json.dumps({"error": "the sgme provider is not initialized"})
+        args = args if isinstance(args, dict) else {}
+        try:
+            if tool_name == recall.SEARCH_TOOL["name"]:
+                answer = recall.search_tool(self._reader, args)
+            elif tool_name == recall.OPEN_TOOL["name"]:
+                answer = recall.open_tool(self._reader, args)
+            else:
+                answer = {"error": f"the sgme provider has no tool {tool_name!r}"}
+        except recall.Unavailable as exc:
+            answer = {"error": str(exc)}
+        return json.dumps(answer, ensure_ascii=False)
 
     def sync_turn(
         self,
@@ -298,6 +416,7 @@ class SgmeMemoryProvider(MemoryProvider):
         if key in self._sent:
             return  # the same turn again: it is already on its way
         self._sent[key] = None
+        self._remember_turn(session, converted)
         while len(self._sent) > REMEMBERED_KEYS:
             self._sent.popitem(last=False)
         runs = list(convention.batches(converted))
@@ -344,6 +463,9 @@ class SgmeMemoryProvider(MemoryProvider):
         if self._sender is not None:
             self._sender.close()
             self._sender = None
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
 
     def get_config_schema(self) -> list[dict[str, Any]]:
         return [
