@@ -47,6 +47,7 @@ class Again(Exception):
 @dataclasses.dataclass(eq=False)
 class _Work(Generic[T]):
     run: Callable[[sa.Connection], T]
+    durable: bool
     #: set when the work is finished, or when its caller must take the lead
     wake: threading.Event = dataclasses.field(default_factory=threading.Event)
     finished: bool = False
@@ -66,12 +67,13 @@ class _Work(Generic[T]):
 
 
 class Group:
-    """The group committer of one engine, for durable or for lazy commits
-    (:func:`database.transaction`'s ``durable``)."""
+    """The group committer of one engine. Work is durable (its commit is on stable storage
+    before it returns: an acknowledgement) or lazy (:func:`database.transaction`'s
+    ``durable``); a group's commit is durable when any of its work is, so lazy work that
+    queues behind an acknowledgement rides on its disk flush and costs no commit of its own."""
 
-    def __init__(self, engine: sa.Engine, *, durable: bool, max_group: int = MAX_GROUP) -> None:
+    def __init__(self, engine: sa.Engine, *, max_group: int = MAX_GROUP) -> None:
         self.engine = engine
-        self.durable = durable
         self.max_group = max_group
         self._mutex = threading.Lock()
         self._queue: collections.deque[_Work[Any]] = collections.deque()
@@ -80,10 +82,10 @@ class Group:
         self.groups = 0
         self.works = 0
 
-    def run(self, work: Callable[[sa.Connection], T]) -> T:
+    def run(self, work: Callable[[sa.Connection], T], *, durable: bool = True) -> T:
         """Run ``work`` in a transaction shared with whatever else is queued; its value once
         that transaction committed, or its error (database errors as :mod:`pipeline.errors`)."""
-        mine: _Work[T] = _Work(work)
+        mine: _Work[T] = _Work(work, durable)
         with self._mutex:
             self._queue.append(mine)
             follower = self._leading
@@ -132,7 +134,8 @@ class Group:
             last = attempt + 1 == DEADLOCK_ATTEMPTS
             outcomes: list[tuple[_Work[Any], str, Any]] = []
             try:
-                with database.transaction(self.engine, durable=self.durable) as conn:
+                durable = any(work.durable for work in group)
+                with database.transaction(self.engine, durable=durable) as conn:
                     if len(group) == 1:
                         outcomes.append((group[0], *_alone(conn, group[0].run)))
                     else:
@@ -222,18 +225,17 @@ def _rerun(exc: BaseException | None) -> bool:
     return False
 
 
-_groups: weakref.WeakKeyDictionary[sa.Engine, dict[bool, Group]] = weakref.WeakKeyDictionary()
+_groups: weakref.WeakKeyDictionary[sa.Engine, Group] = weakref.WeakKeyDictionary()
 _groups_lock = threading.Lock()
 
 
-def group(engine: sa.Engine, *, durable: bool = True) -> Group:
-    """This process's group committer for ``engine`` (one for durable, one for lazy
-    commits)."""
+def group(engine: sa.Engine) -> Group:
+    """This process's group committer for ``engine``."""
     with _groups_lock:
-        found = _groups.setdefault(engine, {})
-        if durable not in found:
-            found[durable] = Group(engine, durable=durable)
-        return found[durable]
+        found = _groups.get(engine)
+        if found is None:
+            found = _groups[engine] = Group(engine)
+        return found
 
 
 def _forget_groups() -> None:

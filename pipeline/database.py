@@ -29,6 +29,7 @@ from pipeline import errors
 SQLITE_SYNCHRONOUS = ("FULL", "EXTRA")
 DEFAULT_SQLITE_SYNCHRONOUS = "FULL"
 DEFAULT_BUSY_TIMEOUT = 30.0  #: seconds SQLite waits for a lock before failing
+SQLITE_POOL_SIZE = 64  #: SQLite connections a process keeps open
 
 #: SQLite result codes (the low byte of an extended code) that mean "try again later"
 _SQLITE_TRANSIENT = {
@@ -211,7 +212,12 @@ def create_engine(
     if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
         Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     engine = sa.create_engine(
-        url, connect_args={"timeout": busy_timeout, "check_same_thread": False}
+        url,
+        connect_args={"timeout": busy_timeout, "check_same_thread": False},
+        # Connections are cheap to keep and costly to open (the pragmas below): enough for
+        # every thread of a busy process (the API's thread pool, the worker's threads).
+        pool_size=SQLITE_POOL_SIZE,
+        max_overflow=SQLITE_POOL_SIZE,
     )
     _sqlite_files.setdefault(
         str(engine.url.database), _SqliteFile(threading.RLock(), busy_timeout, synchronous)

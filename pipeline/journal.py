@@ -94,6 +94,12 @@ class FlushResult:
     #: appends acknowledged while this flush ran wait past what it wrote: the caller must
     #: flush the file again (kick it); their ingest saw the flush pending and did not
     more: bool = False
+    #: flushed messages not yet refined, as the flush saw them (refinement can only have
+    #: become due by message count if this reaches ``refine_min_messages``)
+    unrefined: int = 0
+    #: until when a refinement job held the file's lease, as the flush saw it (a leased file
+    #: is not dispatched again)
+    leased_until: dt.datetime | None = None
 
 
 class _KeyRaced(commits.Again):
@@ -355,11 +361,11 @@ def flush(
                 raise _damaged(
                     engine, file_id, "restore_failed", exc.detail, mark_error=False
                 ) from None
-        current = _check_file(engine, data_dir, row, fault)
+        path, current = _check_file(engine, data_dir, row, fault)
         first_seq, first_bytes = row.flushed_seq, row.flushed_bytes
         while True:
             row, next_seq = _write_chunk(
-                engine, data_dir, row, batch, exists=current is not None, fault=fault
+                engine, path, row, batch, exists=current is not None, fault=fault
             )
             current = row.flushed_bytes
             now = tables.utcnow()
@@ -372,15 +378,25 @@ def flush(
         metrics.FLUSH_SECONDS.observe(time.perf_counter() - started)
         messages, size = row.flushed_seq - first_seq, row.flushed_bytes - first_bytes
         more = next_seq - 1 > row.flushed_seq
-        return FlushResult(file_id, messages, size, row.flushed_seq, "new", more=more)
+        return FlushResult(
+            file_id,
+            messages,
+            size,
+            row.flushed_seq,
+            "new",
+            more=more,
+            unrefined=row.flushed_seq - row.last_refined_seq,
+            leased_until=row.refine_lease_until,
+        )
 
 
 def _check_file(
     engine: sa.Engine, data_dir: Path, row: tables.FileRow, fault: FaultHook
-) -> int | None:
-    """The file's length, once it is exactly what was committed: a torn tail left by a crash
-    is cut (the journal proves it was never acknowledged); a missing or shorter file is
-    damage, and nothing is written past a hole. None when the file does not exist yet."""
+) -> tuple[Path, int | None]:
+    """The file's path and length, once it is exactly what was committed: a torn tail left by
+    a crash is cut (the journal proves it was never acknowledged); a missing or shorter file
+    is damage, and nothing is written past a hole. The length is None when the file does not
+    exist yet."""
     expected = row.flushed_bytes
     try:
         path = store.checked(data_dir, row.path)
@@ -408,12 +424,12 @@ def _check_file(
             )
         fault("truncated")
         current = expected
-    return current
+    return path, current
 
 
 def _write_chunk(
     engine: sa.Engine,
-    data_dir: Path,
+    path: Path,
     row: tables.FileRow,
     batch: list[tables.JournalRow],
     *,
@@ -457,7 +473,6 @@ def _write_chunk(
     for located in found:
         start = located.offset - expected
         head = document.chain_extend(head, data[start : start + located.length])
-    path = store.checked(data_dir, row.path)
     if not exists:
         store.create(path, data)
     else:
@@ -484,7 +499,7 @@ def _write_chunk(
         catalog.add(conn, owner, found)
         return next_seq
 
-    next_seq = commits.group(engine, durable=False).run(commit)
+    next_seq = commits.group(engine).run(commit, durable=False)
     fault("committed")
     advanced = dataclasses.replace(
         row, flushed_seq=seq, flushed_bytes=expected + len(data), chain_head=head.hex()

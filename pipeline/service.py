@@ -31,6 +31,7 @@ from pipeline import (
     metrics,
     refine,
     store,
+    tables,
     validation,
 )
 from pipeline.settings import Settings
@@ -120,6 +121,7 @@ class Appended:
         answer = self.result.to_json()
         if self.status:
             answer["status"] = self.status
+        answer["replayed"] = self.result.replayed
         return answer
 
 
@@ -270,7 +272,8 @@ class Service:
     # flush, sweep and dispatch
 
     def flush(self, file_id: str) -> journal.FlushResult:
-        """Write the file's pending journal rows, then dispatch its refinement if it is due.
+        """Write the file's pending journal rows, then dispatch its refinement if it became due
+        by message count (due by idleness, the beat's periodic dispatch finds it).
 
         A damaged file is refused (FileDamaged): logged as an error the first time, then only
         counted in its anomaly, however often the sweeper comes back to it."""
@@ -289,6 +292,15 @@ class Service:
             raise
         if result.more:  # appends acknowledged during this flush: their ingest did not kick
             self.kick(file_id)
+        r = s.refinement
+        leased = result.leased_until is not None and result.leased_until > tables.utcnow()
+        if (
+            result.messages == 0
+            or leased  # a job is running; it dispatches the file again when it commits
+            or (result.unrefined < r.min_messages and r.idle_seconds > 0)
+        ):
+            # Not due by count; due by idleness only later, which the beat's dispatch finds.
+            return result
         try:
             self.dispatch([file_id])
         except errors.SgmeError as exc:  # the flush stands; the beat dispatch catches up

@@ -16,7 +16,7 @@ from typing import Any
 import sqlalchemy as sa
 from celery import Celery, signals
 
-from pipeline import refine
+from pipeline import flusher, refine
 from pipeline.service import Service
 from pipeline.settings import Settings
 from workers import schedule, tasks
@@ -137,17 +137,25 @@ class CeleryWorkers:
     @contextlib.contextmanager
     def embedded(
         self, settings: Settings, engine: sa.Engine, *, concurrency: int
-    ) -> Iterator[CeleryQueue]:
-        """A worker and beat in this process for as long as the block runs (``sgme serve``)."""
+    ) -> Iterator[flusher.InProcess]:
+        """A worker and beat in this process for as long as the block runs (``sgme serve``).
+        Flushes run on threads of this process (no task per kick); refinement, sweeps and
+        the archive run as Celery tasks of the in-process worker."""
         from workers import embedded
 
         app = create(settings, engine)
-        runner = embedded.Embedded(app, data_dir=settings.data_dir, concurrency=concurrency)
-        runner.start()
+        queue = flusher.InProcess(CeleryQueue(app), threads=concurrency)
+        app.sgme.queue = queue  # the sweeps and dispatches of the tasks kick through it too
+        queue.start(app.sgme.flush)
         try:
-            yield CeleryQueue(app)
+            runner = embedded.Embedded(app, data_dir=settings.data_dir, concurrency=concurrency)
+            runner.start()
+            try:
+                yield queue
+            finally:
+                runner.stop()
         finally:
-            runner.stop()
+            queue.close()
 
 
 #: what the ``sgme.workers`` entry point names

@@ -6,13 +6,14 @@ The bodies are read as bytes and validated once, off the event loop, by
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from pipeline import auth, validation
-from pipeline.api import models
+from pipeline import auth, errors, validation
+from pipeline.api import models, security
 from pipeline.api.deps import ServiceDep, problems
 from pipeline.api.security import Appender
 from pipeline.service import Appended, Service
@@ -25,36 +26,40 @@ def _body(model: str) -> dict[str, Any]:
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
 
 
+_WAIT = {
+    "name": "wait",
+    "in": "query",
+    "required": False,
+    "description": "'flushed': answer once the messages are in the file",
+    "schema": {"enum": ["flushed"], "type": "string"},
+}
+
+
 @router.post(
     "/v1/append",
     status_code=202,
     response_model=models.Appended,
     responses={
         200: {"model": models.Appended, "description": "with wait=flushed: in the file"},
-        **problems(408, 409, 413, 422, 503, 507),
+        **problems(401, 403, 408, 409, 413, 422, 503, 507),
     },
-    openapi_extra=_body("AppendBody"),
+    openapi_extra={**_body("AppendBody"), "parameters": [_WAIT], "security": security.BEARER},
 )
-async def append(
-    request: Request,
-    response: Response,
-    service: ServiceDep,
-    caller: Appender,
-    # Not Optional in the schema: omitted means "don't wait"; there is no null to send.
-    wait: Literal["flushed"] = Query(
-        None,
-        description="'flushed': answer once the messages are in the file",
-    ),
-) -> dict[str, Any]:
+async def append(request: Request) -> Response:
     """Append messages to a session (created on first use). Acknowledged (202) = durable in
     the journal; the file is written by a flush right after. With ``wait=flushed`` the answer
     is 200 once the messages are in the file (202 if that flush failed: it is retried, and
     the append stands)."""
+    # The hottest route reads its request itself: FastAPI's dependency solving and response
+    # validation cost more than the group commit (bench/bench_http.py, docs/benchmarks.md).
+    service: Service = request.app.state.service
+    caller = await security.authorize(request, "append")
+    wait = request.query_params.getlist("wait")
+    if wait not in ([], ["flushed"]):
+        raise errors.InvalidInput(f"query parameter wait: must be 'flushed', not {wait!r}")
     body = await request.body()
-    done = await run_in_threadpool(_append, service, caller, body, wait == "flushed")
-    if done.flushed:
-        response.status_code = 200
-    return done.to_json()
+    done = await run_in_threadpool(_append, service, caller, body, bool(wait))
+    return JSONResponse(done.to_json(), status_code=200 if done.flushed else 202)
 
 
 @router.post(

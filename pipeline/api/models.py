@@ -35,6 +35,11 @@ class Appended(Model):
     last_seq: int
     source_refs: list[str]
     status: str = Field(description="the file's status when the answer was made")
+    replayed: bool = Field(
+        False,
+        description="true when the idempotency_key was seen before: nothing was written, and "
+        "this is the answer the first request got",
+    )
 
 
 class Uploaded(Model):
@@ -148,8 +153,9 @@ class Health(Model):
     index: str
     data_dir: str
     journal_backlog: dict[str, int] | None = None
-    #: the answering process (``sgme api --workers N`` runs several)
-    process: int
+    process: int | None = Field(
+        None, description="the answering process (`sgme api --workers N` runs several)"
+    )
 
 
 class Hit(Model):

@@ -179,6 +179,7 @@ def config(app: FastAPI, settings: Settings, *, log_level: str = "info") -> uvic
         timeout_keep_alive=int(max(1, http.keepalive_timeout)),
         backlog=min(2048, http.max_connections),
         h11_max_incomplete_event_size=64 * 1024,
+        proxy_headers=False,  # nothing reads the client address; a proxy's headers are not ours
     )
 
 
@@ -205,6 +206,7 @@ def run_processes(settings: Settings, *, processes: int, log_level: str = "info"
         timeout_keep_alive=int(max(1, http.keepalive_timeout)),
         backlog=min(2048, http.max_connections),
         h11_max_incomplete_event_size=64 * 1024,
+        proxy_headers=False,
         workers=processes,
     )
     Multiprocess(supervised, sockets=[supervised.bind_socket()]).run()

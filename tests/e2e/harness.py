@@ -238,8 +238,9 @@ def redis_database() -> Iterator[Any]:
         return [c for c in client.client_list() if c["db"] == db and int(c["id"]) != me]
 
     try:
-        # the connections of the previous test's children may take a moment to go away
-        deadline = time.monotonic() + 3
+        # the connections of the previous test's children may take a moment to go away (a
+        # worker's warm shutdown, the processes of `sgme api --workers N` after their parent)
+        deadline = time.monotonic() + 15
         while (busy := others()) and time.monotonic() < deadline:
             time.sleep(POLL)
     except redis.RedisError as exc:

@@ -5,6 +5,7 @@ bytes, messages and refs, idempotency, and problem+json errors that write nothin
 from __future__ import annotations
 
 import json
+import os
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -190,6 +191,7 @@ def test_append_is_acknowledged_then_the_kicked_flush_writes_the_file(app: Api) 
         "last_seq": 2,
         "source_refs": [f"{file_id}:1", f"{file_id}:2"],
         "status": "pending",
+        "replayed": False,
     }
     assert app.kicks == [file_id]
 
@@ -474,6 +476,7 @@ def test_health_reports_index_data_dir_and_journal_backlog(app: Api) -> None:
         "index": "ok",
         "journal_backlog": {"rows": 0, "messages": 0, "bytes": 0},
         "data_dir": "ok",
+        "process": os.getpid(),  # the test client serves from this process
     }
     a = app.append(body("a", *[{"role": "user", "content": "x"}] * 3))["file_id"]
     app.append(body("b"))
@@ -717,6 +720,7 @@ def test_retry_with_the_same_idempotency_key_writes_nothing_new(app: Api) -> Non
         assert journal_rows.scalar_one() == 1
 
     replay = app.append(sent)
+    assert (first["replayed"], replay["replayed"]) == (False, True)
     assert replay["source_refs"] == first["source_refs"] == [f"{file_id}:1", f"{file_id}:2"]
     assert (replay["file_id"], replay["first_seq"], replay["last_seq"]) == (file_id, 1, 2)
     assert app.kicks == [file_id]
@@ -748,6 +752,7 @@ def test_retry_with_the_same_idempotency_key_writes_nothing_new(app: Api) -> Non
     # The next request with a new key appends after what was there.
     later = app.append({**sent, "idempotency_key": "req-2"})
     assert later["source_refs"] == [f"{file_id}:3", f"{file_id}:4"]
+    assert later["replayed"] is False
 
 
 def test_upload_retry_with_the_same_key_makes_one_file(app: Api) -> None:

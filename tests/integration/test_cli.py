@@ -51,6 +51,7 @@ def test_append_then_ls_cat_and_ref(sgme: Sgme, data_dir: Path) -> None:
         "last_seq": 2,
         "source_refs": [f"{file_id}:1", f"{file_id}:2"],
         "status": "new",
+        "replayed": False,
     }
     path = raw_path(data_dir, file_id)
     header = document.Header(

@@ -81,7 +81,7 @@ def _run_behind_a_held_commit(
 
 
 def test_work_queued_behind_a_commit_shares_the_next_one(engine: sa.Engine) -> None:
-    group = commits.Group(engine, durable=True)
+    group = commits.Group(engine)
     first, rest = _run_behind_a_held_commit(
         group, _anomaly("k00"), [_anomaly(f"k{i:02d}") for i in range(1, THREADS)]
     )
@@ -95,7 +95,7 @@ def test_a_failing_piece_fails_alone_and_leaves_nothing(engine: sa.Engine) -> No
         index.record_anomaly(conn, None, "bad", "written, then rolled back to its savepoint")
         raise errors.Conflict("this request contradicts what is recorded")
 
-    group = commits.Group(engine, durable=True)
+    group = commits.Group(engine)
     _, rest = _run_behind_a_held_commit(
         group, _anomaly("first"), [_anomaly("a"), failing, _anomaly("b")]
     )
@@ -114,7 +114,7 @@ def test_a_piece_that_must_run_again_goes_into_the_next_group(engine: sa.Engine)
             raise commits.Again
         return _anomaly("again")(conn)
 
-    group = commits.Group(engine, durable=True)
+    group = commits.Group(engine)
     _, rest = _run_behind_a_held_commit(group, _anomaly("first"), [racing, _anomaly("x")])
     assert rest == ["again", "x"] and len(runs) == 2
     assert group.groups == 3  # first; x (racing went back); racing alone
@@ -146,7 +146,7 @@ def test_a_failed_transaction_fails_every_piece_and_commits_none(engine: sa.Engi
 
         failure = errors.ConstraintViolation
 
-    group = commits.Group(engine, durable=True)
+    group = commits.Group(engine)
     _, rest = _run_behind_a_held_commit(
         group, _anomaly("first"), [_anomaly("a"), breaking, _anomaly("b")]
     )
@@ -182,7 +182,7 @@ def test_a_deadlock_runs_the_group_again(postgres_url: str) -> None:
 
     def call(engine: sa.Engine, first: str, second: str) -> None:
         try:
-            results[first] = commits.Group(engine, durable=True).run(locking(first, second))
+            results[first] = commits.Group(engine).run(locking(first, second))
         except Exception as exc:
             results[first] = exc
 
