@@ -79,6 +79,24 @@ PY_COMMENTS = (
     "# normalise before hashing",
 )
 TOOLS = ("read_file", "run_shell", "search", "http_get", "python", "list_dir")
+#: lines of code-heavy transcripts: backslashes (regexes, Windows paths, escapes, LaTeX, shell
+#: continuations), comments and Markdown headings at the start of lines, long lines
+CODE_LINES = (
+    'pattern = re.compile(r"^\\s*(\\d+)\\.(\\d+)\\s*$")',
+    'path = "C:\\Users\\agent\\project\\src\\main.py"',
+    'print("line one\\nline two\\ttabbed")',
+    "\\begin{equation} x = \\frac{a}{b} \\end{equation}",
+    "docker run --rm \\",
+    "    -v $(pwd):/work \\",
+    "# Display the results to the user",
+    "## Step 2: send the report to the assistant",
+    "# 2026-08-03T11:18:06Z user",
+    "\\# 2026-08-03T11:18:06Z tool",
+    "### Implementation notes",
+    "#!/usr/bin/env bash",
+    "    return {k: v for k, v in items if not k.startswith('#')}",
+    "SELECT id, body FROM messages WHERE body LIKE '%\\_%' ESCAPE '\\';",
+)
 
 
 def sentence(rng: random.Random, lo: int = 6, hi: int = 20) -> str:
@@ -181,9 +199,37 @@ def tool_text(rng: random.Random, *, reads: bool) -> str:
     )
 
 
-def message(rng: random.Random, when: dt.datetime, *, reads: bool) -> document.Message:
+def code_heavy_text(rng: random.Random) -> str:
+    """A long message that is mostly code: fenced blocks of :data:`CODE_LINES` and code-like
+    lines, with some prose between them."""
+    parts: list[str] = []
+    for _ in range(rng.randint(2, 8)):
+        if rng.random() < 0.25:
+            parts.append(paragraph(rng))
+            continue
+        lines = [rng.choice(("```python", "```bash", "```latex", "```"))]
+        for _ in range(rng.randint(10, 80)):
+            if rng.random() < 0.45:
+                lines.append(rng.choice(CODE_LINES))
+            else:
+                name = rng.choice(WORDS)
+                lines.append(
+                    f"    {name} = {rng.choice(WORDS)}.get({name!r}, {rng.randint(0, 99)})"
+                )
+        lines.append("```")
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)
+
+
+def message(
+    rng: random.Random, when: dt.datetime, *, reads: bool, code: bool = False
+) -> document.Message:
     roll = rng.random()
     ts = document.format_ts(when)
+    if code and roll < 0.8:
+        role = rng.choice(("assistant", "tool", "user"))
+        tool = rng.choice(TOOLS) if role == "tool" else None
+        return document.Message(role=role, content=code_heavy_text(rng), ts=ts, tool_name=tool)
     if roll < 0.3:
         return document.Message(role="user", content=user_text(rng), ts=ts)
     if roll < 0.68:
@@ -194,7 +240,9 @@ def message(rng: random.Random, when: dt.datetime, *, reads: bool) -> document.M
     return document.Message(role="system", content=sentence(rng), ts=ts)
 
 
-def session_file(rng: random.Random, count: int, *, reads: bool) -> tuple[str, int]:
+def session_file(
+    rng: random.Random, count: int, *, reads: bool, code: bool = False
+) -> tuple[str, int]:
     start = dt.datetime(2026, 8, 3, 11, 18, 6, tzinfo=dt.UTC) + dt.timedelta(
         seconds=rng.randint(0, 10**7)
     )
@@ -209,22 +257,27 @@ def session_file(rng: random.Random, count: int, *, reads: bool) -> tuple[str, i
     messages = []
     when = start
     for _ in range(count):
-        messages.append(message(rng, when, reads=reads))
+        messages.append(message(rng, when, reads=reads, code=code))
         when += dt.timedelta(seconds=rng.randint(1, 120), microseconds=rng.choice((0, 250000)))
     return document.render(header, messages), count
 
 
-def corpus(*, quick: bool, reads: bool = True) -> list[tuple[str, int]]:
+def corpus(*, quick: bool, reads: bool = True, code: bool = False) -> list[tuple[str, int]]:
     """``(file text, message count)`` pairs, the same for every run.
 
     ``reads``: tools return whole source files now and then, as agents' ``read_file`` does;
     without them every message is short (chat-like), the hardest case for ``parse``, whose
-    cost is mostly per message while the naive split's is per byte.
+    cost is mostly per message while the naive split's is per byte. ``code``: most messages
+    are long and mostly code (:func:`code_heavy_text`).
     """
     rng = random.Random(SEED)
     small, large, large_size = (300, 2, (1000, 2000)) if quick else (2000, 4, (2000, 5000))
-    files = [session_file(rng, rng.randint(5, 30), reads=reads) for _ in range(small)]
-    files += [session_file(rng, rng.randint(*large_size), reads=reads) for _ in range(large)]
+    if code:
+        small, large, large_size = (150, 1, (300, 600)) if quick else (800, 2, (600, 1500))
+    files = [session_file(rng, rng.randint(5, 30), reads=reads, code=code) for _ in range(small)]
+    files += [
+        session_file(rng, rng.randint(*large_size), reads=reads, code=code) for _ in range(large)
+    ]
     return files
 
 
@@ -316,13 +369,21 @@ def main(argv: list[str] | None = None) -> int:
         f"seed {SEED}, best of {repeat} (CPU time); 'parse is' = contender time / parse time"
     )
     print()
-    mbps, ratio = run("agent sessions (target corpus)", corpus(quick=args.quick), repeat)
-    run("short messages only (no file reads)", corpus(quick=args.quick, reads=False), repeat)
-    ok = mbps >= TARGET_MBPS and ratio >= TARGET_RATIO
-    print(
-        f"targets on agent sessions: >= {TARGET_MBPS:.0f} MB/s and >= {TARGET_RATIO}x the naive "
-        f"split: {mbps:.0f} MB/s, {ratio:.3f}x — {'met' if ok else 'NOT met'}"
-    )
+    results = {
+        "agent sessions": run("agent sessions", corpus(quick=args.quick), repeat),
+        "code-heavy": run(
+            "code-heavy sessions (backslashes, # lines in code, long messages)",
+            corpus(quick=args.quick, code=True),
+            repeat,
+        ),
+        "chat": run("chat (short messages only)", corpus(quick=args.quick, reads=False), repeat),
+    }
+    for name, (mbps, ratio) in results.items():
+        ok = mbps >= TARGET_MBPS and ratio >= TARGET_RATIO
+        print(
+            f"{name}: {mbps:.0f} MB/s, {ratio:.2f}x the naive split "
+            f"(targets >= {TARGET_MBPS:.0f} MB/s, >= {TARGET_RATIO}x): {'met' if ok else 'NOT met'}"
+        )
     return 0
 
 

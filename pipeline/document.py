@@ -47,9 +47,13 @@ HEADING = re.compile(
     r" (user|assistant|tool|system)"
 )
 _HEADING_BYTES = re.compile(HEADING.pattern.encode("ascii"))
-#: a heading with the ``\n`` before it, ending at ``\n`` or the end of the text: one C-level
-#: scan finds them all (the literal ``\n#`` prefix makes non-heading lines nearly free)
-_HEADING_LINE = re.compile(r"\n(##?) " + HEADING.pattern.split(" ", 1)[1] + r"(?![^\n])")
+#: a heading with the ``\n`` before it, ending at ``\n`` or the end of the text, and the blank
+#: line the writer puts after it when one follows (not before a ``#``: that could be the next
+#: heading, which needs its ``\n``). One C-level scan finds them all: the literal ``\n#``
+#: prefix makes other lines nearly free.
+_HEADING_BLOCK = re.compile(
+    r"\n(##?) " + HEADING.pattern.split(" ", 1)[1] + r"(?:\n\n(?!#)|(?![^\n]))"
+)
 #: the seed's loose heading rule; body lines matching it (after any backslashes) are escaped
 LOOSE_HEADING = re.compile(r"^#{1,2} .* (?:user|assistant|tool|system)$", re.MULTILINE)
 _ESCAPE = re.compile(r"^(\\*#{1,2} .* (?:user|assistant|tool|system))$", re.MULTILINE)
@@ -105,11 +109,8 @@ def _message(role: str, content: str, ts: str, tool_name: str | None, seq: int) 
     """``Message(...)`` without the frozen dataclass's per-field ``object.__setattr__``: parse
     builds one per block, and on chat-sized messages that constructor was ~15% of parse."""
     message = _new(Message)
-    _set(
-        message,
-        "__dict__",
-        {"role": role, "content": content, "ts": ts, "tool_name": tool_name, "seq": seq},
-    )
+    fields = {"role": role, "content": content, "ts": ts, "tool_name": tool_name, "seq": seq}
+    _set(message, "__dict__", fields)
     return message
 
 
@@ -424,30 +425,52 @@ def parse(text: str, *, file_id: str | None = None) -> Document:
             f"line 3: file_id {header.file_id!r} is not the file's own id {file_id!r}"
         )
     # the frontmatter's closing line ends in the "\n" at offset - 1
-    headings = list(_HEADING_LINE.finditer(text, offset - 1))
+    headings = list(_HEADING_BLOCK.finditer(text, offset - 1))
     if not headings:
         content = unescape(_body(text[offset:]))
         message = Message(role="user", content=content, ts=header.started_at, seq=1)
         return Document(header=header, messages=(message,))
-    stops = [m.start() + 1 for m in headings]
-    del stops[0]
-    stops.append(len(text))
     messages: list[Message] = []
-    append = messages.append
-    body_message = _body_message
-    # the hot loop of every full read, kept flat: at ~1 KB a message, each step counts
-    for seq, (m, stop) in enumerate(zip(headings, stops, strict=True), 1):
+    append, message, body_message = messages.append, _message, _body_message
+    last = len(headings) - 1
+    size = len(text)
+    # The hot loop of every full read, kept flat: at ~1 KB a message, each step counts. A
+    # block as the writer lays it out (heading, blank line, [tool line, blank line,] body,
+    # blank line) is cut out with one slice; anything else (extra or CRLF breaks, an empty
+    # body) goes the general way, which strips breaks by the parser's rule.
+    for i, m in enumerate(headings):
         _, ts, role = m.groups()
-        append(body_message(text[m.end() + 1 : stop], ts, role, seq))
+        start = m.end()
+        stop = headings[i + 1].start() + 1 if i < last else size
+        end = stop - 2  # the writer's blank line before the next heading (or at the end)
+        tool_name = None
+        if role == "tool" and text.startswith("**tool**: ", start):
+            # the tool line, then a blank line: the body starts after it
+            nl = text.find("\n", start, end)
+            tool = _TOOL_LINE.fullmatch(text, start, nl) if nl > 0 else None
+            if tool is not None and text.startswith("\n\n", nl):
+                tool_name, start = tool.group(1), nl + 2
+            else:
+                start = -1  # not the writer's layout: the general way below
+        if (
+            start - m.end(3) >= 2
+            and start < end
+            and text[end] == "\n"
+            and text[stop - 1] == "\n"
+            and text[start] not in "\r\n"
+            and text[end - 1] not in "\r\n"
+        ):
+            body = text[start:end]
+            append(message(role, unescape(body) if "\\" in body else body, ts, tool_name, i + 1))
+        else:
+            append(body_message(text[m.end(3) + 1 : stop], ts, role, i + 1))
     return Document(header=header, messages=tuple(messages))
 
 
 def _body_message(raw: str, ts: str, role: str, seq: int) -> Message:
     """The message whose heading said ``ts`` and ``role`` and whose body is ``raw`` (the text
     after the heading line, up to the next heading)."""
-    body = raw.strip("\n")
-    if "\r" in body and (body.startswith("\r") or body.endswith("\r")):
-        body = _strip_breaks(raw)
+    body = _body(raw)
     tool_name = None
     if role == "tool" and body.startswith("**tool**: "):
         # no partition: a tool's output is often the biggest body, so copy it only once
