@@ -134,7 +134,7 @@ def run(quick: bool, level: int, workers: int) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a small corpus")
-    parser.add_argument("--level", type=int, default=archive.DEFAULT_LEVEL)
+    parser.add_argument("--level", type=int, default=archive.DEFAULT_OPTIONS.level)
     parser.add_argument("--workers", type=int, default=2, help="files compressed at once")
     args = parser.parse_args()
     return run(args.quick, args.level, args.workers)

@@ -15,6 +15,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import datetime as dt
+import functools
 import hashlib
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -23,7 +24,7 @@ from typing import BinaryIO
 import sqlalchemy as sa
 import zstandard
 
-from pipeline import database, document, errors, index, store, tables
+from pipeline import commits, database, document, errors, index, store, tables
 
 CHUNK = 1 << 20  #: bytes per read while streaming
 ARCHIVE_STEPS = ("temp_written", "verified", "renamed", "indexed", "deleted")
@@ -196,7 +197,7 @@ def _locked(
         store.lock(data_dir, file_id, timeout=lock_timeout, flock=flock),
         database.advisory_lock(engine, file_id),
     ):
-        with database.transaction(engine) as conn:
+        with database.reading(engine) as conn:
             row = index.get_file(conn, file_id)
         if row is None:
             raise errors.NotFound(f"no file {file_id}")
@@ -252,8 +253,10 @@ def compress(
         fault("verified")
         store.rename(temp, final)
         fault("renamed")
-        with database.transaction(engine) as conn:
-            updated = index.mark_archived(conn, row, path=archive_relative_path(row))
+        # Shared with the other files' commits of this moment (compress_many's workers).
+        updated = commits.group(engine).run(
+            functools.partial(index.mark_archived, row=row, path=archive_relative_path(row))
+        )
         if not updated:  # an append or a re-refine came in meanwhile: keep the original
             store.remove(final)
             return None

@@ -431,7 +431,7 @@ def parse(text: str, *, file_id: str | None = None) -> Document:
         message = Message(role="user", content=content, ts=header.started_at, seq=1)
         return Document(header=header, messages=(message,))
     messages: list[Message] = []
-    append, message, body_message = messages.append, _message, _body_message
+    append, make, body_message = messages.append, _message, _body_message
     last = len(headings) - 1
     size = len(text)
     # The hot loop of every full read, kept flat: at ~1 KB a message, each step counts. A
@@ -461,7 +461,7 @@ def parse(text: str, *, file_id: str | None = None) -> Document:
             and text[end - 1] not in "\r\n"
         ):
             body = text[start:end]
-            append(message(role, unescape(body) if "\\" in body else body, ts, tool_name, i + 1))
+            append(make(role, unescape(body) if "\\" in body else body, ts, tool_name, i + 1))
         else:
             append(body_message(text[m.end(3) + 1 : stop], ts, role, i + 1))
     return Document(header=header, messages=tuple(messages))
