@@ -113,6 +113,7 @@ class Proc:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: see :meth:`_kill_group`
             )
 
     @property
@@ -136,20 +137,27 @@ class Proc:
             raise AssertionError(f"{self.name} exited with {self.popen.returncode}:\n{self.tail()}")
 
     def kill(self) -> None:
-        """SIGKILL, and reap."""
-        if self.alive():
-            self.popen.send_signal(signal.SIGKILL)
+        """SIGKILL to the child and everything it started (as a host losing power would),
+        and reap."""
+        self._kill_group()
         self.popen.wait(10)
 
     def stop(self, timeout: float = 15.0) -> None:
-        """SIGTERM; SIGKILL if it has not exited after ``timeout`` seconds."""
+        """SIGTERM; SIGKILL if it has not exited after ``timeout`` seconds. Whatever it
+        started and left behind (a pool's or a supervisor's children) is killed too, so no
+        process of this test outlives it and holds the next test's Redis database."""
         if self.alive():
             self.popen.send_signal(signal.SIGTERM)
             try:
                 self.popen.wait(timeout)
             except subprocess.TimeoutExpired:
-                self.kill()
+                pass
+        self._kill_group()
         self.popen.wait(10)
+
+    def _kill_group(self) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
 
 
 class Procs:
