@@ -8,6 +8,9 @@ by ``bench/peers/hermes_sessiondb.py``), both durable (SQLite WAL, ``synchronous
 each with a session of its own. Rounds interleave the two, best of each. Targets: >= 1.0x
 Hermes on one stream, >= 2.0x with 16 sessions.
 
+Growth: the same one-stream rate in a session that already holds 10,000 messages against one
+that holds 10 (target: within 10%): the cost of an append must not grow with its file.
+
     .venv/bin/python bench/bench_peers.py [--messages 2000] [--rounds 3]
 """
 
@@ -73,6 +76,32 @@ def ours(messages: int, threads: int, size: int) -> dict[str, float]:
     return rates
 
 
+def growth(messages: int, size: int) -> dict[str, float]:
+    """One-stream appends/s into a session holding 10 messages and one holding 10,000."""
+    body_text = ("x" * (size - 1)) + "."
+    rates = {}
+    with tempfile.TemporaryDirectory(prefix="sgme-growth-") as tmp:
+        data_dir = Path(tmp) / "data"
+        engine = database.create_engine(f"sqlite:///{Path(tmp) / 'index.sqlite3'}")
+        database.migrate(engine)
+        for held in (10, 10_000):
+            key = f"held-{held}"
+            for _ in range(held // 100 or 1):  # fill it, 100 (or 10) messages a call
+                batch = [{"role": "user", "content": body_text}] * min(held, 100)
+                result = journal.ingest(
+                    engine, {"agent_id": "peer", "session_key": key, "messages": batch}
+                )
+                journal.flush(engine, data_dir, result.file_id)
+            one = {"agent_id": "peer", "session_key": key, "messages": [batch[0]]}
+            started = time.perf_counter()
+            for _ in range(messages):
+                result = journal.ingest(engine, one)
+                journal.flush(engine, data_dir, result.file_id)
+            rates[f"at {held:,} messages"] = messages / (time.perf_counter() - started)
+        engine.dispose()
+    return rates
+
+
 def hermes(messages: int, threads: int, size: int) -> dict[str, float]:
     if not HERMES_PYTHON.exists():
         raise SystemExit("run `make hermes-env` first: Hermes runs in its own virtualenv")
@@ -105,6 +134,10 @@ def main() -> int:
         for name, run in (("hermes", hermes), ("sgme", ours)):
             for case, rate in run(args.messages, THREADS, SIZE).items():
                 best[name][case] = max(best[name].get(case, 0.0), rate)
+    grown: dict[str, float] = {}
+    for _ in range(args.rounds):
+        for case, rate in growth(args.messages // 2, SIZE).items():
+            grown[case] = max(grown.get(case, 0.0), rate)
     targets = {"one stream": 1.0, f"{THREADS} sessions": 2.0}
     print(f"{args.messages} messages of {SIZE} bytes per case, best of {args.rounds} rounds")
     print("| case | Hermes SessionDB msg/s | SGME ingest+flush msg/s | ratio | target |")
@@ -113,6 +146,14 @@ def main() -> int:
         h, s = best["hermes"][case], best["sgme"][case]
         verdict = "met" if s / h >= target else "**missed**"
         print(f"| {case} | {h:,.0f} | {s:,.0f} | {s / h:.2f}x | {verdict} {target:.1f}x |")
+    print()
+    small, large = grown["at 10 messages"], grown["at 10,000 messages"]
+    verdict = "met" if large >= 0.9 * small else "**missed**"
+    print("| session holds | SGME ingest+flush msg/s |")
+    print("|---|---|")
+    for case, rate in grown.items():
+        print(f"| {case.removeprefix('at ')} | {rate:,.0f} |")
+    print(f"growth: {large / small:.2f}x the rate at 10 messages ({verdict}: within 10%)")
     return 0
 
 
