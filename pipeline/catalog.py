@@ -24,10 +24,15 @@ from pipeline import database, document, tables, terms
 
 _M = tables.messages.c
 _INSERT_ROWS = sa.insert(tables.messages).returning(_M.id, sort_by_parameter_order=True)
-# SQLite runs each insert on the driver (microseconds each, database.Prepared); PostgreSQL
-# sends a flush's rows in one statement (a round trip each would cost more than the rows).
-_INSERT_ROW = database.Prepared(
-    sa.insert(tables.messages).values(database.binds(tables.messages)).returning(_M.id)
+# SQLite runs the inserts on the driver in one executemany (database.Prepared) and looks the
+# new ids up by seq; PostgreSQL sends a flush's rows in one statement with RETURNING.
+_INSERT_ROW = database.Prepared(sa.insert(tables.messages).values(database.binds(tables.messages)))
+_IDS = database.Prepared(
+    sa.select(_M.seq, _M.id).where(
+        _M.file_id == sa.bindparam("file_id"),
+        _M.seq >= sa.bindparam("lo"),
+        _M.seq <= sa.bindparam("hi"),
+    )
 )
 _FTS_INSERT = database.Prepared(
     sa.text("INSERT INTO message_terms (rowid, terms, tags) VALUES (:id, :terms, :tags)")
@@ -83,10 +88,17 @@ def add(conn: sa.Connection, owner: Owner, found: Sequence[document.Located]) ->
         tsvs = [{"id": i, "tsv": terms.tsvector(w)} for i, w in zip(ids, words, strict=True)]
         conn.execute(_PG_INSERT, tsvs)
         return
-    for row, w, located in zip(values, words, found, strict=True):
-        inserted = _INSERT_ROW.first(conn, row)
-        tags = _tags(owner, located.message.role)
-        _FTS_INSERT.execute(conn, {"id": inserted["id"], "terms": " ".join(w), "tags": tags})
+    _INSERT_ROW.many(conn, values)
+    seqs = [located.message.seq for located in found]
+    bounds = {"file_id": owner.file_id, "lo": min(seqs), "hi": max(seqs)}
+    new_ids = {r["seq"]: r["id"] for r in _IDS.rows(conn, bounds)}
+    _FTS_INSERT.many(
+        conn,
+        [
+            {"id": new_ids[seq], "terms": " ".join(w), "tags": _tags(owner, located.message.role)}
+            for seq, w, located in zip(seqs, words, found, strict=True)
+        ],
+    )
 
 
 _ROWS = (

@@ -97,6 +97,15 @@ class Prepared:
             raise _mapped(conn, compiled.sql, exc) from exc
         return cursor
 
+    def many(self, conn: sa.Connection, params: Sequence[Mapping[str, Any]]) -> None:
+        """Run once per mapping in ``params``, in one driver call (``executemany``)."""
+        compiled = self._for(conn.dialect)
+        cursor = _driver(conn).cursor()
+        try:
+            cursor.executemany(compiled.sql, [compiled.bind(p) for p in params])
+        except conn.dialect.loaded_dbapi.Error as exc:
+            raise _mapped(conn, compiled.sql, exc) from exc
+
     def rows(self, conn: sa.Connection, params: Mapping[str, Any] | None = None) -> list[Any]:
         """Every row, its values converted as SQLAlchemy would."""
         compiled = self._for(conn.dialect)

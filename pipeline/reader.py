@@ -9,15 +9,16 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 
 import sqlalchemy as sa
 
 from pipeline import archive, catalog, database, document, errors, index, store, tables, validation
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 CHUNK = 1 << 20  #: bytes per read while streaming a file
 
 
@@ -229,14 +230,18 @@ def _cataloged(
     return found
 
 
-def _fits(found: list[tables.MessageRow], budget: int) -> list[tables.MessageRow]:
-    """The leading rows whose blocks fit in ``budget`` bytes (the first one always)."""
-    kept: list[tables.MessageRow] = []
-    for r in found:
-        budget -= r.byte_length
+def _content_size(message: document.Message) -> int:
+    return len(message.content.encode("utf-8"))
+
+
+def _leading(found: Iterable[T], budget: int, size: Callable[[T], int]) -> list[T]:
+    """The leading items whose sizes add up to at most ``budget`` (the first one always)."""
+    kept: list[T] = []
+    for item in found:
+        budget -= size(item)
         if kept and budget < 0:
             break
-        kept.append(r)
+        kept.append(item)
     return kept
 
 
@@ -258,8 +263,8 @@ def messages(
     if found is None:
         doc = read_document(engine, data_dir, row)
         whole = doc.messages[after_seq : after_seq + limit] if doc else ()
-        return _within(whole, max_bytes)
-    return read_messages(engine, data_dir, row, _fits(found, max_bytes))
+        return _leading(whole, max_bytes, _content_size)
+    return read_messages(engine, data_dir, row, _leading(found, max_bytes, lambda r: r.byte_length))
 
 
 def between(
@@ -272,17 +277,6 @@ def between(
         doc = read_document(engine, data_dir, row)
         return list(doc.messages[lo:hi]) if doc else []
     return read_messages(engine, data_dir, row, found)
-
-
-def _within(found: Iterable[document.Message], budget: int) -> list[document.Message]:
-    """The leading messages whose content fits in ``budget`` bytes (the first one always)."""
-    kept: list[document.Message] = []
-    for m in found:
-        budget -= len(m.content.encode("utf-8"))
-        if kept and budget < 0:
-            break
-        kept.append(m)
-    return kept
 
 
 def resolve(
@@ -338,7 +332,7 @@ def _resolve_whole(
         raise errors.NotFound(f"no message {row.file_id}:{seq}")
     i = seq - 1
     message = doc.messages[i]
-    near = _within(doc.messages[i + 1 : i + 1 + context], max_bytes)
+    near = _leading(doc.messages[i + 1 : i + 1 + context], max_bytes, _content_size)
     return Ref(
         file=row,
         message=message,

@@ -13,6 +13,7 @@ adjacent terms.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import re
 import unicodedata
@@ -33,6 +34,10 @@ MAX_TERM = 64  #: characters of one term; the rest of a longer run (a hash, base
 MAX_INDEXED_CHARS = 100_000
 
 
+_HAS_CJK = re.compile(f"[{_CJK}]")
+_WORD = re.compile(rf"[^\W_{_CJK}]+")
+
+
 def _runs(text: str) -> list[tuple[str, bool]]:
     """``(run, is_cjk)`` in reading order, normalised and case-folded."""
     found = []
@@ -50,8 +55,12 @@ def _split(run: str, cjk: bool) -> list[str]:
 
 def terms(text: str) -> list[str]:
     """The terms of ``text`` (its first :data:`MAX_INDEXED_CHARS` characters), in order."""
+    text = text[:MAX_INDEXED_CHARS]
+    folded = unicodedata.normalize("NFKC", text).casefold()
+    if not _HAS_CJK.search(folded):  # the common case: words only
+        return [w[:MAX_TERM] if len(w) > MAX_TERM else w for w in _WORD.findall(folded)]
     found: list[str] = []
-    for run, cjk in _runs(text[:MAX_INDEXED_CHARS]):
+    for run, cjk in _runs(text):
         found.extend(_split(run, cjk))
     return found
 
@@ -82,6 +91,7 @@ def parse_query(q: str) -> Query:
     return Query(tuple(phrases), tuple(needles))
 
 
+@functools.lru_cache(maxsize=4096)
 def tag(kind: str, value: str) -> str:
     """A term that stands for a fact about a message (its agent, file, role): letters and
     digits only, so every tokenizer keeps it whole."""
