@@ -17,7 +17,7 @@ import dataclasses
 import datetime as dt
 import functools
 import hashlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
@@ -204,6 +204,92 @@ def _locked(
         yield row
 
 
+@dataclasses.dataclass(frozen=True)
+class _Packed:
+    """A file compressed and verified under a temp name, not yet in place."""
+
+    row: tables.FileRow
+    original: Path
+    temp: Path
+    final: Path
+    size: int  #: bytes of the archive
+
+
+def _eligible(data_dir: Path, row: tables.FileRow) -> bool:
+    """Whether the locked ``row`` is to be archived now (an archived one whose original
+    survived a crash is finished on the way)."""
+    if row.status == "archived":
+        _finish(data_dir, row)
+        return False
+    return row.status == "refined" and row.next_seq == row.flushed_seq + 1
+
+
+def _pack(data_dir: Path, row: tables.FileRow, options: Options, fault: FaultHook) -> _Packed:
+    """The steps before the rename, under the file's lock: check the original against the
+    index, compress it to a temp file, fsync, and verify what is on disk."""
+    original = store.checked(data_dir, row.path)
+    final = store.checked(data_dir, archive_relative_path(row))
+    temp = final.with_name(f".{final.name}.tmp")
+    # Left by a crash before the index pointed at them: never committed, start over.
+    store.remove(temp)
+    store.remove(final)
+
+    # One read: the chain check needs the whole file anyway (memory ~ 1.3x its size).
+    data = store.read(original)
+    if len(data) != row.flushed_bytes:
+        raise errors.FileDamaged(
+            f"file {row.file_id} is {len(data)} bytes, {row.flushed_bytes} committed; run sgme fsck"
+        )
+    head, _ = document.chain(data)
+    if head.hex() != row.chain_head:
+        raise errors.FileDamaged(f"file {row.file_id} fails its hash chain; run sgme fsck")
+    compressor = zstandard.ZstdCompressor(
+        level=options.level, write_checksum=True, threads=options.threads
+    )
+    try:
+        packed = compressor.compress(data)
+    except zstandard.ZstdError as exc:
+        raise errors.StorageUnavailable(f"compressing {row.file_id} failed: {exc}") from None
+    with store.exclusive_writer(temp) as dst:
+        dst.write(packed)
+    fault("temp_written")
+    # Verify what is on disk, not what is in memory.
+    if not _same(_decompressed_chunks(temp), data):
+        store.remove(temp)
+        raise errors.FileDamaged(f"archive of {row.file_id} did not verify; original kept")
+    fault("verified")
+    return _Packed(row, original, temp, final, len(packed))
+
+
+def _same(chunks: Iterable[bytes], data: bytes) -> bool:
+    """Whether ``chunks`` add up to exactly ``data`` (compared as they come: no copy)."""
+    view = memoryview(data)
+    position = 0
+    for chunk in chunks:
+        end = position + len(chunk)
+        if end > len(data) or view[position:end] != chunk:
+            return False
+        position = end
+    return position == len(data)
+
+
+def _settle(packed: _Packed, updated: bool, fault: FaultHook) -> Outcome | None:
+    """After the index update: delete the original, or the archive when the update was
+    refused (an append or a re-refine came in meanwhile: the original stays)."""
+    if not updated:
+        store.remove(packed.final)
+        return None
+    fault("indexed")
+    # Not fsynced: if a crash undoes the unlink, finish_interrupted removes it again.
+    store.remove(packed.original, durable=False)
+    fault("deleted")
+    return Outcome(packed.row.file_id, packed.row.flushed_bytes, packed.size)
+
+
+def _mark_all(conn: sa.Connection, packed: Sequence[_Packed]) -> list[bool]:
+    return [index.mark_archived(conn, p.row, path=archive_relative_path(p.row)) for p in packed]
+
+
 def compress(
     engine: sa.Engine,
     data_dir: Path,
@@ -214,57 +300,18 @@ def compress(
 ) -> Outcome | None:
     """Archive one file; None when it is no longer eligible (changed, already archived)."""
     with _locked(engine, data_dir, file_id, options.lock_timeout, flock=options.file_locks) as row:
-        if row.status == "archived":
-            _finish(data_dir, row)
+        if not _eligible(data_dir, row):
             return None
-        if row.status != "refined" or row.next_seq != row.flushed_seq + 1:
-            return None
-        original = store.checked(data_dir, row.path)
-        final = store.checked(data_dir, archive_relative_path(row))
-        temp = final.with_name(f".{final.name}.tmp")
-        # Left by a crash before the index pointed at them: never committed, start over.
-        store.remove(temp)
-        store.remove(final)
-
-        # One read: the chain check needs the whole file anyway (memory ~ 1.3x its size).
-        data = store.read(original)
-        if len(data) != row.flushed_bytes:
-            raise errors.FileDamaged(
-                f"file {file_id} is {len(data)} bytes, {row.flushed_bytes} committed; run sgme fsck"
-            )
-        head, _ = document.chain(data)
-        if head.hex() != row.chain_head:
-            raise errors.FileDamaged(f"file {file_id} fails its hash chain; run sgme fsck")
-        compressor = zstandard.ZstdCompressor(
-            level=options.level, write_checksum=True, threads=options.threads
-        )
-        try:
-            packed = compressor.compress(data)
-        except zstandard.ZstdError as exc:
-            raise errors.StorageUnavailable(f"compressing {file_id} failed: {exc}") from None
-        with store.exclusive_writer(temp) as dst:
-            dst.write(packed)
-        fault("temp_written")
-        # Verify what is on disk, not what is in memory.
-        after_sha, after_size = _digest(_decompressed_chunks(temp))
-        if after_sha != hashlib.sha256(data).hexdigest() or after_size != len(data):
-            store.remove(temp)
-            raise errors.FileDamaged(f"archive of {file_id} did not verify; original kept")
-        fault("verified")
-        store.rename(temp, final)
+        packed = _pack(data_dir, row, options, fault)
+        store.rename(packed.temp, packed.final)
         fault("renamed")
-        # Shared with the other files' commits of this moment (compress_many's workers).
-        updated = commits.group(engine).run(
-            functools.partial(index.mark_archived, row=row, path=archive_relative_path(row))
-        )
-        if not updated:  # an append or a re-refine came in meanwhile: keep the original
-            store.remove(final)
-            return None
-        fault("indexed")
-        # Not fsynced: if a crash undoes the unlink, finish_interrupted removes it again.
-        store.remove(original, durable=False)
-        fault("deleted")
-        return Outcome(file_id, row.flushed_bytes, len(packed))
+        # Shared with the other commits of this moment (the group committer).
+        (updated,) = commits.group(engine).run(functools.partial(_mark_all, packed=[packed]))
+        return _settle(packed, updated, fault)
+
+
+BATCH = 64  #: files :func:`compress_many` locks, renames and commits together
+Result = Outcome | errors.SgmeError | None
 
 
 def compress_many(
@@ -272,18 +319,84 @@ def compress_many(
     data_dir: Path,
     file_ids: Sequence[str],
     options: Options = DEFAULT_OPTIONS,
-) -> Iterator[tuple[str, Outcome | errors.SgmeError | None]]:
-    """:func:`compress` over many files, ``workers`` at a time (zstd and fsync release the
-    GIL, so files overlap); yields each file's outcome, or the error that stopped it."""
+    *,
+    fault: FaultHook = _no_fault,
+) -> Iterator[tuple[str, Result]]:
+    """:func:`compress` over many files; yields each file's outcome, or the error that
+    stopped it. The files go in batches of :data:`BATCH`: a batch's files are locked
+    together, compressed ``workers`` at a time (zstd and fsync release the GIL), renamed,
+    their directories fsynced once, and their index rows updated in one commit — each file
+    still takes every step of :func:`compress` in the same order."""
+    with concurrent.futures.ThreadPoolExecutor(max(1, options.workers)) as pool:
+        for start in range(0, len(file_ids), BATCH):
+            batch = file_ids[start : start + BATCH]
+            yield from _compress_batch(engine, data_dir, batch, options, pool, fault)
 
-    def one(file_id: str) -> Outcome | errors.SgmeError | None:
+
+def _compress_batch(
+    engine: sa.Engine,
+    data_dir: Path,
+    file_ids: Sequence[str],
+    options: Options,
+    pool: concurrent.futures.Executor,
+    fault: FaultHook,
+) -> Iterator[tuple[str, Result]]:
+    outcomes: dict[str, Result] = {}
+
+    def pack(row: tables.FileRow) -> _Packed | errors.SgmeError:
         try:
-            return compress(engine, data_dir, file_id, options)
+            return _pack(data_dir, row, options, fault)
         except errors.SgmeError as exc:
             return exc
 
-    with concurrent.futures.ThreadPoolExecutor(max(1, options.workers)) as pool:
-        yield from zip(file_ids, pool.map(one, file_ids), strict=True)
+    try:
+        with contextlib.ExitStack() as held:
+            for file_id in store.lock_order(data_dir, file_ids):
+                try:
+                    held.enter_context(
+                        store.lock(
+                            data_dir,
+                            file_id,
+                            timeout=options.lock_timeout,
+                            flock=options.file_locks,
+                        )
+                    )
+                except errors.LockTimeout as exc:  # busy: this file waits for the next run
+                    outcomes[file_id] = exc
+            locked = [f for f in file_ids if f not in outcomes]
+            held.enter_context(database.advisory_locks(engine, locked))
+            with database.reading(engine) as conn:
+                rows = {f: index.get_file(conn, f) for f in locked}
+            ready = []
+            for file_id, row in rows.items():
+                if row is None:
+                    outcomes[file_id] = errors.NotFound(f"no file {file_id}")
+                elif _eligible(data_dir, row):
+                    ready.append(row)
+                else:
+                    outcomes[file_id] = None
+            placed = []
+            for row, result in zip(ready, pool.map(pack, ready), strict=True):
+                if isinstance(result, errors.SgmeError):
+                    outcomes[row.file_id] = result
+                    continue
+                store.rename(result.temp, result.final, durable=False)
+                placed.append(result)
+            for folder in {p.final.parent for p in placed}:
+                store.fsync_dir(folder)
+            fault("renamed")
+            updated = (
+                commits.group(engine).run(functools.partial(_mark_all, packed=placed))
+                if placed
+                else []
+            )
+            for p, ok in zip(placed, updated, strict=True):
+                outcomes[p.row.file_id] = _settle(p, ok, fault)
+    except errors.SgmeError as exc:  # the batch's own step failed: its files wait for a retry
+        for file_id in file_ids:
+            outcomes.setdefault(file_id, exc)
+    for file_id in file_ids:
+        yield file_id, outcomes[file_id]
 
 
 @dataclasses.dataclass

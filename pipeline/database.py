@@ -357,6 +357,36 @@ def reading(engine: sa.Engine) -> Iterator[sa.Connection]:
 
 
 @contextlib.contextmanager
+def advisory_locks(engine: sa.Engine, keys: Sequence[str]) -> Iterator[None]:
+    """:func:`advisory_lock` on every key of ``keys``, taken in sorted order on one connection
+    (many files of one batch need not hold a connection each)."""
+    if not is_postgres(engine) or not keys:
+        yield
+        return
+    try:
+        conn = engine.connect()
+    except sa_exc.SQLAlchemyError as exc:
+        raise map_error(exc) from exc
+    try:
+        for key in sorted(set(keys)):
+            conn.execute(sa.text("SELECT pg_advisory_lock(hashtext(:k))"), {"k": key})
+        conn.commit()
+    except sa_exc.SQLAlchemyError as exc:
+        conn.invalidate()  # the session's end releases whatever it took
+        conn.close()
+        raise map_error(exc) from exc
+    try:
+        yield
+    finally:
+        try:
+            conn.execute(sa.text("SELECT pg_advisory_unlock_all()"))
+            conn.commit()
+        except sa_exc.SQLAlchemyError:
+            conn.invalidate()
+        conn.close()
+
+
+@contextlib.contextmanager
 def advisory_lock(engine: sa.Engine, key: str) -> Iterator[None]:
     """On PostgreSQL, a session advisory lock on ``key`` (hosts sharing a networked volume
     cannot rely on flock); elsewhere nothing."""

@@ -15,7 +15,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -382,16 +382,24 @@ def reader(path: Path) -> Iterator[BinaryIO]:
             raise _storage_error("read", path, exc) from exc
 
 
-def rename(src: Path, dst: Path) -> None:
-    """Atomically move ``src`` to ``dst`` (same volume) and fsync the directories."""
+def rename(src: Path, dst: Path, *, durable: bool = True) -> None:
+    """Atomically move ``src`` to ``dst`` (same volume) and fsync the directories (unless
+    ``durable`` is false: then the caller fsyncs them, once for many renames)."""
     try:
         dst.parent.mkdir(parents=True, exist_ok=True)
         os.rename(src, dst)
     except OSError as exc:
         raise _storage_error("rename", src, exc) from exc
-    fsync_dir(dst.parent)
-    if src.parent != dst.parent:
-        fsync_dir(src.parent)
+    if durable:
+        fsync_dir(dst.parent)
+        if src.parent != dst.parent:
+            fsync_dir(src.parent)
+
+
+def lock_order(data_dir: Path, file_ids: Iterable[str]) -> list[str]:
+    """``file_ids`` in the order to lock several at once: by lock file, so two processes
+    locking overlapping sets never wait for each other in a circle."""
+    return sorted(file_ids, key=lambda file_id: (_stripe(data_dir, file_id).path, file_id))
 
 
 def exists(path: Path) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import threading
 from pathlib import Path
 
 import pytest
@@ -160,6 +161,97 @@ def test_crash_at_each_step_leaves_exactly_one_live_copy(
     files = _live_files(data_dir)
     assert files == [data_dir / row.path], files  # no original, no temp, one archive
     assert reader.read_bytes(data_dir, row) == original
+    assert integrity.fsck(engine, data_dir) == []
+
+
+@pytest.mark.parametrize("step", archive.ARCHIVE_STEPS)
+def test_crash_in_a_batch_leaves_every_file_readable(
+    engine: sa.Engine, data_dir: Path, step: str
+) -> None:
+    file_ids = [_refined_file(engine, data_dir, f"batch-{i}") for i in range(3)]
+    originals = {f: (data_dir / _row(engine, f).path).read_bytes() for f in file_ids}
+
+    class Crash(Exception):
+        pass
+
+    def fault(at: str) -> None:
+        if at == step:
+            raise Crash(at)
+
+    with pytest.raises(Crash):
+        list(archive.compress_many(engine, data_dir, file_ids, fault=fault))
+
+    for file_id in file_ids:
+        assert reader.read_bytes(data_dir, _row(engine, file_id)) == originals[file_id]
+
+    archive.finish_interrupted(engine, data_dir)
+    outcomes = dict(archive.compress_many(engine, data_dir, file_ids))
+    rows = {f: _row(engine, f) for f in file_ids}
+    # a file the crashed run had already finished is no longer eligible (None)
+    assert all(o is None or isinstance(o, archive.Outcome) for o in outcomes.values()), outcomes
+    assert all(row.status == "archived" for row in rows.values())
+    assert _live_files(data_dir) == sorted(data_dir / row.path for row in rows.values())
+    for file_id, row in rows.items():
+        assert reader.read_bytes(data_dir, row) == originals[file_id]
+    assert integrity.fsck(engine, data_dir) == []
+
+
+def test_batch_reports_each_file(engine: sa.Engine, data_dir: Path) -> None:
+    good = [_refined_file(engine, data_dir, f"good-{i}") for i in range(4)]
+    unrefined = journal.ingest(
+        engine,
+        {
+            "agent_id": "hermes",
+            "session_key": "raw",
+            "messages": [{"role": "user", "content": "x"}],
+        },
+    ).file_id
+    journal.flush(engine, data_dir, unrefined)
+    damaged = _refined_file(engine, data_dir, "damaged")
+    with (data_dir / _row(engine, damaged).path).open("r+b") as handle:
+        handle.seek(-3, 2)
+        handle.write(b"XYZ")  # same length, another chain
+    missing = "00000000-0000-4000-8000-000000000000"
+
+    ids = [good[0], unrefined, good[1], damaged, missing, good[2], good[3]]
+    outcomes = list(archive.compress_many(engine, data_dir, ids, archive.Options(workers=3)))
+
+    assert [file_id for file_id, _ in outcomes] == ids  # one answer per file, in order
+    by_id = dict(outcomes)
+    for file_id in good:
+        outcome = by_id[file_id]
+        assert isinstance(outcome, archive.Outcome) and outcome.file_id == file_id
+        assert _row(engine, file_id).status == "archived"
+    assert by_id[unrefined] is None
+    assert isinstance(by_id[damaged], errors.FileDamaged)
+    assert isinstance(by_id[missing], errors.NotFound)
+    assert _row(engine, damaged).status == "refined"  # kept as it was, original in place
+    assert (data_dir / _row(engine, damaged).path).exists()
+
+
+def test_overlapping_batches_archive_each_file_once(engine: sa.Engine, data_dir: Path) -> None:
+    file_ids = [_refined_file(engine, data_dir, f"both-{i}") for i in range(12)]
+    originals = {f: (data_dir / _row(engine, f).path).read_bytes() for f in file_ids}
+    results: list[list[tuple[str, archive.Result]]] = []
+
+    def run(ids: list[str]) -> None:
+        results.append(list(archive.compress_many(engine, data_dir, ids)))
+
+    threads = [
+        threading.Thread(target=run, args=(file_ids,)),
+        threading.Thread(target=run, args=(list(reversed(file_ids)),)),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not any(thread.is_alive() for thread in threads)
+
+    archived = [f for run in results for f, o in run if isinstance(o, archive.Outcome)]
+    assert sorted(archived) == sorted(file_ids)  # each by exactly one of the two runs
+    assert all(o is None for run in results for _, o in run if not isinstance(o, archive.Outcome))
+    for file_id in file_ids:
+        assert reader.read_bytes(data_dir, _row(engine, file_id)) == originals[file_id]
     assert integrity.fsck(engine, data_dir) == []
 
 
