@@ -261,7 +261,6 @@ def _find_postgres(
 ) -> list[Hit]:
     t = sa.table("message_terms", sa.column("id"), sa.column("tsv"))
     q = sa.cast(sa.bindparam("tsquery", type_=sa.Text), postgresql.TSQUERY)
-    score = sa.func.ts_rank_cd(t.c.tsv, q)
     m, files = tables.messages.c, tables.raw_files.c
     where = [t.c.tsv.op("@@")(q), *_window(f)]
     if f.agents is not None:
@@ -274,21 +273,29 @@ def _find_postgres(
     ):
         if value is not None:
             where.append(column == value)
-    newest = (
-        sa.select(*_HIT_COLUMNS, score.label("score"))
-        .select_from(t)
-        .join(tables.messages, m.id == t.c.id)
-        .join(tables.raw_files, files.file_id == m.file_id)
-        .where(*where)
-        .order_by(t.c.id.desc())
-        .limit(window)
-        .subquery()
-    )
+    # The newest matches first, by id alone (joined only when a filter needs it); the rank,
+    # the rows and their files only for those: computed for every match, they cost more
+    # than the search itself when a word is common.
+    newest: Any = sa.select(t.c.id).select_from(t)
+    if len(where) > 1:
+        newest = newest.join(tables.messages, m.id == t.c.id).join(
+            tables.raw_files, files.file_id == m.file_id
+        )
+    ids = newest.where(*where).order_by(t.c.id.desc()).limit(window).subquery()
+    score = sa.func.ts_rank_cd(t.c.tsv, q)
     stmt = (
-        sa.select(newest)
-        .order_by(newest.c.score.desc(), newest.c.file_id, newest.c.seq)
+        sa.select(*_HIT_COLUMNS, score.label("score"))
+        .select_from(ids)
+        .join(t, t.c.id == ids.c.id)
+        .join(tables.messages, m.id == ids.c.id)
+        .join(tables.raw_files, files.file_id == m.file_id)
+        .order_by(score.desc(), m.file_id, m.seq)
         .limit(limit)
     )
+    # Planned for this query's words: psycopg prepares a statement run often on a connection,
+    # and PostgreSQL's generic plan for it (one for any words) scans for a rare word as for a
+    # common one — ten times slower at a million messages (bench/bench_search.py).
+    conn.exec_driver_sql("SET LOCAL plan_cache_mode = force_custom_plan")
     return [_hit(row) for row in conn.execute(stmt, {"tsquery": terms.tsquery(query)})]
 
 
