@@ -148,10 +148,8 @@ class Proc:
         process of this test outlives it and holds the next test's Redis database."""
         if self.alive():
             self.popen.send_signal(signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                pass
         self._kill_group()
         self.popen.wait(10)
 
