@@ -189,6 +189,40 @@ def test_the_digest_is_of_the_normalised_request() -> None:
     assert a.digest == b.digest != first.digest
 
 
+@pytest.mark.parametrize(
+    ("value", "detail"),
+    [
+        (0, "sequence: Input should be greater than or equal to 1"),
+        (-3, "sequence: Input should be greater than or equal to 1"),
+        (2**31, "sequence: Input should be less than or equal to 2147483647"),
+        (True, "sequence: Input should be a valid integer"),  # bool is no number here
+        (2.0, "sequence: Input should be a valid integer"),
+        ("2", "sequence: Input should be a valid integer"),
+        ([1], "sequence: Input should be a valid integer"),
+    ],
+)
+def test_sequence_refused(value: object, detail: str) -> None:
+    assert refused(body(sequence=value)) == detail
+
+
+def test_sequence_accepted_and_part_of_the_digest() -> None:
+    """A sequence is an integer from 1; it is part of what a retry must repeat, and leaves the
+    digest of a body without one as it was (keys recorded before sequences existed)."""
+    for value in (1, 2, 2**31 - 1):
+        assert validation.parse_append(body(sequence=value)).sequence == value
+        encoded = json.dumps(body(sequence=value)).encode()
+        assert validation.parse_append(encoded).sequence == value
+    assert validation.parse_append(body()).sequence is None
+    assert validation.parse_append(body(sequence=None)).sequence is None
+    plain = validation.parse_append(body(idempotency_key="k"))
+    first = validation.parse_append(body(idempotency_key="k", sequence=1))
+    second = validation.parse_append(body(idempotency_key="k", sequence=2))
+    assert len({plain.digest, first.digest, second.digest}) == 3
+    assert validation.parse_append(body(idempotency_key="k", sequence=None)).digest == plain.digest
+    schema = validation.schemas(LIMITS)[0].model_json_schema()["properties"]["sequence"]
+    assert schema["anyOf"][0] == {"type": "integer", "minimum": 1, "maximum": 2**31 - 1}
+
+
 def test_uploads() -> None:
     upload = validation.parse_upload(
         {"agent_id": "a", "filename": "notes.txt", "content": "x", "idempotency_key": "u"}
