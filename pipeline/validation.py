@@ -307,15 +307,29 @@ AgentId = Annotated[
     _check(lambda value: check_agent_id(value) and value),
 ]
 IdempotencyKey = Annotated[str, Text(min_length=1, max_length=MAX_IDEMPOTENCY_KEY)]
-#: strict: a JSON integer, not true, 2.0 or "2"
+
+
+def _sequence(value: object) -> int | None:
+    # A JSON integer; 2.0 too, which JSON Schema calls an integer (and a JavaScript sender
+    # cannot tell from 2), but not true, 2.5 or "2".
+    if value is None:
+        return None
+    number = int(value) if isinstance(value, float) and value.is_integer() else value
+    if isinstance(number, bool) or not isinstance(number, int) or not 1 <= number <= MAX_SEQ:
+        raise ValueError(f"must be an integer from 1 to {MAX_SEQ}, got {value!r:.80}")
+    return number
+
+
 AppendSequence = Annotated[
     int | None,
-    Field(
-        ge=1,
-        le=MAX_SEQ,
-        description="the sender's number for this append, per (agent_id, source_type, "
-        "session_key): 1 for the session's first append, then 2, 3, … with no gaps. Appends "
-        "are applied in this order; a session uses sequences always or never",
+    PlainValidator(_sequence),
+    WithJsonSchema(
+        {
+            "anyOf": [{"type": "integer", "minimum": 1, "maximum": MAX_SEQ}, {"type": "null"}],
+            "description": "the sender's number for this append, per (agent_id, source_type, "
+            "session_key): 1 for the session's first append, then 2, 3, … with no gaps. "
+            "Appends are applied in this order; a session uses sequences always or never",
+        }
     ),
 ]
 

@@ -819,7 +819,7 @@ def test_a_session_uses_sequences_always_or_never_a_422(app: Api) -> None:
         app.client.post("/v1/append", json=sent("plain", 3, sequence=True)),
         422,
         "invalid-input",
-        "sequence: Input should be a valid integer",
+        "sequence: must be an integer from 1 to 2147483647, got True",
     )
     assert snapshot(app.engine, app.data_dir) == before
     app.append(sent("numbered", 4, sequence=2))

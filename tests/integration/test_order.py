@@ -314,7 +314,7 @@ def test_the_queued_path_holds_drops_and_the_sweep_lets_a_gap_go(
     assert contents(engine, data_dir) == ["#1", "#2", "#4"]
     assert [a.key for a in anomalies(engine, "sequence_gap")] == ["3"]
     rejected = anomalies(engine, "append_task_rejected")
-    assert len(rejected) == 1 and "sequence: Input should be a valid integer" in rejected[0].detail
+    assert len(rejected) == 1 and "sequence: must be an integer from 1" in rejected[0].detail
 
 
 def test_held_appends_wait_on_through_a_full_backlog(
