@@ -412,6 +412,19 @@ def test_list_files_filters_and_pages_through_every_file_once(app: Api) -> None:
     assert_problem(app.client.get("/v1/files?limit=0"), 422, "invalid-input", "limit")
 
 
+def test_search_times_are_rfc_3339_as_the_schema_says(app: Api) -> None:
+    """A number is not read as Unix seconds (the schema says date-time: schemathesis checks)."""
+    app.append(body("s1", {"role": "user", "content": "green tea", "ts": TS1}), wait=True)
+    for since in ("0", "1785755886", "20260803", "yesterday"):
+        r = app.client.get("/v1/search", params={"q": "tea", "since": since})
+        assert_problem(r, 422, "invalid-input", "since: must be an RFC 3339 date-time")
+    r = app.client.get("/v1/search", params={"q": "tea", "until": "0"})
+    assert_problem(r, 422, "invalid-input", "until: must be an RFC 3339 date-time, got '0'")
+    for since, hits in (("2026-08-03T11:00:00Z", 1), ("2026-08-03T11:18:07+00:00", 0)):
+        r = app.client.get("/v1/search", params={"q": "tea", "since": since})
+        assert r.status_code == 200 and len(r.json()["hits"]) == hits, r.text
+
+
 def test_file_row_shows_index_state(app: Api) -> None:
     ack = app.append(body("s1", metadata={"n": 1, "nested": {"a": [1, 2]}}), wait=True)
     app.append(body("s1"))
