@@ -331,17 +331,24 @@ class Service:
         s = self.settings
         age = s.sweep_age if age is None else age
         stale = journal.stale_files(self.engine, age=age)
-        # Held appends whose gap has waited long enough are let go here too, so a gap never
-        # holds a session back for good, even when no task of the session comes any more.
-        written = ordering.settle_waiting(
-            self.engine,
-            age=min(age, s.order_wait_seconds),
-            write=journal.writer(s.backlog),
-            wait_seconds=s.order_wait_seconds,
-        )
-        stale += [file_id for file_id in written if file_id not in stale]
         for file_id in stale:
             self.kick(file_id)
+        # Held appends whose gap has waited long enough are let go here too, so a gap never
+        # holds a session back for good, even when no task of the session comes any more.
+        try:
+            written = ordering.settle_waiting(
+                self.engine,
+                age=min(age, s.order_wait_seconds),
+                write=journal.writer(s.backlog),
+                wait_seconds=s.order_wait_seconds,
+            )
+        except errors.SgmeError as exc:  # the next sweep comes back to them
+            log.warning("could not settle the appends waiting for their order: %s", exc.detail)
+            return stale
+        for file_id in written:
+            if file_id not in stale:
+                self.kick(file_id)
+                stale.append(file_id)
         return stale
 
     def dispatch(self, file_ids: list[str] | None = None) -> list[refine.Claim]:
