@@ -181,7 +181,9 @@ def settle(
             _reject(conn, first, exc.detail)
             continue
         if first.sequence < want:  # its number was applied meanwhile (over HTTP, say)
-            _drop(conn, row.file_id if row else None, _load(first), "sequence_duplicate", want)
+            recorded = ledger.get_key(conn, session.agent_id, first.idempotency_key)
+            if recorded is None or recorded[0] != first.request_hash:  # not this very append
+                _drop(conn, row.file_id if row else None, _load(first), "sequence_duplicate", want)
             ledger.release(conn, session, first.sequence)
             continue
         if first.sequence > want and not _overdue(conn, session, wait_seconds):

@@ -154,6 +154,23 @@ def test_redelivered_tasks_replay_and_other_appends_with_a_taken_number_are_drop
     assert row is not None and found[1].file_id == row.file_id
 
 
+def test_http_and_the_queue_may_feed_one_session(engine: sa.Engine, data_dir: Path) -> None:
+    """An HTTP append of the expected number lets the held ones follow; the same append sent
+    both ways is written once."""
+    queued(engine, numbered(2))
+    queued(engine, numbered(3))
+    journal.ingest(engine, numbered(1))
+    assert waiting(engine) == 0
+    queued(engine, numbered(5))
+    with pytest.raises(errors.OutOfOrder) as ahead:  # HTTP never waits, even behind a held one
+        journal.ingest(engine, numbered(5))
+    assert ahead.value.expected == 4
+    journal.ingest(engine, numbered(4))
+    assert journal.ingest(engine, numbered(5)).replayed  # written from the queue: a replay
+    assert contents(engine, data_dir) == [f"s #{n}" for n in range(1, 6)]
+    assert waiting(engine) == 0 and anomalies(engine) == []
+
+
 def test_same_key_different_body_while_waiting_is_a_conflict(engine: sa.Engine) -> None:
     queued(engine, numbered(2))
     with pytest.raises(errors.Conflict, match="idempotency_key 's/2'"):
@@ -330,7 +347,16 @@ def test_held_appends_wait_on_through_a_full_backlog(
     assert contents(engine, data_dir) == ["#1", "#2"]
     svc.sweep()
     assert contents(engine, data_dir) == ["#1", "#2", "#3"]
-    assert waiting(engine) == 0 and anomalies(engine) == []
+    assert waiting(engine) == 0
+    # the same append as a held one, over HTTP once the backlog has room: written once
+    for number in (6, 5, 4):
+        svc.append_queued(body(number))
+    assert waiting(engine) == 1  # 4 and 5 written; 6 would pass the limit
+    assert contents(engine, data_dir) == ["#1", "#2", "#3", "#4", "#5"]
+    assert svc.append(body(6)).result.first_seq == 6
+    assert waiting(engine) == 0
+    assert contents(engine, data_dir) == ["#1", "#2", "#3", "#4", "#5", "#6"]
+    assert anomalies(engine) == []
 
 
 # ---------------------------------------------------------------------------------------------
