@@ -374,7 +374,7 @@ def advisory_lock(engine: sa.Engine, key: str) -> Iterator[None]:
 #: the first key of :func:`transaction_lock`'s two-key advisory locks: PostgreSQL keeps them
 #: apart from the one-key locks of :func:`advisory_lock`, so the two can never collide
 _TRANSACTION_LOCK_SPACE = 0x53474D45  # "SGME"
-_TRANSACTION_LOCK = sa.text("SELECT pg_advisory_xact_lock(:space, hashtext(:k))")
+_TRANSACTION_LOCK = sa.text("SELECT pg_advisory_xact_lock(CAST(:space AS integer), hashtext(:k))")
 
 
 def transaction_lock(conn: sa.Connection, key: str) -> None:
