@@ -148,10 +148,15 @@ def _append(
     metadata: Mapping[str, Any] | None = None,
     idempotency_key: str | None = None,
     wait: bool = False,
+    sequence: int | None = None,
 ) -> exchange.Call[models.Appended]:
     """Append ``messages`` (``{"role", "content", "ts"?, "tool_name"?}``) to a session; with
     ``wait`` the answer comes once they are in the file. Retried with the same
-    ``idempotency_key`` (a new one unless given), so it is written once."""
+    ``idempotency_key`` (a new one unless given), so it is written once.
+
+    ``sequence`` numbers the session's appends (1, 2, …; a session uses them always or
+    never): one that is not the next the session expects raises
+    :class:`~pipeline.errors.OutOfOrder` (never retried), whose ``expected`` is that one."""
     body: dict[str, Any] = {
         "agent_id": agent_id,
         "session_key": session_key,
@@ -161,6 +166,8 @@ def _append(
     }
     if metadata is not None:
         body["metadata"] = dict(metadata)
+    if sequence is not None:
+        body["sequence"] = sequence
     params = _query(wait="flushed" if wait else None)
     return exchange.Call("POST", "/v1/append", exchange.model_reader(models.Appended), params, body)
 

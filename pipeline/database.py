@@ -410,6 +410,20 @@ def advisory_lock(engine: sa.Engine, key: str) -> Iterator[None]:
         conn.close()
 
 
+#: the first key of :func:`transaction_lock`'s two-key advisory locks: PostgreSQL keeps them
+#: apart from the one-key locks of :func:`advisory_lock`, so the two can never collide
+_TRANSACTION_LOCK_SPACE = 0x53474D45  # "SGME"
+_TRANSACTION_LOCK = sa.text("SELECT pg_advisory_xact_lock(CAST(:space AS integer), hashtext(:k))")
+
+
+def transaction_lock(conn: sa.Connection, key: str) -> None:
+    """Hold a lock on ``key`` until ``conn``'s transaction ends (PostgreSQL: a transaction
+    advisory lock, for what has no row to lock yet). SQLite needs none: its write
+    transactions (``BEGIN IMMEDIATE``) run one at a time."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(_TRANSACTION_LOCK, {"space": _TRANSACTION_LOCK_SPACE, "k": key})
+
+
 # ---------------------------------------------------------------------------------------------
 # the schema
 

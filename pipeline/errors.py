@@ -9,7 +9,8 @@
      │    ├── Forbidden              403     forbidden          a token without the scope/agent
      │    ├── NotFound               404     not-found          no such file, message or token
      │    ├── Conflict               409     conflict           contradicts what is recorded
-     │    │    └── ConstraintViolation 409   conflict           a unique/foreign key refused it
+     │    │    ├── ConstraintViolation 409   conflict           a unique/foreign key refused it
+     │    │    └── OutOfOrder        409     out-of-order       a sequence that is not the next one
      │    ├── FileDamaged            409     file-damaged       a file differs from its index
      │    ├── RequestTooLarge        413     too-large          a body over max_request_bytes
      │    └── RequestTimeout         408     request-timeout    a body that came too slowly
@@ -29,7 +30,9 @@ The API answers every one as an RFC 9457 problem document whose ``type`` is
 ``urn:sgme:problem:<type>`` (:func:`problem_type`); FastAPI's own refusals use ``http-error``
 and a request that matches no route ``not-found``.
 
-An error may carry ``retry_after`` (seconds): the API sends it as ``Retry-After``.
+An error may carry ``retry_after`` (seconds): the API sends it as ``Retry-After``, and extension
+members (:meth:`SgmeError.members`): the problem document carries them, e.g. the
+``expected_sequence`` of :class:`OutOfOrder`.
 :mod:`pipeline.client` raises these same classes from the problem documents it gets back, each
 with the ``status`` it was answered with (an answer that is no problem document, a proxy's
 502 say, gets the class of its status).
@@ -40,7 +43,7 @@ of these where they cross into ``pipeline``'s public functions, so callers catch
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 PROBLEM_PREFIX = "urn:sgme:problem:"
 
@@ -66,6 +69,11 @@ class SgmeError(Exception):
         self.detail = detail
         #: seconds after which the same call may succeed (the API's ``Retry-After``)
         self.retry_after = retry_after
+
+    def members(self) -> dict[str, Any]:
+        """Extension members of the problem document (RFC 9457 §3.2): what a client needs
+        besides ``detail`` to act on the error."""
+        return {}
 
 
 class PermanentError(SgmeError):
@@ -139,6 +147,24 @@ class Conflict(PermanentError):
 
 class ConstraintViolation(Conflict):
     """A unique or foreign key constraint refused a write (often a concurrent writer won)."""
+
+
+class OutOfOrder(Conflict):
+    """An append whose ``sequence`` is not the one its session expects next: ahead of it (a
+    predecessor has not landed) or behind it (already applied). ``expected`` is the next one;
+    the client decides (send the missing ones, or give up) — retrying the same request does
+    not help until the session has moved."""
+
+    type = "out-of-order"
+
+    def __init__(self, detail: str, *, expected: int | None) -> None:
+        super().__init__(detail)
+        #: the sequence the session expects next (None when an answer did not say)
+        self.expected = expected
+
+    def members(self) -> dict[str, Any]:
+        """``expected_sequence``: the sequence the session expects next."""
+        return {"expected_sequence": self.expected}
 
 
 class FileDamaged(PermanentError):

@@ -243,6 +243,9 @@ def error_from(response: httpx.Response) -> errors.SgmeError:
         error = cls(detail, error=challenge.get("error", ""))
     elif issubclass(cls, errors.Forbidden):
         error = cls(detail, scope=challenge.get("scope", ""))
+    elif issubclass(cls, errors.OutOfOrder):
+        expected = problem.get("expected_sequence")
+        error = cls(detail, expected=expected if type(expected) is int else None)
     else:
         error = cls(detail)
     error.retry_after = retry_after

@@ -146,6 +146,38 @@ def record_append(conn: sa.Connection, file_id: str, *, next_seq: int) -> None:
     _RECORD_APPEND.execute(conn, params)
 
 
+_OLD_SEQUENCE = sa.bindparam("old_sequence", type_=sa.Integer)
+_RECORD_SEQUENCED = database.Prepared(
+    sa.update(tables.raw_files)
+    .where(
+        _R.file_id == sa.bindparam("file_id"), _R.next_sequence.is_not_distinct_from(_OLD_SEQUENCE)
+    )
+    .values(
+        next_seq=_bind("next_seq"),
+        next_sequence=_bind("next_sequence"),
+        flush_pending=True,
+        updated_at=_bind("updated_at"),
+    )
+    .returning(_R.file_id)
+)
+
+
+def record_sequenced(
+    conn: sa.Connection, file_id: str, *, next_seq: int, old_sequence: int | None, sequence: int
+) -> bool:
+    """:func:`record_append` for an append numbered ``sequence`` by its sender: the session
+    expects ``sequence + 1`` next — only if it still expected ``old_sequence`` (None: the
+    session had none yet). False when it did not: someone else moved it meanwhile."""
+    params = {
+        "file_id": file_id,
+        "old_sequence": old_sequence,
+        "set_next_seq": next_seq,
+        "set_next_sequence": sequence + 1,
+        "set_updated_at": tables.utcnow(),
+    }
+    return _RECORD_SEQUENCED.first(conn, params) is not None
+
+
 def record_damage(conn: sa.Connection, file_id: str, kind: str, detail: str) -> bool:
     """A file that no longer matches what was committed: status ``error`` and an anomaly.
     True the first time this damage is recorded."""

@@ -3,7 +3,8 @@
 Ingest is the acknowledgement point: one transaction allocates seqs, renders the blocks and
 stores them as one ``append_journal`` row. The file is written later by :func:`flush`, under
 a per-file lock, from the journal alone, so a lost queue message, a crashed worker or a wiped
-broker can delay a write but never lose or repeat one.
+broker can delay a write but never lose or repeat one. An append numbered by its sender
+(``sequence``) is written only in that order (:mod:`pipeline.ordering`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from pipeline import (
     index,
     ledger,
     metrics,
+    ordering,
     store,
     tables,
     validation,
@@ -142,47 +144,116 @@ def ingest(
     Nothing is written when anything in the body is wrong. The caller enqueues a flush when
     ``result.kick`` is true (no flush was already pending for the file). With ``backlog``,
     an append that would leave more than ``backlog.max_file_messages`` messages waiting for
-    the file's flush is refused with :class:`errors.Overloaded`.
+    the file's flush is refused with :class:`errors.Overloaded`. A ``sequence`` that is not
+    the one its session expects next is refused with :class:`errors.OutOfOrder`
+    (:mod:`pipeline.ordering`).
     """
     append = body if isinstance(body, validation.Append) else validation.parse_append(body, limits)
     apply = functools.partial(apply_append, append=append, backlog=backlog)
+    result = commits.group(engine).run(apply)
+    assert isinstance(result, AppendResult)  # only a held append is answered otherwise
+    return result
+
+
+def ingest_queued(
+    engine: sa.Engine,
+    append: validation.Append,
+    *,
+    backlog: Backlog | None = None,
+    wait_seconds: float = ordering.DEFAULT_WAIT_SECONDS,
+) -> AppendResult | ordering.Held:
+    """:func:`ingest` for an append that came through the queue, where nobody waits for an
+    answer: one ahead of its session's order is held until its predecessor lands (or
+    ``wait_seconds`` pass), one behind it is recorded and dropped (:mod:`pipeline.ordering`)."""
+    apply = functools.partial(
+        apply_append, append=append, backlog=backlog, hold=True, wait_seconds=wait_seconds
+    )
     return commits.group(engine).run(apply)
 
 
+def writer(backlog: Backlog | None = None) -> ordering.Writer[AppendResult]:
+    """What writes an append after its session's last one, for :mod:`pipeline.ordering`'s
+    held appends (the sweeper's :func:`ordering.settle_waiting`)."""
+    return functools.partial(_write, backlog=backlog)
+
+
 def apply_append(
-    conn: sa.Connection, *, append: validation.Append, backlog: Backlog | None = None
-) -> AppendResult:
+    conn: sa.Connection,
+    *,
+    append: validation.Append,
+    backlog: Backlog | None = None,
+    hold: bool = False,
+    wait_seconds: float = ordering.DEFAULT_WAIT_SECONDS,
+) -> AppendResult | ordering.Held:
     """Ingest's work inside the caller's transaction: find or create the session's row and
-    lock it, allocate seqs, journal the rendered blocks, remember the key."""
-    row = index.find_file(conn, append.agent_id, append.source_type, append.session_key)
-    if row is None:
-        file_id = str(uuid.uuid4())
-        index.insert_file(
-            conn,
-            file_id=file_id,
-            path=store.relative_path(append.source_type, file_id),
-            source_type=append.source_type,
-            agent_id=append.agent_id,
-            session_key=append.session_key,
-            metadata_json=json.dumps(append.metadata, ensure_ascii=False),
-            started_at=document.parse_ts(append.messages[0].ts).replace(tzinfo=None),
-            status="pending",
-        )
-        # On PostgreSQL a concurrent creator may have won; either way lock the row now.
-        row = index.find_file(conn, append.agent_id, append.source_type, append.session_key)
-        assert row is not None
-    # Checked under the row lock, so two retries of one request cannot both pass.
+    lock it, check the idempotency key, then (by the session's order, when the append has a
+    ``sequence``: ``hold`` is :func:`ingest_queued`'s) allocate seqs, journal the rendered
+    blocks, remember the key."""
+    session = ordering.session_of(append)
+    write = writer(backlog)
+    if append.sequence is None:
+        row = index.find_file(conn, *session)
+        if row is None:
+            ordering.lock(conn, session)  # numbered appends may be waiting for its first
+            ordering.check_unsequenced(conn, None, session)
+            row = _create(conn, append)
+        # Checked under the row lock, so two retries of one request cannot both pass.
+        replayed = _replay(conn, append.agent_id, append.idempotency_key, append.digest)
+        if replayed is not None:
+            return replayed
+        ordering.check_unsequenced(conn, row, session)
+        return write(conn, row, append)
+    # Numbered: the session's lock first, as the file may not exist yet (the appends held for
+    # its first one); the replay under it, so that a redelivered task replays.
+    ordering.lock(conn, session)
+    row = index.find_file(conn, *session)
     replayed = _replay(conn, append.agent_id, append.idempotency_key, append.digest)
     if replayed is not None:
         return replayed
-    first = row.next_seq
-    waiting = first - 1 - row.flushed_seq
+    return ordering.apply(conn, row, append, write=write, hold=hold, wait_seconds=wait_seconds)
+
+
+def _create(conn: sa.Connection, append: validation.Append) -> tables.FileRow:
+    """The session's row, made by its first append (which gives started_at and metadata),
+    and locked."""
+    file_id = str(uuid.uuid4())
+    index.insert_file(
+        conn,
+        file_id=file_id,
+        path=store.relative_path(append.source_type, file_id),
+        source_type=append.source_type,
+        agent_id=append.agent_id,
+        session_key=append.session_key,
+        metadata_json=json.dumps(append.metadata, ensure_ascii=False),
+        started_at=document.parse_ts(append.messages[0].ts).replace(tzinfo=None),
+        status="pending",
+    )
+    # On PostgreSQL a concurrent creator may have won; either way lock the row now.
+    row = index.find_file(conn, append.agent_id, append.source_type, append.session_key)
+    assert row is not None
+    return row
+
+
+def _write(
+    conn: sa.Connection,
+    row: tables.FileRow | None,
+    append: validation.Append,
+    *,
+    backlog: Backlog | None,
+) -> AppendResult:
+    """Write an append after the session's last one (its row made first if None): allocate
+    seqs, journal the rendered blocks, move the session on, remember the key."""
+    first = 1 if row is None else row.next_seq
+    waiting = 0 if row is None else first - 1 - row.flushed_seq
     if backlog is not None and waiting + len(append.messages) > backlog.max_file_messages:
         raise errors.Overloaded(
             f"{waiting} messages of this session wait to be written; at most "
             f"{backlog.max_file_messages} may (backlog_max_file_messages)",
             retry_after=backlog.retry_after,
         )
+    if row is None:
+        row = _create(conn, append)
+        first = row.next_seq
     rendered = "".join(
         document.render_block(m, first=first + i == 1) for i, m in enumerate(append.messages)
     )
@@ -198,7 +269,18 @@ def apply_append(
         data=rendered,
         size=len(rendered.encode("utf-8")),
     )
-    index.record_append(conn, row.file_id, next_seq=last + 1)
+    if append.sequence is None:
+        index.record_append(conn, row.file_id, next_seq=last + 1)
+    elif not index.record_sequenced(
+        conn,
+        row.file_id,
+        next_seq=last + 1,
+        old_sequence=row.next_sequence,
+        sequence=append.sequence,
+    ):
+        raise errors.InternalError(
+            f"the next sequence of {row.file_id} moved although its session was locked"
+        )
     result = AppendResult(
         file_id=row.file_id,
         first_seq=first,

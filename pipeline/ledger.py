@@ -1,11 +1,12 @@
-"""The ledger of appends: journal rows (acknowledged, not yet in their files) and idempotency
-keys (the answer each key got), as named functions that take a Connection."""
+"""The ledger of appends: journal rows (acknowledged, not yet in their files), idempotency keys
+(the answer each key got) and waiting appends (queued ones held until their predecessor lands:
+:mod:`pipeline.ordering`), as named functions that take a Connection."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 
@@ -124,3 +125,80 @@ def put_key(
         "created_at": tables.utcnow(),
     }
     return stmt.first(conn, params) is not None
+
+
+class Session(NamedTuple):
+    """What names a session: one file once it has appends."""
+
+    agent_id: str
+    source_type: str
+    session_key: str
+
+
+_W = tables.waiting_appends.c
+_OF_SESSION = (
+    _W.agent_id == sa.bindparam("agent_id"),
+    _W.source_type == sa.bindparam("source_type"),
+    _W.session_key == sa.bindparam("session_key"),
+)
+_INSERT_WAITING = database.Prepared(
+    sa.insert(tables.waiting_appends).values(database.binds(tables.waiting_appends))
+)
+_GET_WAITING = database.Prepared(
+    sa.select(tables.waiting_appends).where(*_OF_SESSION, _W.sequence == sa.bindparam("sequence"))
+)
+_FIRST_WAITING = database.Prepared(
+    sa.select(tables.waiting_appends).where(*_OF_SESSION).order_by(_W.sequence).limit(1)
+)
+_OLDEST_WAITING = database.Prepared(
+    sa.select(sa.func.min(_W.received_at).label("received_at")).where(*_OF_SESSION)
+)
+_DELETE_WAITING = database.Prepared(
+    sa.delete(tables.waiting_appends).where(*_OF_SESSION, _W.sequence == sa.bindparam("sequence"))
+)
+
+
+def hold(conn: sa.Connection, session: Session, **values: Any) -> None:
+    """Keep a queued append until its predecessor lands (``values``: sequence, idempotency_key,
+    request_hash, append_json, size, received_at)."""
+    _INSERT_WAITING.execute(conn, {**session._asdict(), **values})
+
+
+def waiting(conn: sa.Connection, session: Session, sequence: int) -> tables.WaitingRow | None:
+    """The append of ``session`` waiting with ``sequence``, or None."""
+    row = _GET_WAITING.first(conn, {**session._asdict(), "sequence": sequence})
+    return tables.WaitingRow(**row) if row else None
+
+
+def first_waiting(conn: sa.Connection, session: Session) -> tables.WaitingRow | None:
+    """The waiting append of ``session`` with the lowest sequence, or None."""
+    row = _FIRST_WAITING.first(conn, session._asdict())
+    return tables.WaitingRow(**row) if row else None
+
+
+def oldest_waiting(conn: sa.Connection, session: Session) -> dt.datetime | None:
+    """When the longest-waiting append of ``session`` arrived (None: nothing waits)."""
+    row = _OLDEST_WAITING.first(conn, session._asdict())
+    return None if row is None else row["received_at"]
+
+
+def release(conn: sa.Connection, session: Session, sequence: int) -> None:
+    """Forget a waiting append (applied, or dropped)."""
+    _DELETE_WAITING.execute(conn, {**session._asdict(), "sequence": sequence})
+
+
+def waiting_sessions(conn: sa.Connection, older_than: dt.datetime) -> list[Session]:
+    """Sessions with an append that has waited since before ``older_than``."""
+    query = (
+        sa.select(_W.agent_id, _W.source_type, _W.session_key)
+        .where(_W.received_at < older_than)
+        .group_by(_W.agent_id, _W.source_type, _W.session_key)
+    )
+    return [Session(*row) for row in conn.execute(query)]
+
+
+def waiting_backlog(conn: sa.Connection) -> tuple[int, int]:
+    """``(appends, bytes)`` waiting for their predecessors."""
+    query = sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(_W.size), 0))
+    appends, size = conn.execute(query).one()
+    return int(appends), int(size)

@@ -36,10 +36,12 @@ class IndexCollector(Collector):
         self.engine = engine
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        """Journal backlog, refinement lag, files by status, anomalies by kind."""
+        """Journal backlog, held appends, refinement lag, files by status, anomalies by
+        kind."""
         try:
             with database.transaction(self.engine) as conn:
                 rows, messages, size = ledger.journal_backlog(conn)
+                held, _ = ledger.waiting_backlog(conn)
                 lag_sum, lag_max = index.refinement_lag(conn)
                 statuses = index.count_files_by_status(conn)
                 kinds = index.count_anomalies_by_kind(conn)
@@ -66,6 +68,12 @@ class IndexCollector(Collector):
         )
         backlog_rows.add_metric([], rows)
         yield backlog_rows
+        waiting = GaugeMetricFamily(
+            "sgme_waiting_appends",
+            "Numbered appends held until their predecessor lands (or order_wait_seconds pass)",
+        )
+        waiting.add_metric([], held)
+        yield waiting
         lag = GaugeMetricFamily(
             "sgme_refinement_lag_messages",
             "flushed_seq - last_refined_seq over files (sum and max)",

@@ -29,6 +29,7 @@ from pipeline import (
     journal,
     ledger,
     metrics,
+    ordering,
     refine,
     store,
     tables,
@@ -166,7 +167,10 @@ class Admission:
             now = time.monotonic()
             if now - self._measured >= self.REFRESH:
                 with database.transaction(self.engine) as conn:
-                    self._journal_bytes = ledger.journal_backlog(conn)[2]
+                    # held appends (pipeline.ordering) are waiting to be written as well
+                    self._journal_bytes = (
+                        ledger.journal_backlog(conn)[2] + ledger.waiting_backlog(conn)[1]
+                    )
                 self._free_bytes = store.free_bytes(self.data_dir)
                 self._measured = now
             return self._journal_bytes, self._free_bytes
@@ -225,16 +229,29 @@ class Service:
         result = journal.ingest(self.engine, append, backlog=s.backlog)
         return self._acknowledged(result, wait=wait)
 
-    def append_queued(self, body: Mapping[str, Any]) -> Appended | None:
+    def append_queued(self, body: Mapping[str, Any]) -> Appended | ordering.Held | None:
         """An append that came over Celery (``sgme.append``): ``idempotency_key`` is required,
-        so a redelivered task writes nothing twice. A body that will never be accepted is
-        recorded as an ``append_task_rejected`` anomaly (there is nobody to answer) and
-        dropped; a transient failure is raised for the task to retry."""
+        so a redelivered task writes nothing twice. One with a ``sequence`` ahead of its
+        session's is held in the index until its predecessor lands, one behind it is recorded
+        and dropped (:mod:`pipeline.ordering`; the :class:`ordering.Held` says which). A body
+        that will never be accepted is recorded as an ``append_task_rejected`` anomaly (there
+        is nobody to answer) and dropped; a transient failure is raised for the task to
+        retry."""
         who = f"agent_id={body.get('agent_id')!r} session_key={body.get('session_key')!r}"
+        s = self.settings
         try:
             if not body.get("idempotency_key"):
                 raise errors.InvalidInput("idempotency_key is required for sgme.append tasks")
-            return self.append(body)
+            append = validation.parse_append(body, s.limits)
+            self.admission.check(sum(len(m.content) for m in append.messages) + 256)
+            done = journal.ingest_queued(
+                self.engine, append, backlog=s.backlog, wait_seconds=s.order_wait_seconds
+            )
+            if isinstance(done, ordering.Held):
+                if done.kick is not None:
+                    self.kick(done.kick)
+                return done
+            return self._acknowledged(done, wait=False)
         except errors.PermanentError as exc:
             with database.transaction(self.engine) as conn:
                 index.record_anomaly(conn, None, "append_task_rejected", f"{who}: {exc.detail}")
@@ -309,12 +326,29 @@ class Service:
 
     def sweep(self, age: float | None = None) -> list[str]:
         """Re-kick flushes of journal rows older than ``age`` seconds (default ``sweep_age``):
-        lost kicks, a wiped broker, a killed process."""
-        stale = journal.stale_files(
-            self.engine, age=self.settings.sweep_age if age is None else age
-        )
+        lost kicks, a wiped broker, a killed process. Write the held appends that may go now
+        (:func:`ordering.settle_waiting`: a gap past ``order_wait_seconds``)."""
+        s = self.settings
+        age = s.sweep_age if age is None else age
+        stale = journal.stale_files(self.engine, age=age)
         for file_id in stale:
             self.kick(file_id)
+        # Held appends whose gap has waited long enough are let go here too, so a gap never
+        # holds a session back for good, even when no task of the session comes any more.
+        try:
+            written = ordering.settle_waiting(
+                self.engine,
+                age=min(age, s.order_wait_seconds),
+                write=journal.writer(s.backlog),
+                wait_seconds=s.order_wait_seconds,
+            )
+        except errors.SgmeError as exc:  # the next sweep comes back to them
+            log.warning("could not settle the appends waiting for their order: %s", exc.detail)
+            return stale
+        for file_id in written:
+            if file_id not in stale:
+                self.kick(file_id)
+                stale.append(file_id)
         return stale
 
     def dispatch(self, file_ids: list[str] | None = None) -> list[refine.Claim]:

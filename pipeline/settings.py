@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from pipeline import archive, auth, database, errors, journal, refine, store, validation
+from pipeline import archive, auth, database, errors, journal, ordering, refine, store, validation
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +75,9 @@ class Settings:
     file_locks: bool = True
     sweep_interval: float = 5.0  #: seconds between sweeps for un-flushed journal rows
     sweep_age: float = 3.0  #: seconds a journal row may wait before the sweeper re-kicks it
+    #: seconds numbered appends (``sequence``) that came over Celery wait for a missing
+    #: predecessor before they are written without it (the gap recorded: pipeline.ordering)
+    order_wait_seconds: float = ordering.DEFAULT_WAIT_SECONDS
     sqlite_busy_timeout: float = database.DEFAULT_BUSY_TIMEOUT
     sqlite_synchronous: str = database.DEFAULT_SQLITE_SYNCHRONOUS
     #: Celery retries of flushes and ``sgme.append`` tasks (lock timeouts, a busy database)
@@ -158,6 +161,12 @@ class Settings:
             raise errors.InvalidInput(
                 "file_locks: false needs PostgreSQL (database_url): its advisory locks are "
                 "then all that keeps two processes from writing one file at once"
+            )
+        wait = kwargs.get("order_wait_seconds", 0.0)
+        if not 0 <= wait <= ordering.MAX_WAIT_SECONDS:
+            raise errors.InvalidInput(
+                f"order_wait_seconds must be between 0 and {ordering.MAX_WAIT_SECONDS:g}, "
+                f"got {wait!r}"
             )
         return cls(**kwargs)
 

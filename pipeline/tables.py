@@ -1,8 +1,8 @@
 """The index's schema: SQLAlchemy Core tables and the frozen records that stand for their rows.
 
-The queries live with the rules they enforce: ``raw_files``, the journal, idempotency keys and
-anomalies in :mod:`pipeline.index`; L1 items in :mod:`pipeline.l1`. All times are naive UTC
-datetimes.
+The queries live with the rules they enforce: ``raw_files`` and anomalies in
+:mod:`pipeline.index`; the journal, idempotency keys and waiting appends in
+:mod:`pipeline.ledger`; L1 items in :mod:`pipeline.l1`. All times are naive UTC datetimes.
 """
 
 from __future__ import annotations
@@ -47,6 +47,9 @@ raw_files = sa.Table(
     sa.Column("archived_at", sa.DateTime),
     sa.Column("created_at", sa.DateTime, nullable=False),
     sa.Column("updated_at", sa.DateTime, nullable=False),
+    # the append sequence the session expects next (pipeline.ordering); NULL while its appends
+    # carry none: a session uses sequences always or never
+    sa.Column("next_sequence", sa.Integer),
     sa.UniqueConstraint("agent_id", "source_type", "session_key", name="uq_raw_files_session"),
 )
 sa.Index("ix_raw_files_status", raw_files.c.status)
@@ -76,6 +79,24 @@ append_keys = sa.Table(
     sa.Column("response_json", sa.Text, nullable=False),
     sa.Column("created_at", sa.DateTime, nullable=False),
 )
+
+# Queued appends that came before their predecessor (pipeline.ordering): held here, durable,
+# until it lands or order_wait_seconds pass. Keyed by session, not file: the file may not
+# exist yet (its first append is the one missing).
+waiting_appends = sa.Table(
+    "waiting_appends",
+    metadata,
+    sa.Column("agent_id", sa.String(64), primary_key=True),
+    sa.Column("source_type", sa.String(16), primary_key=True),
+    sa.Column("session_key", sa.Text, primary_key=True),
+    sa.Column("sequence", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("idempotency_key", sa.String(200), nullable=False),
+    sa.Column("request_hash", sa.String(64), nullable=False),
+    sa.Column("append_json", sa.Text, nullable=False),  # the validated append
+    sa.Column("size", sa.BigInteger, nullable=False),  # of append_json, in UTF-8
+    sa.Column("received_at", sa.DateTime, nullable=False),
+)
+sa.Index("ix_waiting_appends_received", waiting_appends.c.received_at)
 
 anomalies = sa.Table(
     "anomalies",
@@ -203,6 +224,7 @@ class FileRow(Record):
     archived_at: dt.datetime | None
     created_at: dt.datetime
     updated_at: dt.datetime
+    next_sequence: int | None = None
 
     @property
     def metadata(self) -> dict[str, Any]:
@@ -236,6 +258,21 @@ class JournalRow(Record):
     data: str
     size: int
     created_at: dt.datetime
+
+
+@dataclasses.dataclass(frozen=True)
+class WaitingRow(Record):
+    """A queued append held until its predecessor lands."""
+
+    agent_id: str
+    source_type: str
+    session_key: str
+    sequence: int
+    idempotency_key: str
+    request_hash: str
+    append_json: str
+    size: int
+    received_at: dt.datetime
 
 
 @dataclasses.dataclass(frozen=True)

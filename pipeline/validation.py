@@ -200,6 +200,8 @@ class Append:
     messages: tuple[document.Message, ...]
     #: sha256 of the normalised request (what a retry must repeat); "" without a key
     digest: str = ""
+    #: the sender's number for this append in its session (1, 2, …), or None (pipeline.ordering)
+    sequence: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -307,6 +309,31 @@ AgentId = Annotated[
 IdempotencyKey = Annotated[str, Text(min_length=1, max_length=MAX_IDEMPOTENCY_KEY)]
 
 
+def _sequence(value: object) -> int | None:
+    # A JSON integer; 2.0 too, which JSON Schema calls an integer (and a JavaScript sender
+    # cannot tell from 2), but not true, 2.5 or "2".
+    if value is None:
+        return None
+    number = int(value) if isinstance(value, float) and value.is_integer() else value
+    if isinstance(number, bool) or not isinstance(number, int) or not 1 <= number <= MAX_SEQ:
+        raise ValueError(f"must be an integer from 1 to {MAX_SEQ}, got {value!r:.80}")
+    return number
+
+
+AppendSequence = Annotated[
+    int | None,
+    PlainValidator(_sequence),
+    WithJsonSchema(
+        {
+            "anyOf": [{"type": "integer", "minimum": 1, "maximum": MAX_SEQ}, {"type": "null"}],
+            "description": "the sender's number for this append, per (agent_id, source_type, "
+            "session_key): 1 for the session's first append, then 2, 3, … with no gaps. "
+            "Appends are applied in this order; a session uses sequences always or never",
+        }
+    ),
+]
+
+
 def _metadata(limits: Limits) -> tuple[AfterValidator, Any]:
     return (
         _check(functools.partial(check_metadata, limits=limits)),
@@ -364,6 +391,7 @@ def schemas(limits: Limits = DEFAULT_LIMITS) -> tuple[type[BaseModel], type[Base
         source_type: Literal["session", "external"] = "session"
         metadata: Annotated[dict[str, Any] | None, metadata_check, metadata_field] = None
         idempotency_key: IdempotencyKey | None = None
+        sequence: AppendSequence = None
         messages: Annotated[
             list[message], Field(min_length=1, max_length=limits.max_append_messages)
         ]
@@ -507,6 +535,8 @@ def parse_append(
                 "messages": [
                     [m.role, m.content, m.ts, getattr(m, "tool_name", None)] for m in model.messages
                 ],
+                # only when given: the digests of keys recorded before sequences existed stay
+                **({} if model.sequence is None else {"sequence": model.sequence}),
             }
         )
     return Append(
@@ -517,6 +547,7 @@ def parse_append(
         idempotency_key=key,
         messages=messages,
         digest=digest,
+        sequence=model.sequence,
     )
 
 

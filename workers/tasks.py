@@ -57,7 +57,10 @@ def register(app: Celery, service: Service) -> None:
     @app.task(name="sgme.append", **flushes)
     def append(self: Task, **body: Any) -> None:
         """Ingest an append sent over Celery (the body of ``POST /v1/append``, with an
-        ``idempotency_key``); an invalid one is recorded as an anomaly, not retried."""
+        ``idempotency_key``); an invalid one is recorded as an anomaly, not retried. One
+        whose ``sequence`` is ahead of its session's is held in the index (not retried here:
+        a worker killed meanwhile would keep it from the others) until its predecessor lands
+        or ``order_wait_seconds`` pass (:mod:`pipeline.ordering`)."""
         service.append_queued(body)
 
     @app.task(name="sgme.sweep", shared=False)

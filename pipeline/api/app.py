@@ -24,7 +24,8 @@ log = logging.getLogger(__name__)
 def answer(exc: errors.SgmeError) -> JSONResponse:
     """The problem+json answer of one of our errors, with the headers it calls for."""
     headers = security.headers(exc)
-    return problem(exc.status, exc.type, type(exc).__name__, exc.detail, **headers)
+    name = type(exc).__name__
+    return problem(exc.status, exc.type, name, exc.detail, headers=headers, members=exc.members())
 
 
 def create_app(service: Service) -> FastAPI:
@@ -66,7 +67,7 @@ def create_app(service: Service) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = "not-found" if exc.status_code == 404 else "http-error"
-        return problem(exc.status_code, kind, "HTTPError", str(exc.detail), **(exc.headers or {}))
+        return problem(exc.status_code, kind, "HTTPError", str(exc.detail), headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def _bug(_request: Request, exc: Exception) -> JSONResponse:

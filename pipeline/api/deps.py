@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any
 
 from fastapi import Depends, Path, Request
@@ -14,9 +15,18 @@ from pipeline.service import Service
 PROBLEM = "application/problem+json"
 
 
-def problem(status: int, kind: str, title: str, detail: str, **headers: str) -> JSONResponse:
-    """A problem+json answer (RFC 9457)."""
+def problem(
+    status: int,
+    kind: str,
+    title: str,
+    detail: str,
+    *,
+    headers: Mapping[str, str] | None = None,
+    members: Mapping[str, Any] | None = None,
+) -> JSONResponse:
+    """A problem+json answer (RFC 9457), with the extension ``members`` an error carries."""
     body = {"type": errors.problem_type(kind), "title": title, "status": status, "detail": detail}
+    body.update(members or {})
     return JSONResponse(body, status_code=status, media_type=PROBLEM, headers=headers or None)
 
 

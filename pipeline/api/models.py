@@ -25,6 +25,11 @@ class Problem(Model):
     title: str
     status: int
     detail: str
+    expected_sequence: int | None = Field(
+        None,
+        description="with type urn:sgme:problem:out-of-order: the sequence the session "
+        "expects next",
+    )
 
 
 class Appended(Model):
@@ -83,6 +88,11 @@ class File(Model):
     updated_at: str
     message_count: int
     pending_messages: int
+    next_sequence: int | None = Field(
+        None,
+        description="the append sequence the session expects next; null when its appends "
+        "carry no sequence",
+    )
 
 
 class Files(Model):

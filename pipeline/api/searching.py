@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
+from pydantic import BeforeValidator
 
 from pipeline import catalog, search, validation
 from pipeline.api import models
@@ -14,6 +16,18 @@ from pipeline.api.security import Reader
 
 router = APIRouter(tags=["search"])
 Role = Literal["user", "assistant", "tool", "system"]
+
+
+def _dated(value: object) -> object:
+    # What the schema says (a date-time, RFC 3339), not also what pydantic would read as one:
+    # "0" or "20260803" as Unix seconds.
+    if isinstance(value, str) and not _DATE.match(value):
+        raise ValueError(f"must be an RFC 3339 date-time, got {value[:40]!r}")
+    return value
+
+
+_DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
+Time = Annotated[dt.datetime | None, BeforeValidator(_dated)]
 
 
 def _utc(value: dt.datetime | None) -> dt.datetime | None:
@@ -43,12 +57,8 @@ def search_messages(
         str | None, Query(pattern=validation.FILE_ID_PATTERN, json_schema_extra={"format": "uuid"})
     ] = None,
     role: Role | None = None,
-    since: Annotated[
-        dt.datetime | None, Query(description="messages at or after (RFC 3339)")
-    ] = None,
-    until: Annotated[
-        dt.datetime | None, Query(description="messages at or before (RFC 3339)")
-    ] = None,
+    since: Annotated[Time, Query(description="messages at or after (RFC 3339)")] = None,
+    until: Annotated[Time, Query(description="messages at or before (RFC 3339)")] = None,
     limit: Annotated[int, Query(ge=1, le=search.MAX_LIMIT)] = search.DEFAULT_LIMIT,
 ) -> dict[str, Any]:
     """The messages that best match ``q``, best first, each with its ``source_ref`` and a

@@ -139,7 +139,13 @@ def snapshot(engine: sa.Engine, data_dir: Path) -> tuple[dict[str, list[Any]], d
 
     ``raw_files.updated_at`` is left out: a flush with nothing to write still touches it.
     """
-    recorded = (tables.raw_files, tables.append_journal, tables.append_keys, tables.anomalies)
+    recorded = (
+        tables.raw_files,
+        tables.append_journal,
+        tables.append_keys,
+        tables.anomalies,
+        tables.waiting_appends,
+    )
     with database.transaction(engine) as conn:
         rows = {}
         for t in recorded:
@@ -404,6 +410,19 @@ def test_list_files_filters_and_pages_through_every_file_once(app: Api) -> None:
     assert_problem(app.client.get("/v1/files?status=done"), 422, "invalid-input", "status")
     assert_problem(app.client.get("/v1/files?source_type=x"), 422, "invalid-input", "source_type")
     assert_problem(app.client.get("/v1/files?limit=0"), 422, "invalid-input", "limit")
+
+
+def test_search_times_are_rfc_3339_as_the_schema_says(app: Api) -> None:
+    """A number is not read as Unix seconds (the schema says date-time: schemathesis checks)."""
+    app.append(body("s1", {"role": "user", "content": "green tea", "ts": TS1}), wait=True)
+    for since in ("0", "1785755886", "20260803", "yesterday"):
+        r = app.client.get("/v1/search", params={"q": "tea", "since": since})
+        assert_problem(r, 422, "invalid-input", "since: must be an RFC 3339 date-time")
+    r = app.client.get("/v1/search", params={"q": "tea", "until": "0"})
+    assert_problem(r, 422, "invalid-input", "until: must be an RFC 3339 date-time, got '0'")
+    for since, hits in (("2026-08-03T11:00:00Z", 1), ("2026-08-03T11:18:07+00:00", 0)):
+        r = app.client.get("/v1/search", params={"q": "tea", "since": since})
+        assert r.status_code == 200 and len(r.json()["hits"]) == hits, r.text
 
 
 def test_file_row_shows_index_state(app: Api) -> None:
@@ -753,6 +772,75 @@ def test_retry_with_the_same_idempotency_key_writes_nothing_new(app: Api) -> Non
     later = app.append({**sent, "idempotency_key": "req-2"})
     assert later["source_refs"] == [f"{file_id}:3", f"{file_id}:4"]
     assert later["replayed"] is False
+
+
+def test_an_out_of_order_sequence_is_a_409_naming_the_expected_one(app: Api) -> None:
+    """Issue 13 over HTTP: the answer comes at once, the client decides; nothing is held."""
+
+    def numbered(sequence: int, key: str) -> dict[str, Any]:
+        message = {"role": "user", "content": f"#{sequence}", "ts": TS1}
+        return body("ordered", message, sequence=sequence, idempotency_key=key)
+
+    ahead = assert_problem(
+        app.client.post("/v1/append", json=numbered(2, "k2")),
+        409,
+        "out-of-order",
+        "sequence 2 is ahead: this session expects sequence 1 next",
+    )
+    assert ahead["expected_sequence"] == 1 and ahead["title"] == "OutOfOrder"
+    first = app.append(numbered(1, "k1"))
+    file_id = first["file_id"]
+    assert app.row(file_id)["next_sequence"] == 2
+    before = snapshot(app.engine, app.data_dir)
+    for sent, expected in ((numbered(3, "k3"), 2), (numbered(1, "other"), 2)):
+        refused = assert_problem(app.client.post("/v1/append", json=sent), 409, "out-of-order")
+        assert refused["expected_sequence"] == expected
+    assert app.append(numbered(1, "k1"))["replayed"] is True  # a retry replays
+    assert snapshot(app.engine, app.data_dir) == before
+    assert app.append(numbered(2, "k2"))["first_seq"] == 2
+    app.flush(file_id)
+    assert [m["content"] for m in app.messages(file_id)] == ["#1", "#2"]
+    assert app.row(file_id)["next_sequence"] == 3
+
+
+def test_a_session_uses_sequences_always_or_never_a_422(app: Api) -> None:
+    """In-order requests with a sequence interleaved with requests without one: refused."""
+
+    def sent(session_key: str, n: int, sequence: int | None = None) -> dict[str, Any]:
+        extra = {} if sequence is None else {"sequence": sequence}
+        message = {"role": "user", "content": f"#{n}", "ts": TS1}
+        return body(session_key, message, idempotency_key=f"{session_key}-{n}", **extra)
+
+    numbered = app.append(sent("numbered", 1, sequence=1))["file_id"]
+    plain = app.append(sent("plain", 1))["file_id"]
+    before = snapshot(app.engine, app.data_dir)
+    assert_problem(
+        app.client.post("/v1/append", json=sent("numbered", 2)),
+        422,
+        "invalid-input",
+        "sequence is required: session 'numbered' numbers its appends (it expects sequence 2 "
+        "next); a session uses sequences always or never",
+    )
+    assert_problem(
+        app.client.post("/v1/append", json=sent("plain", 2, sequence=1)),
+        422,
+        "invalid-input",
+        "sequence: session 'plain' has appends without a sequence; a session uses sequences "
+        "always or never",
+    )
+    assert_problem(
+        app.client.post("/v1/append", json=sent("plain", 3, sequence=True)),
+        422,
+        "invalid-input",
+        "sequence: must be an integer from 1 to 2147483647, got True",
+    )
+    assert snapshot(app.engine, app.data_dir) == before
+    app.append(sent("numbered", 4, sequence=2))
+    app.append(sent("plain", 5))
+    for file_id in (numbered, plain):
+        app.flush(file_id)
+    assert [m["content"] for m in app.messages(numbered)] == ["#1", "#4"]
+    assert [m["content"] for m in app.messages(plain)] == ["#1", "#5"]
 
 
 def test_upload_retry_with_the_same_key_makes_one_file(app: Api) -> None:

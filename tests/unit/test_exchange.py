@@ -291,6 +291,26 @@ def test_the_bearer_challenge_says_why_a_token_was_refused() -> None:
     assert isinstance(forbidden, errors.Forbidden) and forbidden.scope == "read"
 
 
+def test_out_of_order_names_the_expected_sequence_and_is_never_retried() -> None:
+    answer = problem(409, "out-of-order", "sequence 9 is ahead: this session expects 7 next")
+    body = json.loads(answer.content) | {"expected_sequence": 7}
+    answer = httpx.Response(409, json=body, headers={"content-type": "application/problem+json"})
+    server = Server(answer)
+    with server.sync() as sgme, pytest.raises(errors.OutOfOrder) as refused:
+        append(sgme, sequence=9, idempotency_key="k9")
+    assert (refused.value.expected, refused.value.status) == (7, 409)
+    assert isinstance(refused.value, errors.Conflict)
+    assert [b["sequence"] for b in server.bodies()] == [9]  # one try: the client decides
+    missing = problem(409, "out-of-order", "ahead")  # a server that did not say which
+    missing.request = httpx.Request("POST", "http://sgme.test/v1/append")
+    error = exchange.error_from(missing)
+    assert isinstance(error, errors.OutOfOrder) and error.expected is None
+    without = Server(httpx.Response(202, json=ACK))
+    with without.sync() as sgme:
+        append(sgme)
+    assert "sequence" not in without.bodies()[0]
+
+
 # ---------------------------------------------------------------------------------------------
 # answers and paging
 

@@ -189,6 +189,41 @@ def test_the_digest_is_of_the_normalised_request() -> None:
     assert a.digest == b.digest != first.digest
 
 
+@pytest.mark.parametrize(
+    "value",
+    [0, -3, 2**31, True, 2.5, float("inf"), "2", [1]],
+    ids=["zero", "negative", "too-large", "bool", "fraction", "inf", "string", "list"],
+)
+def test_sequence_refused(value: object) -> None:
+    """A JSON integer from 1; true is no number here, and neither is "2"."""
+    detail = f"sequence: must be an integer from 1 to 2147483647, got {value!r}"
+    assert refused(body(sequence=value)) == detail
+
+
+def test_sequence_accepted_and_part_of_the_digest() -> None:
+    """A sequence is an integer from 1; it is part of what a retry must repeat, and leaves the
+    digest of a body without one as it was (keys recorded before sequences existed)."""
+    for value in (1, 2, 2**31 - 1):
+        assert validation.parse_append(body(sequence=value)).sequence == value
+        encoded = json.dumps(body(sequence=value)).encode()
+        assert validation.parse_append(encoded).sequence == value
+    # 2.0 is an integer to JSON Schema (and to a JavaScript sender): the same request as 2
+    two = validation.parse_append(
+        b'{"agent_id":"a","session_key":"s","sequence":2.0,'
+        b'"idempotency_key":"k","messages":[{"role":"user","content":"x"}]}'
+    )
+    assert two.sequence == 2 and type(two.sequence) is int
+    assert validation.parse_append(body()).sequence is None
+    assert validation.parse_append(body(sequence=None)).sequence is None
+    plain = validation.parse_append(body(idempotency_key="k"))
+    first = validation.parse_append(body(idempotency_key="k", sequence=1))
+    second = validation.parse_append(body(idempotency_key="k", sequence=2))
+    assert len({plain.digest, first.digest, second.digest}) == 3
+    assert validation.parse_append(body(idempotency_key="k", sequence=None)).digest == plain.digest
+    schema = validation.schemas(LIMITS)[0].model_json_schema()["properties"]["sequence"]
+    assert schema["anyOf"][0] == {"type": "integer", "minimum": 1, "maximum": 2**31 - 1}
+
+
 def test_uploads() -> None:
     upload = validation.parse_upload(
         {"agent_id": "a", "filename": "notes.txt", "content": "x", "idempotency_key": "u"}
