@@ -55,11 +55,14 @@ unit: $(STAMP)
 integration: $(STAMP)
 	$(BIN)/pytest -q tests/integration
 
-bench: $(STAMP)
-	$(BIN)/python bench/bench_parse.py
-	$(BIN)/python bench/bench_append.py
-	$(BIN)/python bench/bench_archive.py
+## make bench: every benchmark (about half an hour here); results in docs/benchmarks.md
+bench: $(STAMP) $(HERMES_STAMP)
+	$(BIN)/python bench/bench_peers.py
 	$(BIN)/python bench/bench_http.py
+	$(BIN)/python bench/bench_append.py
+	$(BIN)/python bench/bench_parse.py
+	$(BIN)/python bench/bench_archive.py
+	$(BIN)/python bench/bench_search.py
 
 ## make chaos: the crash test with many more kill points (a new seed each run) and the
 ## broker-wipe / worker-kill runs repeated; needs PostgreSQL and Redis like the suite.
