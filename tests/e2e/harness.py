@@ -14,6 +14,7 @@ import dataclasses
 import datetime as dt
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -257,8 +258,8 @@ def redis_database() -> Iterator[Any]:
         # theirs): the results would mean nothing.
         client.close()
         unavailable(
-            f"Redis database {db} is in use by {len(busy)} other connection(s), e.g. "
-            f"{busy[0].get('name') or busy[0]['addr']}: is another test session running?"
+            f"Redis database {db} is in use by {len(busy)} other connection(s) from "
+            f"{_owners(busy)}: is another test session running?"
         )
     client.flushdb()
     try:
@@ -267,6 +268,31 @@ def redis_database() -> Iterator[Any]:
         with contextlib.suppress(redis.RedisError):
             client.flushdb()
         client.close()
+
+
+def _owners(connections: list[dict[str, Any]]) -> str:
+    """The local processes behind Redis connections (their command lines, from ``ss``), for
+    the message that names who holds the tests' database."""
+    ports = {c["addr"].rsplit(":", 1)[-1] for c in connections}
+    try:
+        listing = subprocess.run(
+            ["ss", "-Htnp"], capture_output=True, text=True, timeout=5, check=False
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ", ".join(sorted(c["addr"] for c in connections)[:3])
+    pids = set()
+    for line in listing.splitlines():
+        fields = line.split()
+        if len(fields) >= 6 and fields[3].rsplit(":", 1)[-1] in ports:
+            pids.update(re.findall(r"pid=(\d+)", fields[5]))
+    described = []
+    for pid in sorted(pids):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        described.append(f"pid {pid}: {cmdline.decode(errors='replace')[:160]}")
+    return "; ".join(described) or ", ".join(sorted(c["addr"] for c in connections)[:3])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -197,7 +197,10 @@ def test_a_deadlock_runs_the_group_again(postgres_url: str) -> None:
     other.dispose()
     engine.dispose()
     assert results == {row1: row1, row2: row2}  # nobody was told of the deadlock
-    assert len(runs) == 3  # PostgreSQL aborted one; it ran again and succeeded
+    # PostgreSQL aborted one (at least once: a rerun that meets the other transaction still
+    # holding its lock may be chosen again under load); it ran again and succeeded
+    assert len(runs) >= 3
+    assert max(runs.count(row1), runs.count(row2)) <= commits.DEADLOCK_ATTEMPTS
 
 
 def test_ingest_from_many_threads_shares_commits(engine: sa.Engine) -> None:
