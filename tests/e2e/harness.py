@@ -12,6 +12,7 @@ import collections
 import contextlib
 import dataclasses
 import datetime as dt
+import hashlib
 import os
 import random
 import re
@@ -19,6 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -26,6 +28,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import filelock
 import httpx
 from conftest import REDIS_URL, unavailable
 
@@ -231,10 +234,32 @@ def wait_worker(client: httpx.Client, *, timeout: float, check: Callable[[], Non
 # a PostgreSQL database and a Redis database of the test's own
 
 
+#: how long a test waits for another test (of this run's other xdist worker, or of another
+#: run on this machine) to finish with the Redis database
+REDIS_WAIT = 600.0
+
+
 @contextlib.contextmanager
 def redis_database() -> Iterator[Any]:
     """The tests' Redis database (number 15 of :data:`conftest.REDIS_URL`), emptied before
-    and after. Only that database is ever flushed; skipped off CI when Redis does not answer."""
+    and after, and held by one test at a time: a lock file keyed by the URL, since pytest-xdist's
+    ``loadgroup`` does not keep the ``redis`` group on one worker with pytest 9.2. Only that
+    database is ever flushed; skipped off CI when Redis does not answer."""
+    digest = hashlib.sha256(REDIS_URL.encode()).hexdigest()[:12]
+    lock = filelock.FileLock(Path(tempfile.gettempdir()) / f"sgme-tests-redis-{digest}.lock")
+    try:
+        lock.acquire(timeout=REDIS_WAIT)
+    except filelock.Timeout:
+        unavailable(f"Redis database {REDIS_URL} stayed in use by other tests for {REDIS_WAIT} s")
+    try:
+        with _redis_database() as client:
+            yield client
+    finally:
+        lock.release()
+
+
+@contextlib.contextmanager
+def _redis_database() -> Iterator[Any]:
     import redis
 
     client = redis.Redis.from_url(REDIS_URL, socket_timeout=5, socket_connect_timeout=5)
