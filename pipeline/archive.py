@@ -369,19 +369,24 @@ def _compress_batch(
                 rows = {f: index.get_file(conn, f) for f in locked}
             ready = []
             for file_id, row in rows.items():
-                if row is None:
-                    outcomes[file_id] = errors.NotFound(f"no file {file_id}")
-                elif _eligible(data_dir, row):
-                    ready.append(row)
-                else:
-                    outcomes[file_id] = None
+                try:
+                    if row is None:
+                        raise errors.NotFound(f"no file {file_id}")
+                    if _eligible(data_dir, row):
+                        ready.append(row)
+                    else:
+                        outcomes[file_id] = None
+                except errors.SgmeError as exc:
+                    outcomes[file_id] = exc
             placed = []
             for row, result in zip(ready, pool.map(pack, ready), strict=True):
-                if isinstance(result, errors.SgmeError):
-                    outcomes[row.file_id] = result
-                    continue
-                store.rename(result.temp, result.final, durable=False)
-                placed.append(result)
+                try:
+                    if isinstance(result, errors.SgmeError):
+                        raise result
+                    store.rename(result.temp, result.final, durable=False)
+                    placed.append(result)
+                except errors.SgmeError as exc:
+                    outcomes[row.file_id] = exc
             for folder in {p.final.parent for p in placed}:
                 store.fsync_dir(folder)
             fault("renamed")
@@ -391,7 +396,10 @@ def _compress_batch(
                 else []
             )
             for p, ok in zip(placed, updated, strict=True):
-                outcomes[p.row.file_id] = _settle(p, ok, fault)
+                try:
+                    outcomes[p.row.file_id] = _settle(p, ok, fault)
+                except errors.SgmeError as exc:  # archived; finish_interrupted deletes it later
+                    outcomes[p.row.file_id] = exc
     except errors.SgmeError as exc:  # the batch's own step failed: its files wait for a retry
         for file_id in file_ids:
             outcomes.setdefault(file_id, exc)
