@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import hypothesis
 import pytest
 import sqlalchemy as sa
 
@@ -23,6 +24,13 @@ from pipeline import cli, database, tables
 # Helper modules of the e2e tests: pytest rewrites their asserts too (before any test imports
 # them), so a failed check there says what it compared.
 pytest.register_assert_rewrite("harness", "services")
+
+#: property tests check results, never time: no per-example deadline (a loaded 2-core machine
+#: running two xdist workers and their servers once made a 200 ms deadline fail)
+hypothesis.settings.register_profile(
+    "sgme", deadline=None, suppress_health_check=[hypothesis.HealthCheck.too_slow]
+)
+hypothesis.settings.load_profile("sgme")
 
 CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 POSTGRES_ADMIN_URL = os.environ.get(
