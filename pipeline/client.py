@@ -48,7 +48,7 @@ from urllib.parse import quote
 
 import httpx
 
-from pipeline import errors, exchange
+from pipeline import document, errors, exchange
 from pipeline.api import models
 
 P = ParamSpec("P")
@@ -351,12 +351,8 @@ def _search(
 
 
 def _time(value: dt.datetime | str | None) -> str | None:
-    """A time parameter as RFC 3339 text (the server reads a naive one as UTC)."""
-    if isinstance(value, dt.datetime):
-        if value.tzinfo is not None:
-            value = value.astimezone(dt.UTC)
-        return value.replace(tzinfo=None).isoformat() + "Z"
-    return value
+    """A time parameter as RFC 3339 text (a naive datetime is UTC)."""
+    return document.format_ts(value) if isinstance(value, dt.datetime) else value
 
 
 class Operations(Generic[Transport]):
