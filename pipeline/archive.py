@@ -215,6 +215,13 @@ class _Packed:
     size: int  #: bytes of the archive
 
 
+#: how a batch runs the packing over its files: a thread pool's ``map``, or ``map``
+_Each = Callable[
+    [Callable[[tables.FileRow], "_Packed | errors.SgmeError"], list[tables.FileRow]],
+    Iterable["_Packed | errors.SgmeError"],
+]
+
+
 def _eligible(data_dir: Path, row: tables.FileRow) -> bool:
     """Whether the locked ``row`` is to be archived now (an archived one whose original
     survived a crash is finished on the way)."""
@@ -299,15 +306,10 @@ def compress(
     fault: FaultHook = _no_fault,
 ) -> Outcome | None:
     """Archive one file; None when it is no longer eligible (changed, already archived)."""
-    with _locked(engine, data_dir, file_id, options.lock_timeout, flock=options.file_locks) as row:
-        if not _eligible(data_dir, row):
-            return None
-        packed = _pack(data_dir, row, options, fault)
-        store.rename(packed.temp, packed.final)
-        fault("renamed")
-        # Shared with the other commits of this moment (the group committer).
-        (updated,) = commits.group(engine).run(functools.partial(_mark_all, packed=[packed]))
-        return _settle(packed, updated, fault)
+    ((_, outcome),) = _compress_batch(engine, data_dir, [file_id], options, map, fault)
+    if isinstance(outcome, errors.SgmeError):
+        raise outcome
+    return outcome
 
 
 BATCH = 64  #: files :func:`compress_many` locks, renames and commits together
@@ -330,7 +332,7 @@ def compress_many(
     with concurrent.futures.ThreadPoolExecutor(max(1, options.workers)) as pool:
         for start in range(0, len(file_ids), BATCH):
             batch = file_ids[start : start + BATCH]
-            yield from _compress_batch(engine, data_dir, batch, options, pool, fault)
+            yield from _compress_batch(engine, data_dir, batch, options, pool.map, fault)
 
 
 def _compress_batch(
@@ -338,9 +340,11 @@ def _compress_batch(
     data_dir: Path,
     file_ids: Sequence[str],
     options: Options,
-    pool: concurrent.futures.Executor,
+    each: _Each,
     fault: FaultHook,
-) -> Iterator[tuple[str, Result]]:
+) -> list[tuple[str, Result]]:
+    """Archive ``file_ids`` together; ``each`` maps the packing over the eligible files (a
+    thread pool's ``map``, or ``map`` for one file)."""
     outcomes: dict[str, Result] = {}
 
     def pack(row: tables.FileRow) -> _Packed | errors.SgmeError:
@@ -379,7 +383,7 @@ def _compress_batch(
                 except errors.SgmeError as exc:
                     outcomes[file_id] = exc
             placed = []
-            for row, result in zip(ready, pool.map(pack, ready), strict=True):
+            for row, result in zip(ready, each(pack, ready), strict=True):
                 try:
                     if isinstance(result, errors.SgmeError):
                         raise result
@@ -403,8 +407,7 @@ def _compress_batch(
     except errors.SgmeError as exc:  # the batch's own step failed: its files wait for a retry
         for file_id in file_ids:
             outcomes.setdefault(file_id, exc)
-    for file_id in file_ids:
-        yield file_id, outcomes[file_id]
+    return [(file_id, outcomes[file_id]) for file_id in file_ids]
 
 
 @dataclasses.dataclass
