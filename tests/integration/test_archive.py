@@ -132,6 +132,18 @@ def test_archive_then_read_is_identical(engine: sa.Engine, data_dir: Path) -> No
     assert archive.compress(engine, data_dir, file_id) is None  # already archived: no-op
 
 
+class Crash(Exception):
+    """What a fault hook raises: the process stops there, as if killed."""
+
+
+def _crash_at(step: str) -> archive.FaultHook:
+    def fault(at: str) -> None:
+        if at == step:
+            raise Crash(at)
+
+    return fault
+
+
 @pytest.mark.parametrize("step", archive.ARCHIVE_STEPS)
 def test_crash_at_each_step_leaves_exactly_one_live_copy(
     engine: sa.Engine, data_dir: Path, step: str
@@ -139,12 +151,7 @@ def test_crash_at_each_step_leaves_exactly_one_live_copy(
     file_id = _refined_file(engine, data_dir, "crash")
     original = (data_dir / _row(engine, file_id).path).read_bytes()
 
-    class Crash(Exception):
-        pass
-
-    def fault(at: str) -> None:
-        if at == step:
-            raise Crash(at)
+    fault = _crash_at(step)
 
     with pytest.raises(Crash):
         archive.compress(engine, data_dir, file_id, fault=fault)
@@ -171,12 +178,7 @@ def test_crash_in_a_batch_leaves_every_file_readable(
     file_ids = [_refined_file(engine, data_dir, f"batch-{i}") for i in range(3)]
     originals = {f: (data_dir / _row(engine, f).path).read_bytes() for f in file_ids}
 
-    class Crash(Exception):
-        pass
-
-    def fault(at: str) -> None:
-        if at == step:
-            raise Crash(at)
+    fault = _crash_at(step)
 
     with pytest.raises(Crash):
         list(archive.compress_many(engine, data_dir, file_ids, fault=fault))
