@@ -17,12 +17,14 @@ that holds 10 (target: within 10%): the cost of an append must not grow with its
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,9 +37,11 @@ THREADS = 16
 SIZE = 500
 
 
-def ours(messages: int, threads: int, size: int) -> dict[str, float]:
-    body_text = ("x" * (size - 1)) + "."
-    rates = {}
+@contextlib.contextmanager
+def store(size: int) -> Iterator[Callable[..., None]]:
+    """A new durable SQLite store; yields ``append(session_key, count=1)``: ``count`` messages
+    of ``size`` bytes in one call, ingested and then flushed (the library's two calls)."""
+    text = ("x" * (size - 1)) + "."
     with tempfile.TemporaryDirectory(prefix="sgme-peer-") as tmp:
         data_dir = Path(tmp) / "data"
         engine = database.create_engine(f"sqlite:///{Path(tmp) / 'index.sqlite3'}")
@@ -45,15 +49,20 @@ def ours(messages: int, threads: int, size: int) -> dict[str, float]:
         with engine.connect() as conn:
             assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 2  # FULL
 
-        def append(key: str) -> None:
-            body = {
-                "agent_id": "peer",
-                "session_key": key,
-                "messages": [{"role": "user", "content": body_text}],
-            }
-            result = journal.ingest(engine, body)
-            journal.flush(engine, data_dir, result.file_id)
+        def append(key: str, count: int = 1) -> None:
+            messages = [{"role": "user", "content": text}] * count
+            body = {"agent_id": "peer", "session_key": key, "messages": messages}
+            journal.flush(engine, data_dir, journal.ingest(engine, body).file_id)
 
+        try:
+            yield append
+        finally:
+            engine.dispose()
+
+
+def ours(messages: int, threads: int, size: int) -> dict[str, float]:
+    rates = {}
+    with store(size) as append:
         started = time.perf_counter()
         for _ in range(messages):
             append("one")
@@ -72,33 +81,21 @@ def ours(messages: int, threads: int, size: int) -> dict[str, float]:
         for worker in workers:
             worker.join()
         rates[f"{threads} sessions"] = per * threads / (time.perf_counter() - started)
-        engine.dispose()
     return rates
 
 
 def growth(messages: int, size: int) -> dict[str, float]:
     """One-stream appends/s into a session holding 10 messages and one holding 10,000."""
-    body_text = ("x" * (size - 1)) + "."
     rates = {}
-    with tempfile.TemporaryDirectory(prefix="sgme-growth-") as tmp:
-        data_dir = Path(tmp) / "data"
-        engine = database.create_engine(f"sqlite:///{Path(tmp) / 'index.sqlite3'}")
-        database.migrate(engine)
+    with store(size) as append:
         for held in (10, 10_000):
             key = f"held-{held}"
             for _ in range(held // 100 or 1):  # fill it, 100 (or 10) messages a call
-                batch = [{"role": "user", "content": body_text}] * min(held, 100)
-                result = journal.ingest(
-                    engine, {"agent_id": "peer", "session_key": key, "messages": batch}
-                )
-                journal.flush(engine, data_dir, result.file_id)
-            one = {"agent_id": "peer", "session_key": key, "messages": [batch[0]]}
+                append(key, min(held, 100))
             started = time.perf_counter()
             for _ in range(messages):
-                result = journal.ingest(engine, one)
-                journal.flush(engine, data_dir, result.file_id)
+                append(key)
             rates[f"at {held:,} messages"] = messages / (time.perf_counter() - started)
-        engine.dispose()
     return rates
 
 
