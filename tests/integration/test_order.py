@@ -7,9 +7,9 @@ always or never."""
 
 from __future__ import annotations
 
+import datetime as dt
 import random
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +82,19 @@ def anomalies(engine: sa.Engine, *kinds: str) -> list[tables.Anomaly]:
 def waiting(engine: sa.Engine) -> int:
     with database.transaction(engine) as conn:
         return ledger.waiting_backlog(conn)[0]
+
+
+def age_waiting(engine: sa.Engine, seconds: float) -> None:
+    """Make every held append ``seconds`` older, as if that much time had passed."""
+    w = tables.waiting_appends.c
+    keys = (w.agent_id, w.source_type, w.session_key, w.sequence)
+    with database.transaction(engine) as conn:
+        for row in conn.execute(sa.select(*keys, w.received_at)).all():
+            conn.execute(
+                sa.update(tables.waiting_appends)
+                .where(*(k == v for k, v in zip(keys, row[:4], strict=True)))
+                .values(received_at=row.received_at - dt.timedelta(seconds=seconds))
+            )
 
 
 def settle(engine: sa.Engine, *, wait: float) -> list[str]:
@@ -191,7 +204,7 @@ def test_a_gap_is_let_go_after_the_wait_and_a_late_arrival_is_recorded(
         queued(engine, numbered(number), wait=0.5)
     assert settle(engine, wait=60) == []  # not yet
     assert contents(engine, data_dir) == ["s #1", "s #2", "s #3"]
-    time.sleep(0.6)
+    age_waiting(engine, 0.6)
     row = row_of(engine)
     assert row is not None
     assert settle(engine, wait=0.5) == [row.file_id]
@@ -219,7 +232,7 @@ def test_a_gap_is_let_go_by_the_next_arrival_too(engine: sa.Engine, data_dir: Pa
     queued(engine, numbered(1), wait=0.3)
     for number in (4, 6):
         queued(engine, numbered(number), wait=0.3)
-    time.sleep(0.4)
+    age_waiting(engine, 0.4)
     held = queued(engine, numbered(7), wait=0.3)
     row = row_of(engine)
     assert row is not None and held == ordering.Held(7, expected=2, kick=row.file_id)
@@ -230,7 +243,7 @@ def test_a_gap_is_let_go_by_the_next_arrival_too(engine: sa.Engine, data_dir: Pa
 def test_a_session_whose_first_append_never_comes(engine: sa.Engine, data_dir: Path) -> None:
     for number in (3, 2):
         queued(engine, numbered(number, metadata={"from": str(number)}), wait=0.2)
-    time.sleep(0.3)
+    age_waiting(engine, 0.3)
     settle(engine, wait=0.2)
     row = row_of(engine)
     assert row is not None and row.metadata == {"from": "2"}  # the first append written
@@ -324,7 +337,7 @@ def test_the_queued_path_holds_drops_and_the_sweep_lets_a_gap_go(
     svc.append_queued(body(4))
     svc.append_queued({**body(5), "sequence": "five"})  # invalid: recorded, like any bad task
     assert svc.sweep() == [row.file_id] and waiting(engine) == 1  # the journal's kick
-    time.sleep(0.4)
+    age_waiting(engine, 0.4)
     kicks.clear()
     assert svc.sweep() == [row.file_id] and kicks == [row.file_id]
     assert waiting(engine) == 0
