@@ -357,9 +357,17 @@ def reading(engine: sa.Engine) -> Iterator[sa.Connection]:
 
 
 @contextlib.contextmanager
+def advisory_lock(engine: sa.Engine, key: str) -> Iterator[None]:
+    """On PostgreSQL, a session advisory lock on ``key`` (hosts sharing a networked volume
+    cannot rely on flock); elsewhere nothing."""
+    with advisory_locks(engine, [key]):
+        yield
+
+
+@contextlib.contextmanager
 def advisory_locks(engine: sa.Engine, keys: Sequence[str]) -> Iterator[None]:
     """:func:`advisory_lock` on every key of ``keys``, taken in sorted order on one connection
-    (many files of one batch need not hold a connection each)."""
+    of their own (many files of one batch need not hold a connection each)."""
     if not is_postgres(engine) or not keys:
         yield
         return
@@ -382,31 +390,7 @@ def advisory_locks(engine: sa.Engine, keys: Sequence[str]) -> Iterator[None]:
             conn.execute(sa.text("SELECT pg_advisory_unlock_all()"))
             conn.commit()
         except sa_exc.SQLAlchemyError:
-            conn.invalidate()
-        conn.close()
-
-
-@contextlib.contextmanager
-def advisory_lock(engine: sa.Engine, key: str) -> Iterator[None]:
-    """On PostgreSQL, a session advisory lock on ``key`` (hosts sharing a networked volume
-    cannot rely on flock); elsewhere nothing."""
-    if not is_postgres(engine):
-        yield
-        return
-    try:
-        conn = engine.connect()
-        conn.execute(sa.text("SELECT pg_advisory_lock(hashtext(:k))"), {"k": key})
-        conn.commit()
-    except sa_exc.SQLAlchemyError as exc:
-        raise map_error(exc) from exc
-    try:
-        yield
-    finally:
-        try:
-            conn.execute(sa.text("SELECT pg_advisory_unlock(hashtext(:k))"), {"k": key})
-            conn.commit()
-        except sa_exc.SQLAlchemyError:
-            conn.invalidate()  # closing the session releases the lock anyway
+            conn.invalidate()  # closing the session releases the locks anyway
         conn.close()
 
 
