@@ -46,18 +46,6 @@ def unavailable(reason: str) -> None:
     pytest.skip(reason)
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``make test`` runs two workers), the tests that use the shared Redis
-    database belong to one group, for ``--dist loadgroup`` to keep on one worker (each empties
-    the database and checks that nobody else is connected). With pytest 9.2 xdist no longer
-    honours the group, so ``harness.redis_database`` also holds a lock file: the tests run one
-    at a time either way."""
-    for item in items:
-        if "production" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("redis"))
-
-
 @contextlib.contextmanager
 def scratch_database(prefix: str) -> Iterator[str]:
     """The URL of a new, empty PostgreSQL database, dropped afterwards. Skipped off CI when

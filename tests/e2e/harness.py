@@ -242,9 +242,9 @@ REDIS_WAIT = 600.0
 @contextlib.contextmanager
 def redis_database() -> Iterator[Any]:
     """The tests' Redis database (number 15 of :data:`conftest.REDIS_URL`), emptied before
-    and after, and held by one test at a time: a lock file keyed by the URL, since pytest-xdist's
-    ``loadgroup`` does not keep the ``redis`` group on one worker with pytest 9.2. Only that
-    database is ever flushed; skipped off CI when Redis does not answer."""
+    and after, and held by one test at a time: a lock file keyed by the URL, whichever xdist
+    worker or test run the test is in. Only that database is ever flushed; skipped off CI when
+    Redis does not answer."""
     digest = hashlib.sha256(REDIS_URL.encode()).hexdigest()[:12]
     lock = filelock.FileLock(Path(tempfile.gettempdir()) / f"sgme-tests-redis-{digest}.lock")
     try:
