@@ -227,25 +227,10 @@ def bench_search(url: str, data_dir: Path, name: str, total: int) -> list[str]:
 def without_terms() -> Iterator[None]:
     """``catalog.add`` writing the rows but not the search terms."""
     real = catalog.add
-    insert = catalog._INSERT_ROWS
 
     def rows_only(conn: Any, owner: Any, found: Any) -> None:
         if found:
-            conn.execute(
-                insert,
-                [
-                    {
-                        "file_id": owner.file_id,
-                        "seq": f.message.seq,
-                        "byte_offset": f.offset,
-                        "byte_length": f.length,
-                        "ts": document.parse_ts(f.message.ts).replace(tzinfo=None),
-                        "role": f.message.role,
-                        "tool_name": f.message.tool_name,
-                    }
-                    for f in found
-                ],
-            ).all()
+            catalog.add_rows(conn, owner, found)
 
     catalog.add = rows_only  # type: ignore[assignment]
     try:

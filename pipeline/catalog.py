@@ -70,6 +70,23 @@ def add(conn: sa.Connection, owner: Owner, found: Sequence[document.Located]) ->
     """Catalog flushed messages of a file and index their text (in the flush's commit)."""
     if not found:
         return
+    ids = add_rows(conn, owner, found)
+    words = [terms.terms(located.message.content) for located in found]
+    if database.is_postgres(conn):
+        tsvs = [{"id": i, "tsv": terms.tsvector(w)} for i, w in zip(ids, words, strict=True)]
+        conn.execute(_PG_INSERT, tsvs)
+        return
+    _FTS_INSERT.many(
+        conn,
+        [
+            {"id": i, "terms": " ".join(w), "tags": _tags(owner, located.message.role)}
+            for i, w, located in zip(ids, words, found, strict=True)
+        ],
+    )
+
+
+def add_rows(conn: sa.Connection, owner: Owner, found: Sequence[document.Located]) -> list[int]:
+    """The catalog rows of ``found`` alone, without their search terms; their ids, in order."""
     values = [
         {
             "file_id": owner.file_id,
@@ -82,23 +99,13 @@ def add(conn: sa.Connection, owner: Owner, found: Sequence[document.Located]) ->
         }
         for located in found
     ]
-    words = [terms.terms(located.message.content) for located in found]
     if database.is_postgres(conn):
-        ids = conn.execute(_INSERT_ROWS, values).scalars().all()
-        tsvs = [{"id": i, "tsv": terms.tsvector(w)} for i, w in zip(ids, words, strict=True)]
-        conn.execute(_PG_INSERT, tsvs)
-        return
+        return list(conn.execute(_INSERT_ROWS, values).scalars())
     _INSERT_ROW.many(conn, values)
     seqs = [located.message.seq for located in found]
     bounds = {"file_id": owner.file_id, "lo": min(seqs), "hi": max(seqs)}
     new_ids = {r["seq"]: r["id"] for r in _IDS.rows(conn, bounds)}
-    _FTS_INSERT.many(
-        conn,
-        [
-            {"id": new_ids[seq], "terms": " ".join(w), "tags": _tags(owner, located.message.role)}
-            for seq, w, located in zip(seqs, words, found, strict=True)
-        ],
-    )
+    return [new_ids[seq] for seq in seqs]
 
 
 _ROWS = (
