@@ -13,7 +13,18 @@ from collections.abc import Callable, Collection, Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO, TypeVar
 
-from pipeline import archive, catalog, database, document, errors, index, refs, store, tables
+from pipeline import (
+    anomalies,
+    archive,
+    catalog,
+    database,
+    document,
+    errors,
+    index,
+    refs,
+    store,
+    tables,
+)
 from pipeline.tables import Kind, Status
 
 log = logging.getLogger(__name__)
@@ -63,7 +74,7 @@ def _damaged(
     (it says where the bytes are); its anomaly is ``archive_corrupt``."""
     if row.status == Status.ARCHIVED:
         with db.transaction() as conn:
-            index.record_anomaly(conn, row.file_id, Kind.ARCHIVE_CORRUPT, detail, now=db.now())
+            anomalies.record(conn, row.file_id, Kind.ARCHIVE_CORRUPT, detail, now=db.now())
     elif row.status != Status.ERROR:
         with db.transaction() as conn:
             index.record_damage(conn, row.file_id, kind, detail, now=db.now())
