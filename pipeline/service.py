@@ -30,6 +30,7 @@ from pipeline import (
     ledger,
     metrics,
     ordering,
+    privacy,
     refine,
     store,
     tables,
@@ -116,6 +117,8 @@ class Appended:
     result: journal.AppendResult
     flushed: bool = False
     status: str = ""
+    #: secrets replaced by markers before the append was journaled (how many, never what)
+    redacted: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """The API's response body."""
@@ -123,6 +126,7 @@ class Appended:
         if self.status:
             answer["status"] = self.status
         answer["replayed"] = self.result.replayed
+        answer["redacted"] = self.redacted
         return answer
 
 
@@ -188,6 +192,10 @@ class Service:
         self._refiner: refine.Refiner | None = None
         self._lock = threading.Lock()
         self.admission = Admission(engine, settings.data_dir, settings.backlog)
+        #: whether each agent's input has its secrets redacted (pipeline.privacy)
+        self.policies = privacy.Policies(
+            engine, default=settings.redact_secrets, cache_seconds=settings.token_cache_seconds
+        )
 
     @property
     def refiner(self) -> refine.Refiner:
@@ -225,9 +233,10 @@ class Service:
         append = (
             body if isinstance(body, validation.Append) else validation.parse_append(body, s.limits)
         )
+        append, redacted = self._scrub(append)
         self.admission.check(sum(len(m.content) for m in append.messages) + 256)
         result = journal.ingest(self.engine, append, backlog=s.backlog)
-        return self._acknowledged(result, wait=wait)
+        return self._acknowledged(result, wait=wait, redacted=redacted)
 
     def append_queued(self, body: Mapping[str, Any]) -> Appended | ordering.Held | None:
         """An append that came over Celery (``sgme.append``): ``idempotency_key`` is required,
@@ -242,7 +251,7 @@ class Service:
         try:
             if not body.get("idempotency_key"):
                 raise errors.InvalidInput("idempotency_key is required for sgme.append tasks")
-            append = validation.parse_append(body, s.limits)
+            append, redacted = self._scrub(validation.parse_append(body, s.limits))
             self.admission.check(sum(len(m.content) for m in append.messages) + 256)
             done = journal.ingest_queued(
                 self.engine, append, backlog=s.backlog, wait_seconds=s.order_wait_seconds
@@ -251,7 +260,7 @@ class Service:
                 if done.kick is not None:
                     self.kick(done.kick)
                 return done
-            return self._acknowledged(done, wait=False)
+            return self._acknowledged(done, wait=False, redacted=redacted)
         except errors.PermanentError as exc:
             with database.transaction(self.engine) as conn:
                 index.record_anomaly(conn, None, "append_task_rejected", f"{who}: {exc.detail}")
@@ -267,23 +276,35 @@ class Service:
             if isinstance(body, validation.Upload)
             else validation.parse_upload(body, self.settings.limits)
         )
+        redacted = 0
+        if self.policies.redacts(upload.agent_id):
+            upload, redacted = privacy.scrub_upload(upload)
         self.admission.check(len(upload.content) + 1024)
         result = journal.ingest_upload(self.engine, upload)
-        return self._acknowledged(result, wait=wait)
+        return self._acknowledged(result, wait=wait, redacted=redacted)
 
-    def _acknowledged(self, result: journal.AppendResult, *, wait: bool) -> Appended:
+    def _scrub(self, append: validation.Append) -> tuple[validation.Append, int]:
+        """The append as it may be kept: its secrets replaced, unless its agent opted out
+        (DESIGN §5d: before the journal, so no copy is ever on a disk)."""
+        if not self.policies.redacts(append.agent_id):
+            return append, 0
+        return privacy.scrub_append(append)
+
+    def _acknowledged(
+        self, result: journal.AppendResult, *, wait: bool, redacted: int = 0
+    ) -> Appended:
         """After the commit: kick the flush, or (``wait``) flush here, falling back to a kick."""
         if not wait:
             if result.kick:
                 self.kick(result.file_id)
-            return Appended(result)
+            return Appended(result, redacted=redacted)
         try:
             flushed = self.flush(result.file_id)
         except errors.SgmeError as exc:
             log.warning("flush of %s after its append failed: %s", result.file_id, exc.detail)
             self.kick(result.file_id)
-            return Appended(result)
-        return Appended(result, flushed=True, status=flushed.status)
+            return Appended(result, redacted=redacted)
+        return Appended(result, flushed=True, status=flushed.status, redacted=redacted)
 
     # -----------------------------------------------------------------------------------------
     # flush, sweep and dispatch

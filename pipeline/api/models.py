@@ -45,6 +45,11 @@ class Appended(Model):
         description="true when the idempotency_key was seen before: nothing was written, and "
         "this is the answer the first request got",
     )
+    redacted: int = Field(
+        0,
+        description="how many secrets (credentials of well-known forms) were replaced by "
+        "[REDACTED:<kind>] markers before the messages were stored; never what they were",
+    )
 
 
 class Uploaded(Model):
@@ -52,6 +57,7 @@ class Uploaded(Model):
 
     file_id: str = Field(pattern=validation.FILE_ID_PATTERN, json_schema_extra={"format": "uuid"})
     source_ref: str
+    redacted: int = Field(0, description="secrets replaced by markers before it was stored")
 
 
 class Segment(Model):

@@ -37,7 +37,10 @@ def cmd_upload(ctx: Context) -> int:
         ) from None
     body = {"agent_id": a.agent_id, "filename": a.filename or path.name, "content": content}
     done = ctx.service(settings).upload(body, wait=True)
-    print_json({"file_id": done.result.file_id, "source_ref": done.result.source_refs[0]})
+    result = done.result
+    print_json(
+        {"file_id": result.file_id, "source_ref": result.source_refs[0], "redacted": done.redacted}
+    )
     return 0
 
 
