@@ -8,6 +8,7 @@
      │    ├── Unauthorized           401     unauthorized       no token, or a bad or revoked one
      │    ├── Forbidden              403     forbidden          a token without the scope/agent
      │    ├── NotFound               404     not-found          no such file, message or token
+     │    ├── Gone                   410     gone               a file erased on purpose
      │    ├── Conflict               409     conflict           contradicts what is recorded
      │    │    ├── ConstraintViolation 409   conflict           a unique/foreign key refused it
      │    │    └── OutOfOrder        409     out-of-order       a sequence that is not the next one
@@ -136,6 +137,14 @@ class NotFound(PermanentError):
 
     type = "not-found"
     status = 404
+
+
+class Gone(PermanentError):
+    """The file was erased on purpose (``DELETE /v1/files/{id}``, ``sgme erase``): it and
+    every ``source_ref`` into it are gone for good; the audit trail says when and by whom."""
+
+    type = "gone"
+    status = 410
 
 
 class Conflict(PermanentError):

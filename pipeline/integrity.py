@@ -17,6 +17,7 @@ import sqlalchemy as sa
 
 from pipeline import (
     archive,
+    audit,
     catalog,
     database,
     document,
@@ -24,6 +25,7 @@ from pipeline import (
     index,
     journal,
     ledger,
+    redaction,
     store,
     tables,
 )
@@ -266,6 +268,8 @@ def fsck(engine: sa.Engine, data_dir: Path, *, progress: Progress | None = None)
         if progress:
             progress(1)
     problems.extend(refused_dirs(data_dir))
+    # the audit trail: removals left unfinished, tombstones changed, erased files still there
+    problems.extend(Problem(*found) for found in redaction.problems(engine, data_dir))
     for _, path in _disk_files(data_dir):
         relative = path.relative_to(data_dir).as_posix()
         if relative not in known:
@@ -322,9 +326,15 @@ def reindex(
     scanned = inserted = updated = 0
     failed: list[Problem] = []
     live = {_file_id(path) for kind, path in _disk_files(data_dir) if kind != "archive"}
+    with database.reading(engine) as conn:
+        erased = audit.erased_ids(conn)
     for source_type, path in _disk_files(data_dir):
         scanned += 1
         file_id = _file_id(path)
+        if file_id in erased:  # erased on purpose, never brought back (fsck names it)
+            if progress:
+                progress(1)
+            continue
         archived = source_type == "archive"
         if archived and file_id in live:
             # A crash between restore steps left both copies; the live one is the file.

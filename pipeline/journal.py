@@ -32,6 +32,7 @@ from pipeline import (
     ledger,
     metrics,
     ordering,
+    rewrite,
     store,
     tables,
     validation,
@@ -420,6 +421,9 @@ def flush(
         database.advisory_lock(engine, file_id),
     ):
         fault("locked")
+        # A redaction a crash interrupted is finished before anything is appended (the file
+        # and its index row may be one step apart until then: pipeline.rewrite).
+        rewrite.settle_locked(engine, data_dir, file_id)
         started = time.perf_counter()
         with database.reading(engine) as conn:
             row = index.get_file(conn, file_id)

@@ -15,7 +15,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -23,7 +23,9 @@ import sqlalchemy as sa
 
 from pipeline import (
     archive,
+    audit,
     database,
+    erasure,
     errors,
     index,
     journal,
@@ -31,7 +33,9 @@ from pipeline import (
     metrics,
     ordering,
     privacy,
+    redaction,
     refine,
+    rewrite,
     store,
     tables,
     validation,
@@ -192,6 +196,7 @@ class Service:
         self._refiner: refine.Refiner | None = None
         self._lock = threading.Lock()
         self.admission = Admission(engine, settings.data_dir, settings.backlog)
+        self.locks = redaction.Locks(settings.lock_timeout, settings.file_locks)
         #: whether each agent's input has its secrets redacted (pipeline.privacy)
         self.policies = privacy.Policies(
             engine, default=settings.redact_secrets, cache_seconds=settings.token_cache_seconds
@@ -370,7 +375,18 @@ class Service:
             if file_id not in stale:
                 self.kick(file_id)
                 stale.append(file_id)
+        self.finish_removals()
         return stale
+
+    def finish_removals(self) -> int:
+        """Finish the redactions and erasures a crash interrupted (part of every sweep)."""
+        try:
+            return redaction.finish_interrupted(
+                self.engine, self.settings.data_dir, locks=self.locks
+            )
+        except errors.SgmeError as exc:  # the next sweep comes back to them
+            log.warning("could not finish an interrupted redaction or erasure: %s", exc.detail)
+            return 0
 
     def dispatch(self, file_ids: list[str] | None = None) -> list[refine.Claim]:
         """Claim due files (all, or those of ``file_ids``) and enqueue one job per claim."""
@@ -441,6 +457,89 @@ class Service:
         if c is not None:
             queue.refine(c)
         queue.drain(service)
+
+    # -----------------------------------------------------------------------------------------
+    # redaction and erasure (DESIGN §5d)
+
+    def who(self, token_id: str | None, reason: object, *, required: bool = True) -> rewrite.Who:
+        """Who asks over HTTP (the token's id and name) and why, as the audit trail keeps it."""
+        checked = redaction.check_reason(reason, required=required)
+        with database.reading(self.engine) as conn:
+            return rewrite.Who(audit.token_actor(conn, token_id), checked, token_id)
+
+    def audit_trail(
+        self,
+        *,
+        agents: Collection[str] | None = None,
+        file_id: str | None = None,
+        after: int = 0,
+        limit: int = 100,
+    ) -> list[tables.AuditRow]:
+        """The audit trail's rows after the id ``after``, oldest first."""
+        with database.reading(self.engine) as conn:
+            return audit.listed(
+                conn,
+                agents=None if agents is None else frozenset(agents),
+                file_id=file_id,
+                after=after,
+                limit=limit,
+            )
+
+    def redact(
+        self,
+        refs: Sequence[str],
+        who: rewrite.Who,
+        *,
+        agents: Collection[str] | None = None,
+    ) -> list[tables.AuditRow]:
+        """Redact the messages ``refs`` name, in order (each file rewritten under its lock);
+        then make the database files forget them. Their audit rows."""
+        done = [
+            redaction.redact(
+                self.engine, self.settings.data_dir, ref, who, agents=agents, locks=self.locks
+            )
+            for ref in refs
+        ]
+        redaction.compact(self.engine)
+        return done
+
+    def erase_file(
+        self, file_id: str, who: rewrite.Who, *, agents: Collection[str] | None = None
+    ) -> erasure.Erased:
+        """Erase one file and everything derived from it."""
+        erased = erasure.erase_file(
+            self.engine,
+            self.settings.data_dir,
+            file_id,
+            who,
+            agents=agents,
+            lock_timeout=self.locks.timeout,
+            file_lock=self.locks.files,
+        )
+        redaction.compact(self.engine)
+        return erased
+
+    def erase_agent(
+        self,
+        agent_id: str,
+        who: rewrite.Who,
+        *,
+        session_key: str | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> tuple[list[erasure.Erased], int]:
+        """Erase every file of an agent (of one session), and what waits for it."""
+        done = erasure.erase_session(
+            self.engine,
+            self.settings.data_dir,
+            agent_id,
+            who,
+            session_key=session_key,
+            lock_timeout=self.locks.timeout,
+            file_lock=self.locks.files,
+            progress=progress,
+        )
+        redaction.compact(self.engine)
+        return done
 
     # -----------------------------------------------------------------------------------------
     # archive

@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pipeline import auth, errors, validation
-from pipeline.api import appends, files, models, ops, refinement, searching, security
+from pipeline.api import appends, files, models, ops, refinement, removal, searching, security
 from pipeline.api.deps import problem
 from pipeline.api.server import BodyLimit
 from pipeline.service import Service
@@ -48,7 +48,8 @@ def create_app(service: Service) -> FastAPI:
     app.add_middleware(
         security.HostAllowlist, allowed=security.allowed_hosts(settings), refuse=answer
     )
-    for router in (appends.router, files.router, searching.router, refinement.router, ops.router):
+    routers = (appends, files, searching, refinement, removal, ops)
+    for router in (module.router for module in routers):
         app.include_router(router)
 
     @app.exception_handler(errors.SgmeError)

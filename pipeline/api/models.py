@@ -192,3 +192,48 @@ class Hits(Model):
     """Answer of ``GET /v1/search``, best first."""
 
     hits: list[Hit]
+
+
+class AuditRecord(Model):
+    """One row of the audit trail: a message redacted or a file erased — who, when, why and
+    the sha256 of what was removed, never the text."""
+
+    id: int
+    action: Literal["redact", "erase"]
+    file_id: str
+    agent_id: str
+    seq: int | None
+    source_ref: str | None
+    reason: str
+    actor: str = Field(description="who: the token's id and name, or the sgme command's user")
+    created_at: str
+    finished_at: str | None = Field(description="null while a crash left it unfinished")
+    removed_sha256: str = Field(description="sha256 of the removed body (or file), hex")
+    removed_bytes: int
+    messages: int
+
+
+class AuditRecords(Model):
+    """A page of the audit trail, oldest first; pass ``next_after`` back as ``after``."""
+
+    records: list[AuditRecord]
+    next_after: int | None
+
+
+class Redacted(Ref):
+    """Answer of ``POST /v1/refs/{ref}/redact``: the message as it now reads (its tombstone),
+    with its neighbours, and the redaction's audit record."""
+
+    redaction: AuditRecord
+
+
+class Policy(Model):
+    """Whether an agent's appends have their secrets redacted before they are stored."""
+
+    agent_id: str
+    redact_secrets: bool
+    source: Literal["default", "agent"] = Field(
+        description="default: the redact_secrets setting; agent: the agent's own policy"
+    )
+    updated_at: str | None
+    updated_by: str | None
