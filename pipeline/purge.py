@@ -155,7 +155,13 @@ def compact(engine: sa.Engine) -> None:
     try:
         with database.transaction(engine) as conn:
             conn.execute(sa.text("INSERT INTO message_terms (message_terms) VALUES ('optimize')"))
-        with engine.connect() as conn:
-            conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+        # outside any transaction (SQLAlchemy would begin one): on the driver's connection
+        raw = engine.raw_connection()
+        try:
+            driver = raw.driver_connection
+            assert driver is not None
+            driver.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        finally:
+            raw.close()
     except (errors.SgmeError, sa.exc.SQLAlchemyError) as exc:
         log.warning("could not compact the index after a removal: %s", exc)
