@@ -24,6 +24,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import re
+import string
 from collections.abc import Callable, Iterable
 
 MARKER_PREFIX = "[REDACTED:"
@@ -123,7 +124,7 @@ _NAME = (
 
 def _password_kind(name: str) -> str:
     lowered = name.lower()
-    if "aws" in lowered and "secret" in lowered:
+    if "secret" in lowered and ("aws" in lowered or "access" in lowered):
         return "aws-secret-key"
     if re.search(r"pass|pwd", lowered):
         return "password"
@@ -316,18 +317,33 @@ CONTEXT_RULES: tuple[Rule, ...] = (
     ),
 )
 
-#: one capture: the name, then the value in one of the forms below
+#: the last word of a secret's name; the regex starts at it (a scan for a few letters is fast)
+#: and the whole name is read backwards from it (:func:`_name_before`)
+_KEYWORD = r"(?:pass(?:word|wd|phrase)?|pwd|secret|token|credentials?|key)"
+_NAME_RULE = re.compile(_NAME, re.IGNORECASE)
+_IDENTIFIER = frozenset(string.ascii_letters + string.digits + "_.-")
+#: the keyword, then the value in one of the forms below
 _ASSIGN = re.compile(
     r"""(?ix)
-    (?P<name>"""
-    + _NAME
+    (?P<kw>"""
+    + _KEYWORD
     + r""")(?![A-Za-z0-9])
     (?:
-        ["']?\s*[:=]\s*(?P<q>["'`])(?P<quoted>[^"'`\n\\]{1,512})(?P=q)      # name = "value"
-      | ["']?[ \t]*[:=][ \t]*(?P<bare>[^\s"'`,;&]{1,512})(?=[\s,;&]|$)    # NAME=value, name: v
+        ["']?\s*[:=]\s*(?P<q>["'`])(?P<quoted>[^"'`\n\\]{1,512})(?P=q)    # name = "value"
+      | ["']?[ \t]*[:=][ \t]*(?P<bare>[^\s"'`,;&]{1,512})(?=[\s,;&]|$)  # NAME=value, name: v
     )
     """
 )
+
+
+def _name_before(text: str, end: int) -> str:
+    """The identifier that ends at ``end`` (``DB_PASSWORD`` from its keyword's end)."""
+    start = end
+    while start > 0 and end - start < 200 and text[start - 1] in _IDENTIFIER:
+        start -= 1
+    return text[start:end]
+
+
 _FLAG = re.compile(
     r"(?i)(?<![\w-])--?(?P<name>" + _NAME + r")(?:[ =])"
     r"(?:(?P<q>[\"'])(?P<quoted>[^\"'\n]{1,512})(?P=q)|(?P<bare>[^\s\"'`]{1,512}))"
@@ -345,15 +361,21 @@ class Finding:
 
 def _assignments(text: str) -> Iterable[Finding]:
     """Values assigned to names that say they are secrets."""
-    for pattern in (_FLAG, _ASSIGN):
-        for m in pattern.finditer(text):
-            name = m.group("name")
-            if m.group("quoted") is not None:
-                value, span, ok = m.group("quoted"), m.span("quoted"), _literal
-            else:
-                value, span, ok = m.group("bare"), m.span("bare"), _unquoted_literal
-            if ok(value):
-                yield Finding(_password_kind(name), *span)
+    for m in _FLAG.finditer(text):
+        yield from _assigned(m, m.group("name"))
+    for m in _ASSIGN.finditer(text):
+        name = _name_before(text, m.end("kw"))
+        if _NAME_RULE.fullmatch(name):
+            yield from _assigned(m, name)
+
+
+def _assigned(m: re.Match[str], name: str) -> Iterable[Finding]:
+    if m.group("quoted") is not None:
+        value, span, ok = m.group("quoted"), m.span("quoted"), _literal
+    else:
+        value, span, ok = m.group("bare"), m.span("bare"), _unquoted_literal
+    if ok(value):
+        yield Finding(_password_kind(name), *span)
 
 
 def _found(rule: Rule, text: str, lowered: str) -> Iterable[Finding]:

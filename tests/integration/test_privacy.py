@@ -102,9 +102,7 @@ def test_redact_replaces_the_body_keeps_every_ref_and_forgets_what_came_from_it(
     # every other message byte for byte; every ref resolves; the secret is nowhere on disk
     after = app.messages(file_id)
     assert [m["seq"] for m in after] == [1, 2, 3, 4, 5, 6]
-    assert [m for i, m in enumerate(after) if i != 2] == [
-        m for i, m in enumerate(before) if i != 2
-    ]
+    assert [m for i, m in enumerate(after) if i != 2] == [m for i, m in enumerate(before) if i != 2]
     for seq in range(1, 7):
         assert app.client.get(f"/v1/refs/{file_id}:{seq}").status_code == 200
     raw = app.disk(file_id)
@@ -165,8 +163,9 @@ def test_redact_refusals(app: Api) -> None:
     assert_problem(bad, 422, "invalid-input", "control character")
     missing = app.client.post(f"/v1/refs/{file_id}:9/redact", json={"reason": "x"})
     assert_problem(missing, 404, "not-found")
-    assert_problem(app.client.post("/v1/refs/nope:1/redact", json={"reason": "x"}), 422,
-                   "invalid-input")
+    assert_problem(
+        app.client.post("/v1/refs/nope:1/redact", json={"reason": "x"}), 422, "invalid-input"
+    )
     app.flush(file_id)
     assert SECRET_WORD in app.messages(file_id)[0]["content"]  # refused: nothing changed
 
@@ -191,9 +190,7 @@ def test_admin_scope_and_agents_are_required(
 
     assert_problem(post(reader), 403, "forbidden", "admin")
     assert_problem(post(other), 404, "not-found")  # another agent's file: as if it did not exist
-    gone = app.client.delete(
-        f"/v1/files/{file_id}", headers={"Authorization": f"Bearer {reader}"}
-    )
+    gone = app.client.delete(f"/v1/files/{file_id}", headers={"Authorization": f"Bearer {reader}"})
     assert_problem(gone, 403, "forbidden")
     done = post(admin)
     assert done.status_code == 200, done.text
@@ -221,8 +218,12 @@ def test_erase_a_file_answers_410_and_keeps_only_the_audit_row(
     r = app.client.delete(f"/v1/files/{file_id}", params={"reason": "user asked"})
     assert r.status_code == 204, r.text
     assert r.content == b""
-    for path in (f"/v1/files/{file_id}", f"/v1/files/{file_id}/raw", f"/v1/refs/{file_id}:1",
-                 f"/v1/files/{file_id}/messages"):
+    for path in (
+        f"/v1/files/{file_id}",
+        f"/v1/files/{file_id}/raw",
+        f"/v1/refs/{file_id}:1",
+        f"/v1/files/{file_id}/messages",
+    ):
         assert_problem(app.client.get(path), 410, "gone", "erased")
     assert_problem(app.client.delete(f"/v1/files/{file_id}"), 410, "gone")
     assert not list((data_dir / "raw").rglob(f"{file_id}*"))
@@ -239,8 +240,12 @@ def test_erase_a_file_answers_410_and_keeps_only_the_audit_row(
     # the other session is untouched; a new append to the erased session starts a new file
     assert len(app.messages(kept["file_id"])) == 2
     again = app.append(
-        {"agent_id": AGENT, "session_key": "s", "idempotency_key": "k1",
-         "messages": _messages(1, -1)}
+        {
+            "agent_id": AGENT,
+            "session_key": "s",
+            "idempotency_key": "k1",
+            "messages": _messages(1, -1),
+        }
     )
     assert again["file_id"] != file_id and again["first_seq"] == 1 and not again["replayed"]
     app.flush(again["file_id"])
