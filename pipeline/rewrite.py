@@ -120,11 +120,18 @@ def _tombstone_block(row: tables.FileRow, located: document.Located, text: str) 
     return document.render_block(tomb, first=located.message.seq == 1).encode("utf-8")
 
 
+def _temp(path: Path) -> Path:
+    return path.with_name(f".{path.name}.redact")
+
+
 def _write_temp(data_dir: Path, row: tables.FileRow, data: bytes) -> tuple[Path, Path]:
-    """``(temp, final)``: the new bytes durable under a temp name beside the file."""
+    """``(temp, final)``: the new bytes durable under a temp name beside the file. A temp
+    file left by a crash before its redaction was recorded is removed first (live or
+    archived: the file may have moved since)."""
     final = store.checked(data_dir, row.path)
-    temp = final.with_name(f".{final.name}.redact")
-    store.remove(temp, durable=False)
+    temp = _temp(final)
+    for relative in (archive.live_relative_path(row), archive.archive_relative_path(row)):
+        store.remove(_temp(store.checked(data_dir, relative)), durable=False)
     if row.status == "archived":
         packed = zstandard.ZstdCompressor(level=10, write_checksum=True).compress(data)
         with store.exclusive_writer(temp) as handle:
