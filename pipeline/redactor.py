@@ -68,9 +68,9 @@ _PLACEHOLDER = re.compile(
     ^(?:
         [$%@]\{?.*            # $VAR ${VAR} %(name)s @var
       | \{\{?.*\}\}?          # {{ var }} {var}
-      | <[^>]*>               # <your-api-key>
+      | <.*                   # <your-api-key>, <generate one>
       | [*x•#.]{3,}           # *** xxxx ...
-      | (?:your|my|the)[-_ ]?\w*(?:key|token|secret|password|pass|here)\w*
+      | (?:your|my|the)[-_ ]?[\w-]*
       | \w*(?:placeholder|example|redacted|dummy|changeme|xxxx)\w*
       | (?:none|null|nil|true|false|undefined|empty|required|optional|string|str|bytes|int)
       | (?:secret|password|passwd|token|key|pass|pwd)
@@ -79,6 +79,7 @@ _PLACEHOLDER = re.compile(
 )
 #: an unquoted value that is code, not a literal: a call, an attribute, an index, an operator
 _EXPRESSION = re.compile(r"[()\[\]]|^[A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)+$|^(?:await|self|os)\b")
+_IDENTIFIER_VALUE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _TYPE_ANNOTATION = re.compile(
     r"^(?:Optional|Union|List|Dict|Annotated|Secret\w*|SecretStr|typing\.)\b|^[A-Za-z_]\w*\s*[|=]"
 )
@@ -98,10 +99,24 @@ def _unquoted_literal(value: str) -> bool:
     value = value.strip()
     if _EXPRESSION.search(value) or _TYPE_ANNOTATION.match(value):
         return False
-    # one word of letters alone is more often an identifier than a password (``token: str``)
+    # one word of letters alone is more often an identifier than a password (``token: str``),
+    # and one shaped like a variable is one (``cache_token = current_token``)
     if value.isalpha() and value.islower() and len(value) < 12:
         return False
+    if _IDENTIFIER_VALUE.fullmatch(value) and _code_name(value):
+        return False
     return _literal(value)
+
+
+def _code_name(value: str) -> bool:
+    """Whether an identifier-shaped value reads as a name in code: ``snake_case``,
+    ``UPPER_CASE``, ``camelCase`` — not a random mix of cases and digits."""
+    if "_" in value and (value == value.lower() or value == value.upper()):
+        return True
+    if any(c.isdigit() for c in value):
+        return False
+    upper = sum(c.isupper() for c in value)
+    return value[0].islower() and upper * 4 <= len(value)
 
 
 def _url_password(value: str) -> bool:
