@@ -377,18 +377,27 @@ class Finding:
 def _assignments(text: str) -> Iterable[Finding]:
     """Values assigned to names that say they are secrets."""
     for m in _FLAG.finditer(text):
-        yield from _assigned(m, m.group("name"))
+        yield from _assigned(m, m.group("name"), flag=True)
     for m in _ASSIGN.finditer(text):
         name = _name_before(text, m.end("kw"))
         if _NAME_RULE.fullmatch(name):
             yield from _assigned(m, name)
 
 
-def _assigned(m: re.Match[str], name: str) -> Iterable[Finding]:
+#: what may follow an unquoted value on its line: nothing, a comment, a separator (an
+#: operator or another operand means the value was part of an expression)
+_AFTER_BARE = ("#", "//", "&", ";", ",", ")", "}", "]")
+
+
+def _assigned(m: re.Match[str], name: str, *, flag: bool = False) -> Iterable[Finding]:
     if m.group("quoted") is not None:
         value, span, ok = m.group("quoted"), m.span("quoted"), _literal
     else:
         value, span, ok = m.group("bare"), m.span("bare"), _unquoted_literal
+        end = m.string.find("\n", span[1])
+        rest = m.string[span[1] : None if end < 0 else end].strip()
+        if rest and not flag and not rest.startswith(_AFTER_BARE):
+            return
     if ok(value):
         yield Finding(_password_kind(name), *span)
 
