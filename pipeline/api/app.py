@@ -11,6 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from pipeline import auth, errors, validation
 from pipeline.api import appends, files, models, ops, refinement, removal, searching, security
@@ -66,9 +67,12 @@ def create_app(service: Service) -> FastAPI:
         return problem(422, errors.InvalidInput.type, "InvalidInput", detail)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = "not-found" if exc.status_code == 404 else "http-error"
-        return problem(exc.status_code, kind, "HTTPError", str(exc.detail), headers=exc.headers)
+        headers = exc.headers
+        if exc.status_code == 405:  # every method of the path, not only its first route's
+            headers = {**(headers or {}), "Allow": _allowed(app, request)}
+        return problem(exc.status_code, kind, "HTTPError", str(exc.detail), headers=headers)
 
     @app.exception_handler(Exception)
     async def _bug(_request: Request, exc: Exception) -> JSONResponse:
@@ -82,6 +86,18 @@ def create_app(service: Service) -> FastAPI:
 
     app.openapi = openapi  # type: ignore[method-assign]
     return app
+
+
+def _allowed(app: FastAPI, request: Request) -> str:
+    """The methods the request's path answers, over all its routes (Starlette names only
+    those of the first route that matched the path: GET and DELETE of /v1/files/{file_id}
+    are two routes)."""
+    methods: set[str] = set()
+    for route in app.routes:
+        match, _ = route.matches(request.scope)
+        if match != Match.NONE:
+            methods |= getattr(route, "methods", None) or set()
+    return ", ".join(sorted(methods))
 
 
 def _openapi(app: FastAPI, service: Service) -> dict[str, Any]:

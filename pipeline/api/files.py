@@ -46,7 +46,9 @@ def list_files(
     return {"files": [row.to_json() for row in rows], "next_cursor": next_cursor}
 
 
-@router.get("/v1/files/{file_id}", response_model=models.File, responses=problems(404, 422, 503))
+@router.get(
+    "/v1/files/{file_id}", response_model=models.File, responses=problems(404, 410, 422, 503)
+)
 def get_file(file_id: FileIdPath, service: ServiceDep, caller: Reader) -> dict[str, Any]:
     """The file's index row."""
     return reader.get_file(service.engine, file_id, agents=caller.agents).to_json()
@@ -57,7 +59,7 @@ def get_file(file_id: FileIdPath, service: ServiceDep, caller: Reader) -> dict[s
     response_class=Response,
     responses={
         200: {"content": {"text/markdown": {"schema": {"type": "string"}}}},
-        **problems(404, 409, 422, 503),
+        **problems(404, 409, 410, 422, 503),
     },
 )
 def get_raw(file_id: FileIdPath, service: ServiceDep, caller: Reader) -> Response:
@@ -74,7 +76,7 @@ def get_raw(file_id: FileIdPath, service: ServiceDep, caller: Reader) -> Respons
 @router.get(
     "/v1/files/{file_id}/messages",
     response_model=models.Messages,
-    responses=problems(404, 409, 422, 503),
+    responses=problems(404, 409, 410, 422, 503),
 )
 def get_messages(
     file_id: FileIdPath,
@@ -103,7 +105,9 @@ def get_messages(
     }
 
 
-@router.get("/v1/refs/{ref}", response_model=models.Ref, responses=problems(404, 409, 422, 503))
+@router.get(
+    "/v1/refs/{ref}", response_model=models.Ref, responses=problems(404, 409, 410, 422, 503)
+)
 def get_ref(
     ref: Annotated[str, Path(pattern=validation.SOURCE_REF_PATTERN, description="file_id:seq")],
     service: ServiceDep,

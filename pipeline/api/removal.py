@@ -9,7 +9,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Path, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipeline import reader, validation
+from pipeline import reader, rewrite, validation
 from pipeline.api import models
 from pipeline.api.deps import FileIdPath, ServiceDep, problems
 from pipeline.api.security import Admin
@@ -22,12 +22,17 @@ class RedactBody(BaseModel):
     """Body of ``POST /v1/refs/{ref}/redact``."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
-    reason: str = Field(
-        min_length=1,
-        max_length=500,
-        description="why (one line): written into the tombstone and the audit trail",
-        examples=["an API key pasted by mistake"],
-    )
+    reason: Annotated[
+        str,
+        validation.Text(
+            min_length=1,
+            max_length=rewrite.MAX_REASON,
+            one_line=True,
+            nonblank=True,
+            description="why (one line): written into the tombstone and the audit trail",
+            examples=["an API key pasted by mistake"],
+        ),
+    ]
 
 
 class PolicyBody(BaseModel):
@@ -80,7 +85,14 @@ def erase_file(
     file_id: FileIdPath,
     service: ServiceDep,
     caller: Admin,
-    reason: Annotated[str, Query(max_length=500, description="why (kept in the audit trail)")] = "",
+    reason: Annotated[
+        str,
+        Query(
+            max_length=rewrite.MAX_REASON,
+            pattern=validation.ONE_LINE_PATTERN,
+            description="why, one line (kept in the audit trail)",
+        ),
+    ] = "",
 ) -> Response:
     """Erase a file: its bytes (live and archived), its journal rows, waiting appends,
     catalog and search rows, L1 items and idempotency records go; the audit trail keeps who,
