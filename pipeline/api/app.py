@@ -4,6 +4,7 @@ to an RFC 9457 problem document (``application/problem+json``)."""
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -11,7 +12,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.routing import Match
 
 from pipeline import auth, errors, validation
 from pipeline.api import appends, files, models, ops, refinement, removal, searching, security
@@ -71,7 +71,8 @@ def create_app(service: Service) -> FastAPI:
         kind = "not-found" if exc.status_code == 404 else "http-error"
         headers = exc.headers
         if exc.status_code == 405:  # every method of the path, not only its first route's
-            headers = {**(headers or {}), "Allow": _allowed(app, request)}
+            allowed = _allowed(app, request, (headers or {}).get("Allow", ""))
+            headers = {**(headers or {}), "Allow": allowed}
         return problem(exc.status_code, kind, "HTTPError", str(exc.detail), headers=headers)
 
     @app.exception_handler(Exception)
@@ -88,16 +89,16 @@ def create_app(service: Service) -> FastAPI:
     return app
 
 
-def _allowed(app: FastAPI, request: Request) -> str:
-    """The methods the request's path answers, over all its routes (Starlette names only
-    those of the first route that matched the path: GET and DELETE of /v1/files/{file_id}
-    are two routes)."""
+def _allowed(app: FastAPI, request: Request, given: str) -> str:
+    """The methods the request's path answers, over all its routes, from the schema (the
+    router names only those of the first route whose path matched: GET and DELETE of
+    /v1/files/{file_id} are two routes); ``given`` when the schema has no such path."""
     methods: set[str] = set()
-    for route in app.routes:
-        match, _ = route.matches(request.scope)
-        if match != Match.NONE:
-            methods |= getattr(route, "methods", None) or set()
-    return ", ".join(sorted(methods))
+    for template, operations in app.openapi()["paths"].items():
+        pattern = re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(template))
+        if re.fullmatch(pattern, request.url.path):
+            methods |= {method.upper() for method in operations}
+    return ", ".join(sorted(methods)) or given
 
 
 def _openapi(app: FastAPI, service: Service) -> dict[str, Any]:
