@@ -12,7 +12,7 @@ Cases, each timed on one open session (the first append, which creates the file,
 * ``ingest+flush``: every call is acknowledged and then flushed (written + fsynced + committed)
   before the next — the synchronous ``?wait=flushed`` path; compare with ``write+fsync``.
 * ``ingest, async flush`` (1 per call only): calls are acknowledged as fast as they come while
-  one flusher thread drains the kicks, as the embedded worker does (DESIGN §3 "coalesced
+  one flusher thread drains the kicks, as the embedded worker does (docs/design.md §3 "coalesced
   kicks"); the clock stops when everything is on disk.
 
 Rounds are interleaved (raw, SQLite, PostgreSQL, raw, …) and the best round of each case is
@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import functools
 import os
 import pstats
 import queue
@@ -41,7 +42,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from pipeline import database, document, journal
+from pipeline import database, document, journal, locks
+from pipeline import flush as flushing
 
 DEFAULT_POSTGRES = os.environ.get(
     "SGME_BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -68,13 +70,25 @@ def message(i: int) -> dict[str, str]:
     return {"role": "user" if i % 2 else "assistant", "content": f"{i} {CONTENT}", "ts": TS}
 
 
-def open_session(engine: sa.Engine, data_dir: Path) -> str:
+_LOCKS: dict[tuple[int, Path], locks.FileLocks] = {}
+
+
+def flush_file(db: database.Database, data_dir: Path, file_id: str) -> flushing.FlushResult:
+    """A flush as an embedding program makes it: one set of file locks per data directory
+    (built once, as the runtime does), not one per call."""
+    found = _LOCKS.get((id(db), data_dir))
+    if found is None:
+        found = _LOCKS[(id(db), data_dir)] = locks.FileLocks(db, data_dir, timeout=30)
+    return flushing.flush(db, found, data_dir, file_id)
+
+
+def open_session(engine: database.Database, data_dir: Path) -> str:
     """A new session with one flushed message; returns its session_key."""
     session = f"bench-{uuid.uuid4().hex[:12]}"
     first = journal.ingest(
         engine, {"agent_id": "bench", "session_key": session, "messages": [message(0)]}
     )
-    journal.flush(engine, data_dir, first.file_id)
+    flush_file(engine, data_dir, first.file_id)
     return session
 
 
@@ -90,17 +104,17 @@ def append_bodies(session: str, batch: int, calls: int) -> list[dict[str, Any]]:
     ]
 
 
-def run_sync(engine: sa.Engine, data_dir: Path, batch: int, calls: int) -> float:
+def run_sync(engine: database.Database, data_dir: Path, batch: int, calls: int) -> float:
     """``calls`` appends of ``batch`` messages, each flushed before the next."""
     bodies = append_bodies(open_session(engine, data_dir), batch, calls)
     start = time.perf_counter()
     for body in bodies:
         result = journal.ingest(engine, body)
-        journal.flush(engine, data_dir, result.file_id)
+        flush_file(engine, data_dir, result.file_id)
     return time.perf_counter() - start
 
 
-def run_async(engine: sa.Engine, data_dir: Path, batch: int, calls: int) -> float:
+def run_async(engine: database.Database, data_dir: Path, batch: int, calls: int) -> float:
     """``calls`` appends acknowledged back to back; one flusher thread follows the kicks."""
     bodies = append_bodies(open_session(engine, data_dir), batch, calls)
     kicks: queue.SimpleQueue[str | None] = queue.SimpleQueue()
@@ -110,7 +124,7 @@ def run_async(engine: sa.Engine, data_dir: Path, batch: int, calls: int) -> floa
         while (file_id := kicks.get()) is not None:
             try:
                 # appends acknowledged during a flush did not kick: flush again while it says so
-                while journal.flush(engine, data_dir, file_id).more:
+                while flush_file(engine, data_dir, file_id).more:
                     pass
             except BaseException as exc:  # surfaced below, not lost in the thread
                 failures.append(exc)
@@ -129,7 +143,7 @@ def run_async(engine: sa.Engine, data_dir: Path, batch: int, calls: int) -> floa
     if failures:
         raise failures[0]
     # every kick was followed, so nothing may be left behind
-    assert journal.stale_files(engine, age=0) == []
+    assert flushing.stale_files(engine, age=0) == []
     return elapsed
 
 
@@ -155,9 +169,9 @@ def run_raw(directory: Path, batch: int, calls: int) -> float:
 
 
 @contextlib.contextmanager
-def sqlite_engine(root: Path) -> Iterator[sa.Engine]:
-    engine = database.create_engine(f"sqlite:///{root / 'index.sqlite3'}")
-    database.migrate(engine)
+def sqlite_engine(root: Path) -> Iterator[database.Database]:
+    engine = database.Database.from_url(f"sqlite:///{root / 'index.sqlite3'}")
+    database.migrate(engine.engine)
     try:
         yield engine
     finally:
@@ -165,7 +179,7 @@ def sqlite_engine(root: Path) -> Iterator[sa.Engine]:
 
 
 @contextlib.contextmanager
-def postgres_engine(admin_url: str) -> Iterator[sa.Engine]:
+def postgres_engine(admin_url: str) -> Iterator[database.Database]:
     admin = sa.create_engine(database.normalize_url(admin_url), isolation_level="AUTOCOMMIT")
     name = f"sgme_bench_{uuid.uuid4().hex[:10]}"
     try:
@@ -174,9 +188,9 @@ def postgres_engine(admin_url: str) -> Iterator[sa.Engine]:
     except sa.exc.OperationalError:
         admin.dispose()
         raise
-    engine = database.create_engine(admin_url.rsplit("/", 1)[0] + f"/{name}")
+    engine = database.Database.from_url(admin_url.rsplit("/", 1)[0] + f"/{name}")
     try:
-        database.migrate(engine)
+        database.migrate(engine.engine)
         yield engine
     finally:
         engine.dispose()
@@ -188,7 +202,9 @@ def postgres_engine(admin_url: str) -> Iterator[sa.Engine]:
 Case = tuple[str, str, int, int, Callable[[], float]]  #: backend, case, batch, calls, run
 
 
-def cases_for(backend: str, engine: sa.Engine, data_dir: Path, plan: dict[int, int]) -> list[Case]:
+def cases_for(
+    backend: str, engine: database.Database, data_dir: Path, plan: dict[int, int]
+) -> list[Case]:
     data_dir.mkdir(parents=True, exist_ok=True)
     cases: list[Case] = []
     for batch, calls in plan.items():
@@ -199,7 +215,7 @@ def cases_for(backend: str, engine: sa.Engine, data_dir: Path, plan: dict[int, i
                 "ingest+flush",
                 batch,
                 calls,
-                lambda b=batch, c=calls: run_sync(engine, data_dir, b, c),
+                functools.partial(run_sync, engine, data_dir, batch, calls),
             )
         )
     calls = plan[1]
@@ -248,16 +264,18 @@ PARTS: tuple[tuple[str, Callable[[str, str], bool]], ...] = (
     ("SQLAlchemy (connections, transactions, events)", lambda fn, name: "sqlalchemy" in fn),
     ("validation (pydantic)", lambda fn, name: "pydantic" in fn or "/validation.py" in fn),
     ("render and locate blocks (document)", lambda fn, name: "/document.py" in fn),
-    ("database.Prepared: binds and rows", lambda fn, name: "/database.py" in fn),
+    ("database.Prepared: binds and rows", lambda fn, name: "/database/statements.py" in fn),
     ("catalog and search terms", lambda fn, name: "/catalog.py" in fn or "/terms.py" in fn),
-    ("group committer", lambda fn, name: "/commits.py" in fn),
+    ("group committer", lambda fn, name: "/commits.py" in fn or "/transactions.py" in fn),
     (
         "file: lock, open, write, paths (store)",
         lambda fn, name: "/store.py" in fn or "posix" in name or "pathlib" in fn or "fcntl" in name,
     ),
     (
-        "journal, ledger, index logic",
-        lambda fn, name: any(m in fn for m in ("/journal.py", "/ledger.py", "/index.py")),
+        "ingest, flush, ledger, index logic",
+        lambda fn, name: any(
+            m in fn for m in ("/ingest.py", "/flush.py", "/ledger.py", "/index.py", "/journal.py")
+        ),
     ),
 )
 
@@ -309,7 +327,7 @@ def main() -> None:
         note = "PostgreSQL skipped (--no-postgres)" if args.no_postgres else ""
         with contextlib.ExitStack() as stack:
             cases: list[Case] = [
-                ("raw", "write+fsync", batch, calls, lambda b=batch, c=calls: run_raw(root, b, c))
+                ("raw", "write+fsync", batch, calls, functools.partial(run_raw, root, batch, calls))
                 for batch, calls in plan.items()
             ]
             sqlite = stack.enter_context(sqlite_engine(root))

@@ -23,13 +23,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_parse
 
-from pipeline import archive, database, integrity, tables
+from pipeline import archive, database, integrity, locks, tables
+from pipeline.settings import Archive
 
 TARGET_SPEED = 0.9  #: archive.compress MB/s >= 0.9x the command line's
 TARGET_RATIO_GAP = 0.02  #: compression ratio within 2% of the command line's
 
 
-def prepare(data_dir: Path, texts: list[str]) -> tuple[object, list[Path]]:
+def prepare(data_dir: Path, texts: list[str]) -> tuple[database.Database, locks.FileLocks]:
     """Write the corpus as live files, index them and mark them fully refined and cold."""
     folder = data_dir / "raw" / "sessions"
     folder.mkdir(parents=True)
@@ -39,17 +40,18 @@ def prepare(data_dir: Path, texts: list[str]) -> tuple[object, list[Path]]:
         path = folder / f"{file_id}.md"
         path.write_text(text, encoding="utf-8")
         paths.append(path)
-    engine = database.create_engine(f"sqlite:///{data_dir / 'index.sqlite3'}")
-    database.migrate(engine)
-    integrity.reindex(engine, data_dir)
-    with database.transaction(engine) as conn:
+    db = database.Database.from_url(f"sqlite:///{data_dir / 'index.sqlite3'}")
+    database.migrate(db.engine)
+    file_locks = locks.FileLocks(db, data_dir, timeout=30)
+    integrity.reindex(db, file_locks, data_dir)
+    with db.transaction() as conn:
         f = tables.raw_files.c
         conn.execute(
             tables.raw_files.update().values(
-                last_refined_seq=f.flushed_seq, status="refined", flushed_at=tables.utcnow()
+                last_refined_seq=f.flushed_seq, status="refined", flushed_at=db.now()
             )
         )
-    return engine, paths
+    return db, file_locks
 
 
 def run(quick: bool, level: int, workers: int) -> int:
@@ -94,12 +96,12 @@ def run(quick: bool, level: int, workers: int) -> int:
         cli_bytes = sum(p.stat().st_size for p in out.iterdir())
 
         data_dir = root / "data"
-        engine, _ = prepare(data_dir, texts)
-        file_ids = archive.cold_files(engine, older_than_days=0, limit=10**6)  # type: ignore[arg-type]
+        db, file_locks = prepare(data_dir, texts)
+        file_ids = archive.cold_files(db, older_than_days=0, limit=10**6)
         started = time.perf_counter()
         ours_bytes = 0
-        options = archive.Options(level=level, workers=workers)
-        for _, outcome in archive.compress_many(engine, data_dir, file_ids, options):  # type: ignore[arg-type]
+        options = Archive(level=level, workers=workers)
+        for _, outcome in archive.compress_many(db, file_locks, data_dir, file_ids, options):
             assert isinstance(outcome, archive.Outcome), outcome
             ours_bytes += outcome.bytes_after
         ours_seconds = time.perf_counter() - started
@@ -134,7 +136,7 @@ def run(quick: bool, level: int, workers: int) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a small corpus")
-    parser.add_argument("--level", type=int, default=archive.DEFAULT_OPTIONS.level)
+    parser.add_argument("--level", type=int, default=Archive().level)
     parser.add_argument("--workers", type=int, default=2, help="files compressed at once")
     args = parser.parse_args()
     return run(args.quick, args.level, args.workers)

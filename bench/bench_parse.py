@@ -75,7 +75,7 @@ PY_COMMENTS = (
     "## Step 2: send the report to the assistant",
     "# retry with backoff",
     "# keep the order stable for the index",
-    "# see DESIGN §3 before changing this",
+    "# see docs/design.md §3 before changing this",
     "# normalise before hashing",
 )
 TOOLS = ("read_file", "run_shell", "search", "http_get", "python", "list_dir")

@@ -44,9 +44,9 @@ def store(size: int) -> Iterator[Callable[..., None]]:
     text = ("x" * (size - 1)) + "."
     with tempfile.TemporaryDirectory(prefix="sgme-peer-") as tmp:
         data_dir = Path(tmp) / "data"
-        engine = database.create_engine(f"sqlite:///{Path(tmp) / 'index.sqlite3'}")
-        database.migrate(engine)
-        with engine.connect() as conn:
+        engine = database.Database.from_url(f"sqlite:///{Path(tmp) / 'index.sqlite3'}")
+        database.migrate(engine.engine)
+        with engine.engine.connect() as conn:
             assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 2  # FULL
 
         def append(key: str, count: int = 1) -> None:

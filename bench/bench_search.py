@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import itertools
 import random
 import statistics
@@ -94,8 +95,8 @@ def fill(engine: Any, data_dir: Path, agent: str, key: str, texts: list[str]) ->
 
 
 def bench_reads(url: str, data_dir: Path, name: str) -> list[str]:
-    engine = database.create_engine(url)
-    database.migrate(engine)
+    engine = database.Database.from_url(url)
+    database.migrate(engine.engine)
     rng = random.Random(SEED)
     vocabulary = words(rng, 2000)
     rows = []
@@ -111,13 +112,11 @@ def bench_reads(url: str, data_dir: Path, name: str) -> list[str]:
             assert doc.messages[seq - 1].seq == seq
 
         rounds = 200 if count == 10 else 30
-        ref_s = timed(lambda ref=ref: reader.resolve(engine, data_dir, ref, context=1), rounds)
-        page_s = timed(
-            lambda fid=file_id, c=count: reader.messages(
-                engine, data_dir, fid, after_seq=max(0, c - 20), limit=20
-            ),
-            rounds,
+        ref_s = timed(functools.partial(reader.resolve, engine, data_dir, ref, context=1), rounds)
+        page = functools.partial(
+            reader.messages, engine, data_dir, file_id, after_seq=max(0, count - 20), limit=20
         )
+        page_s = timed(page, rounds)
         whole_s = timed(whole, rounds)
         size = row.flushed_bytes
         rows.append((name, count, size, ref_s, page_s, whole_s))
@@ -166,8 +165,8 @@ def queries(rng: random.Random, texts: list[str], count: int) -> list[tuple[str,
 
 
 def bench_search(url: str, data_dir: Path, name: str, total: int) -> list[str]:
-    engine = database.create_engine(url)
-    database.migrate(engine)
+    engine = database.Database.from_url(url)
+    database.migrate(engine.engine)
     rng = random.Random(SEED)
     vocabulary = words(rng)
     per_session = max(1, total // SESSIONS)
@@ -197,8 +196,8 @@ def bench_search(url: str, data_dir: Path, name: str, total: int) -> list[str]:
                 file=sys.stderr,
             )
     build = time.perf_counter() - started
-    if database.is_postgres(engine):  # what autovacuum does soon after a bulk load
-        with engine.begin() as conn:
+    if engine.postgres:  # what autovacuum does soon after a bulk load
+        with engine.engine.begin() as conn:
             conn.exec_driver_sql("ANALYZE")
     asked = queries(random.Random(SEED + 1), sample, 500)
     for q, agent in asked[:50]:  # warm the caches
@@ -232,16 +231,16 @@ def without_terms() -> Iterator[None]:
         if found:
             catalog.add_rows(conn, owner, found)
 
-    catalog.add = rows_only  # type: ignore[assignment]
+    catalog.add = rows_only
     try:
         yield
     finally:
-        catalog.add = real  # type: ignore[assignment]
+        catalog.add = real
 
 
 def bench_cost(url: str, data_dir: Path, name: str, appends: int) -> list[str]:
-    engine = database.create_engine(url)
-    database.migrate(engine)
+    engine = database.Database.from_url(url)
+    database.migrate(engine.engine)
     rng = random.Random(SEED)
     texts = list(corpus(rng, words(rng, 5000), appends))
     rates: dict[str, list[float]] = {"with search": [], "without": []}

@@ -1,4 +1,4 @@
-"""Cold archive (DESIGN §5): compress, verify, restore.
+"""Cold archive (docs/design.md §5): compress, verify, restore.
 
 Fully refined files unchanged for ``archive_after_days`` are compressed with zstd (content
 checksum on) to ``raw/archive/YYYY-MM/{file_id}.md.zst``. The steps, each durable before the
@@ -24,7 +24,9 @@ from typing import BinaryIO
 import sqlalchemy as sa
 import zstandard
 
-from pipeline import commits, database, document, errors, index, store, tables
+from pipeline import database, document, errors, index, locks, store, tables
+from pipeline.settings import Archive
+from pipeline.tables import Kind, Status
 
 CHUNK = 1 << 20  #: bytes per read while streaming
 ARCHIVE_STEPS = ("temp_written", "verified", "renamed", "indexed", "deleted")
@@ -33,21 +35,6 @@ FaultHook = Callable[[str], None]
 
 def _no_fault(step: str) -> None:
     return None
-
-
-@dataclasses.dataclass(frozen=True)
-class Options:
-    """How cold files are archived (``archive_*`` settings; docs/operations.md)."""
-
-    after_days: float = 90.0  #: days a fully refined file must stay unchanged
-    level: int = 10  #: zstd level: most of the ratio of level 19 at a fraction of the cost
-    threads: int = 0  #: zstd worker threads per file (0: on the calling thread)
-    workers: int = 2  #: files compressed at once
-    lock_timeout: float = store.DEFAULT_LOCK_TIMEOUT  #: seconds to wait for a file's lock
-    file_locks: bool = True  #: the lock files on the data volume (the ``file_locks`` setting)
-
-
-DEFAULT_OPTIONS = Options()
 
 
 def archive_relative_path(row: tables.FileRow) -> str:
@@ -159,27 +146,29 @@ def _digest(chunks: Iterator[bytes]) -> tuple[str, int]:
 # choosing files
 
 
-def _cutoff(older_than_days: float) -> dt.datetime:
-    return tables.utcnow() - dt.timedelta(days=older_than_days)
+def _cutoff(db: database.Database, older_than_days: float) -> dt.datetime:
+    return db.now() - dt.timedelta(days=older_than_days)
 
 
-def cold_files(engine: sa.Engine, *, older_than_days: float, limit: int = 1000) -> list[str]:
+def cold_files(db: database.Database, *, older_than_days: float, limit: int = 1000) -> list[str]:
     """Fully refined files with nothing pending, unchanged for ``older_than_days``."""
-    with database.transaction(engine) as conn:
-        return index.cold_files(conn, cutoff=_cutoff(older_than_days), limit=limit)
+    with db.reading() as conn:
+        return index.cold_files(conn, cutoff=_cutoff(db, older_than_days), limit=limit)
 
 
-def flag_unrefined(engine: sa.Engine, *, older_than_days: float) -> list[str]:
+def flag_unrefined(db: database.Database, *, older_than_days: float) -> list[str]:
     """Give each cold file that was never fully refined an ``unrefined_cold`` anomaly (once)."""
-    with database.transaction(engine) as conn:
-        rows = index.cold_unrefined(conn, cutoff=_cutoff(older_than_days))
+    now = db.now()
+    with db.transaction() as conn:
+        rows = index.cold_unrefined(conn, cutoff=_cutoff(db, older_than_days))
         for row in rows:
             index.record_anomaly(
                 conn,
                 row.file_id,
-                "unrefined_cold",
+                Kind.UNREFINED_COLD,
                 f"cold but not archived: {row.status}, refined up to seq "
                 f"{row.last_refined_seq} of {row.flushed_seq}",
+                now=now,
             )
     return [row.file_id for row in rows]
 
@@ -190,14 +179,11 @@ def flag_unrefined(engine: sa.Engine, *, older_than_days: float) -> list[str]:
 
 @contextlib.contextmanager
 def _locked(
-    engine: sa.Engine, data_dir: Path, file_id: str, lock_timeout: float, *, flock: bool
+    db: database.Database, file_locks: locks.FileLocks, file_id: str
 ) -> Iterator[tables.FileRow]:
-    """Hold the file's locks (the ones flush takes) and yield its row as it is now."""
-    with (
-        store.lock(data_dir, file_id, timeout=lock_timeout, flock=flock),
-        database.advisory_lock(engine, file_id),
-    ):
-        with database.reading(engine) as conn:
+    """Hold the file's lock (the one flush takes) and yield its row as it is now."""
+    with file_locks.hold(file_id):
+        with db.reading() as conn:
             row = index.get_file(conn, file_id)
         if row is None:
             raise errors.NotFound(f"no file {file_id}")
@@ -225,13 +211,13 @@ _Each = Callable[
 def _eligible(data_dir: Path, row: tables.FileRow) -> bool:
     """Whether the locked ``row`` is to be archived now (an archived one whose original
     survived a crash is finished on the way)."""
-    if row.status == "archived":
+    if row.status == Status.ARCHIVED:
         _finish(data_dir, row)
         return False
-    return row.status == "refined" and row.next_seq == row.flushed_seq + 1
+    return row.status == Status.REFINED and row.next_seq == row.flushed_seq + 1
 
 
-def _pack(data_dir: Path, row: tables.FileRow, options: Options, fault: FaultHook) -> _Packed:
+def _pack(data_dir: Path, row: tables.FileRow, options: Archive, fault: FaultHook) -> _Packed:
     """The steps before the rename, under the file's lock: check the original against the
     index, compress it to a temp file, fsync, and verify what is on disk."""
     original = store.checked(data_dir, row.path)
@@ -293,20 +279,23 @@ def _settle(packed: _Packed, updated: bool, fault: FaultHook) -> Outcome | None:
     return Outcome(packed.row.file_id, packed.row.flushed_bytes, packed.size)
 
 
-def _mark_all(conn: sa.Connection, packed: Sequence[_Packed]) -> list[bool]:
-    return [index.mark_archived(conn, p.row, path=archive_relative_path(p.row)) for p in packed]
+def _mark_all(conn: sa.Connection, packed: Sequence[_Packed], now: dt.datetime) -> list[bool]:
+    return [
+        index.mark_archived(conn, p.row, path=archive_relative_path(p.row), now=now) for p in packed
+    ]
 
 
 def compress(
-    engine: sa.Engine,
+    db: database.Database,
+    file_locks: locks.FileLocks,
     data_dir: Path,
     file_id: str,
-    options: Options = DEFAULT_OPTIONS,
+    options: Archive = Archive(),  # noqa: B008 - a frozen value
     *,
     fault: FaultHook = _no_fault,
 ) -> Outcome | None:
     """Archive one file; None when it is no longer eligible (changed, already archived)."""
-    ((_, outcome),) = _compress_batch(engine, data_dir, [file_id], options, map, fault)
+    ((_, outcome),) = _compress_batch(db, file_locks, data_dir, [file_id], options, map, fault)
     if isinstance(outcome, errors.SgmeError):
         raise outcome
     return outcome
@@ -317,10 +306,11 @@ Result = Outcome | errors.SgmeError | None
 
 
 def compress_many(
-    engine: sa.Engine,
+    db: database.Database,
+    file_locks: locks.FileLocks,
     data_dir: Path,
     file_ids: Sequence[str],
-    options: Options = DEFAULT_OPTIONS,
+    options: Archive = Archive(),  # noqa: B008 - a frozen value
     *,
     fault: FaultHook = _no_fault,
 ) -> Iterator[tuple[str, Result]]:
@@ -332,14 +322,15 @@ def compress_many(
     with concurrent.futures.ThreadPoolExecutor(max(1, options.workers)) as pool:
         for start in range(0, len(file_ids), BATCH):
             batch = file_ids[start : start + BATCH]
-            yield from _compress_batch(engine, data_dir, batch, options, pool.map, fault)
+            yield from _compress_batch(db, file_locks, data_dir, batch, options, pool.map, fault)
 
 
 def _compress_batch(
-    engine: sa.Engine,
+    db: database.Database,
+    file_locks: locks.FileLocks,
     data_dir: Path,
     file_ids: Sequence[str],
-    options: Options,
+    options: Archive,
     each: _Each,
     fault: FaultHook,
 ) -> list[tuple[str, Result]]:
@@ -354,22 +345,9 @@ def _compress_batch(
             return exc
 
     try:
-        with contextlib.ExitStack() as held:
-            for file_id in store.lock_order(data_dir, file_ids):
-                try:
-                    held.enter_context(
-                        store.lock(
-                            data_dir,
-                            file_id,
-                            timeout=options.lock_timeout,
-                            flock=options.file_locks,
-                        )
-                    )
-                except errors.LockTimeout as exc:  # busy: this file waits for the next run
-                    outcomes[file_id] = exc
-            locked = [f for f in file_ids if f not in outcomes]
-            held.enter_context(database.advisory_locks(engine, locked))
-            with database.reading(engine) as conn:
+        with file_locks.hold_many(file_ids) as (locked, busy):
+            outcomes.update(busy)  # a busy file waits for the next run
+            with db.reading() as conn:
                 rows = {f: index.get_file(conn, f) for f in locked}
             ready = []
             for file_id, row in rows.items():
@@ -394,10 +372,9 @@ def _compress_batch(
             for folder in {p.final.parent for p in placed}:
                 store.fsync_dir(folder)
             fault("renamed")
+            now = db.now()
             updated = (
-                commits.group(engine).run(functools.partial(_mark_all, packed=placed))
-                if placed
-                else []
+                db.commit(functools.partial(_mark_all, packed=placed, now=now)) if placed else []
             )
             for p, ok in zip(placed, updated, strict=True):
                 try:
@@ -428,9 +405,10 @@ class Report:
 
 
 def archive_cold(
-    engine: sa.Engine,
+    db: database.Database,
+    file_locks: locks.FileLocks,
     data_dir: Path,
-    options: Options = DEFAULT_OPTIONS,
+    options: Archive = Archive(),  # noqa: B008 - a frozen value
     *,
     older_than_days: float | None = None,
     progress: Callable[[int], None] | None = None,
@@ -443,17 +421,17 @@ def archive_cold(
     """
     days = options.after_days if older_than_days is None else older_than_days
     report = Report(
-        cleaned_up=finish_interrupted(
-            engine, data_dir, lock_timeout=options.lock_timeout, file_lock=options.file_locks
-        ),
-        unrefined_flagged=len(flag_unrefined(engine, older_than_days=days)),
+        cleaned_up=finish_interrupted(db, file_locks, data_dir),
+        unrefined_flagged=len(flag_unrefined(db, older_than_days=days)),
     )
-    cold = cold_files(engine, older_than_days=days, limit=1_000_000)
-    for file_id, outcome in compress_many(engine, data_dir, cold, options):
+    cold = cold_files(db, older_than_days=days, limit=1_000_000)
+    for file_id, outcome in compress_many(db, file_locks, data_dir, cold, options):
         if isinstance(outcome, errors.SgmeError):
             report.failed.append((file_id, outcome.detail))
-            with database.transaction(engine) as conn:
-                index.record_anomaly(conn, file_id, "archive_failed", outcome.detail)
+            with db.transaction() as conn:
+                index.record_anomaly(
+                    conn, file_id, Kind.ARCHIVE_FAILED, outcome.detail, now=db.now()
+                )
         elif outcome is not None:
             report.files += 1
             report.bytes_before += outcome.bytes_before
@@ -475,13 +453,7 @@ def _finish(data_dir: Path, row: tables.FileRow) -> None:
         store.remove(original)
 
 
-def finish_interrupted(
-    engine: sa.Engine,
-    data_dir: Path,
-    *,
-    lock_timeout: float = store.DEFAULT_LOCK_TIMEOUT,
-    file_lock: bool = True,
-) -> int:
+def finish_interrupted(db: database.Database, file_locks: locks.FileLocks, data_dir: Path) -> int:
     """Clean up after crashes: delete originals of archived rows (verified first). Returns how
     many were removed."""
     removed = 0
@@ -492,11 +464,11 @@ def finish_interrupted(
         names = [p.stem for p in folder.glob("*.md")]
         for start in range(0, len(names), 500):
             batch = names[start : start + 500]
-            with database.transaction(engine) as conn:
+            with db.reading() as conn:
                 archived = index.archived_among(conn, batch)
             for file_id in archived:
-                with _locked(engine, data_dir, file_id, lock_timeout, flock=file_lock) as row:
-                    if row.status == "archived":
+                with _locked(db, file_locks, file_id) as row:
+                    if row.status == Status.ARCHIVED:
                         _finish(data_dir, row)
                         removed += 1
     return removed
@@ -507,22 +479,17 @@ def finish_interrupted(
 
 
 def restore(
-    engine: sa.Engine,
-    data_dir: Path,
-    file_id: str,
-    *,
-    lock_timeout: float = store.DEFAULT_LOCK_TIMEOUT,
-    file_lock: bool = True,
+    db: database.Database, file_locks: locks.FileLocks, data_dir: Path, file_id: str
 ) -> bool:
     """Move an archived file back to its live place; False if it was not archived."""
-    with _locked(engine, data_dir, file_id, lock_timeout, flock=file_lock) as row:
-        if row.status != "archived":
+    with _locked(db, file_locks, file_id) as row:
+        if row.status != Status.ARCHIVED:
             return False
-        restore_locked(engine, data_dir, row)
+        restore_locked(db, data_dir, row)
         return True
 
 
-def restore_locked(engine: sa.Engine, data_dir: Path, row: tables.FileRow) -> tables.FileRow:
+def restore_locked(db: database.Database, data_dir: Path, row: tables.FileRow) -> tables.FileRow:
     """:func:`restore` for a caller that holds the file's lock; returns the updated row."""
     data = read_archived(data_dir, row)
     head, count = document.chain(data)
@@ -542,8 +509,10 @@ def restore_locked(engine: sa.Engine, data_dir: Path, row: tables.FileRow) -> ta
         with store.exclusive_writer(temp) as handle:
             handle.write(data)
         store.rename(temp, live)
-    with database.transaction(engine) as conn:
-        restored = index.mark_restored(conn, row.file_id, path=live_relative_path(row))
+    with db.transaction() as conn:
+        restored = index.mark_restored(
+            conn, row.file_id, path=live_relative_path(row), now=db.now()
+        )
     assert restored is not None
     store.remove(store.checked(data_dir, row.path))
     return restored

@@ -27,21 +27,21 @@ _UNFINISHED = database.Prepared(
 )
 
 
-def record(conn: sa.Connection, **values: Any) -> tables.AuditRow:
+def record(conn: sa.Connection, *, now: dt.datetime, **values: Any) -> tables.AuditRow:
     """Write an unfinished row (``values``: action, file_id, agent_id, actor, …)."""
-    values.setdefault("created_at", tables.utcnow())
+    values.setdefault("created_at", now)
     found = conn.execute(
         sa.insert(tables.audit_log).values(**values).returning(*tables.audit_log.c)
     ).one()
     return tables.AuditRow.from_row(found)
 
 
-def finish(conn: sa.Connection, audit_id: int) -> None:
+def finish(conn: sa.Connection, audit_id: int, *, now: dt.datetime) -> None:
     """The removal a row records is complete."""
     conn.execute(
         sa.update(tables.audit_log)
         .where(_A.id == audit_id, _A.finished_at.is_(None))
-        .values(finished_at=tables.utcnow())
+        .values(finished_at=now)
     )
 
 

@@ -1,5 +1,5 @@
-"""Bearer tokens of the HTTP API (DESIGN §6): create, list, revoke and verify them, and what a
-verified caller may see and do. No HTTP here: :mod:`pipeline.api.security` adapts it.
+"""Bearer tokens of the HTTP API (docs/design.md §7): create, list, revoke and verify them, and
+what a verified caller may see and do. No HTTP here: :mod:`pipeline.api.security` adapts it.
 
 A token is ``sgme_`` followed by 43 URL-safe characters, 256 bits from :mod:`secrets`. The
 index keeps only its sha256 (``api_tokens.token_hash``); a lookup is by that hash and the
@@ -183,7 +183,7 @@ def check_scopes(scopes: Iterable[str]) -> tuple[str, ...]:
 
 
 def create(
-    engine: sa.Engine, *, agent_ids: Iterable[str], scopes: Iterable[str], name: str = ""
+    db: database.Database, *, agent_ids: Iterable[str], scopes: Iterable[str], name: str = ""
 ) -> Created:
     """Make a token; the secret is in the answer and nowhere else (only its hash is stored)."""
     agents = check_agent_ids(agent_ids)
@@ -199,11 +199,11 @@ def create(
         name=name,
         agent_ids=agents,
         scopes=held,
-        created_at=tables.utcnow(),
+        created_at=db.now(),
         last_used_at=None,
         revoked_at=None,
     )
-    with database.transaction(engine) as conn:
+    with db.transaction() as conn:
         conn.execute(
             sa.insert(tables.api_tokens).values(
                 token_id=token.token_id,
@@ -218,20 +218,20 @@ def create(
     return Created(token=token, secret=secret)
 
 
-def list_tokens(engine: sa.Engine) -> list[Token]:
+def list_tokens(db: database.Database) -> list[Token]:
     """Every token, revoked ones too, oldest first."""
     query = sa.select(tables.api_tokens).order_by(_t.created_at, _t.token_id)
-    with database.transaction(engine) as conn:
+    with db.reading() as conn:
         return [Token.from_row(tables.TokenRow.from_row(r)) for r in conn.execute(query)]
 
 
-def revoke(engine: sa.Engine, token_id: str) -> Token:
+def revoke(db: database.Database, token_id: str) -> Token:
     """Revoke a token (again is a no-op); its row stays, so auth stays on."""
-    with database.transaction(engine) as conn:
+    with db.transaction() as conn:
         conn.execute(
             sa.update(tables.api_tokens)
             .where(_t.token_id == token_id, _t.revoked_at.is_(None))
-            .values(revoked_at=tables.utcnow())
+            .values(revoked_at=db.now())
         )
         row = conn.execute(sa.select(tables.api_tokens).where(_t.token_id == token_id)).first()
     if row is None:
@@ -245,10 +245,10 @@ def exist(conn: sa.Connection) -> bool:
     return conn.execute(_ANY).first() is not None
 
 
-def made_any(engine: sa.Engine) -> bool:
+def made_any(db: database.Database) -> bool:
     """:func:`exist`, read-only, on an index that may not be migrated yet (then: False)."""
     try:
-        with engine.connect() as conn:
+        with db.engine.connect() as conn:
             return sa.inspect(conn).has_table(tables.api_tokens.name) and exist(conn)
     except sa.exc.SQLAlchemyError as exc:
         raise database.map_error(exc) from exc
@@ -281,7 +281,7 @@ class Verifier:
 
     def __init__(
         self,
-        engine: sa.Engine,
+        db: database.Database,
         *,
         require_auth: bool = False,
         cache_seconds: float = DEFAULT_CACHE_SECONDS,
@@ -292,7 +292,7 @@ class Verifier:
                 f"token_cache_seconds must be between 0 and {MAX_CACHE_SECONDS:g}, got "
                 f"{cache_seconds:g}: a revoked token would keep working that long"
             )
-        self.engine = engine
+        self.db = db
         self.require_auth = require_auth
         self.cache_seconds = cache_seconds
         self._clock = clock
@@ -310,7 +310,7 @@ class Verifier:
         if self._on or self._clock() - self._on_checked < self.cache_seconds:
             return self._on
         now = self._clock()
-        with database.transaction(self.engine) as conn:
+        with self.db.reading() as conn:
             found = exist(conn)
         with self._lock:
             self._on = self._on or found
@@ -328,7 +328,7 @@ class Verifier:
         key = digest(secret)
         hit, found = self._cached(key)
         if not hit:
-            with database.transaction(self.engine) as conn:
+            with self.db.reading() as conn:
                 found = lookup(conn, secret)
             self._remember(key, found)
         token = self._valid(found)
@@ -403,9 +403,9 @@ class Verifier:
             if now - last < LAST_USED_EVERY:
                 return
             self._touched[token.token_id] = now
-        stamp = tables.utcnow()
+        stamp = self.db.now()
         try:
-            with database.transaction(self.engine) as conn:
+            with self.db.transaction() as conn:
                 conn.execute(
                     sa.update(tables.api_tokens)
                     .where(

@@ -1,4 +1,4 @@
-"""The message catalog (DESIGN §5b): one row per flushed message — where its block is in the
+"""The message catalog (docs/design.md §6): one row per flushed message — where its block is in the
 file, the facts of its heading — and the search terms of its text, both written in the commit
 of the flush that wrote the message (never ahead of ``flushed_seq``, never behind), rebuilt by
 ``reindex``, checked by ``fsck``. No file access here.

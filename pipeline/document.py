@@ -1,4 +1,4 @@
-"""The L0 file format: pure parse and render, no I/O (DESIGN §2).
+"""The L0 file format: pure parse and render, no I/O (docs/design.md §2).
 
 A file is a YAML frontmatter followed by message blocks::
 
@@ -35,7 +35,7 @@ from typing import Any, AnyStr
 
 import yaml
 
-from pipeline import errors
+from pipeline import errors, refs
 
 FORMAT_VERSION = 1
 ROLES = ("user", "assistant", "tool", "system")
@@ -101,7 +101,7 @@ class Message:
             "role": self.role,
             "content": self.content,
             "tool_name": self.tool_name,
-            "source_ref": f"{file_id}:{self.seq}",
+            "source_ref": refs.format(file_id, self.seq),
         }
 
 
@@ -127,7 +127,7 @@ class Document:
 
     def source_ref(self, seq: int) -> str:
         """``file_id:seq`` for a message of this file."""
-        return f"{self.header.file_id}:{seq}"
+        return refs.format(self.header.file_id, seq)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -538,7 +538,7 @@ def _header_of(data: bytes) -> Header:
 
 
 # ---------------------------------------------------------------------------------------------
-# blocks and the hash chain (DESIGN §3)
+# blocks and the hash chain (docs/design.md §3)
 
 
 def _block_starts(data: bytes, start: int) -> list[int]:

@@ -37,8 +37,10 @@ from pipeline import (
     errors,
     index,
     ledger,
+    locks,
     ordering,
     purge,
+    refs,
     rewrite,
     store,
     tables,
@@ -114,34 +116,32 @@ def _delete_rows(conn: sa.Connection, row: tables.FileRow) -> None:
 
 
 def erase_file(
-    engine: sa.Engine,
+    db: database.Database,
+    file_locks: locks.FileLocks,
     data_dir: Path,
     file_id: str,
     who: rewrite.Who,
     *,
     agents: Collection[str] | None = None,
-    lock_timeout: float = store.DEFAULT_LOCK_TIMEOUT,
-    file_lock: bool = True,
     fault: FaultHook = _no_fault,
 ) -> Erased:
     """Erase one file (the module docstring's steps). A file of an agent not among ``agents``
     is NotFound, as one that does not exist; one erased before is Gone."""
-    validation.check_file_id(file_id)
-    with database.reading(engine) as conn:
+    refs.check_file_id(file_id)
+    with db.reading() as conn:
         row = index.get_file(conn, file_id)
         gone = audit.erased(conn, file_id) if row is None else None
     if gone is not None and (agents is None or gone.agent_id in agents):
-        finish_pending(engine, data_dir)
+        finish_pending(db, data_dir)
         raise erased_error(gone)
     if row is None or (agents is not None and row.agent_id not in agents):
         raise errors.NotFound(f"no file {file_id}")
-    with rewrite.locked(
-        engine, data_dir, file_id, lock_timeout=lock_timeout, file_lock=file_lock
-    ) as row:
+    with rewrite.locked(db, file_locks, file_id) as row:
         data, found = _readable(data_dir, row)
         owner = catalog.Owner.of(row)
         terms_left = False
-        with database.transaction(engine) as conn:
+        with db.transaction() as conn:
+            now = db.now()
             ordering.lock(conn, ledger.Session(row.agent_id, row.source_type, row.session_key))
             current = index.find_file(conn, row.agent_id, row.source_type, row.session_key)
             if current is None or current.file_id != file_id:
@@ -156,9 +156,10 @@ def erase_file(
             pending = sum(e.size for e in ledger.journal_after(conn, file_id, 0))
             _delete_rows(conn, current)
             for unfinished in audit.unfinished(conn, file_id=file_id):
-                audit.finish(conn, unfinished.id)  # a redaction the erasure makes moot
+                audit.finish(conn, unfinished.id, now=now)  # a redaction made moot
             recorded = audit.record(
                 conn,
+                now=now,
                 action=audit.ERASE,
                 file_id=file_id,
                 agent_id=row.agent_id,
@@ -173,8 +174,8 @@ def erase_file(
         fault("recorded")
         _unlink(data_dir, recorded)
         fault("unlinked")
-    with database.transaction(engine) as conn:
-        audit.finish(conn, recorded.id)
+    with db.transaction() as conn:
+        audit.finish(conn, recorded.id, now=db.now())
         done = audit.erased(conn, file_id)
     assert done is not None
     return Erased(done, terms_left=terms_left)
@@ -192,14 +193,13 @@ def _unlink(data_dir: Path, recorded: tables.AuditRow) -> None:
 
 
 def erase_session(
-    engine: sa.Engine,
+    db: database.Database,
+    file_locks: locks.FileLocks,
     data_dir: Path,
     agent_id: str,
     who: rewrite.Who,
     *,
     session_key: str | None = None,
-    lock_timeout: float = store.DEFAULT_LOCK_TIMEOUT,
-    file_lock: bool = True,
     progress: Callable[[int], None] | None = None,
 ) -> tuple[list[Erased], int]:
     """Erase every file of an agent (of one of its sessions with ``session_key``), then its
@@ -210,20 +210,16 @@ def erase_session(
     query = sa.select(f.file_id).where(f.agent_id == agent_id).order_by(f.file_id)
     if session_key is not None:
         query = query.where(f.session_key == session_key)
-    with database.reading(engine) as conn:
+    with db.reading() as conn:
         file_ids = [r[0] for r in conn.execute(query)]
     done = []
     for file_id in file_ids:
         with contextlib.suppress(errors.NotFound, errors.Gone):  # erased meanwhile
-            done.append(
-                erase_file(
-                    engine, data_dir, file_id, who, lock_timeout=lock_timeout, file_lock=file_lock
-                )
-            )
+            done.append(erase_file(db, file_locks, data_dir, file_id, who))
         if progress:
             progress(1)
     w, k = tables.waiting_appends.c, tables.append_keys.c
-    with database.transaction(engine) as conn:
+    with db.transaction() as conn:
         waiting = sa.delete(tables.waiting_appends).where(w.agent_id == agent_id)
         keys = sa.delete(tables.append_keys).where(k.agent_id == agent_id)
         if session_key is not None:
@@ -234,25 +230,27 @@ def erase_session(
     return done, int(removed)
 
 
-def count_files(engine: sa.Engine, agent_id: str, session_key: str | None = None) -> int:
+def count_files(db: database.Database, agent_id: str, session_key: str | None = None) -> int:
     """How many files :func:`erase_session` would erase (for progress bars)."""
     f = tables.raw_files.c
     query = sa.select(sa.func.count()).where(f.agent_id == agent_id)
     if session_key is not None:
         query = query.where(f.session_key == session_key)
-    with database.reading(engine) as conn:
+    with db.reading() as conn:
         return int(conn.execute(query).scalar_one())
 
 
-def finish_pending(engine: sa.Engine, data_dir: Path, *, before: dt.datetime | None = None) -> int:
+def finish_pending(
+    db: database.Database, data_dir: Path, *, before: dt.datetime | None = None
+) -> int:
     """Unlink what erasures a crash interrupted left on disk (those begun before ``before``:
     None for all); how many were finished."""
-    with database.reading(engine) as conn:
+    with db.reading() as conn:
         rows = [r for r in audit.unfinished(conn, before=before) if r.action == audit.ERASE]
     for recorded in rows:
         _unlink(data_dir, recorded)
-        with database.transaction(engine) as conn:
-            audit.finish(conn, recorded.id)
+        with db.transaction() as conn:
+            audit.finish(conn, recorded.id, now=db.now())
     return len(rows)
 
 

@@ -19,6 +19,9 @@
      ├── TransientError              503     unavailable        retried by tasks with backoff
      │    ├── LockTimeout            503     lock-timeout       a per-file lock was not acquired
      │    ├── IndexUnavailable       503     index-unavailable  the database is unreachable/busy
+     │    │    └── TransactionAborted 503   index-unavailable  rolled back by the database:
+     │    │         ├── Deadlock                                  deadlock detected
+     │    │         └── SerializationFailure                      could not serialize access
      │    ├── StorageUnavailable     503     storage-unavailable the data directory failed us
      │    ├── RefinerError           503     refiner-error      the refiner failed (LLM, webhook)
      │    ├── Overloaded             503     overloaded         the journal backlog is too long
@@ -228,6 +231,20 @@ class IndexUnavailable(TransientError):
     """The index database could not be reached, or stayed locked too long."""
 
     type = "index-unavailable"
+
+
+class TransactionAborted(IndexUnavailable):
+    """The database rolled the whole transaction back to resolve a conflict between
+    transactions: the same work, run again from its start, may succeed (the group committer
+    does so at once, a few times; :mod:`pipeline.database.commits`)."""
+
+
+class Deadlock(TransactionAborted):
+    """PostgreSQL found two transactions waiting for each other (SQLSTATE 40P01)."""
+
+
+class SerializationFailure(TransactionAborted):
+    """PostgreSQL could not serialize the transaction with a concurrent one (SQLSTATE 40001)."""
 
 
 class StorageUnavailable(TransientError):

@@ -1,9 +1,11 @@
-"""The index: every rule about ``raw_files``, the journal, idempotency keys and anomalies, as
-named functions that take a Connection (the schema is :mod:`pipeline.tables`).
+"""The index: every rule about ``raw_files`` and anomalies, as named functions that take a
+Connection (the schema is :mod:`pipeline.tables`; the journal, idempotency records and held
+appends are :mod:`pipeline.ledger`'s, the message catalog :mod:`pipeline.catalog`'s).
 
-No file access here, and no engines or transactions (:mod:`pipeline.database`). The rules that
-keep the protocols safe live here and nowhere else: the flush fence (``flushed_seq = :old``),
-the refinement claim and its epoch/lease fence (DESIGN §4), the archive fence (DESIGN §5).
+No file access here, and no engines, transactions or clocks: the caller's transaction and the
+caller's ``now`` (:mod:`pipeline.database`). The fences that keep the protocols safe live here
+and nowhere else: the flush fence (``flushed_seq = :old``), the refinement claim and its
+epoch/lease fence (docs/design.md §4), the archive fence (docs/design.md §5).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from pipeline import database, tables
+from pipeline.tables import Kind, Status
 
 
 def _bind(name: str) -> Any:
@@ -94,17 +97,16 @@ def refinement_lag(conn: sa.Connection) -> tuple[int, int]:
     """``(sum, max)`` of ``flushed_seq - last_refined_seq`` over files that can be refined."""
     lag = tables.raw_files.c.flushed_seq - tables.raw_files.c.last_refined_seq
     query = sa.select(sa.func.coalesce(sa.func.sum(lag), 0), sa.func.coalesce(sa.func.max(lag), 0))
-    total, worst = conn.execute(query.where(tables.raw_files.c.status != "archived")).one()
+    total, worst = conn.execute(query.where(tables.raw_files.c.status != Status.ARCHIVED)).one()
     return int(total), int(worst)
 
 
 # ---------------------------------------------------------------------------------------------
-# raw_files: the append protocol (DESIGN §3)
+# raw_files: the append protocol (docs/design.md §3)
 
 
-def insert_file(conn: sa.Connection, **values: Any) -> bool:
+def insert_file(conn: sa.Connection, *, now: dt.datetime, **values: Any) -> bool:
     """Insert a row unless its session already has one; True when inserted."""
-    now = tables.utcnow()
     values.setdefault("created_at", now)
     values.setdefault("updated_at", now)
     stmt = (
@@ -117,9 +119,9 @@ def insert_file(conn: sa.Connection, **values: Any) -> bool:
     return conn.execute(stmt).first() is not None
 
 
-def _update(conn: sa.Connection, file_id: str, **values: Any) -> int:
+def _update(conn: sa.Connection, file_id: str, *, now: dt.datetime, **values: Any) -> int:
     """Set plain values on one row (statements cached per column set); the rowcount."""
-    values.setdefault("updated_at", tables.utcnow())
+    values.setdefault("updated_at", now)
     keys = tuple(sorted(values))
     cached = _UPDATE_FILE.get(keys)
     if cached is None:
@@ -140,9 +142,9 @@ _RECORD_APPEND = database.Prepared(
 )
 
 
-def record_append(conn: sa.Connection, file_id: str, *, next_seq: int) -> None:
+def record_append(conn: sa.Connection, file_id: str, *, next_seq: int, now: dt.datetime) -> None:
     """An append took seqs up to ``next_seq - 1``: a flush is now pending."""
-    params = {"file_id": file_id, "set_next_seq": next_seq, "set_updated_at": tables.utcnow()}
+    params = {"file_id": file_id, "set_next_seq": next_seq, "set_updated_at": now}
     _RECORD_APPEND.execute(conn, params)
 
 
@@ -163,7 +165,13 @@ _RECORD_SEQUENCED = database.Prepared(
 
 
 def record_sequenced(
-    conn: sa.Connection, file_id: str, *, next_seq: int, old_sequence: int | None, sequence: int
+    conn: sa.Connection,
+    file_id: str,
+    *,
+    next_seq: int,
+    old_sequence: int | None,
+    sequence: int,
+    now: dt.datetime,
 ) -> bool:
     """:func:`record_append` for an append numbered ``sequence`` by its sender: the session
     expects ``sequence + 1`` next — only if it still expected ``old_sequence`` (None: the
@@ -173,26 +181,28 @@ def record_sequenced(
         "old_sequence": old_sequence,
         "set_next_seq": next_seq,
         "set_next_sequence": sequence + 1,
-        "set_updated_at": tables.utcnow(),
+        "set_updated_at": now,
     }
     return _RECORD_SEQUENCED.first(conn, params) is not None
 
 
-def record_damage(conn: sa.Connection, file_id: str, kind: str, detail: str) -> bool:
+def record_damage(
+    conn: sa.Connection, file_id: str, kind: str, detail: str, *, now: dt.datetime
+) -> bool:
     """A file that no longer matches what was committed: status ``error`` and an anomaly.
     True the first time this damage is recorded."""
-    mark_error(conn, file_id)
-    return record_anomaly(conn, file_id, kind, detail) == 1
+    mark_error(conn, file_id, now=now)
+    return record_anomaly(conn, file_id, kind, detail, now=now) == 1
 
 
-def mark_error(conn: sa.Connection, file_id: str) -> bool:
+def mark_error(conn: sa.Connection, file_id: str, *, now: dt.datetime) -> bool:
     """Status ``error`` (the file is damaged or could not be refined); False if it already
     was."""
     f = tables.raw_files.c
     stmt = (
         sa.update(tables.raw_files)
-        .where(f.file_id == file_id, f.status != "error")
-        .values(status="error", updated_at=tables.utcnow())
+        .where(f.file_id == file_id, f.status != Status.ERROR)
+        .values(status=Status.ERROR, updated_at=now)
     )
     return bool(conn.execute(stmt).rowcount)
 
@@ -206,7 +216,7 @@ _ADVANCE_FLUSHED = database.Prepared(
         flushed_seq=_NEW_SEQ,
         flushed_bytes=_bind("flushed_bytes"),
         chain_head=_bind("chain_head"),
-        status=sa.case((_R.status == "archived", "archived"), else_="new"),
+        status=sa.case((_R.status == Status.ARCHIVED, Status.ARCHIVED), else_=Status.NEW),
         # The latest message time seen; an append may carry older timestamps than the last.
         ended_at=sa.case(
             (sa.or_(_R.ended_at.is_(None), _R.ended_at < _ENDED_AT), _ENDED_AT),
@@ -230,12 +240,12 @@ def advance_flushed(
     flushed_bytes: int,
     chain_head: str,
     ended_at: dt.datetime,
+    now: dt.datetime,
 ) -> int | None:
     """Record a flush, if nobody advanced ``flushed_seq`` past ``old_seq`` meanwhile (None
     then): the status becomes ``new`` (an archived file stays ``archived``), and the flush is
     no longer pending if everything acknowledged is now written. Returns ``next_seq``: more
     is waiting when it is past ``flushed_seq + 1``."""
-    now = tables.utcnow()
     params = {
         "where_file_id": file_id,
         "old_seq": old_seq,
@@ -268,7 +278,7 @@ def settle_flush(conn: sa.Connection, file_id: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# raw_files: refinement (DESIGN §4)
+# raw_files: refinement (docs/design.md §4)
 
 
 def _refinable(now: dt.datetime) -> list[Any]:
@@ -288,17 +298,17 @@ def due_files(
     idle_seconds: float,
     limit: int,
     file_ids: Sequence[str] | None = None,
+    now: dt.datetime,
 ) -> list[str]:
     """Refinable files where ``min_messages`` wait or that were quiet ``idle_seconds``."""
     f = tables.raw_files.c
-    now = tables.utcnow()
     query = (
         sa.select(f.file_id)
         .where(
             *_refinable(now),
             sa.or_(
                 f.flushed_seq - f.last_refined_seq >= min_messages,
-                f.flushed_at < now - dt.timedelta(seconds=idle_seconds),
+                f.flushed_at <= now - dt.timedelta(seconds=idle_seconds),
             ),
         )
         .order_by(f.flushed_at)
@@ -310,12 +320,11 @@ def due_files(
 
 
 def claim_segment(
-    conn: sa.Connection, file_id: str, *, lease_seconds: float
+    conn: sa.Connection, file_id: str, *, lease_seconds: float, now: dt.datetime
 ) -> tuple[int, int, int] | None:
     """Bump the epoch and lease the unrefined segment: ``(lo, hi, epoch)``, or None when the
     file is leased to another job, has nothing to refine, or cannot be refined."""
     f = tables.raw_files.c
-    now = tables.utcnow()
     stmt = (
         sa.update(tables.raw_files)
         .where(f.file_id == file_id, *_refinable(now))
@@ -330,11 +339,12 @@ def claim_segment(
     return (int(row[0]), int(row[1]), int(row[2])) if row else None
 
 
-def renew_lease(conn: sa.Connection, file_id: str, *, epoch: int, lease_seconds: float) -> bool:
+def renew_lease(
+    conn: sa.Connection, file_id: str, *, epoch: int, lease_seconds: float, now: dt.datetime
+) -> bool:
     """Extend a running job's lease; False when the claim no longer holds (the job should
     stop: another claim or a full re-refine replaced it)."""
     f = tables.raw_files.c
-    now = tables.utcnow()
     stmt = (
         sa.update(tables.raw_files)
         .where(f.file_id == file_id, f.refine_epoch == epoch, f.refine_lease_until.is_not(None))
@@ -343,12 +353,13 @@ def renew_lease(conn: sa.Connection, file_id: str, *, epoch: int, lease_seconds:
     return bool(conn.execute(stmt).rowcount)
 
 
-def commit_segment(conn: sa.Connection, file_id: str, *, epoch: int, lo: int, hi: int) -> bool:
+def commit_segment(
+    conn: sa.Connection, file_id: str, *, epoch: int, lo: int, hi: int, now: dt.datetime
+) -> bool:
     """Advance ``last_refined_seq`` to ``hi`` and free the lease — only if the claim
     ``(epoch, lo)`` still holds. The file becomes ``refined``, or ``new`` when more messages
     were flushed meanwhile (an archived file stays ``archived``)."""
     f = tables.raw_files.c
-    now = tables.utcnow()
     stmt = (
         sa.update(tables.raw_files)
         .where(f.file_id == file_id, f.refine_epoch == epoch, f.last_refined_seq == lo)
@@ -357,9 +368,9 @@ def commit_segment(conn: sa.Connection, file_id: str, *, epoch: int, lo: int, hi
             refined_at=now,
             refine_lease_until=None,
             status=sa.case(
-                (f.status == "archived", "archived"),
-                (f.flushed_seq > hi, "new"),
-                else_="refined",
+                (f.status == Status.ARCHIVED, Status.ARCHIVED),
+                (f.flushed_seq > hi, Status.NEW),
+                else_=Status.REFINED,
             ),
             updated_at=now,
         )
@@ -367,19 +378,19 @@ def commit_segment(conn: sa.Connection, file_id: str, *, epoch: int, lo: int, hi
     return bool(conn.execute(stmt).rowcount)
 
 
-def fail_segment(conn: sa.Connection, file_id: str, *, epoch: int) -> bool:
+def fail_segment(conn: sa.Connection, file_id: str, *, epoch: int, now: dt.datetime) -> bool:
     """Give up on a claim after its last retry: the file becomes ``error``, its lease is
     freed. False when the claim was replaced meanwhile (nothing changes)."""
     f = tables.raw_files.c
     stmt = (
         sa.update(tables.raw_files)
         .where(f.file_id == file_id, f.refine_epoch == epoch)
-        .values(status="error", refine_lease_until=None, updated_at=tables.utcnow())
+        .values(status=Status.ERROR, refine_lease_until=None, updated_at=now)
     )
     return bool(conn.execute(stmt).rowcount)
 
 
-def restart_refinement(conn: sa.Connection, file_id: str) -> None:
+def restart_refinement(conn: sa.Connection, file_id: str, *, now: dt.datetime) -> None:
     """Full re-refine: ``last_refined_seq = 0``, the lease freed, the epoch bumped so that a
     job still running for the old claim commits nothing; an ``error`` file becomes ``new``."""
     f = tables.raw_files.c
@@ -390,15 +401,15 @@ def restart_refinement(conn: sa.Connection, file_id: str) -> None:
             last_refined_seq=0,
             refine_epoch=f.refine_epoch + 1,
             refine_lease_until=None,
-            status=sa.case((f.status == "archived", "archived"), else_="new"),
-            updated_at=tables.utcnow(),
+            status=sa.case((f.status == Status.ARCHIVED, Status.ARCHIVED), else_=Status.NEW),
+            updated_at=now,
         )
     )
     conn.execute(stmt)
 
 
 # ---------------------------------------------------------------------------------------------
-# raw_files: the cold archive (DESIGN §5)
+# raw_files: the cold archive (docs/design.md §5)
 
 
 def _cold(cutoff: dt.datetime) -> Any:
@@ -412,7 +423,7 @@ def cold_files(conn: sa.Connection, *, cutoff: dt.datetime, limit: int) -> list[
     query = (
         sa.select(f.file_id)
         .where(
-            f.status == "refined",
+            f.status == Status.REFINED,
             f.last_refined_seq == f.flushed_seq,
             f.next_seq == f.flushed_seq + 1,
             f.flush_pending.is_(False),
@@ -429,9 +440,9 @@ def cold_unrefined(conn: sa.Connection, *, cutoff: dt.datetime) -> list[tables.F
     ``unrefined_cold`` anomaly yet."""
     f = tables.raw_files.c
     a = tables.anomalies.c
-    flagged = sa.select(a.file_id).where(a.kind == "unrefined_cold", a.file_id.is_not(None))
+    flagged = sa.select(a.file_id).where(a.kind == Kind.UNREFINED_COLD, a.file_id.is_not(None))
     query = sa.select(tables.raw_files).where(
-        f.status.in_(("new", "error")),
+        f.status.in_((Status.NEW, Status.ERROR)),
         f.flushed_seq > f.last_refined_seq,
         _cold(cutoff),
         f.file_id.not_in(flagged),
@@ -439,35 +450,36 @@ def cold_unrefined(conn: sa.Connection, *, cutoff: dt.datetime) -> list[tables.F
     return [tables.FileRow.from_row(row) for row in conn.execute(query)]
 
 
-def mark_archived(conn: sa.Connection, row: tables.FileRow, *, path: str) -> bool:
+def mark_archived(conn: sa.Connection, row: tables.FileRow, *, path: str, now: dt.datetime) -> bool:
     """Point the index at the archive — only if nothing changed since ``row`` was read (an
     append or a re-refine meanwhile keeps the original)."""
     f = tables.raw_files.c
-    now = tables.utcnow()
     stmt = (
         sa.update(tables.raw_files)
         .where(
             f.file_id == row.file_id,
-            f.status == "refined",
+            f.status == Status.REFINED,
             f.next_seq == row.next_seq,
             f.flushed_seq == row.flushed_seq,
         )
-        .values(status="archived", path=path, archived_at=now, updated_at=now)
+        .values(status=Status.ARCHIVED, path=path, archived_at=now, updated_at=now)
     )
     return bool(conn.execute(stmt).rowcount)
 
 
-def mark_restored(conn: sa.Connection, file_id: str, *, path: str) -> tables.FileRow | None:
+def mark_restored(
+    conn: sa.Connection, file_id: str, *, path: str, now: dt.datetime
+) -> tables.FileRow | None:
     """Point the index back at the live file of an archived row; the updated row."""
     f = tables.raw_files.c
     stmt = (
         sa.update(tables.raw_files)
-        .where(f.file_id == file_id, f.status == "archived")
+        .where(f.file_id == file_id, f.status == Status.ARCHIVED)
         .values(
-            status=sa.case((f.last_refined_seq < f.flushed_seq, "new"), else_="refined"),
+            status=sa.case((f.last_refined_seq < f.flushed_seq, Status.NEW), else_=Status.REFINED),
             path=path,
             archived_at=None,
-            updated_at=tables.utcnow(),
+            updated_at=now,
         )
     )
     conn.execute(stmt)
@@ -477,7 +489,7 @@ def mark_restored(conn: sa.Connection, file_id: str, *, path: str) -> tables.Fil
 def archived_among(conn: sa.Connection, file_ids: Sequence[str]) -> list[str]:
     """The ids in ``file_ids`` whose rows say ``archived``."""
     f = tables.raw_files.c
-    query = sa.select(f.file_id).where(f.file_id.in_(list(file_ids)), f.status == "archived")
+    query = sa.select(f.file_id).where(f.file_id.in_(list(file_ids)), f.status == Status.ARCHIVED)
     return [row[0] for row in conn.execute(query)]
 
 
@@ -485,7 +497,9 @@ def archived_among(conn: sa.Connection, file_ids: Sequence[str]) -> list[str]:
 # raw_files: reindex (the files are the truth)
 
 
-def reindex_file(conn: sa.Connection, file_id: str, *, archived: bool, **values: Any) -> bool:
+def reindex_file(
+    conn: sa.Connection, file_id: str, *, archived: bool, now: dt.datetime, **values: Any
+) -> bool:
     """Set a row's file-derived columns (``values``: path, header fields, flushed_seq, …) from
     its file; True when the row was new. Refinement state is kept, clamped to the file's
     message count; an archived file was fully refined before it was archived."""
@@ -494,8 +508,9 @@ def reindex_file(conn: sa.Connection, file_id: str, *, archived: bool, **values:
     if row is None:
         insert_file(
             conn,
+            now=now,
             file_id=file_id,
-            status="archived" if archived else "new",
+            status=Status.ARCHIVED if archived else Status.NEW,
             last_refined_seq=count if archived else 0,
             next_seq=count + 1,
             flush_pending=False,
@@ -503,12 +518,14 @@ def reindex_file(conn: sa.Connection, file_id: str, *, archived: bool, **values:
         )
         return True
     refined = count if archived else min(row.last_refined_seq, count)
+    fresh = Status.REFINED if refined == count else Status.NEW
     _update(
         conn,
         file_id,
+        now=now,
         next_seq=max(row.next_seq, count + 1),
         last_refined_seq=refined,
-        status="archived" if archived else ("refined" if refined == count else "new"),
+        status=Status.ARCHIVED if archived else fresh,
         flush_pending=False,
         **values,
     )
@@ -520,21 +537,40 @@ def reindex_file(conn: sa.Connection, file_id: str, *, archived: bool, **values:
 
 
 def record_anomaly(
-    conn: sa.Connection, file_id: str | None, kind: str, detail: str, *, key: str = ""
+    conn: sa.Connection,
+    file_id: str | None,
+    kind: str,
+    detail: str,
+    *,
+    key: str = "",
+    now: dt.datetime,
 ) -> int:
     """Record an anomaly, once per (file, kind, key): a repeat only counts (the first detail
-    stays). Anomalies without a file are events, each recorded. Returns the count (1 the
-    first time)."""
-    now = tables.utcnow()
+    stays). Without a file, once per (kind, key) when a key is given (a session that has no
+    file yet names itself in the key), and each time when not (an event). Returns the count
+    (1 the first time)."""
+    key = key[:100]
+    a = tables.anomalies.c
+    if file_id is None and key:
+        # The unique index cannot cover a NULL file_id (NULLs are distinct): look it up. The
+        # caller holds the session's lock, so two of these cannot race.
+        found = conn.execute(
+            sa.update(tables.anomalies)
+            .where(a.file_id.is_(None), a.kind == kind, a.key == key)
+            .values(count=a.count + 1, last_seen_at=now)
+            .returning(a.count)
+        ).first()
+        if found is not None:
+            return int(found[0])
     stmt = database.insert(conn, tables.anomalies).values(
-        file_id=file_id, kind=kind, key=key[:100], detail=detail, created_at=now, count=1
+        file_id=file_id, kind=kind, key=key, detail=detail, created_at=now, count=1
     )
     if file_id is not None:
         stmt = stmt.on_conflict_do_update(
             index_elements=["file_id", "kind", "key"],
-            set_={"count": tables.anomalies.c.count + 1, "last_seen_at": now},
+            set_={"count": a.count + 1, "last_seen_at": now},
         )
-    return int(conn.execute(stmt.returning(tables.anomalies.c.count)).scalar_one())
+    return int(conn.execute(stmt.returning(a.count)).scalar_one())
 
 
 def list_anomalies(

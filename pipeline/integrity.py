@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import enum
 import json
 import logging
 from collections.abc import Callable, Iterator
@@ -22,16 +23,41 @@ from pipeline import (
     database,
     document,
     errors,
+    flush,
     index,
-    journal,
     ledger,
+    locks,
     redaction,
     store,
     tables,
 )
+from pipeline.tables import Status
 
 log = logging.getLogger(__name__)
 Progress = Callable[[int], None]  #: called with the number of files just finished
+
+
+class Finding(enum.StrEnum):
+    """What fsck (and reindex) can find wrong with a file; recorded as the anomaly
+    ``fsck_<finding>`` (``reindex_<finding>``)."""
+
+    TRUNCATED = "truncated"  #: the file is shorter than its committed length
+    UNCOMMITTED_TAIL = "uncommitted_tail"  #: bytes past the committed length
+    FORMAT_ERROR = "format_error"  #: the committed bytes do not parse
+    MESSAGE_COUNT = "message_count"  #: another number of messages than committed
+    CHAIN_MISMATCH = "chain_mismatch"  #: the hash chain differs: changed behind the store's back
+    HEADER_MISMATCH = "header_mismatch"  #: the frontmatter names another agent, source or session
+    CATALOG_MISMATCH = "catalog_mismatch"  #: a catalog row does not describe its message's block
+    SEARCH_INDEX_MISSING = "search_index_missing"  #: a cataloged message has no search terms
+    MISSING = "missing"  #: an indexed file is gone
+    ARCHIVE_CORRUPT = "archive_corrupt"  #: an archive fails to decompress or verify
+    UNREADABLE = "unreadable"  #: the file cannot be read
+    NOT_INDEXED = "not_indexed"  #: a raw file the index does not know
+    SYMLINKED_DIR = "symlinked_dir"  #: a directory under raw/ is a symlink (never followed)
+    MISPLACED = "misplaced"  #: a file in the directory of another source type
+    REMOVAL_UNFINISHED = "removal_unfinished"  #: a redaction or erasure a crash interrupted
+    REDACTION_MISMATCH = "redaction_mismatch"  #: a recorded tombstone is not in its file
+    ERASED_FILE_PRESENT = "erased_file_present"  #: an erased file is still on disk
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +65,7 @@ class Problem:
     """One thing fsck found wrong with one file."""
 
     file_id: str
-    kind: str
+    kind: Finding
     detail: str
 
     def to_json(self) -> dict[str, str]:
@@ -51,37 +77,42 @@ def check_bytes(row: tables.FileRow, data: bytes) -> list[Problem]:
     """Compare a file's bytes with what the index committed for it."""
     problems: list[Problem] = []
 
-    def problem(kind: str, detail: str) -> None:
+    def problem(kind: Finding, detail: str) -> None:
         problems.append(Problem(row.file_id, kind, detail))
 
     committed = row.flushed_bytes
     if len(data) < committed:
-        problem("truncated", f"{len(data)} bytes on disk, {committed} committed")
+        problem(Finding.TRUNCATED, f"{len(data)} bytes on disk, {committed} committed")
     elif len(data) > committed:
-        problem("uncommitted_tail", f"{len(data) - committed} bytes past the committed length")
+        problem(
+            Finding.UNCOMMITTED_TAIL, f"{len(data) - committed} bytes past the committed length"
+        )
     body = data[:committed]
     try:
         head, blocks = document.chain(body)
     except errors.FormatError as exc:
-        problem("format_error", exc.detail)
+        problem(Finding.FORMAT_ERROR, exc.detail)
         return problems
     if blocks != row.flushed_seq:
-        problem("message_count", f"{blocks} messages in the file, {row.flushed_seq} committed")
+        problem(
+            Finding.MESSAGE_COUNT, f"{blocks} messages in the file, {row.flushed_seq} committed"
+        )
     if head.hex() != row.chain_head:
-        problem("chain_mismatch", "hash chain differs: the file was changed behind our back")
+        problem(Finding.CHAIN_MISMATCH, "hash chain differs: the file was changed behind our back")
     try:
         doc = document.parse(body.decode("utf-8"), file_id=row.file_id)
     except UnicodeDecodeError as exc:
-        problem("format_error", f"not UTF-8 at byte {exc.start}")
+        problem(Finding.FORMAT_ERROR, f"not UTF-8 at byte {exc.start}")
         return problems
     except errors.FormatError as exc:
-        problem("format_error", exc.detail)
+        problem(Finding.FORMAT_ERROR, exc.detail)
         return problems
     header = doc.header
     expected = (row.agent_id, row.source_type, row.session_key)
     if (header.agent_id, header.source_type, header.session_key) != expected:
         problem(
-            "header_mismatch", "frontmatter agent_id/source_type/session_key differ from the index"
+            Finding.HEADER_MISMATCH,
+            "frontmatter agent_id/source_type/session_key differ from the index",
         )
     return problems
 
@@ -120,7 +151,7 @@ def check_catalog(
         problems.append(
             Problem(
                 row.file_id,
-                "catalog_mismatch",
+                Finding.CATALOG_MISMATCH,
                 f"the message catalog has {len(in_index)} rows for {len(on_disk)} messages; "
                 f"first difference at seq {wrong} (run sgme reindex)",
             )
@@ -129,7 +160,7 @@ def check_catalog(
         problems.append(
             Problem(
                 row.file_id,
-                "search_index_missing",
+                Finding.SEARCH_INDEX_MISSING,
                 f"{len(unindexed)} messages have no search terms (run sgme reindex)",
             )
         )
@@ -137,38 +168,40 @@ def check_catalog(
 
 
 def check_file(
-    data_dir: Path, row: tables.FileRow, engine: sa.Engine | None = None
+    data_dir: Path, row: tables.FileRow, db: database.Database | None = None
 ) -> list[Problem]:
-    """fsck of one indexed file: its bytes against the index row, and (given ``engine``) its
+    """fsck of one indexed file: its bytes against the index row, and (given ``db``) its
     messages against the catalog and the search index."""
     if row.flushed_bytes == 0:
         return []
     path = store.checked(data_dir, row.path)
     try:
         data = (
-            archive.read_archived(data_dir, row) if row.status == "archived" else store.read(path)
+            archive.read_archived(data_dir, row)
+            if row.status == Status.ARCHIVED
+            else store.read(path)
         )
     except errors.NotFound:
-        return [Problem(row.file_id, "missing", f"{row.path} does not exist")]
+        return [Problem(row.file_id, Finding.MISSING, f"{row.path} does not exist")]
     except errors.FileDamaged as exc:
-        kind = "archive_corrupt" if row.status == "archived" else "unreadable"
+        kind = Finding.ARCHIVE_CORRUPT if row.status == Status.ARCHIVED else Finding.UNREADABLE
         return [Problem(row.file_id, kind, exc.detail)]
     except errors.SgmeError as exc:
-        return [Problem(row.file_id, "unreadable", exc.detail)]
+        return [Problem(row.file_id, Finding.UNREADABLE, exc.detail)]
     problems = check_bytes(row, data)
     # The catalog describes the committed file: only an intact file can show it to be wrong.
-    if engine is not None and not problems:
-        with database.transaction(engine) as conn:
+    if db is not None and not problems:
+        with db.reading() as conn:
             cataloged = catalog.rows(conn, row.file_id, after=0, upto=row.flushed_seq)
             unindexed = catalog.unindexed(conn, [r.id for r in cataloged])
         problems += check_catalog(row, data, cataloged, unindexed)
     return problems
 
 
-def _all_rows(engine: sa.Engine) -> Iterator[tables.FileRow]:
+def _all_rows(db: database.Database) -> Iterator[tables.FileRow]:
     after: str | None = None
     while True:
-        with database.transaction(engine) as conn:
+        with db.reading() as conn:
             rows = index.list_files(conn, after=after, limit=500)
         yield from rows
         if len(rows) < 500:
@@ -203,7 +236,7 @@ def catalog_all(conn: sa.Connection, data_dir: Path) -> tuple[int, int]:
     for row in conn.execute(query).all():
         try:
             path = store.checked(data_dir, row.path)
-            if row.status == "archived":
+            if row.status == Status.ARCHIVED:
                 data = archive.read_path(path)[: row.flushed_bytes]
             else:
                 data = store.read(path, row.flushed_bytes)
@@ -217,9 +250,9 @@ def catalog_all(conn: sa.Connection, data_dir: Path) -> tuple[int, int]:
     return done, failed
 
 
-def count_files(engine: sa.Engine) -> int:
+def count_files(db: database.Database) -> int:
     """How many files the index holds (for progress bars)."""
-    with database.transaction(engine) as conn:
+    with db.reading() as conn:
         return sum(index.count_files_by_status(conn).values())
 
 
@@ -250,7 +283,7 @@ def refused_dirs(data_dir: Path) -> list[Problem]:
         try:
             store.checked_dir(data_dir, relative)
         except errors.FileDamaged as exc:
-            found.append(Problem(relative, "symlinked_dir", exc.detail))
+            found.append(Problem(relative, Finding.SYMLINKED_DIR, exc.detail))
     return list({p.file_id: p for p in found}.values())
 
 
@@ -258,37 +291,40 @@ def _file_id(path: Path) -> str:
     return path.name.split(".", 1)[0]
 
 
-def fsck(engine: sa.Engine, data_dir: Path, *, progress: Progress | None = None) -> list[Problem]:
+def fsck(
+    db: database.Database, data_dir: Path, *, progress: Progress | None = None
+) -> list[Problem]:
     """Check every indexed file and look for files the index does not know."""
     problems: list[Problem] = []
     known: set[str] = set()
-    for row in _all_rows(engine):
+    for row in _all_rows(db):
         known.add(row.path)
-        problems.extend(check_file(data_dir, row, engine))
+        problems.extend(check_file(data_dir, row, db))
         if progress:
             progress(1)
     problems.extend(refused_dirs(data_dir))
     # the audit trail: removals left unfinished, tombstones changed, erased files still there
-    problems.extend(Problem(*found) for found in redaction.problems(engine, data_dir))
+    problems.extend(Problem(f, Finding(kind), d) for f, kind, d in redaction.problems(db, data_dir))
     for _, path in _disk_files(data_dir):
         relative = path.relative_to(data_dir).as_posix()
         if relative not in known:
             problems.append(
-                Problem(_file_id(path), "not_indexed", f"{relative} is not in the index")
+                Problem(_file_id(path), Finding.NOT_INDEXED, f"{relative} is not in the index")
             )
-    _record(engine, problems, "fsck")
+    _record(db, problems, "fsck")
     return problems
 
 
-def _record(engine: sa.Engine, problems: list[Problem], prefix: str) -> None:
+def _record(db: database.Database, problems: list[Problem], prefix: str) -> None:
     """Keep what a check found as anomalies — best effort: the report is what matters, and a
     full disk or a read-only index must not stop it from being printed."""
     if not problems:
         return
     try:
-        with database.transaction(engine) as conn:
+        now = db.now()
+        with db.transaction() as conn:
             for p in problems:
-                index.record_anomaly(conn, p.file_id, f"{prefix}_{p.kind}", p.detail)
+                index.record_anomaly(conn, p.file_id, f"{prefix}_{p.kind}", p.detail, now=now)
     except errors.SgmeError as exc:
         log.warning("could not record %d %s problem(s): %s", len(problems), prefix, exc.detail)
 
@@ -304,10 +340,10 @@ class ReindexReport:
 
 
 def reindex(
-    engine: sa.Engine,
+    db: database.Database,
+    file_locks: locks.FileLocks,
     data_dir: Path,
     *,
-    lock_timeout: float = store.DEFAULT_LOCK_TIMEOUT,
     progress: Progress | None = None,
 ) -> ReindexReport:
     """Rebuild ``raw_files`` and the message catalog (with the search index) from the files.
@@ -317,25 +353,25 @@ def reindex(
     head, ended_at) are set from the file; refinement state is kept where a row exists and
     clamped to the file's message count. The catalog is dropped and made again, file by file.
     """
-    with database.transaction(engine) as conn:
+    with db.reading() as conn:
         pending = ledger.stale_journal_files(conn, None)
     for file_id in pending:
-        journal.flush(engine, data_dir, file_id, lock_timeout=lock_timeout)
-    with database.transaction(engine) as conn:
+        flush.flush(db, file_locks, data_dir, file_id)
+    with db.transaction() as conn:
         catalog.clear(conn)
     scanned = inserted = updated = 0
     failed: list[Problem] = []
     live = {_file_id(path) for kind, path in _disk_files(data_dir) if kind != "archive"}
-    with database.reading(engine) as conn:
+    with db.reading() as conn:
         erased = audit.erased_ids(conn)
     for source_type, path in _disk_files(data_dir):
         scanned += 1
         file_id = _file_id(path)
+        archived = source_type == "archive"
         if file_id in erased:  # erased on purpose, never brought back (fsck names it)
             if progress:
                 progress(1)
             continue
-        archived = source_type == "archive"
         if archived and file_id in live:
             # A crash between restore steps left both copies; the live one is the file.
             if progress:
@@ -352,14 +388,16 @@ def reindex(
             head, count = document.chain(data)
         except (UnicodeDecodeError, errors.SgmeError) as exc:
             detail = exc.detail if isinstance(exc, errors.SgmeError) else f"not UTF-8: {exc}"
-            failed.append(Problem(file_id, "unreadable", detail))
+            failed.append(Problem(file_id, Finding.UNREADABLE, detail))
             if progress:
                 progress(1)
             continue
         if not archived and header.source_type != source_type:
             failed.append(
                 Problem(
-                    file_id, "misplaced", f"a {header.source_type} file in raw/{path.parent.name}"
+                    file_id,
+                    Finding.MISPLACED,
+                    f"a {header.source_type} file in raw/{path.parent.name}",
                 )
             )
         last_ts = max((f.message.ts for f in found), key=document.parse_ts)
@@ -375,8 +413,8 @@ def reindex(
             "flushed_bytes": len(data),
             "chain_head": head.hex(),
         }
-        with database.transaction(engine) as conn:
-            if index.reindex_file(conn, header.file_id, archived=archived, **values):
+        with db.transaction() as conn:
+            if index.reindex_file(conn, header.file_id, archived=archived, now=db.now(), **values):
                 inserted += 1
             else:
                 updated += 1
@@ -384,5 +422,5 @@ def reindex(
             catalog.add(conn, owner, found)
         if progress:
             progress(1)
-    _record(engine, failed, "reindex")
+    _record(db, failed, "reindex")
     return ReindexReport(scanned, inserted, updated, failed)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Collection, Sequence
 from typing import Any
 
@@ -10,11 +11,10 @@ import sqlalchemy as sa
 from pipeline import database, tables
 
 
-def add_items(conn: sa.Connection, items: Sequence[dict[str, Any]]) -> None:
+def add_items(conn: sa.Connection, items: Sequence[dict[str, Any]], *, now: dt.datetime) -> None:
     """Insert items, skipping any the file already has (same ``item_hash``)."""
     if not items:
         return
-    now = tables.utcnow()
     stmt = database.insert(conn, tables.l1_items).on_conflict_do_nothing(
         index_elements=["file_id", "item_hash"]
     )

@@ -1,6 +1,7 @@
-"""The ledger of appends: journal rows (acknowledged, not yet in their files), idempotency keys
-(the answer each key got) and waiting appends (queued ones held until their predecessor lands:
-:mod:`pipeline.ordering`), as named functions that take a Connection."""
+"""The ledger of appends, as named queries that take a Connection: journal rows (acknowledged,
+not yet in their files: :mod:`pipeline.ingest` adds them, :mod:`pipeline.flush` applies them),
+idempotency records (the answer each key got: the rule is :mod:`pipeline.idempotency`'s) and
+waiting appends (queued ones held until their predecessor lands: :mod:`pipeline.ordering`)."""
 
 from __future__ import annotations
 
@@ -43,8 +44,8 @@ _DELETE_JOURNAL = database.Prepared(
 
 
 def add_journal(conn: sa.Connection, **values: Any) -> None:
-    """Record one acknowledged append (``size`` is the UTF-8 length of its ``data``)."""
-    values.setdefault("created_at", tables.utcnow())
+    """Record one acknowledged append (``size`` is the UTF-8 length of its ``data``;
+    ``created_at`` when it was acknowledged)."""
     _INSERT_JOURNAL.execute(conn, values)
 
 
@@ -69,10 +70,10 @@ def delete_journal(conn: sa.Connection, file_id: str, upto_seq: int) -> None:
 
 
 def stale_journal_files(conn: sa.Connection, older_than: dt.datetime | None) -> list[str]:
-    """Files with journal rows created before ``older_than`` (all of them for None)."""
+    """Files with journal rows created at or before ``older_than`` (all of them for None)."""
     query = sa.select(tables.append_journal.c.file_id).group_by(tables.append_journal.c.file_id)
     if older_than is not None:
-        query = query.where(tables.append_journal.c.created_at < older_than)
+        query = query.where(tables.append_journal.c.created_at <= older_than)
     return [row[0] for row in conn.execute(query)]
 
 
@@ -105,7 +106,13 @@ _PUT_KEY: dict[str, database.Prepared] = {}  #: per dialect: the insert differs
 
 
 def put_key(
-    conn: sa.Connection, agent_id: str, key: str, request_hash: str, response: dict[str, Any]
+    conn: sa.Connection,
+    agent_id: str,
+    key: str,
+    request_hash: str,
+    response: dict[str, Any],
+    *,
+    now: dt.datetime,
 ) -> bool:
     """Remember the answer given for an idempotency key; False when a concurrent request
     holding the same key got there first (its transaction committed meanwhile)."""
@@ -122,7 +129,7 @@ def put_key(
         "idempotency_key": key,
         "request_hash": request_hash,
         "response_json": json.dumps(response),
-        "created_at": tables.utcnow(),
+        "created_at": now,
     }
     return stmt.first(conn, params) is not None
 
@@ -187,13 +194,14 @@ def release(conn: sa.Connection, session: Session, sequence: int) -> None:
     _DELETE_WAITING.execute(conn, {**session._asdict(), "sequence": sequence})
 
 
-def waiting_sessions(conn: sa.Connection, older_than: dt.datetime) -> list[Session]:
-    """Sessions with an append that has waited since before ``older_than``."""
-    query = (
-        sa.select(_W.agent_id, _W.source_type, _W.session_key)
-        .where(_W.received_at < older_than)
-        .group_by(_W.agent_id, _W.source_type, _W.session_key)
+def waiting_sessions(conn: sa.Connection, older_than: dt.datetime | None) -> list[Session]:
+    """Sessions with an append that has waited since ``older_than`` or before (every session
+    with one for None)."""
+    query = sa.select(_W.agent_id, _W.source_type, _W.session_key).group_by(
+        _W.agent_id, _W.source_type, _W.session_key
     )
+    if older_than is not None:
+        query = query.where(_W.received_at <= older_than)
     return [Session(*row) for row in conn.execute(query)]
 
 

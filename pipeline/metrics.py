@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import sqlalchemy as sa
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -32,14 +31,14 @@ REFINE_SECONDS = Histogram(
 class IndexCollector(Collector):
     """Gauges read from the index at each scrape."""
 
-    def __init__(self, engine: sa.Engine) -> None:
-        self.engine = engine
+    def __init__(self, db: database.Database) -> None:
+        self.db = db
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         """Journal backlog, held appends, refinement lag, files by status, anomalies by
         kind."""
         try:
-            with database.transaction(self.engine) as conn:
+            with self.db.reading() as conn:
                 rows, messages, size = ledger.journal_backlog(conn)
                 held, _ = ledger.waiting_backlog(conn)
                 lag_sum, lag_max = index.refinement_lag(conn)
@@ -92,10 +91,10 @@ class IndexCollector(Collector):
         yield anomalies
 
 
-def render(engine: sa.Engine) -> bytes:
+def render(db: database.Database) -> bytes:
     """The text exposition of this process's histograms and the index gauges."""
     from prometheus_client import REGISTRY
 
     registry = CollectorRegistry()
-    registry.register(IndexCollector(engine))
+    registry.register(IndexCollector(db))
     return generate_latest(REGISTRY) + generate_latest(registry)

@@ -1,73 +1,90 @@
-"""A sender's order (issue 13): appends numbered by their sender are applied in that order.
+"""A sender's order: appends numbered by their sender are applied in that order.
 
 Celery does not keep the order of tasks once more than one process consumes a queue, and a seq,
-once given, is never moved (DESIGN §2.9). So a sender that needs its order numbers the appends
-of a session — ``sequence`` 1, 2, 3, … — and ingest applies each one only when the session
-expects it (``raw_files.next_sequence``: kept in the index, never in the file):
+once given, is never moved (docs/design.md §2). So a sender that needs its order numbers the
+appends of a session — ``sequence`` 1, 2, 3, … — and ingest applies each one only when the
+session expects it (``raw_files.next_sequence``: kept in the index, never in the file).
 
-* **The expected one** is written (by the writer ingest hands in), the session expects the next
-  one, and the appends held for it follow at once, in order, in the same transaction.
-* **One ahead of it** is refused over HTTP (409 ``out-of-order``, naming the expected one: the
-  client decides). A queued one (``sgme.append``) is held in ``waiting_appends`` — in the
-  index, durable, not in the broker: a worker killed while tasks wait takes none of them along
-  — and written when its predecessor lands.
-* **One behind it** was applied already. A retry with the same idempotency key was answered
-  from its key before this module is asked (a redelivered task replays); any other append is
-  refused over HTTP (409) and, queued, recorded and dropped: ``sequence_late`` when its number
-  was skipped as a gap, ``sequence_duplicate`` otherwise.
-* **A gap that never fills** (a sender that crashed between two tasks, a task lost with a wiped
-  broker): once the oldest held append of the session has waited ``order_wait_seconds``, the
-  lowest held one is written next, the gap is recorded once as ``sequence_gap`` (keyed by the
-  missing numbers), and the others follow in order. Each queued arrival and each beat sweep
-  (:func:`settle`) looks for that.
+This module decides; :mod:`pipeline.ingest` acts. :func:`decide` says what to do with a
+numbered append whose idempotency key was found new:
+
+* **the expected one** → :class:`Write`: ingest writes it, the session expects the next one,
+  and the appends held for it follow at once, in order, in the same transaction
+  (:func:`next_release` / :func:`released`);
+* **one ahead of it** is refused over HTTP (409 ``out-of-order``, naming the expected one: the
+  client decides); a queued one (``sgme.append``) → :class:`Hold`: kept in
+  ``waiting_appends`` (:func:`hold`) — in the index, durable, not in the broker: a worker
+  killed while tasks wait takes none of them along — until its predecessor lands;
+* **one behind it** was applied already: refused over HTTP (409) and, queued,
+  → :class:`Drop`: recorded (:func:`drop`) — ``sequence_late`` when its number was skipped as a
+  gap, ``sequence_duplicate`` otherwise — and not written;
+* **a gap that never fills** (a sender that crashed between two tasks, a task lost with a
+  wiped broker): once the oldest held append of the session has waited
+  ``order_wait_seconds``, :func:`next_release` lets the lowest held one go next; the gap is
+  recorded once as ``sequence_gap`` (keyed by the missing numbers) and the others follow.
 
 A session uses sequences always or never: an append without one to a session that numbers its
 appends, or with one to a session that had appends without, is refused (422).
 
 All of it runs under the session's locks inside ingest's transaction — its row's, and a
-transaction lock on the session itself, as its file may not exist yet — so two processes can
-never both apply one number; the update of ``next_sequence`` is fenced on what it read besides.
+transaction lock on the session itself (:func:`lock`), as its file may not exist yet — so two
+processes can never both apply one number; the update of ``next_sequence`` is fenced on what
+it read besides.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import hashlib
 import json
-from collections.abc import Callable
-from typing import Protocol, TypeVar
 
 import sqlalchemy as sa
 
-from pipeline import commits, database, document, errors, index, ledger, tables, validation
+from pipeline import database, document, errors, idempotency, index, ledger, tables, validation
+from pipeline.tables import Kind
 
-DEFAULT_WAIT_SECONDS = 60.0  #: ``order_wait_seconds``: how long a gap may hold appends back
 MAX_WAIT_SECONDS = 30 * 86400  #: the longest ``order_wait_seconds`` allowed (30 days)
 
 
-class Written(Protocol):
-    """What a writer answers: at least which file it wrote to."""
-
-    @property
-    def file_id(self) -> str: ...
-
-
-W = TypeVar("W", bound=Written)
-#: writes an append after the session's last one (making its file when the row is None) and
-#: sets the sequence the session expects next to the append's ``sequence + 1``
-Writer = Callable[[sa.Connection, tables.FileRow | None, validation.Append], W]
+@dataclasses.dataclass(frozen=True)
+class Write:
+    """The append is the one its session expects: write it."""
 
 
 @dataclasses.dataclass(frozen=True)
-class Held:
-    """A queued append not written now: waiting for its predecessor, or ``dropped`` (recorded
-    as an anomaly: there is nobody to answer)."""
+class Hold:
+    """A queued append ahead of its session: keep it until its predecessor lands. ``new`` is
+    False when the very same append is held already (a redelivered task)."""
 
-    sequence: int
-    expected: int  #: what the session expected when it came
-    dropped: bool = False
-    #: a file that appends held before were written to meanwhile (a gap was let go): flush it
-    kick: str | None = None
+    expected: int
+    new: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class Drop:
+    """A queued append that will never be written: record it as ``kind`` and let it go."""
+
+    kind: Kind
+    expected: int
+
+
+Decision = Write | Hold | Drop
+
+
+@dataclasses.dataclass(frozen=True)
+class Release:
+    """A held append that may be written now: the lowest one waiting, when it is the expected
+    one, or after a gap (``gap``: it is not) that has waited long enough."""
+
+    waiting: tables.WaitingRow
+    append: validation.Append
+    expected: int
+
+    @property
+    def gap(self) -> bool:
+        """Whether appends before it are missing (a gap let go)."""
+        return self.waiting.sequence > self.expected
 
 
 def session_of(append: validation.Append) -> ledger.Session:
@@ -110,123 +127,146 @@ def check_unsequenced(
         )
 
 
-def apply(
-    conn: sa.Connection,
-    row: tables.FileRow | None,
-    append: validation.Append,
-    *,
-    write: Writer[W],
-    hold: bool,
-    wait_seconds: float = DEFAULT_WAIT_SECONDS,
-) -> W | Held:
-    """Apply a numbered append to its session (``row``, locked; None: no file yet), after its
-    idempotency key was found new: write it if it is the expected one, then whatever waited
-    for it. Otherwise raise :class:`errors.OutOfOrder` — or, with ``hold`` (the queued path),
-    hold it for later or record and drop it."""
+def decide(
+    conn: sa.Connection, row: tables.FileRow | None, append: validation.Append, *, queued: bool
+) -> Decision:
+    """What to do with a numbered append to its session (``row``, locked; None: no file
+    yet), after its idempotency key was found new. Not ``queued`` (HTTP, where the client
+    decides), anything but the expected number is :class:`errors.OutOfOrder`."""
     assert append.sequence is not None
     number, want = append.sequence, expected(row)
-    session = session_of(append)
     if number == want:
-        written = write(conn, row, append)
-        settle(conn, session, write=write, wait_seconds=wait_seconds)
-        return written
-    if not hold:
+        return Write()
+    if not queued:
         raise _out_of_order(number, want)
     if number < want:
         assert row is not None  # a session past sequence 1 has its file
-        late = number in _skipped(conn, row.file_id)
-        _drop(conn, row.file_id, append, "sequence_late" if late else "sequence_duplicate", want)
-        return Held(number, want, dropped=True)
-    found = ledger.waiting(conn, session, number)
+        late = _was_skipped(conn, row.file_id, number)
+        return Drop(Kind.SEQUENCE_LATE if late else Kind.SEQUENCE_DUPLICATE, want)
+    found = ledger.waiting(conn, session_of(append), number)
     if found is None:
-        text = _dump(append)
-        ledger.hold(
-            conn,
-            session,
-            sequence=number,
-            idempotency_key=append.idempotency_key or "",
-            request_hash=append.digest,
-            append_json=text,
-            size=len(text.encode("utf-8")),
-            received_at=tables.utcnow(),
-        )
-    elif found.idempotency_key != append.idempotency_key:
-        file_id = row.file_id if row is not None else None
-        _drop(conn, file_id, append, "sequence_duplicate", want)
-        return Held(number, want, dropped=True)
-    elif found.request_hash != append.digest:
-        raise errors.Conflict(
-            f"idempotency_key {append.idempotency_key!r} was already used with a different body"
-        )
-    return Held(number, want, kick=settle(conn, session, write=write, wait_seconds=wait_seconds))
+        return Hold(want)
+    if found.idempotency_key != append.idempotency_key:
+        return Drop(Kind.SEQUENCE_DUPLICATE, want)
+    if found.request_hash != append.digest:
+        raise idempotency.conflict(append.idempotency_key or "")
+    return Hold(want, new=False)
 
 
-def settle(
+def hold(conn: sa.Connection, append: validation.Append, *, now: dt.datetime) -> None:
+    """Keep a queued append until its predecessor lands (durable with the transaction)."""
+    assert append.sequence is not None
+    text = _dump(append)
+    ledger.hold(
+        conn,
+        session_of(append),
+        sequence=append.sequence,
+        idempotency_key=append.idempotency_key or "",
+        request_hash=append.digest,
+        append_json=text,
+        size=len(text.encode("utf-8")),
+        received_at=now,
+    )
+
+
+def drop(
     conn: sa.Connection,
-    session: ledger.Session,
+    file_id: str | None,
+    append: validation.Append,
+    decision: Drop,
     *,
-    write: Writer[W],
-    wait_seconds: float = DEFAULT_WAIT_SECONDS,
-) -> str | None:
-    """Write what waits for ``session`` and may go now: the held appends that follow the
-    expected one without a hole and, once the oldest of them has waited ``wait_seconds``, the
-    lowest one after a gap (recorded). The file written to, or None. The caller holds the
-    session's :func:`lock`."""
+    now: dt.datetime,
+) -> None:
+    """Record a queued append that will never be written, once per session, number and kind:
+    it names the append's key, message count and times, never its content."""
+    number = append.sequence
+    assert number is not None
+    count = len(append.messages)
+    what = (
+        f"the append with idempotency_key {append.idempotency_key!r} ({count} "
+        f"message{'s' if count != 1 else ''}, {append.messages[0].ts} to "
+        f"{append.messages[-1].ts})"
+    )
+    if decision.kind == Kind.SEQUENCE_LATE:
+        detail = (
+            f"sequence {number} came after it was skipped as a gap (the session expects "
+            f"{decision.expected} next): {what} was recorded here, not appended out of place"
+        )
+    else:
+        detail = f"sequence {number} was already taken: {what} was dropped"
+    key = str(number)
+    if file_id is None:  # no file to name it by: the session is named in the detail instead
+        session = session_of(append)
+        detail = f"agent_id={session.agent_id!r} session_key={session.session_key!r}: {detail}"
+        key = _session_key(session, number)
+    index.record_anomaly(conn, file_id, decision.kind, detail, key=key, now=now)
+
+
+def next_release(
+    conn: sa.Connection, session: ledger.Session, *, wait_seconds: float, now: dt.datetime
+) -> Release | None:
+    """The held append of ``session`` to write next, if one may go now: the lowest held one
+    when it is the expected one or, once the oldest held one has waited ``wait_seconds``,
+    after a gap. Held appends that can never be written (their number applied meanwhile, a
+    session that turned out to take no sequences, a key used since) are recorded and let go
+    on the way. The caller holds the session's :func:`lock`, writes the release and calls
+    :func:`released`."""
     row = index.find_file(conn, *session)
-    wrote: str | None = None
     while (first := ledger.first_waiting(conn, session)) is not None:
         try:
             want = expected(row)
         except errors.InvalidInput as exc:  # the session had appends without a sequence
-            _reject(conn, first, exc.detail)
+            _reject(conn, first, exc.detail, now=now)
             continue
         if first.sequence < want:  # its number was applied meanwhile (over HTTP, say)
-            recorded = ledger.get_key(conn, session.agent_id, first.idempotency_key)
-            if recorded is None or recorded[0] != first.request_hash:  # not this very append
-                _drop(conn, row.file_id if row else None, _load(first), "sequence_duplicate", want)
+            digest = idempotency.recorded_digest(conn, session.agent_id, first.idempotency_key)
+            if digest != first.request_hash:  # not this very append
+                file_id = row.file_id if row else None
+                drop(conn, file_id, _load(first), Drop(Kind.SEQUENCE_DUPLICATE, want), now=now)
             ledger.release(conn, session, first.sequence)
             continue
-        if first.sequence > want and not _overdue(conn, session, wait_seconds):
-            break
-        if ledger.get_key(conn, session.agent_id, first.idempotency_key) is not None:
-            _reject(conn, first, f"idempotency_key {first.idempotency_key!r} was already used")
+        if first.sequence > want and not _overdue(conn, session, wait_seconds, now):
+            return None
+        if idempotency.recorded_digest(conn, session.agent_id, first.idempotency_key):
+            why = f"idempotency_key {first.idempotency_key!r} was already used"
+            _reject(conn, first, why, now=now)
             continue
-        try:
-            written = write(conn, row, _load(first))
-        except errors.Overloaded:  # it waits on; the next arrival or sweep comes back to it
-            break
-        ledger.release(conn, session, first.sequence)
-        if first.sequence > want:
-            _record_gap(conn, written.file_id, want, first.sequence, wait_seconds)
-        wrote = written.file_id
-        row = index.find_file(conn, *session)
-    return wrote
+        return Release(first, _load(first), want)
+    return None
 
 
-def settle_waiting(
-    engine: sa.Engine, *, age: float, write: Writer[W], wait_seconds: float = DEFAULT_WAIT_SECONDS
-) -> list[str]:
-    """:func:`settle` every session where an append has waited more than ``age`` seconds (the
-    sweeper's part: a gap that never fills is let go even when no task of its session comes
-    any more, and what a full backlog held back goes on); the files written to."""
-    with database.reading(engine) as conn:
-        sessions = ledger.waiting_sessions(conn, tables.utcnow() - dt.timedelta(seconds=age))
-    written = []
-    for session in sessions:
-
-        def work(conn: sa.Connection, session: ledger.Session = session) -> str | None:
-            lock(conn, session)
-            return settle(conn, session, write=write, wait_seconds=wait_seconds)
-
-        file_id = commits.group(engine).run(work)
-        if file_id is not None:
-            written.append(file_id)
-    return written
+def released(
+    conn: sa.Connection, release: Release, file_id: str, *, wait_seconds: float, now: dt.datetime
+) -> None:
+    """A released append was written to ``file_id``: forget it, and record the gap it was let
+    go after, if any."""
+    w = release.waiting
+    ledger.release(conn, ledger.Session(w.agent_id, w.source_type, w.session_key), w.sequence)
+    if not release.gap:
+        return
+    lo, hi = release.expected, w.sequence - 1
+    missing = f"sequence {lo}" if lo == hi else f"sequences {lo}-{hi}"
+    after = f"after sequence {lo - 1}" if lo > 1 else "first"
+    detail = (
+        f"{missing} never arrived within order_wait_seconds ({wait_seconds:g} s) of the first "
+        f"append waiting for it; sequence {w.sequence} was applied {after}"
+    )
+    index.record_anomaly(conn, file_id, Kind.SEQUENCE_GAP, detail, key=_span(lo, hi), now=now)
 
 
-def _overdue(conn: sa.Connection, session: ledger.Session, wait_seconds: float) -> bool:
+def waiting_sessions(db: database.Database, *, age: float) -> list[ledger.Session]:
+    """Sessions where an append has waited ``age`` seconds or more (the sweeper's list); with
+    ``age`` 0, every session with a held append."""
+    older_than = db.now() - dt.timedelta(seconds=age) if age > 0 else None
+    with db.reading() as conn:
+        return ledger.waiting_sessions(conn, older_than)
+
+
+def _overdue(
+    conn: sa.Connection, session: ledger.Session, wait_seconds: float, now: dt.datetime
+) -> bool:
     oldest = ledger.oldest_waiting(conn, session)
-    return oldest is not None and oldest <= tables.utcnow() - dt.timedelta(seconds=wait_seconds)
+    return oldest is not None and oldest <= now - dt.timedelta(seconds=wait_seconds)
 
 
 def _out_of_order(number: int, want: int) -> errors.OutOfOrder:
@@ -248,53 +288,29 @@ def _span(lo: int, hi: int) -> str:
     return str(lo) if lo == hi else f"{lo}-{hi}"
 
 
-def _record_gap(conn: sa.Connection, file_id: str, want: int, applied: int, wait: float) -> None:
-    lo, hi = want, applied - 1
-    missing = f"sequence {lo}" if lo == hi else f"sequences {lo}-{hi}"
-    after = f"after sequence {lo - 1}" if lo > 1 else "first"
-    detail = (
-        f"{missing} never arrived within order_wait_seconds ({wait:g} s) of the first append "
-        f"waiting for it; sequence {applied} was applied {after}"
-    )
-    index.record_anomaly(conn, file_id, "sequence_gap", detail, key=_span(lo, hi))
-
-
-def _skipped(conn: sa.Connection, file_id: str) -> set[int]:
-    """The sequences of a file skipped as gaps (from its ``sequence_gap`` anomalies)."""
-    found: set[int] = set()
-    for gap in index.list_anomalies(conn, file_id=file_id, kinds=["sequence_gap"]):
+def _was_skipped(conn: sa.Connection, file_id: str, number: int) -> bool:
+    """Whether ``number`` lies in a gap of the file (its ``sequence_gap`` anomalies), compared
+    with each gap's bounds: a gap can span two billion numbers."""
+    for gap in index.list_anomalies(conn, file_id=file_id, kinds=[Kind.SEQUENCE_GAP]):
         lo, _, hi = gap.key.partition("-")
-        found.update(range(int(lo), int(hi or lo) + 1))
-    return found
+        if int(lo) <= number <= int(hi or lo):
+            return True
+    return False
 
 
-def _drop(
-    conn: sa.Connection, file_id: str | None, append: validation.Append, kind: str, want: int
-) -> None:
-    """Record a queued append that will never be written (once per number and kind)."""
-    number = append.sequence
-    count = len(append.messages)
-    what = (
-        f"the append with idempotency_key {append.idempotency_key!r} ({count} "
-        f"message{'s' if count != 1 else ''}, {append.messages[0].ts} to "
-        f"{append.messages[-1].ts})"
-    )
-    if kind == "sequence_late":
-        detail = (
-            f"sequence {number} came after it was skipped as a gap (the session expects "
-            f"{want} next): {what} was recorded here, not appended out of place"
-        )
-    else:
-        detail = f"sequence {number} was already taken: {what} was dropped"
-    index.record_anomaly(conn, file_id, kind, detail, key=str(number))
+def _session_key(session: ledger.Session, number: int) -> str:
+    """The anomaly key of a session that has no file yet: a digest of the session and the
+    number (an anomaly without a file and without a key is an event, recorded each time)."""
+    digest = hashlib.sha256("\x1f".join(session).encode("utf-8", "surrogatepass")).hexdigest()
+    return f"{digest[:32]}#{number}"
 
 
-def _reject(conn: sa.Connection, waiting: tables.WaitingRow, why: str) -> None:
+def _reject(conn: sa.Connection, waiting: tables.WaitingRow, why: str, *, now: dt.datetime) -> None:
     """Drop a held append that can never be written, as an invalid task is (an event)."""
     session = ledger.Session(waiting.agent_id, waiting.source_type, waiting.session_key)
     who = f"agent_id={session.agent_id!r} session_key={session.session_key!r}"
     detail = f"{who}: sequence {waiting.sequence} dropped: {why}"
-    index.record_anomaly(conn, None, "append_task_rejected", detail)
+    index.record_anomaly(conn, None, Kind.APPEND_TASK_REJECTED, detail, now=now)
     ledger.release(conn, session, waiting.sequence)
 
 

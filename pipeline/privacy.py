@@ -108,13 +108,13 @@ class Policies:
 
     def __init__(
         self,
-        engine: sa.Engine,
+        db: database.Database,
         *,
         default: bool = True,
         cache_seconds: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.engine = engine
+        self.db = db
         self.default = default
         self.cache_seconds = cache_seconds
         self._clock = clock
@@ -130,7 +130,7 @@ class Policies:
         with self._lock:
             if self._clock() - self._read_at < self.cache_seconds:
                 return self._own
-        with database.reading(self.engine) as conn:
+        with self.db.reading() as conn:
             own = {
                 r.agent_id: bool(r.redact_secrets)
                 for r in conn.execute(sa.select(_P.agent_id, _P.redact_secrets))
@@ -142,7 +142,7 @@ class Policies:
     def get(self, agent_id: str) -> Policy:
         """The policy of ``agent_id`` as stored (or the default's)."""
         validation.check_agent_id(agent_id)
-        with database.reading(self.engine) as conn:
+        with self.db.reading() as conn:
             row = conn.execute(
                 sa.select(tables.agent_policies).where(_P.agent_id == agent_id)
             ).first()
@@ -164,14 +164,14 @@ class Policies:
             raise errors.InvalidInput(
                 f"redact_secrets must be true, false or null, not {redact_secrets!r}"
             )
-        with database.transaction(self.engine) as conn:
+        with self.db.transaction() as conn:
             conn.execute(sa.delete(tables.agent_policies).where(_P.agent_id == agent_id))
             if redact_secrets is not None:
                 conn.execute(
                     sa.insert(tables.agent_policies).values(
                         agent_id=agent_id,
                         redact_secrets=redact_secrets,
-                        updated_at=tables.utcnow(),
+                        updated_at=self.db.now(),
                         updated_by=actor[:300],
                     )
                 )
@@ -181,7 +181,7 @@ class Policies:
 
     def listed(self) -> list[Policy]:
         """Every agent with a policy of its own."""
-        with database.reading(self.engine) as conn:
+        with self.db.reading() as conn:
             rows = conn.execute(sa.select(tables.agent_policies).order_by(_P.agent_id)).all()
         return [
             Policy(

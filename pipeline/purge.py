@@ -15,6 +15,7 @@ truncates the write-ahead log (docs/privacy.md says what PostgreSQL needs instea
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 from collections.abc import Sequence
@@ -22,6 +23,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 
 from pipeline import catalog, database, document, errors, tables, terms
+from pipeline.tables import Status
 
 log = logging.getLogger(__name__)
 _M = tables.messages.c
@@ -121,7 +123,7 @@ def forget_items(conn: sa.Connection, file_id: str, seq: int) -> tuple[int, int 
     return len(found), min(int(r.segment_lo) for r in found)
 
 
-def restart_refinement(conn: sa.Connection, file_id: str, *, after: int) -> None:
+def restart_refinement(conn: sa.Connection, file_id: str, *, after: int, now: dt.datetime) -> None:
     """Refine a file again from ``after`` (``last_refined_seq`` lowered to it if higher),
     fencing out a job that still runs for an older claim (the epoch moves on, the lease
     goes). A fully refined file becomes ``new``; an archived one stays archived (it is
@@ -136,27 +138,27 @@ def restart_refinement(conn: sa.Connection, file_id: str, *, after: int) -> None
             refine_epoch=f.refine_epoch + 1,
             refine_lease_until=None,
             status=sa.case(
-                (sa.and_(f.status == "refined", f.flushed_seq > lowered), "new"),
+                (sa.and_(f.status == Status.REFINED, f.flushed_seq > lowered), Status.NEW),
                 else_=f.status,
             ),
-            updated_at=tables.utcnow(),
+            updated_at=now,
         )
     )
 
 
-def compact(engine: sa.Engine) -> None:
+def compact(db: database.Database) -> None:
     """On SQLite, make what was deleted unreadable in the database files: merge the search
     index's segments (deleted terms are dropped only then) and checkpoint and truncate the
     write-ahead log (freed pages are zeroed by ``secure_delete``). Best effort: a busy
     database leaves it to the next redaction or erasure. Nothing on PostgreSQL (VACUUM is
     the operator's: docs/privacy.md)."""
-    if database.is_postgres(engine):
+    if db.postgres:
         return
     try:
-        with database.transaction(engine) as conn:
+        with db.transaction() as conn:
             conn.execute(sa.text("INSERT INTO message_terms (message_terms) VALUES ('optimize')"))
         # outside any transaction (SQLAlchemy would begin one): on the driver's connection
-        raw = engine.raw_connection()
+        raw = db.engine.raw_connection()
         try:
             driver = raw.driver_connection
             assert driver is not None

@@ -6,7 +6,6 @@ check the audit trail against the files (``fsck``).
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import re
 from collections.abc import Collection
@@ -19,26 +18,18 @@ from pipeline import (
     database,
     erasure,
     errors,
+    flush,
     index,
-    journal,
+    locks,
     purge,
     redactor,
+    refs,
     rewrite,
     store,
     tables,
-    validation,
 )
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
-
-
-@dataclasses.dataclass(frozen=True)
-class Locks:
-    """How long to wait for a file's lock, and whether lock files are used (the
-    ``lock_timeout`` and ``file_locks`` settings)."""
-
-    timeout: float = store.DEFAULT_LOCK_TIMEOUT
-    files: bool = True
 
 
 def check_reason(reason: object, *, required: bool = True) -> str:
@@ -62,41 +53,39 @@ def check_reason(reason: object, *, required: bool = True) -> str:
 
 
 def redact(
-    engine: sa.Engine,
+    db: database.Database,
+    file_locks: locks.FileLocks,
     data_dir: Path,
     ref: str,
     who: rewrite.Who,
     *,
     agents: Collection[str] | None = None,
-    locks: Locks = Locks(),
     fault: rewrite.FaultHook = rewrite._no_fault,
 ) -> tables.AuditRow:
     """Redact the message ``ref`` names (``file_id:seq``): its body becomes a tombstone, its
     file is rewritten, what the index derived from it goes. Redacting a message again
     answers with its first redaction and changes nothing. A file of an agent not among
     ``agents`` is NotFound; an erased one Gone."""
-    file_id, seq = validation.parse_ref(ref)
-    row = _visible(engine, file_id, agents)
-    if seq > validation.MAX_SEQ or seq >= row.next_seq:
+    file_id, seq = refs.parse(ref)
+    row = _visible(db, file_id, agents)
+    if seq > refs.MAX_SEQ or seq >= row.next_seq:
         raise errors.NotFound(f"no message {ref}")
-    with database.reading(engine) as conn:
+    with db.reading() as conn:
         done = audit.redaction(conn, file_id, seq)
     if done is not None:
         return done
     if seq > row.flushed_seq:  # acknowledged, still in the journal: into the file first
-        journal.flush(engine, data_dir, file_id, lock_timeout=locks.timeout, file_lock=locks.files)
-    with rewrite.locked(
-        engine, data_dir, file_id, lock_timeout=locks.timeout, file_lock=locks.files
-    ):
-        rewrite.settle_locked(engine, data_dir, file_id)
-        with database.reading(engine) as conn:
+        flush.flush(db, file_locks, data_dir, file_id)
+    with rewrite.locked(db, file_locks, file_id):
+        rewrite.settle_locked(db, data_dir, file_id)
+        with db.reading() as conn:
             row = _row(conn, file_id)
             done = audit.redaction(conn, file_id, seq)
         if done is not None:  # a concurrent request redacted it first
             return done
         if seq > row.flushed_seq:
             raise errors.Conflict(f"message {ref} is not in its file yet; retry in a moment")
-        return rewrite.redact_locked(engine, data_dir, row, seq, who, fault=fault)
+        return rewrite.redact_locked(db, data_dir, row, seq, who, fault=fault)
 
 
 def _row(conn: sa.Connection, file_id: str) -> tables.FileRow:
@@ -106,9 +95,9 @@ def _row(conn: sa.Connection, file_id: str) -> tables.FileRow:
     return row
 
 
-def _visible(engine: sa.Engine, file_id: str, agents: Collection[str] | None) -> tables.FileRow:
+def _visible(db: database.Database, file_id: str, agents: Collection[str] | None) -> tables.FileRow:
     """The file's row, or NotFound (another agent's: the same answer) or Gone (erased)."""
-    with database.reading(engine) as conn:
+    with db.reading() as conn:
         row = index.get_file(conn, file_id)
         gone = audit.erased(conn, file_id) if row is None else None
     if gone is not None and (agents is None or gone.agent_id in agents):
@@ -118,9 +107,9 @@ def _visible(engine: sa.Engine, file_id: str, agents: Collection[str] | None) ->
     return row
 
 
-def compact(engine: sa.Engine) -> None:
+def compact(db: database.Database) -> None:
     """After removals: make the database files forget them (:func:`purge.compact`)."""
-    purge.compact(engine)
+    purge.compact(db)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -131,26 +120,26 @@ FINISH_AFTER = 60.0  #: seconds an unfinished removal is left to the process tha
 
 
 def finish_interrupted(
-    engine: sa.Engine, data_dir: Path, *, locks: Locks = Locks(), age: float = FINISH_AFTER
+    db: database.Database,
+    file_locks: locks.FileLocks,
+    data_dir: Path,
+    *,
+    age: float = FINISH_AFTER,
 ) -> int:
     """Finish every redaction and erasure a crash left unfinished, begun more than ``age``
-    seconds ago (the beat's sweep runs this): erasures' files are unlinked, redactions
-    finished under their file's lock. How many were finished; a file whose lock is busy
-    waits for the next run."""
-    before = tables.utcnow() - dt.timedelta(seconds=age)
-    finished = erasure.finish_pending(engine, data_dir, before=before)
-    with database.reading(engine) as conn:
+    seconds ago (0: all of them; the beat's sweep runs this): erasures' files are unlinked,
+    redactions finished under their file's lock. How many were finished; a file whose lock
+    is busy waits for the next run."""
+    before = None if age <= 0 else db.now() - dt.timedelta(seconds=age)
+    finished = erasure.finish_pending(db, data_dir, before=before)
+    with db.reading() as conn:
         begun = audit.unfinished(conn, before=before)
         file_ids = sorted({r.file_id for r in begun if r.action == audit.REDACT})
     for file_id in file_ids:
         try:
-            with rewrite.locked(
-                engine, data_dir, file_id, lock_timeout=locks.timeout, file_lock=locks.files
-            ):
-                finished += rewrite.settle_locked(engine, data_dir, file_id)
-        except errors.NotFound:  # erased meanwhile; the erasure finished its rows
-            continue
-        except errors.LockTimeout:
+            with rewrite.locked(db, file_locks, file_id):
+                finished += rewrite.settle_locked(db, data_dir, file_id)
+        except (errors.NotFound, errors.LockTimeout):  # erased meanwhile, or busy: next run
             continue
     return finished
 
@@ -159,12 +148,12 @@ def finish_interrupted(
 # fsck
 
 
-def problems(engine: sa.Engine, data_dir: Path) -> list[tuple[str, str, str]]:
+def problems(db: database.Database, data_dir: Path) -> list[tuple[str, str, str]]:
     """What ``fsck`` finds wrong with the audit trail, as ``(file_id, kind, detail)``: a
     removal a crash left unfinished, a recorded redaction whose tombstone is not in its file
     (the file changed afterwards), an erased file still on disk."""
     found: list[tuple[str, str, str]] = []
-    with database.reading(engine) as conn:
+    with db.reading() as conn:
         unfinished = audit.unfinished(conn)
         a = tables.audit_log.c
         redacted = conn.execute(
@@ -185,7 +174,7 @@ def problems(engine: sa.Engine, data_dir: Path) -> list[tuple[str, str, str]]:
             )
         )
     for (file_id,) in redacted:
-        found += _check_tombstones(engine, data_dir, file_id)
+        found += _check_tombstones(db, data_dir, file_id)
     for row in erased:
         present = [p for p in audit.paths(row) if store.exists(store.checked(data_dir, p))]
         if present and row.finished_at is not None:
@@ -194,9 +183,9 @@ def problems(engine: sa.Engine, data_dir: Path) -> list[tuple[str, str, str]]:
 
 
 def _check_tombstones(
-    engine: sa.Engine, data_dir: Path, file_id: str
+    db: database.Database, data_dir: Path, file_id: str
 ) -> list[tuple[str, str, str]]:
-    with database.reading(engine) as conn:
+    with db.reading() as conn:
         row = index.get_file(conn, file_id)
         records = audit.redactions(conn, file_id) if row is not None else []
     if row is None or not records:

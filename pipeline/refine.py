@@ -1,4 +1,4 @@
-"""Incremental refinement (DESIGN §4): due files, the claim, segments, windows, refiners and
+"""Incremental refinement (docs/design.md §4): due files, the claim, segments, windows, refiners and
 the fenced commit that feeds L1 exactly once.
 
 A file is *due* when it has flushed messages past ``last_refined_seq`` and either enough of
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime as dt
 import hashlib
 import json
 import logging
@@ -24,32 +25,11 @@ from typing import Any, Protocol
 
 import sqlalchemy as sa
 
-from pipeline import database, document, errors, index, l1, reader, tables, validation
+from pipeline import database, document, errors, index, l1, reader, refs, tables
+from pipeline.tables import Kind, Status
 
 log = logging.getLogger(__name__)
 REFINER_GROUP = "sgme.refiners"
-
-
-@dataclasses.dataclass(frozen=True)
-class Options:
-    """How refinement is scheduled and fed (``refine_*`` settings; docs/refinement.md)."""
-
-    min_messages: int = 20  #: new messages that make a file due at once
-    idle_seconds: float = 60.0  #: quiet seconds after which fewer new messages are due
-    #: how long a claim is reserved; the running job renews it every third of this, so a job
-    #: lost with the broker or a killed worker frees its file within one lease
-    lease_seconds: float = 60.0
-    max_retries: int = 5  #: retries after the first attempt; then the file becomes ``error``
-    retry_backoff: int = 2  #: seconds before the first retry (doubles, with jitter)
-    window_tokens: int = 6000  #: refiner context budget per window (about 4 bytes a token)
-    overlap_messages: int = 1  #: messages repeated from the previous window
-    dispatch_interval: float = 5.0  #: seconds between beat dispatches
-    #: seconds after a full re-refine over HTTP finished before the next one of the same file
-    #: is accepted (while it runs, none is): each can cost real money with an LLM refiner
-    cooldown_seconds: float = 300.0
-
-
-DEFAULT_OPTIONS = Options()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +58,7 @@ class Window:
 
     def source_ref(self, part: document.Message) -> str:
         """The source_ref of one of the window's parts."""
-        return f"{self.file_id}:{part.seq}"
+        return refs.format(self.file_id, part.seq)
 
     @property
     def source_refs(self) -> tuple[str, ...]:
@@ -142,6 +122,31 @@ def load_refiner(name: str, options: Mapping[str, Any] | None = None) -> Refiner
     except TypeError as exc:
         raise errors.InvalidInput(f"bad options for refiner {name!r}: {exc}") from None
     return refiner
+
+
+class Refiners:
+    """The configured refiner, loaded on first use (its plug-in may be slow to import, or
+    missing) and then shared by everything that refines in the process."""
+
+    def __init__(self, name: str, options: Mapping[str, Any] | None = None) -> None:
+        self.name = name
+        self.options = dict(options or {})
+        self._loaded: Refiner | None = None
+        self._lock = threading.Lock()
+
+    @classmethod
+    def given(cls, refiner: Refiner) -> Refiners:
+        """A holder of a refiner made elsewhere (a program that embeds the library, a test)."""
+        found = cls(refiner.name)
+        found._loaded = refiner
+        return found
+
+    def get(self) -> Refiner:
+        """The refiner, loaded once."""
+        with self._lock:
+            if self._loaded is None:
+                self._loaded = load_refiner(self.name, self.options)
+            return self._loaded
 
 
 # ---------------------------------------------------------------------------------------------
@@ -243,7 +248,7 @@ def _window(file: tables.FileRow, parts: list[document.Message]) -> Window:
 
 
 def due_files(
-    engine: sa.Engine,
+    db: database.Database,
     *,
     min_messages: int,
     idle_seconds: float,
@@ -251,25 +256,26 @@ def due_files(
     file_ids: Sequence[str] | None = None,
 ) -> list[str]:
     """Files with unrefined flushed messages that are due and not leased."""
-    with database.transaction(engine) as conn:
+    with db.transaction() as conn:
         return index.due_files(
             conn,
             min_messages=min_messages,
             idle_seconds=idle_seconds,
             limit=limit,
             file_ids=file_ids,
+            now=db.now(),
         )
 
 
-def claim(engine: sa.Engine, file_id: str, *, lease_seconds: float) -> Claim | None:
+def claim(db: database.Database, file_id: str, *, lease_seconds: float) -> Claim | None:
     """Reserve the file's unrefined segment for one job, or None if it is leased or done."""
-    with database.transaction(engine) as conn:
-        found = index.claim_segment(conn, file_id, lease_seconds=lease_seconds)
+    with db.transaction() as conn:
+        found = index.claim_segment(conn, file_id, lease_seconds=lease_seconds, now=db.now())
     return Claim(file_id, *found) if found else None
 
 
 def dispatch(
-    engine: sa.Engine,
+    db: database.Database,
     *,
     min_messages: int,
     idle_seconds: float,
@@ -280,24 +286,24 @@ def dispatch(
     """Claim every due file (up to ``limit``); each claim becomes one refine_segment job."""
     claims = []
     for file_id in due_files(
-        engine,
+        db,
         min_messages=min_messages,
         idle_seconds=idle_seconds,
         limit=limit,
         file_ids=file_ids,
     ):
-        found = claim(engine, file_id, lease_seconds=lease_seconds)
+        found = claim(db, file_id, lease_seconds=lease_seconds)
         if found is not None:
             claims.append(found)
     return claims
 
 
 def segment(
-    engine: sa.Engine, data_dir: Path, c: Claim
+    db: database.Database, data_dir: Path, c: Claim
 ) -> tuple[tables.FileRow, list[document.Message]]:
     """The file row and the messages ``lo < seq <= hi`` of a claim, read from the file."""
-    row = reader.get_file(engine, c.file_id)
-    found = reader.between(engine, data_dir, row, c.lo, c.hi)
+    row = reader.get_file(db, c.file_id)
+    found = reader.between(db, data_dir, row, c.lo, c.hi)
     if len(found) != c.hi - c.lo:
         raise errors.FileDamaged(
             f"file {c.file_id} has {len(found)} of the messages {c.lo}<seq<={c.hi} claimed"
@@ -317,7 +323,7 @@ def check_items(window: Window, items: Sequence[Item]) -> list[Item]:
 
 
 def run(
-    engine: sa.Engine,
+    db: database.Database,
     data_dir: Path,
     refiner: Refiner,
     c: Claim,
@@ -330,7 +336,7 @@ def run(
     Whatever a refiner raises that is not one of ours counts as a :class:`errors.RefinerError`
     (retried): a plug-in's bug or its client library's exception must not lose the claim.
     """
-    row, found = segment(engine, data_dir, c)
+    row, found = segment(db, data_dir, c)
     items: list[Item] = []
     for window in windows(row, found, budget_tokens=budget_tokens, overlap=overlap):
         try:
@@ -344,7 +350,7 @@ def run(
 
 
 @contextlib.contextmanager
-def heartbeat(engine: sa.Engine, c: Claim, *, lease_seconds: float) -> Iterator[None]:
+def heartbeat(db: database.Database, c: Claim, *, lease_seconds: float) -> Iterator[None]:
     """Renew the claim's lease every third of ``lease_seconds`` while the block runs, so a
     slow refiner keeps its claim while a lost job frees its file within one lease."""
     stop = threading.Event()
@@ -352,9 +358,9 @@ def heartbeat(engine: sa.Engine, c: Claim, *, lease_seconds: float) -> Iterator[
     def renew() -> None:
         while not stop.wait(lease_seconds / 3):
             try:
-                with database.transaction(engine) as conn:
+                with db.transaction() as conn:
                     held = index.renew_lease(
-                        conn, c.file_id, epoch=c.epoch, lease_seconds=lease_seconds
+                        conn, c.file_id, epoch=c.epoch, lease_seconds=lease_seconds, now=db.now()
                     )
             except errors.SgmeError as exc:
                 log.warning("could not renew the lease of %s: %s", c.file_id, exc.detail)
@@ -371,21 +377,22 @@ def heartbeat(engine: sa.Engine, c: Claim, *, lease_seconds: float) -> Iterator[
         thread.join()
 
 
-def commit(engine: sa.Engine, c: Claim, items: Sequence[Item], *, refiner: str) -> bool:
+def commit(db: database.Database, c: Claim, items: Sequence[Item], *, refiner: str) -> bool:
     """Store the items and advance ``last_refined_seq`` — only if the claim still holds.
 
     False for a stale or duplicate job: nothing is stored.
     """
-    with database.transaction(engine) as conn:
+    now = db.now()
+    with db.transaction() as conn:
         row = index.get_file(conn, c.file_id)
         if row is None or not index.commit_segment(
-            conn, c.file_id, epoch=c.epoch, lo=c.lo, hi=c.hi
+            conn, c.file_id, epoch=c.epoch, lo=c.lo, hi=c.hi, now=now
         ):
             return False
         if c.lo == 0:
             # A full (re-)refine replaces whatever the file's items were.
             l1.delete_items(conn, c.file_id)
-            _finish_full(conn, c.file_id)
+            _finish_full(conn, c.file_id, now)
         l1.add_items(
             conn,
             [
@@ -402,23 +409,24 @@ def commit(engine: sa.Engine, c: Claim, items: Sequence[Item], *, refiner: str) 
                 }
                 for item in items
             ],
+            now=now,
         )
         return True
 
 
-def fail(engine: sa.Engine, c: Claim, detail: str) -> bool:
+def fail(db: database.Database, c: Claim, detail: str) -> bool:
     """After the last retry: mark the file ``error`` with a ``refine_failed`` anomaly."""
-    with database.transaction(engine) as conn:
-        if not index.fail_segment(conn, c.file_id, epoch=c.epoch):
+    now = db.now()
+    with db.transaction() as conn:
+        if not index.fail_segment(conn, c.file_id, epoch=c.epoch, now=now):
             return False
-        index.record_anomaly(
-            conn, c.file_id, "refine_failed", f"segment {c.lo}<seq<={c.hi}: {detail}"
-        )
+        detail = f"segment {c.lo}<seq<={c.hi}: {detail}"
+        index.record_anomaly(conn, c.file_id, Kind.REFINE_FAILED, detail, now=now)
         return True
 
 
 def request_full(
-    engine: sa.Engine,
+    db: database.Database,
     file_id: str,
     *,
     cooldown: float = 0.0,
@@ -433,17 +441,17 @@ def request_full(
     or finished less than ``cooldown`` seconds ago. The request is recorded in the index, so
     every API process applies the same cooldown.
     """
-    validation.check_file_id(file_id)
-    with database.transaction(engine) as conn:
+    refs.check_file_id(file_id)
+    with db.transaction() as conn:
         row = index.get_file(conn, file_id, for_update=True)
         if row is None or not reader.visible(row, agents):
             raise reader.missing(file_id)
-        if row.status == "pending":
+        if row.status == Status.PENDING:
             raise errors.Conflict(f"file {file_id} has nothing flushed yet")
+        now = db.now()
         if cooldown > 0:
-            _check_cooldown(conn, row, cooldown)
-        index.restart_refinement(conn, file_id)
-        now = tables.utcnow()
+            _check_cooldown(conn, row, cooldown, now)
+        index.restart_refinement(conn, file_id, now=now)
         stmt = database.insert(conn, tables.full_refines).values(
             file_id=file_id, requested_at=now, finished_at=None
         )
@@ -454,7 +462,9 @@ def request_full(
         )
 
 
-def _check_cooldown(conn: sa.Connection, row: tables.FileRow, cooldown: float) -> None:
+def _check_cooldown(
+    conn: sa.Connection, row: tables.FileRow, cooldown: float, now: dt.datetime
+) -> None:
     """Throttled while the last full re-refine of ``row`` runs or finished < ``cooldown`` ago."""
     t = tables.full_refines.c
     last = conn.execute(sa.select(t.requested_at, t.finished_at).where(t.file_id == row.file_id))
@@ -477,7 +487,7 @@ def _check_cooldown(conn: sa.Connection, row: tables.FileRow, cooldown: float) -
             retry_after=cooldown,
         )
     since = finished_at or requested_at
-    wait = (since - tables.utcnow()).total_seconds() + cooldown
+    wait = (since - now).total_seconds() + cooldown
     if wait > 0:
         raise errors.Throttled(
             f"file {row.file_id} was fully re-refined at {tables.iso(since)}; another full "
@@ -486,11 +496,11 @@ def _check_cooldown(conn: sa.Connection, row: tables.FileRow, cooldown: float) -
         )
 
 
-def _finish_full(conn: sa.Connection, file_id: str) -> None:
+def _finish_full(conn: sa.Connection, file_id: str, now: dt.datetime) -> None:
     """The first segment of a full re-refine committed: its cooldown starts now."""
     t = tables.full_refines.c
     conn.execute(
         sa.update(tables.full_refines)
         .where(t.file_id == file_id, t.finished_at.is_(None))
-        .values(finished_at=tables.utcnow())
+        .values(finished_at=now)
     )

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime as dt
 import hashlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -44,10 +45,12 @@ from pipeline import (
     document,
     errors,
     index,
+    locks,
     purge,
     store,
     tables,
 )
+from pipeline.tables import Status
 
 REDACT_STEPS = ("temp_written", "recorded", "renamed", "committed")
 FaultHook = Callable[[str], None]
@@ -74,14 +77,11 @@ def tombstone_text(when: str, reason: str) -> str:
 
 @contextlib.contextmanager
 def locked(
-    engine: sa.Engine, data_dir: Path, file_id: str, *, lock_timeout: float, file_lock: bool
+    db: database.Database, file_locks: locks.FileLocks, file_id: str
 ) -> Iterator[tables.FileRow]:
-    """Hold the file's locks (the ones flush takes) and yield its row as it is now."""
-    with (
-        store.lock(data_dir, file_id, timeout=lock_timeout, flock=file_lock),
-        database.advisory_lock(engine, file_id),
-    ):
-        with database.reading(engine) as conn:
+    """Hold the file's lock (the one flush takes) and yield its row as it is now."""
+    with file_locks.hold(file_id):
+        with db.reading() as conn:
             row = index.get_file(conn, file_id)
         if row is None:
             raise errors.NotFound(f"no file {file_id}")
@@ -95,7 +95,7 @@ def locked(
 def _read_whole(data_dir: Path, row: tables.FileRow) -> bytes:
     """Everything on disk for a file (decompressed when archived)."""
     path = store.checked(data_dir, row.path)
-    return archive.read_path(path) if row.status == "archived" else store.read(path)
+    return archive.read_path(path) if row.status == Status.ARCHIVED else store.read(path)
 
 
 def _located(row: tables.FileRow, data: bytes) -> list[document.Located]:
@@ -132,7 +132,7 @@ def _write_temp(data_dir: Path, row: tables.FileRow, data: bytes) -> tuple[Path,
     temp = _temp(final)
     for relative in (archive.live_relative_path(row), archive.archive_relative_path(row)):
         store.remove(_temp(store.checked(data_dir, relative)), durable=False)
-    if row.status == "archived":
+    if row.status == Status.ARCHIVED:
         packed = zstandard.ZstdCompressor(level=10, write_checksum=True).compress(data)
         with store.exclusive_writer(temp) as handle:
             handle.write(packed)
@@ -152,7 +152,7 @@ def _write_temp(data_dir: Path, row: tables.FileRow, data: bytes) -> tuple[Path,
 
 
 def redact_locked(
-    engine: sa.Engine,
+    db: database.Database,
     data_dir: Path,
     row: tables.FileRow,
     seq: int,
@@ -170,7 +170,7 @@ def redact_locked(
         raise errors.FileDamaged(f"file {row.file_id} fails its hash chain; run sgme fsck")
     found = _located(row, data)
     target = found[seq - 1]
-    when = document.format_ts(tables.utcnow().replace(microsecond=0))
+    when = document.format_ts(db.now().replace(microsecond=0))
     lead = data[target.offset : target.offset + target.length]
     block = _tombstone_block(row, target, tombstone_text(when, who.reason))
     if row.source_type == "upload":
@@ -181,9 +181,10 @@ def redact_locked(
     fault("temp_written")
     body = target.message.content.encode("utf-8")
     owner = catalog.Owner.of(row)
-    with database.transaction(engine) as conn:
+    with db.transaction() as conn:
         recorded = audit.record(
             conn,
+            now=db.now(),
             action=audit.REDACT,
             file_id=row.file_id,
             agent_id=row.agent_id,
@@ -202,25 +203,28 @@ def redact_locked(
         )
         ids = purge.catalog_ids(conn, row.file_id, seq=seq)
         purge.forget_terms(conn, owner, [(ids[seq], target.message)] if seq in ids else [])
-        _refine_again(conn, row.file_id, seq)
+        _refine_again(conn, row.file_id, seq, db.now())
     fault("recorded")
     store.rename(temp, final)
     fault("renamed")
-    _commit(engine, row, recorded, new)
+    _commit(db, row, recorded, new)
     fault("committed")
-    with database.reading(engine) as conn:
+    with db.reading() as conn:
         done = audit.redaction(conn, row.file_id, seq)
     assert done is not None
     return done
 
 
-def _refine_again(conn: sa.Connection, file_id: str, seq: int) -> None:
+def _refine_again(conn: sa.Connection, file_id: str, seq: int, now: dt.datetime) -> None:
     """The L1 items that stand on message ``seq`` go, and refinement restarts before it."""
     _, lo = purge.forget_items(conn, file_id, seq)
-    purge.restart_refinement(conn, file_id, after=seq - 1 if lo is None else min(lo, seq - 1))
+    after = seq - 1 if lo is None else min(lo, seq - 1)
+    purge.restart_refinement(conn, file_id, after=after, now=now)
 
 
-def _commit(engine: sa.Engine, row: tables.FileRow, recorded: tables.AuditRow, new: bytes) -> None:
+def _commit(
+    db: database.Database, row: tables.FileRow, recorded: tables.AuditRow, new: bytes
+) -> None:
     """Step 4: the index follows the renamed file, and the audit row is finished."""
     assert recorded.seq is not None
     seq = recorded.seq
@@ -228,7 +232,8 @@ def _commit(engine: sa.Engine, row: tables.FileRow, recorded: tables.AuditRow, n
     tomb = found[seq - 1]
     delta = int(recorded.new_size or 0) - int(recorded.old_size or 0)
     f = tables.raw_files.c
-    with database.transaction(engine) as conn:
+    with db.transaction() as conn:
+        now = db.now()
         moved = conn.execute(
             sa.update(tables.raw_files)
             .where(
@@ -239,7 +244,7 @@ def _commit(engine: sa.Engine, row: tables.FileRow, recorded: tables.AuditRow, n
             .values(
                 flushed_bytes=recorded.new_size,
                 chain_head=recorded.new_chain_head,
-                updated_at=tables.utcnow(),
+                updated_at=now,
             )
         ).rowcount
         if moved != 1:
@@ -249,29 +254,29 @@ def _commit(engine: sa.Engine, row: tables.FileRow, recorded: tables.AuditRow, n
         purge.forget_rows(conn, row.file_id, seq=seq)
         purge.shift_offsets(conn, row.file_id, after_seq=seq, delta=delta)
         catalog.add(conn, catalog.Owner.of(row), [tomb])
-        _refine_again(conn, row.file_id, seq)
-        audit.finish(conn, recorded.id)
+        _refine_again(conn, row.file_id, seq, now)
+        audit.finish(conn, recorded.id, now=now)
 
 
-def settle_locked(engine: sa.Engine, data_dir: Path, file_id: str) -> int:
+def settle_locked(db: database.Database, data_dir: Path, file_id: str) -> int:
     """Finish the redactions of ``file_id`` a crash left unfinished (the caller holds the
     file's lock; every flush calls this before it writes); how many there were."""
-    with database.reading(engine) as conn:
+    with db.reading() as conn:
         if not audit.pending(conn, file_id):
             return 0
         rows = [r for r in audit.unfinished(conn, file_id=file_id) if r.action == audit.REDACT]
         row = index.get_file(conn, file_id)
     for recorded in rows:
         if row is None:  # erased meanwhile: nothing left to rewrite
-            with database.transaction(engine) as conn:
-                audit.finish(conn, recorded.id)
+            with db.transaction() as conn:
+                audit.finish(conn, recorded.id, now=db.now())
             continue
-        row = _finish(engine, data_dir, row, recorded)
+        row = _finish(db, data_dir, row, recorded)
     return len(rows)
 
 
 def _finish(
-    engine: sa.Engine, data_dir: Path, row: tables.FileRow, recorded: tables.AuditRow
+    db: database.Database, data_dir: Path, row: tables.FileRow, recorded: tables.AuditRow
 ) -> tables.FileRow:
     """Finish one unfinished redaction from what is on disk: the renamed new file, or the old
     one with the recorded tombstone put in (and renamed into place)."""
@@ -293,8 +298,8 @@ def _finish(
             raise errors.InternalError(f"redaction {recorded.id} cannot be rebuilt as recorded")
         temp, final = _write_temp(data_dir, row, new)
         store.rename(temp, final)
-    _commit(engine, row, recorded, new)
-    with database.reading(engine) as conn:
+    _commit(db, row, recorded, new)
+    with db.reading() as conn:
         found = index.get_file(conn, row.file_id)
     assert found is not None
     return found

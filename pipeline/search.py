@@ -1,4 +1,4 @@
-"""Full-text search over every raw message (DESIGN §5b): a query's hits from the catalog's
+"""Full-text search over every raw message (docs/design.md §6): a query's hits from the catalog's
 search index, each with a snippet cut from the file through the message's offsets.
 
 The text never leaves the files: the index holds terms (:mod:`pipeline.terms`), and a hit's
@@ -13,9 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import sqlalchemy as sa
-
-from pipeline import catalog, database, document, errors, index, reader, tables, terms
+from pipeline import catalog, database, document, errors, index, reader, refs, tables, terms
 
 DEFAULT_LIMIT = 20
 MAX_LIMIT = 100
@@ -44,7 +42,7 @@ class Result:
 
 
 def search(
-    engine: sa.Engine,
+    db: database.Database,
     data_dir: Path,
     q: str,
     filters: catalog.Filters = catalog.Filters(),  # noqa: B008 - a frozen value
@@ -55,7 +53,7 @@ def search(
     if not 1 <= limit <= MAX_LIMIT:
         raise errors.InvalidInput(f"limit must be 1..{MAX_LIMIT}, got {limit}")
     query = terms.parse_query(q)
-    with database.transaction(engine) as conn:
+    with db.reading() as conn:
         hits = catalog.find(conn, query, filters, limit=limit)
         files = {
             row.file_id: row
@@ -64,14 +62,14 @@ def search(
         }
     return [
         Result(
-            source_ref=f"{h.message.file_id}:{h.message.seq}",
+            source_ref=refs.format(h.message.file_id, h.message.seq),
             file_id=h.message.file_id,
             seq=h.message.seq,
             ts=document.format_ts(h.message.ts),
             role=h.message.role,
             agent_id=h.agent_id,
             session_key=h.session_key,
-            snippet=_snippet(engine, data_dir, files[h.message.file_id], h.message, query),
+            snippet=_snippet(db, data_dir, files[h.message.file_id], h.message, query),
             score=round(h.score, 6),
         )
         for h in hits
@@ -80,7 +78,7 @@ def search(
 
 
 def _snippet(
-    engine: sa.Engine,
+    db: database.Database,
     data_dir: Path,
     file: tables.FileRow,
     message: tables.MessageRow,
@@ -89,7 +87,7 @@ def _snippet(
     """The snippet of one hit; a file that cannot be read gives an empty one (the hit stays:
     the index is right about what was said, and fsck will name the file)."""
     try:
-        text = reader.message_text(engine, data_dir, file, message, cap=SNIPPET_READ)
+        text = reader.message_text(db, data_dir, file, message, cap=SNIPPET_READ)
     except errors.SgmeError:
         return ""
     return terms.snippet(text, query)

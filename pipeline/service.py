@@ -1,46 +1,51 @@
-"""The pipeline's steps put together, once, for every caller: the Celery tasks, the API and the
-``sgme`` command each hold a :class:`Service` and call the same methods.
+"""The pipeline's use cases, put together once: every caller — the Celery tasks, the API, the
+``sgme`` command — holds a :class:`Service` (made by :mod:`pipeline.runtime`) and calls its
+methods; none of them opens a transaction or reaches into the index itself.
 
-Work that should happen later goes to a :class:`Queue` (Celery in a deployment, a
-:class:`LocalQueue` drained in-process by ``sgme refine``); a failure to enqueue is never an
-error, because the journal and the index hold the state and the beat sweeps catch up.
+Work that should happen later goes to a :class:`Queue` (Celery in a deployment, flush threads
+in the embedded service); a failure to enqueue is never an error, because the journal and the
+index hold the state and the beat's sweeps catch up.
 """
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import dataclasses
 import logging
-import math
-import threading
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
-
-import sqlalchemy as sa
 
 from pipeline import (
     archive,
     audit,
+    auth,
+    backlog,
+    catalog,
     database,
+    document,
     erasure,
     errors,
+    flush,
     index,
-    journal,
+    ingest,
+    integrity,
+    l1,
     ledger,
+    locks,
     metrics,
-    ordering,
     privacy,
+    reader,
     redaction,
     refine,
     rewrite,
+    search,
     store,
     tables,
     validation,
 )
 from pipeline.settings import Settings
+from pipeline.tables import Kind
 
 log = logging.getLogger(__name__)
 
@@ -48,77 +53,20 @@ log = logging.getLogger(__name__)
 class Queue(Protocol):
     """Where work for later goes."""
 
-    def flush(self, file_id: str) -> None:
+    def kick(self, file_id: str) -> None:
         """Enqueue a flush of ``file_id``."""
         ...
 
-    def refine(self, claim: refine.Claim) -> None:
+    def submit(self, claim: refine.Claim) -> None:
         """Enqueue the job of a refinement claim."""
         ...
-
-
-class Workers(Protocol):
-    """What the ``sgme`` command needs of a task queue implementation (the ``sgme.workers``
-    entry point: :mod:`workers.app`), so that :mod:`pipeline` never imports it."""
-
-    def queue(self, settings: Settings, engine: sa.Engine) -> Queue:
-        """A queue that sends work to the workers (the API's)."""
-        ...
-
-    def worker(
-        self,
-        settings: Settings,
-        engine: sa.Engine,
-        *,
-        queues: str,
-        concurrency: int,
-        pool: str,
-        loglevel: str,
-    ) -> None:
-        """Run a worker in the foreground."""
-        ...
-
-    def beat(self, settings: Settings, engine: sa.Engine, *, loglevel: str) -> None:
-        """Run the scheduler in the foreground."""
-        ...
-
-    def embedded(
-        self, settings: Settings, engine: sa.Engine, *, concurrency: int
-    ) -> contextlib.AbstractContextManager[Queue]:
-        """A worker and scheduler inside this process while the context is open."""
-        ...
-
-
-class LocalQueue:
-    """Work kept in this process and run by :meth:`drain` (a command with no workers)."""
-
-    def __init__(self) -> None:
-        self._work: collections.deque[tuple[str, Any]] = collections.deque()
-
-    def flush(self, file_id: str) -> None:
-        """Remember a flush."""
-        self._work.append(("flush", file_id))
-
-    def refine(self, claim: refine.Claim) -> None:
-        """Remember a refinement job."""
-        self._work.append(("refine", claim))
-
-    def drain(self, service: Service) -> None:
-        """Run everything queued, and what that queues, until nothing is left; a job that
-        fails is not retried (it is the last attempt: the file is marked as DESIGN §4 says)."""
-        while self._work:
-            kind, arg = self._work.popleft()
-            if kind == "flush":
-                service.flush(arg)
-            else:
-                service.refine_segment(arg, final=True)
 
 
 @dataclasses.dataclass(frozen=True)
 class Appended:
     """What an append is answered with, and whether its messages are in the file yet."""
 
-    result: journal.AppendResult
+    result: ingest.AppendResult
     flushed: bool = False
     status: str = ""
     #: secrets replaced by markers before the append was journaled (how many, never what)
@@ -134,83 +82,35 @@ class Appended:
         return answer
 
 
-class Admission:
-    """Whether the store can take one more append: the journal's backlog under its limit, and
-    the backlog plus the append fitting in the data volume's free space (above a reserve),
-    so that nothing is acknowledged that the disk cannot hold. Both figures are read at most
-    every ``REFRESH`` seconds (a query and a ``statvfs``), not per append."""
-
-    REFRESH = 0.5  #: seconds a measured backlog or free space is reused
-
-    def __init__(self, engine: sa.Engine, data_dir: Path, backlog: journal.Backlog) -> None:
-        self.engine = engine
-        self.data_dir = data_dir
-        self.backlog = backlog
-        self._measured = -math.inf
-        self._journal_bytes = 0
-        self._free_bytes = 0
-        self._lock = threading.Lock()
-
-    def check(self, size: int) -> None:
-        """Raise :class:`errors.Overloaded` or :class:`errors.InsufficientStorage` (each with
-        ``retry_after``) if ``size`` more bytes should not be acknowledged now."""
-        journal_bytes, free = self._measure()
-        b = self.backlog
-        if journal_bytes + size > b.max_total_bytes:
-            raise errors.Overloaded(
-                f"{journal_bytes} bytes of appends wait to be written; at most "
-                f"{b.max_total_bytes} may (backlog_max_total_bytes)",
-                retry_after=b.retry_after,
-            )
-        if journal_bytes + size > free - b.min_free_bytes:
-            raise errors.InsufficientStorage(
-                f"the data volume has {free} bytes free: not enough for {journal_bytes} bytes "
-                f"waiting to be written and this append above the {b.min_free_bytes}-byte "
-                "reserve (backlog_min_free_bytes)",
-                retry_after=b.retry_after,
-            )
-
-    def _measure(self) -> tuple[int, int]:
-        with self._lock:
-            now = time.monotonic()
-            if now - self._measured >= self.REFRESH:
-                with database.transaction(self.engine) as conn:
-                    # held appends (pipeline.ordering) are waiting to be written as well
-                    self._journal_bytes = (
-                        ledger.journal_backlog(conn)[2] + ledger.waiting_backlog(conn)[1]
-                    )
-                self._free_bytes = store.free_bytes(self.data_dir)
-                self._measured = now
-            return self._journal_bytes, self._free_bytes
-
-
 class Service:
-    """Settings, the index engine, a queue, and the refiner (loaded on first use)."""
+    """The use cases over one runtime's parts: its settings, index handle, per-file locks and
+    refiner, and a queue (None: nothing is enqueued and nothing is claimed for refinement, as a
+    one-shot command must not strand a claim no worker will run)."""
 
-    def __init__(self, settings: Settings, engine: sa.Engine, queue: Queue | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        db: database.Database,
+        file_locks: locks.FileLocks,
+        queue: Queue | None = None,
+        *,
+        refiners: refine.Refiners | None = None,
+    ) -> None:
         self.settings = settings
-        self.engine = engine
-        #: None: nothing is enqueued and nothing is claimed for refinement (a one-shot command
-        #: must not strand a claim that no worker will run)
+        self.db = db
+        self.file_locks = file_locks
         self.queue = queue
-        self._refiner: refine.Refiner | None = None
-        self._lock = threading.Lock()
-        self.admission = Admission(engine, settings.data_dir, settings.backlog)
-        self.locks = redaction.Locks(settings.lock_timeout, settings.file_locks)
+        self.refiners = refiners or refine.Refiners(settings.refiner, settings.refiner_options)
+        self.admission = backlog.Admission(db, settings.data_dir, settings.backlog)
         #: whether each agent's input has its secrets redacted (pipeline.privacy)
         self.policies = privacy.Policies(
-            engine, default=settings.redact_secrets, cache_seconds=settings.token_cache_seconds
+            db, default=settings.redact_secrets, cache_seconds=settings.token_cache_seconds
         )
 
     @property
-    def refiner(self) -> refine.Refiner:
-        """The configured refiner, loaded once."""
-        with self._lock:
-            if self._refiner is None:
-                self._refiner = refine.load_refiner(
-                    self.settings.refiner, self.settings.refiner_options
-                )
-            return self._refiner
+    def data_dir(self) -> Path:
+        """Where the raw files are."""
+        return self.settings.data_dir
 
     # -----------------------------------------------------------------------------------------
     # appends
@@ -220,34 +120,28 @@ class Service:
         if self.queue is None:
             return
         try:
-            self.queue.flush(file_id)
+            self.queue.kick(file_id)
         except Exception:
             log.warning("could not enqueue a flush of %s; the sweeper will", file_id, exc_info=True)
 
-    def append(
-        self, body: Mapping[str, Any] | bytes | validation.Append, *, wait: bool = False
-    ) -> Appended:
+    def append(self, body: validation.Append, *, wait: bool = False) -> Appended:
         """Ingest an append (the acknowledgement) and enqueue its flush; with ``wait``, flush
         it here and answer once it is in the file — or, if that fails, as acknowledged only
         (the queue finishes the flush; the client must not retry an acknowledged append).
 
         Refused with a ``Retry-After`` rather than acknowledged when the store cannot keep up
-        (DESIGN §3, bounded work): :class:`errors.Overloaded` past a backlog limit,
+        (docs/design.md §3, bounded work): :class:`errors.Overloaded` past a backlog limit,
         :class:`errors.InsufficientStorage` when the disk could not take the backlog."""
-        s = self.settings
-        append = (
-            body if isinstance(body, validation.Append) else validation.parse_append(body, s.limits)
-        )
-        append, redacted = self._scrub(append)
-        self.admission.check(sum(len(m.content) for m in append.messages) + 256)
-        result = journal.ingest(self.engine, append, backlog=s.backlog)
+        body, redacted = self._scrub(body)
+        self.admission.check(backlog.estimate(body))
+        result = ingest.append(self.db, body, limits=self.settings.backlog)
         return self._acknowledged(result, wait=wait, redacted=redacted)
 
-    def append_queued(self, body: Mapping[str, Any]) -> Appended | ordering.Held | None:
+    def append_queued(self, body: Mapping[str, Any]) -> Appended | ingest.Held | None:
         """An append that came over Celery (``sgme.append``): ``idempotency_key`` is required,
         so a redelivered task writes nothing twice. One with a ``sequence`` ahead of its
         session's is held in the index until its predecessor lands, one behind it is recorded
-        and dropped (:mod:`pipeline.ordering`; the :class:`ordering.Held` says which). A body
+        and dropped (:mod:`pipeline.ordering`; the :class:`ingest.Held` says which). A body
         that will never be accepted is recorded as an ``append_task_rejected`` anomaly (there
         is nobody to answer) and dropped; a transient failure is raised for the task to
         retry."""
@@ -257,46 +151,42 @@ class Service:
             if not body.get("idempotency_key"):
                 raise errors.InvalidInput("idempotency_key is required for sgme.append tasks")
             append, redacted = self._scrub(validation.parse_append(body, s.limits))
-            self.admission.check(sum(len(m.content) for m in append.messages) + 256)
-            done = journal.ingest_queued(
-                self.engine, append, backlog=s.backlog, wait_seconds=s.order_wait_seconds
+            self.admission.check(backlog.estimate(append))
+            done = ingest.queued(
+                self.db, append, limits=s.backlog, wait_seconds=s.order_wait_seconds
             )
-            if isinstance(done, ordering.Held):
+            if isinstance(done, ingest.Held):
                 if done.kick is not None:
                     self.kick(done.kick)
                 return done
             return self._acknowledged(done, wait=False, redacted=redacted)
         except errors.PermanentError as exc:
-            with database.transaction(self.engine) as conn:
-                index.record_anomaly(conn, None, "append_task_rejected", f"{who}: {exc.detail}")
+            with self.db.transaction() as conn:
+                detail = f"{who}: {exc.detail}"
+                index.record_anomaly(
+                    conn, None, Kind.APPEND_TASK_REJECTED, detail, now=self.db.now()
+                )
             log.warning("sgme.append rejected (%s): %s", who, exc.detail)
             return None
 
-    def upload(
-        self, body: Mapping[str, Any] | bytes | validation.Upload, *, wait: bool = False
-    ) -> Appended:
+    def upload(self, body: validation.Upload, *, wait: bool = False) -> Appended:
         """Ingest an upload; like :meth:`append`."""
-        upload = (
-            body
-            if isinstance(body, validation.Upload)
-            else validation.parse_upload(body, self.settings.limits)
-        )
         redacted = 0
-        if self.policies.redacts(upload.agent_id):
-            upload, redacted = privacy.scrub_upload(upload)
-        self.admission.check(len(upload.content) + 1024)
-        result = journal.ingest_upload(self.engine, upload)
+        if self.policies.redacts(body.agent_id):
+            body, redacted = privacy.scrub_upload(body)
+        self.admission.check(len(body.content.encode("utf-8")) + backlog.HEADING_BYTES)
+        result = ingest.upload(self.db, body)
         return self._acknowledged(result, wait=wait, redacted=redacted)
 
     def _scrub(self, append: validation.Append) -> tuple[validation.Append, int]:
         """The append as it may be kept: its secrets replaced, unless its agent opted out
-        (DESIGN §5d: before the journal, so no copy is ever on a disk)."""
+        (docs/privacy.md: before the journal, so no copy is ever on a disk)."""
         if not self.policies.redacts(append.agent_id):
             return append, 0
         return privacy.scrub_append(append)
 
     def _acknowledged(
-        self, result: journal.AppendResult, *, wait: bool, redacted: int = 0
+        self, result: ingest.AppendResult, *, wait: bool, redacted: int = 0
     ) -> Appended:
         """After the commit: kick the flush, or (``wait``) flush here, falling back to a kick."""
         if not wait:
@@ -314,7 +204,7 @@ class Service:
     # -----------------------------------------------------------------------------------------
     # flush, sweep and dispatch
 
-    def flush(self, file_id: str) -> journal.FlushResult:
+    def flush(self, file_id: str) -> flush.FlushResult:
         """Write the file's pending journal rows, then dispatch its refinement if it became due
         by message count (due by idleness, the beat's periodic dispatch finds it).
 
@@ -322,21 +212,20 @@ class Service:
         counted in its anomaly, however often the sweeper comes back to it."""
         s = self.settings
         try:
-            result = journal.flush(
-                self.engine,
+            result = flush.flush(
+                self.db,
+                self.file_locks,
                 s.data_dir,
                 file_id,
-                lock_timeout=s.lock_timeout,
                 chunk_bytes=s.backlog.flush_chunk_bytes,
-                file_lock=s.file_locks,
             )
         except errors.FileDamaged as exc:
             (log.error if exc.first else log.debug)("flush of %s refused: %s", file_id, exc.detail)
             raise
         if result.more:  # appends acknowledged during this flush: their ingest did not kick
             self.kick(file_id)
-        r = s.refinement
-        leased = result.leased_until is not None and result.leased_until > tables.utcnow()
+        r = s.refine
+        leased = result.leased_until is not None and result.leased_until > self.db.now()
         if (
             result.messages == 0
             or leased  # a job is running; it dispatches the file again when it commits
@@ -353,19 +242,19 @@ class Service:
     def sweep(self, age: float | None = None) -> list[str]:
         """Re-kick flushes of journal rows older than ``age`` seconds (default ``sweep_age``):
         lost kicks, a wiped broker, a killed process. Write the held appends that may go now
-        (:func:`ordering.settle_waiting`: a gap past ``order_wait_seconds``)."""
+        (:func:`ingest.settle_waiting`: a gap past ``order_wait_seconds``)."""
         s = self.settings
         age = s.sweep_age if age is None else age
-        stale = journal.stale_files(self.engine, age=age)
+        stale = flush.stale_files(self.db, age=age)
         for file_id in stale:
             self.kick(file_id)
         # Held appends whose gap has waited long enough are let go here too, so a gap never
         # holds a session back for good, even when no task of the session comes any more.
         try:
-            written = ordering.settle_waiting(
-                self.engine,
+            written = ingest.settle_waiting(
+                self.db,
                 age=min(age, s.order_wait_seconds),
-                write=journal.writer(s.backlog),
+                limits=s.backlog,
                 wait_seconds=s.order_wait_seconds,
             )
         except errors.SgmeError as exc:  # the next sweep comes back to them
@@ -378,12 +267,11 @@ class Service:
         self.finish_removals()
         return stale
 
-    def finish_removals(self) -> int:
-        """Finish the redactions and erasures a crash interrupted (part of every sweep)."""
+    def finish_removals(self, *, age: float = redaction.FINISH_AFTER) -> int:
+        """Finish the redactions and erasures a crash interrupted more than ``age`` seconds
+        ago (part of every sweep)."""
         try:
-            return redaction.finish_interrupted(
-                self.engine, self.settings.data_dir, locks=self.locks
-            )
+            return redaction.finish_interrupted(self.db, self.file_locks, self.data_dir, age=age)
         except errors.SgmeError as exc:  # the next sweep comes back to them
             log.warning("could not finish an interrupted redaction or erasure: %s", exc.detail)
             return 0
@@ -392,24 +280,20 @@ class Service:
         """Claim due files (all, or those of ``file_ids``) and enqueue one job per claim."""
         if self.queue is None:
             return []
-        r = self.settings.refinement
+        r = self.settings.refine
         claims = refine.dispatch(
-            self.engine,
+            self.db,
             min_messages=r.min_messages,
             idle_seconds=r.idle_seconds,
             lease_seconds=r.lease_seconds,
             file_ids=file_ids,
         )
         for c in claims:
-            self._enqueue(c)
+            try:
+                self.queue.submit(c)
+            except Exception:  # the claim's lease runs out and the next dispatch claims it again
+                log.warning("could not enqueue refinement of %s", c.file_id, exc_info=True)
         return claims
-
-    def _enqueue(self, c: refine.Claim) -> None:
-        assert self.queue is not None
-        try:
-            self.queue.refine(c)
-        except Exception:  # the claim's lease runs out and the next dispatch claims it again
-            log.warning("could not enqueue refinement of %s", c.file_id, exc_info=True)
 
     # -----------------------------------------------------------------------------------------
     # refinement
@@ -419,52 +303,137 @@ class Service:
         again (more may have been flushed meanwhile). A transient failure is raised for the
         caller to retry, unless this is the ``final`` attempt: then, as for a permanent one,
         the file becomes ``error`` with a ``refine_failed`` anomaly. True when committed."""
-        s = self.settings
-        started = time.perf_counter()
-        try:
-            with refine.heartbeat(self.engine, c, lease_seconds=s.refinement.lease_seconds):
-                items = refine.run(
-                    self.engine,
-                    s.data_dir,
-                    self.refiner,
-                    c,
-                    budget_tokens=s.refinement.window_tokens,
-                    overlap=s.refinement.overlap_messages,
-                )
-            committed = refine.commit(self.engine, c, items, refiner=s.refiner)
-        except errors.SgmeError as exc:
-            if exc.retry and not final:
-                log.warning("refine %s (%d,%d] failed, will retry: %s", *_where(c), exc.detail)
-                raise
-            log.error("refine %s (%d,%d] failed for good: %s", *_where(c), exc.detail)
-            refine.fail(self.engine, c, exc.detail)
-            return False
-        finally:
-            metrics.REFINE_SECONDS.observe(time.perf_counter() - started)
+        committed = self._run_claim(c, final=final)
         if committed:
             self.dispatch([c.file_id])
         return committed
 
-    def refine_now(self, file_id: str, *, full: bool = False) -> None:
-        """Refine a file in this process, due or not (``sgme refine``): claim its segment,
-        run it and whatever it leads to through a :class:`LocalQueue`."""
+    def _run_claim(self, c: refine.Claim, *, final: bool) -> bool:
+        r = self.settings.refine
+        started = time.perf_counter()
+        try:
+            with refine.heartbeat(self.db, c, lease_seconds=r.lease_seconds):
+                items = refine.run(
+                    self.db,
+                    self.data_dir,
+                    self.refiners.get(),
+                    c,
+                    budget_tokens=r.window_tokens,
+                    overlap=r.overlap_messages,
+                )
+            return refine.commit(self.db, c, items, refiner=self.settings.refiner)
+        except errors.SgmeError as exc:
+            where = (c.file_id, c.lo, c.hi)
+            if exc.retry and not final:
+                log.warning("refine %s (%d,%d] failed, will retry: %s", *where, exc.detail)
+                raise
+            log.error("refine %s (%d,%d] failed for good: %s", *where, exc.detail)
+            refine.fail(self.db, c, exc.detail)
+            return False
+        finally:
+            metrics.REFINE_SECONDS.observe(time.perf_counter() - started)
+
+    def refine_now(self, file_id: str, *, full: bool = False) -> int:
+        """Refine a file in this process, due or not (``sgme refine``): claim its unrefined
+        segment and run it, again until nothing is left or a run fails (it is the last
+        attempt: the file is marked as docs/design.md §4 says). The segments committed."""
         if full:
-            refine.request_full(self.engine, file_id)
-        queue = LocalQueue()
-        service = Service(self.settings, self.engine, queue)
-        service._refiner = self._refiner
-        c = refine.claim(self.engine, file_id, lease_seconds=self.settings.refinement.lease_seconds)
-        if c is not None:
-            queue.refine(c)
-        queue.drain(service)
+            refine.request_full(self.db, file_id)
+        lease = self.settings.refine.lease_seconds
+        runs = 0
+        while (c := refine.claim(self.db, file_id, lease_seconds=lease)) is not None:
+            if not self._run_claim(c, final=True):
+                break
+            runs += 1
+        return runs
+
+    def request_refine(
+        self, file_id: str, *, agents: Collection[str] | None = None
+    ) -> tables.FileRow:
+        """A full re-refine asked for over the API: ``last_refined_seq = 0`` under the
+        ``refine_cooldown_seconds`` rule, then dispatched at once; the file's row."""
+        cooldown = self.settings.refine.cooldown_seconds
+        refine.request_full(self.db, file_id, cooldown=cooldown, agents=agents)
+        self.dispatch([file_id])
+        return reader.get_file(self.db, file_id)
+
+    def l1_items(
+        self,
+        *,
+        file_id: str | None = None,
+        agents: Collection[str] | None = None,
+        after: int = 0,
+        limit: int = 100,
+    ) -> list[tables.L1Item]:
+        """L1 items of ``agents`` (None: all), oldest first, after the id ``after``."""
+        with self.db.reading() as conn:
+            return l1.list_items(conn, file_id=file_id, agents=agents, after=after, limit=limit)
 
     # -----------------------------------------------------------------------------------------
-    # redaction and erasure (DESIGN §5d)
+    # reads
+
+    def list_files(self, **filters: Any) -> list[tables.FileRow]:
+        """Index rows by file_id (:func:`index.list_files`'s filters and paging)."""
+        with self.db.reading() as conn:
+            return index.list_files(conn, **filters)
+
+    def get_file(self, file_id: str, *, agents: Collection[str] | None = None) -> tables.FileRow:
+        """A file's index row (:func:`reader.get_file`)."""
+        return reader.get_file(self.db, file_id, agents=agents)
+
+    def raw(
+        self, file_id: str, *, agents: Collection[str] | None = None
+    ) -> tuple[tables.FileRow, Iterator[bytes]]:
+        """A file's row and its committed bytes as a stream (decompressed if archived)."""
+        row = reader.get_file(self.db, file_id, agents=agents)
+        return row, reader.stream(self.db, self.data_dir, row)
+
+    def messages(self, file_id: str, **options: Any) -> list[document.Message]:
+        """Flushed messages of a file by seq (:func:`reader.messages`'s options), within
+        ``http_max_page_bytes`` unless ``max_bytes`` says otherwise."""
+        options.setdefault("max_bytes", self.settings.http.max_page_bytes)
+        return reader.messages(self.db, self.data_dir, file_id, **options)
+
+    def resolve(self, ref: str, **options: Any) -> reader.Ref:
+        """The message a source_ref names, with neighbours (:func:`reader.resolve`'s
+        options), within ``http_max_page_bytes`` unless ``max_bytes`` says otherwise."""
+        options.setdefault("max_bytes", self.settings.http.max_page_bytes)
+        return reader.resolve(self.db, self.data_dir, ref, **options)
+
+    def search(self, q: str, filters: catalog.Filters, *, limit: int) -> list[search.Result]:
+        """Messages that match ``q`` within ``filters``, best first."""
+        return search.search(self.db, self.data_dir, q, filters, limit=limit)
+
+    def health(self) -> dict[str, Any]:
+        """Whether the index answers and the data directory is writable (``status`` ok or
+        degraded), with the journal's backlog."""
+        checks: dict[str, Any] = {"journal_backlog": None}
+        try:
+            with self.db.reading() as conn:
+                rows, messages, size = ledger.journal_backlog(conn)
+            checks["index"] = "ok"
+            checks["journal_backlog"] = {"rows": rows, "messages": messages, "bytes": size}
+        except errors.SgmeError as exc:
+            checks["index"] = exc.detail
+        try:
+            store.probe(self.data_dir)
+            checks["data_dir"] = "ok"
+        except errors.SgmeError as exc:
+            checks["data_dir"] = exc.detail
+        ok = checks["index"] == "ok" and checks["data_dir"] == "ok"
+        return {"status": "ok" if ok else "degraded", **checks}
+
+    def metrics(self) -> bytes:
+        """The Prometheus text exposition: this process's histograms and the index gauges."""
+        return metrics.render(self.db)
+
+    # -----------------------------------------------------------------------------------------
+    # redaction and erasure (docs/privacy.md)
 
     def who(self, token_id: str | None, reason: object, *, required: bool = True) -> rewrite.Who:
         """Who asks over HTTP (the token's id and name) and why, as the audit trail keeps it."""
         checked = redaction.check_reason(reason, required=required)
-        with database.reading(self.engine) as conn:
+        with self.db.reading() as conn:
             return rewrite.Who(audit.token_actor(conn, token_id), checked, token_id)
 
     def audit_trail(
@@ -476,7 +445,7 @@ class Service:
         limit: int = 100,
     ) -> list[tables.AuditRow]:
         """The audit trail's rows after the id ``after``, oldest first."""
-        with database.reading(self.engine) as conn:
+        with self.db.reading() as conn:
             return audit.listed(
                 conn,
                 agents=None if agents is None else frozenset(agents),
@@ -486,21 +455,15 @@ class Service:
             )
 
     def redact(
-        self,
-        refs: Sequence[str],
-        who: rewrite.Who,
-        *,
-        agents: Collection[str] | None = None,
+        self, refs: Sequence[str], who: rewrite.Who, *, agents: Collection[str] | None = None
     ) -> list[tables.AuditRow]:
         """Redact the messages ``refs`` name, in order (each file rewritten under its lock);
         then make the database files forget them. Their audit rows."""
         done = [
-            redaction.redact(
-                self.engine, self.settings.data_dir, ref, who, agents=agents, locks=self.locks
-            )
+            redaction.redact(self.db, self.file_locks, self.data_dir, ref, who, agents=agents)
             for ref in refs
         ]
-        redaction.compact(self.engine)
+        redaction.compact(self.db)
         return done
 
     def erase_file(
@@ -508,15 +471,9 @@ class Service:
     ) -> erasure.Erased:
         """Erase one file and everything derived from it."""
         erased = erasure.erase_file(
-            self.engine,
-            self.settings.data_dir,
-            file_id,
-            who,
-            agents=agents,
-            lock_timeout=self.locks.timeout,
-            file_lock=self.locks.files,
+            self.db, self.file_locks, self.data_dir, file_id, who, agents=agents
         )
-        redaction.compact(self.engine)
+        redaction.compact(self.db)
         return erased
 
     def erase_agent(
@@ -529,27 +486,85 @@ class Service:
     ) -> tuple[list[erasure.Erased], int]:
         """Erase every file of an agent (of one session), and what waits for it."""
         done = erasure.erase_session(
-            self.engine,
-            self.settings.data_dir,
+            self.db,
+            self.file_locks,
+            self.data_dir,
             agent_id,
             who,
             session_key=session_key,
-            lock_timeout=self.locks.timeout,
-            file_lock=self.locks.files,
             progress=progress,
         )
-        redaction.compact(self.engine)
+        redaction.compact(self.db)
         return done
 
-    # -----------------------------------------------------------------------------------------
-    # archive
+    def count_agent_files(self, agent_id: str, session_key: str | None = None) -> int:
+        """How many files erasing an agent (a session) would erase (for progress bars)."""
+        return erasure.count_files(self.db, agent_id, session_key)
 
-    def archive_cold(self, **kwargs: Any) -> archive.Report:
-        """The daily archive run (``older_than_days`` and ``progress`` may be given)."""
-        return archive.archive_cold(
-            self.engine, self.settings.data_dir, self.settings.archiving, **kwargs
+    # -----------------------------------------------------------------------------------------
+    # tokens
+
+    def verifier(self) -> auth.Verifier:
+        """What the API checks bearer tokens with (one per API process: it caches)."""
+        s = self.settings
+        return auth.Verifier(
+            self.db, require_auth=s.require_auth, cache_seconds=s.token_cache_seconds
         )
 
+    def create_token(self, **options: Any) -> auth.Created:
+        """Make a token (:func:`auth.create`'s options); its secret is in the answer only."""
+        return auth.create(self.db, **options)
 
-def _where(c: refine.Claim) -> tuple[str, int, int]:
-    return c.file_id, c.lo, c.hi
+    def list_tokens(self) -> list[auth.Token]:
+        """Every token, revoked ones too, oldest first."""
+        return auth.list_tokens(self.db)
+
+    def revoke_token(self, token_id: str) -> auth.Token:
+        """Revoke a token (its row stays, so auth stays on)."""
+        return auth.revoke(self.db, token_id)
+
+    # -----------------------------------------------------------------------------------------
+    # the cold archive and the store's upkeep
+
+    def archive_candidates(self, older_than_days: float) -> list[tables.FileRow]:
+        """The files an archive run would compress now (``sgme archive --dry-run``)."""
+        found = archive.cold_files(self.db, older_than_days=older_than_days, limit=1_000_000)
+        with self.db.reading() as conn:
+            rows = [index.get_file(conn, file_id) for file_id in found]
+        return [row for row in rows if row is not None]
+
+    def archive_cold(
+        self,
+        *,
+        older_than_days: float | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> archive.Report:
+        """The daily archive run (files unchanged ``older_than_days``, by default
+        ``archive_after_days``)."""
+        return archive.archive_cold(
+            self.db,
+            self.file_locks,
+            self.data_dir,
+            self.settings.archive,
+            older_than_days=older_than_days,
+            progress=progress,
+        )
+
+    def restore(self, file_id: str) -> tables.FileRow:
+        """Move an archived file back to its live place; :class:`errors.Conflict` when it is
+        not archived."""
+        if not archive.restore(self.db, self.file_locks, self.data_dir, file_id):
+            raise errors.Conflict(f"file {file_id} is not archived")
+        return reader.get_file(self.db, file_id)
+
+    def fsck(self, *, progress: Callable[[int], None] | None = None) -> list[integrity.Problem]:
+        """Check every file against the index (it only reports)."""
+        return integrity.fsck(self.db, self.data_dir, progress=progress)
+
+    def count_files(self) -> int:
+        """How many files the index holds (for progress bars)."""
+        return integrity.count_files(self.db)
+
+    def reindex(self, *, progress: Callable[[int], None] | None = None) -> integrity.ReindexReport:
+        """Rebuild the index's file rows and message catalog from the files."""
+        return integrity.reindex(self.db, self.file_locks, self.data_dir, progress=progress)

@@ -1,12 +1,15 @@
-"""One frozen Settings, read from a YAML file, then ``SGME_*`` environment variables, then
-explicit overrides (CLI flags). This is the only module that reads the environment.
+"""Every setting, defined once: one frozen :class:`Settings` with its option groups, read from
+a YAML file, then ``SGME_*`` environment variables, then explicit overrides (CLI flags). This is
+the only module that reads the environment, and it imports nothing of the pipeline but
+:mod:`pipeline.errors`: the modules that use an option group import it from here.
 
-Precedence, lowest first: the defaults (each in one place: the field below, or the option
-group's dataclass — :class:`refine.Options`, :class:`archive.Options`,
-:class:`validation.Limits`), the file named by ``SGME_CONFIG`` (or passed in), environment
+Precedence, lowest first: the defaults (the fields below: each default and its meaning is
+written here and nowhere else; ``config/default.yaml`` repeats them for people, and a test
+checks the two agree), the file named by ``SGME_CONFIG`` (or passed in), environment
 variables, keyword overrides. Every key is flat (``refine_min_messages``,
 ``limits_max_session_key``, env ``SGME_REFINE_MIN_MESSAGES``); a YAML file may also nest a
-group (``limits: {max_session_key: 512}``). ``config/default.yaml`` documents each one.
+group (``limits: {max_session_key: 512}``). A value that is not of its setting's type (a
+boolean ``ture``, a port ``80a``) or out of its range is refused with the setting's name.
 """
 
 from __future__ import annotations
@@ -14,19 +17,44 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from pipeline import archive, auth, database, errors, journal, ordering, refine, store, validation
+from pipeline import errors
+
+DEFAULT_LOCK_TIMEOUT = 30.0  #: seconds to wait for a per-file lock (flush, archive, restore)
+DEFAULT_BUSY_TIMEOUT = 30.0  #: seconds SQLite waits for a lock before failing
+DEFAULT_SQLITE_SYNCHRONOUS = "FULL"
+#: SQLite ``synchronous`` levels a deployment may choose; FULL fsyncs the WAL at each commit,
+#: so an acknowledgement survives a power cut (NORMAL would not: docs/design.md §3)
+SQLITE_SYNCHRONOUS = ("FULL", "EXTRA")
+DEFAULT_CACHE_SECONDS = 5.0  #: ``token_cache_seconds``
+MAX_CACHE_SECONDS = 60.0  #: a revoked token must stop working soon: never cache for longer
+DEFAULT_ORDER_WAIT_SECONDS = 60.0  #: ``order_wait_seconds``
+MAX_ORDER_WAIT_SECONDS = 30 * 86400  #: the longest ``order_wait_seconds`` allowed (30 days)
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """Input limits (``limits_*``, docs/design.md §2); every one is refused with a clear
+    error, nothing written."""
+
+    max_session_key: int = 512  #: characters
+    max_metadata_bytes: int = 8 * 1024  #: of the JSON encoding
+    max_metadata_depth: int = 16  #: nested objects and lists
+    max_message_bytes: int = 8 * 1024 * 1024  #: of UTF-8 per message
+    max_append_messages: int = 1000
+    max_append_bytes: int = 32 * 1024 * 1024  #: of UTF-8 content per append or upload
 
 
 @dataclasses.dataclass(frozen=True)
 class Http:
-    """The HTTP server's bounds (``http_*`` settings; docs/operations.md says what a client
-    gets at each)."""
+    """The HTTP server's bounds (``http_*``; docs/operations.md says what a client gets at
+    each)."""
 
     #: a request body larger than this is refused with 413 before any of it is parsed (from
     #: Content-Length, or counted as a chunked body arrives); above the 32 MiB append limit,
@@ -42,20 +70,59 @@ class Http:
     max_page_bytes: int = 16 * 1024 * 1024
 
 
-DEFAULT_HTTP = Http()
+@dataclasses.dataclass(frozen=True)
+class Backlog:
+    """How much may wait to be written (``backlog_*``): past these, appends are refused with
+    a ``Retry-After`` instead of acknowledged (docs/design.md §3, bounded work)."""
+
+    #: acknowledged messages of one file not yet in it (503 past this)
+    max_file_messages: int = 100_000
+    #: bytes waiting in the journal over all files (503 past this)
+    max_total_bytes: int = 1024 * 1024 * 1024
+    #: bytes kept free on the data volume: an append is acknowledged only if the journal's
+    #: backlog and the append fit in the free space above this (507 otherwise)
+    min_free_bytes: int = 64 * 1024 * 1024
+    retry_after: float = 5.0  #: seconds a refused client is told to wait
+    #: bytes a flush writes, fsyncs and commits at a time (one journal row at least)
+    flush_chunk_bytes: int = 8 * 1024 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class Refine:
+    """How refinement is scheduled and fed (``refine_*``; docs/refinement.md)."""
+
+    min_messages: int = 20  #: new messages that make a file due at once
+    idle_seconds: float = 60.0  #: quiet seconds after which fewer new messages are due
+    #: how long a claim is reserved; the running job renews it every third of this, so a job
+    #: lost with the broker or a killed worker frees its file within one lease
+    lease_seconds: float = 60.0
+    max_retries: int = 5  #: retries after the first attempt; then the file becomes ``error``
+    retry_backoff: int = 2  #: seconds before the first retry (doubles, with jitter)
+    window_tokens: int = 6000  #: refiner context budget per window (about 4 bytes a token)
+    overlap_messages: int = 1  #: messages repeated from the previous window
+    dispatch_interval: float = 5.0  #: seconds between beat dispatches
+    #: seconds after a full re-refine over HTTP finished before the next one of the same file
+    #: is accepted (while it runs, none is): each can cost real money with an LLM refiner
+    cooldown_seconds: float = 300.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Archive:
+    """How cold files are archived (``archive_*``; docs/operations.md)."""
+
+    after_days: float = 90.0  #: days a fully refined file must stay unchanged
+    level: int = 10  #: zstd level: most of the ratio of level 19 at a fraction of the cost
+    threads: int = 0  #: zstd worker threads per file (0: on the calling thread)
+    workers: int = 2  #: files compressed at once
+
 
 #: option groups: settings key prefix → (Settings field, the group's frozen dataclass)
 GROUPS: dict[str, tuple[str, type[Any]]] = {
-    "refine": ("refinement", refine.Options),
-    "archive": ("archiving", archive.Options),
-    "limits": ("limits", validation.Limits),
+    "refine": ("refine", Refine),
+    "archive": ("archive", Archive),
+    "limits": ("limits", Limits),
     "http": ("http", Http),
-    "backlog": ("backlog", journal.Backlog),
-}
-#: fields of a group that come from a top-level setting instead of a key of their own
-_SHARED = {
-    ("archive", "lock_timeout"): "lock_timeout",
-    ("archive", "file_locks"): "file_locks",
+    "backlog": ("backlog", Backlog),
 }
 
 
@@ -68,7 +135,7 @@ class Settings:
     broker_url: str = "memory://"
     host: str = "127.0.0.1"
     port: int = 8765
-    lock_timeout: float = store.DEFAULT_LOCK_TIMEOUT
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT  #: seconds to wait for a file's lock
     #: per-file lock files (``flock``) on the data volume; off only with PostgreSQL, whose
     #: advisory locks then keep processes on several hosts off one file (a networked volume
     #: where ``flock`` cannot be trusted: docs/scaling.md)
@@ -77,12 +144,15 @@ class Settings:
     sweep_age: float = 3.0  #: seconds a journal row may wait before the sweeper re-kicks it
     #: seconds numbered appends (``sequence``) that came over Celery wait for a missing
     #: predecessor before they are written without it (the gap recorded: pipeline.ordering)
-    order_wait_seconds: float = ordering.DEFAULT_WAIT_SECONDS
-    sqlite_busy_timeout: float = database.DEFAULT_BUSY_TIMEOUT
-    sqlite_synchronous: str = database.DEFAULT_SQLITE_SYNCHRONOUS
-    #: Celery retries of flushes and ``sgme.append`` tasks (lock timeouts, a busy database)
+    order_wait_seconds: float = DEFAULT_ORDER_WAIT_SECONDS
+    sqlite_busy_timeout: float = DEFAULT_BUSY_TIMEOUT
+    sqlite_synchronous: str = DEFAULT_SQLITE_SYNCHRONOUS
+    #: Celery retries of ``sgme.flush`` (a lock timeout, a busy database)
     flush_max_retries: int = 8
     flush_retry_backoff: int = 1  #: seconds before the first retry (doubles, with jitter)
+    #: Celery retries of ``sgme.append`` tasks (a busy database, a full backlog)
+    append_max_retries: int = 8
+    append_retry_backoff: int = 1  #: seconds before the first retry (doubles, with jitter)
     #: every /v1/* endpoint but /v1/health needs a bearer token even before any token exists
     #: (once one was made, they need one anyway); lets ``serve``/``api`` bind a network address
     require_auth: bool = False
@@ -92,20 +162,20 @@ class Settings:
     metrics_require_auth: bool = False  #: ``/metrics`` needs an admin token
     #: seconds an API process trusts what it read about a token (at most 60): a token made or
     #: revoked by ``sgme token`` takes effect in running servers within this time
-    token_cache_seconds: float = auth.DEFAULT_CACHE_SECONDS
+    token_cache_seconds: float = DEFAULT_CACHE_SECONDS
     #: replace credentials of well-known forms by ``[REDACTED:<kind>]`` before an append is
-    #: acknowledged (docs/privacy.md); an agent may be given its own choice by an admin
+    #: acknowledged (docs/privacy.md); an admin may give an agent its own choice
     redact_secrets: bool = True
-    refinement: refine.Options = refine.DEFAULT_OPTIONS
+    refine: Refine = Refine()
     refiner: str = "builtin"  #: entry point name in group ``sgme.refiners``
     #: refiner options, e.g. {base_url, model, api_key, timeout} for openai, {url} for webhook
     refiner_options: dict[str, Any] = dataclasses.field(default_factory=dict)
-    archiving: archive.Options = archive.DEFAULT_OPTIONS
+    archive: Archive = Archive()
     #: worker side: expose Prometheus metrics on this port (0: off)
     worker_metrics_port: int = 0
-    limits: validation.Limits = validation.DEFAULT_LIMITS
-    http: Http = DEFAULT_HTTP
-    backlog: journal.Backlog = journal.DEFAULT_BACKLOG
+    limits: Limits = Limits()
+    http: Http = Http()
+    backlog: Backlog = Backlog()
 
     @property
     def index_url(self) -> str:
@@ -126,7 +196,7 @@ class Settings:
         path = path or env.get("SGME_CONFIG")
         if path:
             values.update(_flatten(_read_yaml(Path(path))))
-        known = _keys()
+        known = keys()
         for name in known:
             key = f"SGME_{name.upper()}"
             if key in env:
@@ -147,34 +217,57 @@ class Settings:
     def _build(cls, values: dict[str, Any]) -> Settings:
         kwargs: dict[str, Any] = {}
         groups: dict[str, dict[str, Any]] = {prefix: {} for prefix in GROUPS}
+        top = _types(cls)
         for name, raw in values.items():
             prefix, _, field = name.partition("_")
-            if prefix in GROUPS and name not in _TOP:
-                groups[prefix][field] = _convert(name, raw, getattr(GROUPS[prefix][1], field))
+            if prefix in GROUPS and name not in top:
+                kind = _types(GROUPS[prefix][1])[field]
+                groups[prefix][field] = _convert(name, raw, kind)
             else:
-                kwargs[name] = _convert(name, raw, getattr(cls, name, None))
-        for (prefix, field), source in _SHARED.items():
-            groups[prefix][field] = kwargs.get(source, getattr(cls, source))
+                kwargs[name] = _convert(name, raw, top[name])
         for prefix, (attribute, group) in GROUPS.items():
             if groups[prefix]:
                 kwargs[attribute] = group(**groups[prefix])
-        if not kwargs.get("file_locks", True) and not database.is_postgres_url(
-            kwargs.get("database_url", "")
-        ):
+        settings = cls(**kwargs)
+        settings.check()
+        return settings
+
+    def check(self) -> None:
+        """Refuse values out of their setting's range (:class:`errors.InvalidInput`)."""
+        for name, value in _numbers(self):
+            if value < 0:
+                raise errors.InvalidInput(f"setting {name}: must not be negative, got {value!r}")
+        if not 0 < self.port < 65536:
+            raise errors.InvalidInput(f"setting port: must be 1-65535, got {self.port}")
+        if self.sqlite_synchronous.upper() not in SQLITE_SYNCHRONOUS:
+            raise errors.InvalidInput(
+                f"setting sqlite_synchronous: must be one of {', '.join(SQLITE_SYNCHRONOUS)}, "
+                f"got {self.sqlite_synchronous!r}: anything weaker can lose acknowledged "
+                "appends in a power cut"
+            )
+        if not self.order_wait_seconds <= MAX_ORDER_WAIT_SECONDS:
+            raise errors.InvalidInput(
+                f"setting order_wait_seconds: must be between 0 and {MAX_ORDER_WAIT_SECONDS:g}, "
+                f"got {self.order_wait_seconds!r}"
+            )
+        if self.token_cache_seconds > MAX_CACHE_SECONDS:
+            raise errors.InvalidInput(
+                f"setting token_cache_seconds: must be between 0 and {MAX_CACHE_SECONDS:g}, "
+                f"got {self.token_cache_seconds!r}"
+            )
+        if not self.file_locks and not _is_postgres_url(self.database_url):
             raise errors.InvalidInput(
                 "file_locks: false needs PostgreSQL (database_url): its advisory locks are "
                 "then all that keeps two processes from writing one file at once"
             )
-        wait = kwargs.get("order_wait_seconds", 0.0)
-        if not 0 <= wait <= ordering.MAX_WAIT_SECONDS:
-            raise errors.InvalidInput(
-                f"order_wait_seconds must be between 0 and {ordering.MAX_WAIT_SECONDS:g}, "
-                f"got {wait!r}"
-            )
-        return cls(**kwargs)
 
 
-_TOP = {f.name for f in dataclasses.fields(Settings)} - {a for a, _ in GROUPS.values()}
+def keys() -> list[str]:
+    """Every flat settings key."""
+    found = sorted(_TOP)
+    for prefix, (_, group) in GROUPS.items():
+        found += [f"{prefix}_{f.name}" for f in dataclasses.fields(group)]
+    return found
 
 
 def hermes_home(environ: Mapping[str, str] | None = None) -> Path:
@@ -192,16 +285,31 @@ def hermes_home(environ: Mapping[str, str] | None = None) -> Path:
     return Path.home() / ".hermes"
 
 
-def _keys() -> list[str]:
-    """Every flat settings key."""
-    keys = sorted(_TOP)
-    for prefix, (_, group) in GROUPS.items():
-        keys += [
-            f"{prefix}_{f.name}"
-            for f in dataclasses.fields(group)
-            if (prefix, f.name) not in _SHARED
-        ]
-    return keys
+_TOP = {f.name for f in dataclasses.fields(Settings)} - {a for a, _ in GROUPS.values()}
+
+
+def _is_postgres_url(url: str) -> bool:
+    return url.startswith(("postgresql:", "postgresql+", "postgres:"))
+
+
+def _types(cls: type[Any]) -> dict[str, Any]:
+    """The resolved type of each field of a settings dataclass."""
+    return typing.get_type_hints(cls)
+
+
+def _numbers(settings: Settings) -> list[tuple[str, float]]:
+    """Every numeric setting, by its flat key."""
+    found: list[tuple[str, float]] = []
+    for name in _TOP:
+        value = getattr(settings, name)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            found.append((name, value))
+    for prefix, (attribute, group) in GROUPS.items():
+        for f in dataclasses.fields(group):
+            value = getattr(getattr(settings, attribute), f.name)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                found.append((f"{prefix}_{f.name}", value))
+    return found
 
 
 def _flatten(data: Mapping[str, Any]) -> dict[str, Any]:
@@ -215,23 +323,46 @@ def _flatten(data: Mapping[str, Any]) -> dict[str, Any]:
     return flat
 
 
-def _convert(name: str, raw: Any, default: Any) -> Any:
-    """A settings value from YAML or the environment, as the type of its default."""
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def _convert(name: str, raw: Any, kind: Any) -> Any:
+    """A settings value from YAML or the environment, as its setting's type."""
     try:
-        if name == "refiner_options":
-            value = yaml.safe_load(raw) if isinstance(raw, str) else raw
-            return dict(value or {})
-        if name == "data_dir":
+        if kind is Path:
             return Path(raw)
-        if isinstance(default, tuple):
+        if kind is bool:
+            if isinstance(raw, bool):
+                return raw
+            text = str(raw).strip().lower()
+            if text in _TRUE or text in _FALSE:
+                return text in _TRUE
+            raise ValueError(f"not a boolean (one of {', '.join(_TRUE + _FALSE)})")
+        if kind is int:
+            if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
+                raise ValueError("not a whole number")
+            try:
+                return int(raw) if isinstance(raw, int | float) else int(str(raw).strip())
+            except ValueError:
+                raise ValueError("not a whole number") from None
+        if kind is float:
+            if isinstance(raw, bool):
+                raise ValueError("not a number")
+            value = float(raw)
+            if value != value or value in (float("inf"), float("-inf")):
+                raise ValueError("not a finite number")
+            return value
+        if typing.get_origin(kind) is tuple:
             items = raw.split(",") if isinstance(raw, str) else list(raw or ())
             return tuple(str(item).strip() for item in items if str(item).strip())
-        if isinstance(default, bool):
-            return str(raw).lower() in ("1", "true", "yes", "on")
-        if isinstance(default, int):
-            return int(raw)
-        if isinstance(default, float):
-            return float(raw)
+        if typing.get_origin(kind) is dict:
+            value = yaml.safe_load(raw) if isinstance(raw, str) else raw
+            if value is not None and not isinstance(value, Mapping):
+                raise ValueError("not a mapping")
+            return dict(value or {})
+        if isinstance(raw, Mapping | list):
+            raise ValueError("not a single value")
         return str(raw)
     except (TypeError, ValueError, yaml.YAMLError) as exc:
         raise errors.InvalidInput(f"setting {name}: bad value {raw!r} ({exc})") from None

@@ -1,4 +1,4 @@
-"""Raw files on disk (DESIGN §2, §3): create, append, truncate, read, and per-file locks.
+"""Raw files on disk (docs/design.md §2, §3): create, append, truncate, read, and per-file locks.
 
 Files are created with ``O_EXCL`` and their directory fsynced, appended with one ``write`` on
 an ``O_APPEND`` descriptor followed by ``fsync``, and never opened through a symlink. Paths
@@ -15,6 +15,8 @@ import os
 import stat
 import threading
 import time
+import uuid
+import weakref
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -25,7 +27,6 @@ from pipeline import errors
 
 SUBDIRS = {"session": "sessions", "upload": "uploads", "external": "external"}
 LOCK_STRIPES = 1024  #: lock files under <data>/.locks; a file maps to one by hash
-DEFAULT_LOCK_TIMEOUT = 30.0  #: seconds to wait for a per-file lock (flush, archive, restore)
 _OPEN_FLAGS = os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 
 
@@ -93,6 +94,15 @@ def free_bytes(path: Path) -> int:
     except OSError as exc:
         raise _storage_error("statvfs", path, exc) from exc
     return st.f_bavail * st.f_frsize
+
+
+def probe(data_dir: Path) -> None:
+    """Create, fsync and remove a file in ``data_dir`` (a health check); the error if any
+    step fails. Each probe has a name of its own: concurrent checks never trip over each
+    other."""
+    path = data_dir / f".health-{uuid.uuid4().hex}"
+    create(path, b"ok")
+    remove(path, durable=False)
 
 
 def size(path: Path) -> int | None:
@@ -185,21 +195,8 @@ def truncate(path: Path, length: int) -> None:
 
 def read(path: Path, length: int | None = None) -> bytes:
     """The file's bytes (the first ``length`` of them when given)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | _OPEN_FLAGS)
-    except FileNotFoundError:
-        raise errors.NotFound(f"raw file {path} is missing") from None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise errors.FileDamaged(f"{path} is a symlink; refusing to follow it") from None
-        raise _storage_error("open", path, exc) from exc
-    try:
-        with os.fdopen(fd, "rb", closefd=False) as handle:
-            return handle.read() if length is None else handle.read(length)
-    except OSError as exc:
-        raise _storage_error("read", path, exc) from exc
-    finally:
-        os.close(fd)
+    with reader(path) as handle:
+        return handle.read() if length is None else handle.read(length)
 
 
 def read_range(path: Path, offset: int, length: int) -> bytes:
@@ -273,67 +270,88 @@ class _Stripe:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
 
     def forget(self) -> None:
-        """In a forked child: drop the parent's descriptor (without unlocking: the parent may
-        hold the lock through it, and a child must not share it)."""
+        """Close the descriptor without unlocking (in a forked child the parent may hold the
+        lock through it, and a child must not share it)."""
         if self._fd is not None:
             with contextlib.suppress(OSError):
                 os.close(self._fd)
+            self._fd = None
 
 
-_stripes: dict[str, _Stripe] = {}
-_stripes_guard = threading.Lock()
+class LockFiles:
+    """The per-file locks of one data directory as this process holds them: a file maps to
+    one of :data:`LOCK_STRIPES` lock files under ``<data>/.locks`` by hash, each with an
+    in-process lock in front (:class:`_Stripe`). One per data directory and process (the
+    runtime's): a second one still excludes the first, through ``flock``, only less cheaply."""
 
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self._stripes: dict[str, _Stripe] = {}
+        self._guard = threading.Lock()
+        ref = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: _forget_stripes(ref))
 
-def _forget_stripes() -> None:
-    global _stripes_guard
-    for stripe in _stripes.values():
-        stripe.forget()
-    _stripes.clear()
-    _stripes_guard = threading.Lock()
+    def _stripe(self, file_id: str) -> _Stripe:
+        number = int(hashlib.sha256(file_id.encode()).hexdigest()[:8], 16) % LOCK_STRIPES
+        path = str(self.data_dir / ".locks" / f"{number:04d}.lock")
+        with self._guard:
+            found = self._stripes.get(path)
+            if found is None:
+                found = self._stripes[path] = _Stripe(path)
+            return found
 
-
-os.register_at_fork(after_in_child=_forget_stripes)
-
-
-def _stripe(data_dir: Path, file_id: str) -> _Stripe:
-    number = int(hashlib.sha256(file_id.encode()).hexdigest()[:8], 16) % LOCK_STRIPES
-    path = str(data_dir / ".locks" / f"{number:04d}.lock")
-    with _stripes_guard:
-        found = _stripes.get(path)
-        if found is None:
-            found = _stripes[path] = _Stripe(path)
-        return found
-
-
-@contextlib.contextmanager
-def lock(data_dir: Path, file_id: str, *, timeout: float, flock: bool = True) -> Iterator[None]:
-    """Hold the per-file lock: an in-process lock, then (unless ``flock`` is off) the
-    ``flock`` of one of :data:`LOCK_STRIPES` lock files on the data volume, which other
-    processes respect. With ``flock`` off only this process is kept out: other processes must
-    be excluded otherwise (PostgreSQL's advisory lock, :func:`database.advisory_lock`)."""
-    stripe = _stripe(data_dir, file_id)
-    deadline = time.monotonic() + timeout
-    if not stripe.local.acquire(timeout=timeout):
-        raise errors.LockTimeout(f"lock for file {file_id} not acquired in {timeout}s")
-    try:
-        if flock and stripe.depth == 0:
-            try:
-                stripe.acquire(deadline)
-            except filelock.Timeout:
-                raise errors.LockTimeout(
-                    f"lock for file {file_id} not acquired in {timeout}s"
-                ) from None
-            except OSError as exc:
-                raise _storage_error("lock", Path(stripe.path), exc) from exc
-        stripe.depth += 1
+    @contextlib.contextmanager
+    def lock(self, file_id: str, *, timeout: float, flock: bool = True) -> Iterator[None]:
+        """Hold the per-file lock: an in-process lock, then (unless ``flock`` is off) the
+        ``flock`` of the file's lock file, which other processes respect. With ``flock`` off
+        only this process is kept out: other processes must be excluded otherwise
+        (PostgreSQL's advisory lock: :mod:`pipeline.locks`)."""
+        stripe = self._stripe(file_id)
+        deadline = time.monotonic() + timeout
+        if not stripe.local.acquire(timeout=timeout):
+            raise errors.LockTimeout(f"lock for file {file_id} not acquired in {timeout}s")
         try:
-            yield
-        finally:
-            stripe.depth -= 1
             if flock and stripe.depth == 0:
-                stripe.release()
-    finally:
-        stripe.local.release()
+                try:
+                    stripe.acquire(deadline)
+                except filelock.Timeout:
+                    raise errors.LockTimeout(
+                        f"lock for file {file_id} not acquired in {timeout}s"
+                    ) from None
+                except OSError as exc:
+                    raise _storage_error("lock", Path(stripe.path), exc) from exc
+            stripe.depth += 1
+            try:
+                yield
+            finally:
+                stripe.depth -= 1
+                if flock and stripe.depth == 0:
+                    stripe.release()
+        finally:
+            stripe.local.release()
+
+    def close(self) -> None:
+        """Close the lock files' descriptors (none may be held)."""
+        with self._guard:
+            stripes, self._stripes = self._stripes, {}
+        for stripe in stripes.values():
+            stripe.forget()
+
+    def order(self, file_ids: Iterable[str]) -> list[str]:
+        """``file_ids`` in the order to lock several at once: by lock file, so two processes
+        locking overlapping sets never wait for each other in a circle."""
+        return sorted(file_ids, key=lambda file_id: (self._stripe(file_id).path, file_id))
+
+
+def _forget_stripes(ref: weakref.ReferenceType[LockFiles]) -> None:
+    # A child forked while a thread held a stripe must not inherit it, nor the descriptors.
+    found = ref()
+    if found is None:
+        return
+    for stripe in found._stripes.values():
+        stripe.forget()
+    found._stripes = {}
+    found._guard = threading.Lock()
 
 
 @contextlib.contextmanager
@@ -394,12 +412,6 @@ def rename(src: Path, dst: Path, *, durable: bool = True) -> None:
         fsync_dir(dst.parent)
         if src.parent != dst.parent:
             fsync_dir(src.parent)
-
-
-def lock_order(data_dir: Path, file_ids: Iterable[str]) -> list[str]:
-    """``file_ids`` in the order to lock several at once: by lock file, so two processes
-    locking overlapping sets never wait for each other in a circle."""
-    return sorted(file_ids, key=lambda file_id: (_stripe(data_dir, file_id).path, file_id))
 
 
 def exists(path: Path) -> bool:

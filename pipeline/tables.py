@@ -9,14 +9,49 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import enum
 import json
 from typing import Any, Self
 
 import sqlalchemy as sa
 
-STATUSES = ("pending", "new", "refined", "error", "archived")
+
+class Status(enum.StrEnum):
+    """A file's status (docs/design.md §4): what happens to it next."""
+
+    PENDING = "pending"  #: acknowledged, nothing on disk yet
+    NEW = "new"  #: flushed messages past last_refined_seq
+    REFINED = "refined"  #: everything flushed is refined
+    ERROR = "error"  #: damaged, or its refinement failed for good
+    ARCHIVED = "archived"  #: compressed under raw/archive/
+
+
+STATUSES = tuple(Status)
 #: statuses a file can be refined from
-REFINABLE = ("new", "refined")
+REFINABLE = (Status.NEW, Status.REFINED)
+
+
+class Kind(enum.StrEnum):
+    """The kinds of anomaly the pipeline records (``anomalies.kind``; docs/operations.md).
+    ``sgme fsck`` records what it finds as ``fsck_<finding>`` (:class:`integrity.Finding`)."""
+
+    TORN_TAIL_TRUNCATED = "torn_tail_truncated"  #: a flush cut bytes never acknowledged
+    FILE_MISSING = "file_missing"  #: a file with committed bytes is gone
+    FILE_SHRUNK = "file_shrunk"  #: a file is shorter than what was committed
+    FILE_REPLACED = "file_replaced"  #: a symlink where the file or a directory should be
+    FILE_UNREADABLE = "file_unreadable"  #: a read found the file damaged
+    FORMAT_ERROR = "format_error"  #: a file that no longer parses
+    JOURNAL_GAP = "journal_gap"  #: the journal does not continue the file
+    RESTORE_FAILED = "restore_failed"  #: an archive could not be restored for an append
+    ARCHIVE_CORRUPT = "archive_corrupt"  #: an archive fails its checks
+    ARCHIVE_FAILED = "archive_failed"  #: archiving a file failed
+    UNREFINED_COLD = "unrefined_cold"  #: a cold file that was never fully refined
+    REFINE_FAILED = "refine_failed"  #: refinement failed after its last retry
+    SEQUENCE_GAP = "sequence_gap"  #: numbered appends let go without the missing ones
+    SEQUENCE_LATE = "sequence_late"  #: a number that came after it was skipped as a gap
+    SEQUENCE_DUPLICATE = "sequence_duplicate"  #: a number already taken
+    APPEND_TASK_REJECTED = "append_task_rejected"  #: an sgme.append task that can never land
+
 
 metadata = sa.MetaData()
 _BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
@@ -116,7 +151,7 @@ sa.Index("ix_anomalies_file", anomalies.c.file_id)
 sa.Index("uq_anomalies_once", anomalies.c.file_id, anomalies.c.kind, anomalies.c.key, unique=True)
 sa.Index("ix_anomalies_kind", anomalies.c.kind)
 
-#: one row per flushed message (DESIGN §5b): where its block is in the file and the facts of
+#: one row per flushed message (docs/design.md §6): where its block is in the file and the facts of
 #: its heading, written in the commit of the flush that wrote it; ``id`` is the search index's
 #: row id (the text's terms are kept in ``message_terms``, made per database by migration 0006)
 messages = sa.Table(
@@ -220,11 +255,6 @@ audit_log = sa.Table(
 )
 sa.Index("ix_audit_log_file", audit_log.c.file_id, audit_log.c.seq)
 sa.Index("ix_audit_log_unfinished", audit_log.c.finished_at)
-
-
-def utcnow() -> dt.datetime:
-    """Now, as the naive UTC datetime the index stores."""
-    return dt.datetime.now(dt.UTC).replace(tzinfo=None)
 
 
 def iso(value: dt.datetime) -> str:

@@ -1,4 +1,4 @@
-"""Search terms of a text, the same on SQLite and PostgreSQL (DESIGN §5b): pure functions, no
+"""Search terms of a text, the same on SQLite and PostgreSQL (docs/design.md §6): pure functions, no
 I/O.
 
 A text becomes a sequence of terms in reading order: each run of letters and digits is one

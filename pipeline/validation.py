@@ -1,4 +1,4 @@
-"""What clients may send (DESIGN §2.10), checked once, the same way on every path.
+"""What clients may send (docs/design.md §2), checked once, the same way on every path.
 
 The request models are pydantic models built from the configured :class:`Limits`, so the API's
 OpenAPI schema states exactly the rules the server applies, and HTTP (``parse_append`` on the
@@ -23,7 +23,8 @@ import pydantic
 import pydantic_core
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, WithJsonSchema
 
-from pipeline import document, errors
+from pipeline import document, errors, refs
+from pipeline.settings import Limits
 
 MAX_IDEMPOTENCY_KEY = 200  #: characters (the index column's width)
 MAX_TOOL_NAME = 200  #: characters
@@ -43,26 +44,8 @@ _TOOL_NAME = (
 )
 AGENT_ID_PATTERN = "^[A-Za-z0-9_.-]{1,64}$"
 _AGENT_ID = re.compile(AGENT_ID_PATTERN)
-FILE_ID_PATTERN = "^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$"
-_FILE_ID = re.compile(FILE_ID_PATTERN)
-SEQ_PATTERN = "^[1-9][0-9]{0,9}$"
-MAX_SEQ = 2**31 - 1  #: the index stores seqs as 32-bit integers
-SOURCE_REF_PATTERN = FILE_ID_PATTERN[:-1] + ":" + SEQ_PATTERN[1:]
-_SEQ = re.compile(SEQ_PATTERN)
 #: a \u escape of half a UTF-16 surrogate pair, which JSON parsers refuse on its own
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
-
-
-@dataclasses.dataclass(frozen=True)
-class Limits:
-    """Input limits (DESIGN §2.10); every one is refused with a clear error."""
-
-    max_session_key: int = 512  #: characters
-    max_metadata_bytes: int = 8 * 1024  #: of the JSON encoding
-    max_metadata_depth: int = 16  #: nested objects and lists
-    max_message_bytes: int = 8 * 1024 * 1024  #: of UTF-8 per message
-    max_append_messages: int = 1000
-    max_append_bytes: int = 32 * 1024 * 1024  #: of UTF-8 content per append or upload
 
 
 DEFAULT_LIMITS = Limits()
@@ -91,13 +74,6 @@ def check_agent_id(value: object) -> str:
     return value
 
 
-def check_file_id(value: object) -> str:
-    """A lowercase UUID4 as made by the server."""
-    if not isinstance(value, str) or not _FILE_ID.fullmatch(value):
-        raise errors.InvalidInput(f"not a file_id (a UUID4): {value!r}")
-    return value
-
-
 def check_source_type(value: object) -> str:
     """One of the source types files have."""
     if value not in document.SOURCE_TYPES:
@@ -106,15 +82,6 @@ def check_source_type(value: object) -> str:
         )
     assert isinstance(value, str)
     return value
-
-
-def parse_ref(ref: str) -> tuple[str, int]:
-    """``"file_id:seq"`` → ``(file_id, seq)``; the seq is ASCII digits without a leading 0
-    (at most 10 of them: a seq past :data:`MAX_SEQ` names no message, which is NotFound)."""
-    file_id, sep, seq = ref.rpartition(":")
-    if not sep or not _SEQ.fullmatch(seq):
-        raise errors.InvalidInput(f"not a source_ref (file_id:seq): {ref!r}")
-    return check_file_id(file_id), int(seq)
 
 
 def normalize_ts(value: object, *, default: dt.datetime | None = None) -> str:
@@ -149,9 +116,10 @@ def normalize_ts(value: object, *, default: dt.datetime | None = None) -> str:
         raise errors.InvalidInput(f"timestamp out of range: {value!r}") from None
 
 
-def check_metadata(value: object, limits: Limits = DEFAULT_LIMITS) -> dict[str, Any]:
+def check_metadata(value: object, limits: Limits | None = None) -> dict[str, Any]:
     """A JSON object nested at most ``max_metadata_depth`` deep and at most
     ``max_metadata_bytes`` once encoded; ``None`` is ``{}``."""
+    limits = limits or DEFAULT_LIMITS
     if value is None:
         return {}
     if not isinstance(value, dict):
@@ -316,8 +284,8 @@ def _sequence(value: object) -> int | None:
     if value is None:
         return None
     number = int(value) if isinstance(value, float) and value.is_integer() else value
-    if isinstance(number, bool) or not isinstance(number, int) or not 1 <= number <= MAX_SEQ:
-        raise ValueError(f"must be an integer from 1 to {MAX_SEQ}, got {value!r:.80}")
+    if isinstance(number, bool) or not isinstance(number, int) or not 1 <= number <= refs.MAX_SEQ:
+        raise ValueError(f"must be an integer from 1 to {refs.MAX_SEQ}, got {value!r:.80}")
     return number
 
 
@@ -326,7 +294,7 @@ AppendSequence = Annotated[
     PlainValidator(_sequence),
     WithJsonSchema(
         {
-            "anyOf": [{"type": "integer", "minimum": 1, "maximum": MAX_SEQ}, {"type": "null"}],
+            "anyOf": [{"type": "integer", "minimum": 1, "maximum": refs.MAX_SEQ}, {"type": "null"}],
             "description": "the sender's number for this append, per (agent_id, source_type, "
             "session_key): 1 for the session's first append, then 2, 3, … with no gaps. "
             "Appends are applied in this order; a session uses sequences always or never",
@@ -346,10 +314,13 @@ def _metadata(limits: Limits) -> tuple[AfterValidator, Any]:
     )
 
 
-@functools.lru_cache(maxsize=8)
-def schemas(limits: Limits = DEFAULT_LIMITS) -> tuple[type[BaseModel], type[BaseModel]]:
+def schemas(limits: Limits | None = None) -> tuple[type[BaseModel], type[BaseModel]]:
     """``(AppendBody, UploadBody)``: the request models for ``limits``."""
+    return _schemas(limits or DEFAULT_LIMITS)
 
+
+@functools.lru_cache(maxsize=8)
+def _schemas(limits: Limits) -> tuple[type[BaseModel], type[BaseModel]]:
     content = Text(max_length=limits.max_message_bytes, max_bytes=limits.max_message_bytes)
     metadata_check, metadata_field = _metadata(limits)
     strict = ConfigDict(extra="forbid", strict=True, hide_input_in_errors=True)
@@ -424,8 +395,8 @@ def schemas(limits: Limits = DEFAULT_LIMITS) -> tuple[type[BaseModel], type[Base
 
 #: what a pattern means, for messages a person can act on
 _PATTERN_NAMES = {
-    FILE_ID_PATTERN: "not a file_id (a UUID4)",
-    SOURCE_REF_PATTERN: "not a source_ref (file_id:seq)",
+    refs.FILE_ID_PATTERN: "not a file_id (a UUID4)",
+    refs.SOURCE_REF_PATTERN: "not a source_ref (file_id:seq)",
     AGENT_ID_PATTERN: "must match [A-Za-z0-9_.-]{1,64}",
 }
 #: parts of a location that are not field names: where FastAPI found a parameter
@@ -504,7 +475,7 @@ def _digest(normalised: Mapping[str, Any]) -> str:
 
 def parse_append(
     body: bytes | Mapping[str, Any],
-    limits: Limits = DEFAULT_LIMITS,
+    limits: Limits | None = None,
     *,
     received_at: dt.datetime | None = None,
 ) -> Append:
@@ -552,7 +523,7 @@ def parse_append(
     )
 
 
-def parse_upload(body: bytes | Mapping[str, Any], limits: Limits = DEFAULT_LIMITS) -> Upload:
+def parse_upload(body: bytes | Mapping[str, Any], limits: Limits | None = None) -> Upload:
     """Validate an upload body; the filename goes into the metadata (never into a path)."""
     model = _validate(schemas(limits)[1], body, "upload")
     metadata = {**(model.metadata or {}), "filename": model.filename}

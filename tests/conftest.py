@@ -19,7 +19,8 @@ import hypothesis
 import pytest
 import sqlalchemy as sa
 
-from pipeline import cli, database, tables
+from pipeline import cli, database, locks, settings, tables
+from pipeline.clock import ManualClock
 
 # Helper modules of the e2e tests: pytest rewrites their asserts too (before any test imports
 # them), so a failed check there says what it compared.
@@ -119,10 +120,34 @@ def postgres_engine(postgres_database_url: str) -> Iterator[sa.Engine]:
     engine.dispose()
 
 
-def set_row(engine: sa.Engine, file_id: str, **values: Any) -> None:
+@pytest.fixture
+def clock() -> ManualClock:
+    """A clock the test moves (:meth:`ManualClock.advance`) instead of sleeping."""
+    return ManualClock()
+
+
+@pytest.fixture
+def db(engine: sa.Engine, clock: ManualClock) -> database.Database:
+    """The index handle the pipeline is given, on :func:`engine`, with the test's clock."""
+    return database.Database(engine, clock=clock)
+
+
+@pytest.fixture
+def postgres_db(postgres_engine: sa.Engine, clock: ManualClock) -> database.Database:
+    """:func:`db` on PostgreSQL only."""
+    return database.Database(postgres_engine, clock=clock)
+
+
+@pytest.fixture
+def file_locks(db: database.Database, data_dir: Path) -> locks.FileLocks:
+    """The per-file locks of :func:`data_dir` on :func:`db`."""
+    return locks.FileLocks(db, data_dir, timeout=settings.DEFAULT_LOCK_TIMEOUT)
+
+
+def set_row(db: database.Database, file_id: str, **values: Any) -> None:
     """Change a ``raw_files`` row behind the pipeline's back (a test setting the scene: an old
     file, a lapsed lease)."""
-    with database.transaction(engine) as conn:
+    with db.transaction() as conn:
         stmt = sa.update(tables.raw_files).where(tables.raw_files.c.file_id == file_id)
         assert conn.execute(stmt.values(**values)).rowcount == 1
 

@@ -1,4 +1,4 @@
-"""The Celery application, made from Settings by :func:`create` (never at import time).
+"""The Celery application, made from a runtime by :func:`create` (never at import time).
 
 Production runs ``sgme worker --queues append`` (and ``--queues refine,archive``) and exactly
 one ``sgme beat``; ``sgme serve`` runs a worker and beat inside its own process on the
@@ -13,13 +13,12 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-import sqlalchemy as sa
 from celery import Celery, signals
 
-from pipeline import flusher, refine
-from pipeline.service import Service
-from pipeline.settings import Settings
-from workers import schedule, tasks
+from pipeline import flush_threads, refine
+from pipeline.runtime import Runtime
+from pipeline.service import Queue, Service
+from workers import embedded, schedule, tasks
 
 log = logging.getLogger(__name__)
 QUEUES = ("append", "refine", "archive")
@@ -33,18 +32,21 @@ class CeleryQueue:
     def __init__(self, app: Celery) -> None:
         self.app = app
 
-    def flush(self, file_id: str) -> None:
+    def kick(self, file_id: str) -> None:
         """Enqueue ``sgme.flush``."""
         self.app.tasks["sgme.flush"].delay(file_id)
 
-    def refine(self, claim: refine.Claim) -> None:
+    def submit(self, claim: refine.Claim) -> None:
         """Enqueue ``sgme.refine_segment`` for a claim."""
         self.app.tasks["sgme.refine_segment"].delay(claim.file_id, claim.lo, claim.hi, claim.epoch)
 
 
-def create(settings: Settings, engine: sa.Engine) -> Celery:
-    """A Celery app for ``settings`` whose tasks work on ``engine``; ``app.sgme`` is its
-    :class:`Service`."""
+def create(runtime: Runtime, *, flush_threads_count: int = 0) -> tuple[Celery, Service]:
+    """A Celery app whose tasks call the service it is answered with, made over ``runtime``:
+    work for later goes to the app's broker — or, with ``flush_threads_count``, flushes run on
+    that many threads of this process (:class:`flush_threads.FlushThreads`, the embedded
+    service) and only refinement jobs go to the broker."""
+    settings = runtime.settings
     app = Celery("sgme", set_as_current=False)
     memory = settings.broker_url.startswith("memory://")
     transport: dict[str, Any] = {"visibility_timeout": VISIBILITY_TIMEOUT}
@@ -82,8 +84,10 @@ def create(settings: Settings, engine: sa.Engine) -> Celery:
         beat_schedule=schedule.beat_schedule(settings),
         timezone="UTC",
     )
-    service = Service(settings, engine, CeleryQueue(app))
-    app.sgme = service
+    queue: Queue = CeleryQueue(app)
+    if flush_threads_count:
+        queue = flush_threads.FlushThreads(queue, threads=flush_threads_count)
+    service = runtime.service(queue)
     tasks.register(app, service)
     # Make this the app every thread falls back to: a task's retry resolves the app through
     # the thread's current app, and a worker thread that fell back to Celery's default app
@@ -92,7 +96,8 @@ def create(settings: Settings, engine: sa.Engine) -> Celery:
     app.set_current()
 
     def after_fork(**_: Any) -> None:
-        engine.dispose(close=False)  # connections inherited over a fork are not ours to use
+        # connections inherited over a fork are not ours to use
+        runtime.db.engine.dispose(close=False)
 
     def metrics_server(**_: Any) -> None:
         if settings.worker_metrics_port:
@@ -102,60 +107,51 @@ def create(settings: Settings, engine: sa.Engine) -> Celery:
 
     signals.worker_process_init.connect(after_fork, weak=False)
     signals.worker_ready.connect(metrics_server, weak=False)
-    return app
+    return app, service
 
 
 class CeleryWorkers:
-    """What the ``sgme`` command needs of the workers (:class:`pipeline.service.Workers`)."""
+    """What the ``sgme`` command needs of the workers (:class:`pipeline.runtime.Workers`)."""
 
-    def queue(self, settings: Settings, engine: sa.Engine) -> CeleryQueue:
-        """Enqueue into the broker (``sgme api``)."""
-        return CeleryQueue(create(settings, engine))
+    def service(self, runtime: Runtime) -> Service:
+        """The API's service: work goes into the broker (``sgme api``)."""
+        return create(runtime)[1]
 
     def worker(
-        self,
-        settings: Settings,
-        engine: sa.Engine,
-        *,
-        queues: str,
-        concurrency: int,
-        pool: str,
-        loglevel: str,
+        self, runtime: Runtime, *, queues: str, concurrency: int, pool: str, loglevel: str
     ) -> None:
         """Run a worker in the foreground (``sgme worker``)."""
         argv = ["worker", "--queues", queues, "--loglevel", loglevel.upper()]
         argv += ["--concurrency", str(concurrency), "--pool", pool, "-E"]
-        create(settings, engine).worker_main(argv)
+        create(runtime)[0].worker_main(argv)
 
-    def beat(self, settings: Settings, engine: sa.Engine, *, loglevel: str) -> None:
+    def beat(self, runtime: Runtime, *, loglevel: str) -> None:
         """Run beat in the foreground (``sgme beat``)."""
-        schedule_file = str(settings.data_dir / ".celerybeat-schedule")
-        create(settings, engine).start(
+        schedule_file = str(runtime.settings.data_dir / ".celerybeat-schedule")
+        create(runtime)[0].start(
             ["beat", "--loglevel", loglevel.upper(), "--schedule", schedule_file]
         )
 
     @contextlib.contextmanager
-    def embedded(
-        self, settings: Settings, engine: sa.Engine, *, concurrency: int
-    ) -> Iterator[flusher.InProcess]:
-        """A worker and beat in this process for as long as the block runs (``sgme serve``).
-        Flushes run on threads of this process (no task per kick); refinement, sweeps and
-        the archive run as Celery tasks of the in-process worker."""
-        from workers import embedded
-
-        app = create(settings, engine)
-        queue = flusher.InProcess(CeleryQueue(app), threads=concurrency)
-        app.sgme.queue = queue  # the sweeps and dispatches of the tasks kick through it too
-        queue.start(app.sgme.flush)
+    def embedded(self, runtime: Runtime, *, concurrency: int) -> Iterator[Service]:
+        """A worker and beat in this process for as long as the block runs (``sgme serve``),
+        and the service the API shares with them. Flushes run on threads of this process (no
+        task per kick); refinement, sweeps and the archive run as Celery tasks of the
+        in-process worker."""
+        app, service = create(runtime, flush_threads_count=concurrency)
+        assert isinstance(service.queue, flush_threads.FlushThreads)
+        service.queue.start(service.flush)
         try:
-            runner = embedded.Embedded(app, data_dir=settings.data_dir, concurrency=concurrency)
+            runner = embedded.Embedded(
+                app, queues=QUEUES, data_dir=runtime.settings.data_dir, concurrency=concurrency
+            )
             runner.start()
             try:
-                yield queue
+                yield service
             finally:
                 runner.stop()
         finally:
-            queue.close()
+            service.queue.close()
 
 
 #: what the ``sgme.workers`` entry point names

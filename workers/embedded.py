@@ -9,20 +9,25 @@ every acknowledged append, and the sweep at start (and every few seconds) re-kic
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from celery import Celery, beat
 from celery.worker import WorkController
 
-from workers import app as celery_app
-
 
 class Embedded:
     """Start/stop a threaded worker (all queues) and a threaded beat for ``app``."""
 
     def __init__(
-        self, app: Celery, *, data_dir: Path, concurrency: int = 4, loglevel: str = "WARNING"
+        self,
+        app: Celery,
+        *,
+        queues: Sequence[str],
+        data_dir: Path,
+        concurrency: int = 4,
+        loglevel: str = "WARNING",
     ) -> None:
         self.app = app
         self._ready = threading.Event()
@@ -31,7 +36,7 @@ class Embedded:
             ready_event=self._ready,
             pool="threads",
             concurrency=concurrency,
-            queues=list(celery_app.QUEUES),
+            queues=list(queues),
             loglevel=loglevel,
             without_heartbeat=True,
             without_mingle=True,

@@ -16,7 +16,7 @@ def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
         "sweep": {"task": "sgme.sweep", "schedule": settings.sweep_interval},
         "dispatch-refinements": {
             "task": "sgme.dispatch_refinements",
-            "schedule": settings.refinement.dispatch_interval,
+            "schedule": settings.refine.dispatch_interval,
         },
         "archive-cold-files": {
             "task": "sgme.archive_cold_files",

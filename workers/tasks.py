@@ -38,10 +38,11 @@ def register(app: Celery, service: Service) -> None:
     would hand a shared task to every app made later, and this one belongs to ``app``)."""
     s = service.settings
     flushes = _retries(s.flush_max_retries, s.flush_retry_backoff)
+    appends = _retries(s.append_max_retries, s.append_retry_backoff)
     # A refine job is acknowledged only when it ends, and given back if its worker dies, so a
     # lost job comes back from the broker; the claim's short lease covers a wiped broker.
     refines = {
-        **_retries(s.refinement.max_retries, s.refinement.retry_backoff),
+        **_retries(s.refine.max_retries, s.refine.retry_backoff),
         "acks_late": True,
         "reject_on_worker_lost": True,
     }
@@ -54,7 +55,7 @@ def register(app: Celery, service: Service) -> None:
         with contextlib.suppress(errors.FileDamaged):
             service.flush(file_id)
 
-    @app.task(name="sgme.append", **flushes)
+    @app.task(name="sgme.append", **appends)
     def append(self: Task, **body: Any) -> None:
         """Ingest an append sent over Celery (the body of ``POST /v1/append``, with an
         ``idempotency_key``); an invalid one is recorded as an anomaly, not retried. One

@@ -13,8 +13,8 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from pipeline import auth, errors, validation
-from pipeline.api import appends, files, models, ops, refinement, removal, searching, security
+from pipeline import errors, validation
+from pipeline.api import appends, files, models, ops, refine, removal, searching, security
 from pipeline.api.deps import problem
 from pipeline.api.server import BodyLimit
 from pipeline.service import Service
@@ -30,7 +30,7 @@ def answer(exc: errors.SgmeError) -> JSONResponse:
 
 
 def create_app(service: Service) -> FastAPI:
-    """The API over ``service`` (its settings, engine and queue)."""
+    """The API over ``service`` (its settings, db and queue)."""
     app = FastAPI(
         title="SGME L0",
         version="0.1.0",
@@ -38,20 +38,15 @@ def create_app(service: Service) -> FastAPI:
     )
     app.state.service = service
     settings = service.settings
-    app.state.verifier = auth.Verifier(
-        service.engine,
-        require_auth=settings.require_auth,
-        cache_seconds=settings.token_cache_seconds,
-    )
+    app.state.verifier = service.verifier()
     http = settings.http
     app.add_middleware(BodyLimit, max_bytes=http.max_request_bytes, timeout=http.body_timeout)
     # added last, so it runs first: a foreign Host is refused before anything else
     app.add_middleware(
         security.HostAllowlist, allowed=security.allowed_hosts(settings), refuse=answer
     )
-    routers = (appends, files, searching, refinement, removal, ops)
-    for router in (module.router for module in routers):
-        app.include_router(router)
+    for module in (appends, files, searching, refine, removal, ops):
+        app.include_router(module.router)
 
     @app.exception_handler(errors.SgmeError)
     async def _sgme_error(_request: Request, exc: errors.SgmeError) -> JSONResponse:

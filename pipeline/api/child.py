@@ -3,22 +3,20 @@
 
 Nothing is shared with the parent but the listening socket: the parent put its settings in
 the environment (``SGME_*``) before starting the processes, and each one reads them, opens its
-own index engine and broker connection, and serves. Every protocol of DESIGN §3–§4 holds with
+own index db and broker connection, and serves. Every protocol of docs/design.md §3–§4 holds with
 any number of such processes (the journal, the row locks and the fenced commits live in the
 index, not in a process).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 
 from fastapi import FastAPI
 
 from pipeline.api import app as api_app
 from pipeline.api import server
-from pipeline.cli import Context
-from pipeline.service import Service
+from pipeline.runtime import Runtime
 from pipeline.settings import Settings
 
 settings = Settings.load()
@@ -30,6 +28,5 @@ Protocol = server.guarded_protocol(
 
 def app() -> FastAPI:
     """The app of this process (uvicorn calls it once the process has started)."""
-    ctx = Context(argparse.Namespace(config=None, data_dir=None, database_url=None))
-    engine = ctx.engine(settings)
-    return api_app.create_app(Service(settings, engine, ctx.workers.queue(settings, engine)))
+    runtime = Runtime.open(settings)
+    return api_app.create_app(runtime.workers.service(runtime))

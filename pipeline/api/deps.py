@@ -8,7 +8,7 @@ from typing import Annotated, Any
 from fastapi import Depends, Path, Request
 from fastapi.responses import JSONResponse
 
-from pipeline import errors, validation
+from pipeline import errors, refs
 from pipeline.api import models
 from pipeline.service import Service
 
@@ -39,7 +39,7 @@ ServiceDep = Annotated[Service, Depends(_service)]
 FileIdPath = Annotated[
     str,
     Path(
-        pattern=validation.FILE_ID_PATTERN,
+        pattern=refs.FILE_ID_PATTERN,
         description="a file_id (UUID4)",
         json_schema_extra={"format": "uuid"},
     ),

@@ -8,14 +8,13 @@ from fastapi import APIRouter, Path, Query, Response
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import iterate_in_threadpool
 
-from pipeline import database, index, reader, validation
+from pipeline import refs, tables, validation
 from pipeline.api import models
 from pipeline.api.deps import FileIdPath, ServiceDep, problems
 from pipeline.api.security import Reader
 
 router = APIRouter(tags=["files"])
 
-Status = Literal["pending", "new", "refined", "error", "archived"]
 SourceType = Literal["session", "upload", "external"]
 
 
@@ -24,24 +23,22 @@ def list_files(
     service: ServiceDep,
     caller: Reader,
     agent_id: Annotated[str | None, Query(pattern=validation.AGENT_ID_PATTERN)] = None,
-    status: Status | None = None,
+    status: tables.Status | None = None,
     source_type: SourceType | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     cursor: Annotated[
-        str | None, Query(pattern=validation.FILE_ID_PATTERN, json_schema_extra={"format": "uuid"})
+        str | None, Query(pattern=refs.FILE_ID_PATTERN, json_schema_extra={"format": "uuid"})
     ] = None,
 ) -> dict[str, Any]:
     """Files ordered by file_id; pass ``next_cursor`` back as ``cursor`` for the next page.
     Only the token's agents' files are listed (an ``agent_id`` it does not hold lists none)."""
-    with database.transaction(service.engine) as conn:
-        rows = index.list_files(
-            conn,
-            agents=caller.listing(agent_id),
-            status=status,
-            source_type=source_type,
-            after=cursor,
-            limit=limit,
-        )
+    rows = service.list_files(
+        agents=caller.listing(agent_id),
+        status=status,
+        source_type=source_type,
+        after=cursor,
+        limit=limit,
+    )
     next_cursor = rows[-1].file_id if len(rows) == limit else None
     return {"files": [row.to_json() for row in rows], "next_cursor": next_cursor}
 
@@ -51,7 +48,7 @@ def list_files(
 )
 def get_file(file_id: FileIdPath, service: ServiceDep, caller: Reader) -> dict[str, Any]:
     """The file's index row."""
-    return reader.get_file(service.engine, file_id, agents=caller.agents).to_json()
+    return service.get_file(file_id, agents=caller.agents).to_json()
 
 
 @router.get(
@@ -64,8 +61,7 @@ def get_file(file_id: FileIdPath, service: ServiceDep, caller: Reader) -> dict[s
 )
 def get_raw(file_id: FileIdPath, service: ServiceDep, caller: Reader) -> Response:
     """The file's committed bytes, exactly as on disk (decompressed if archived), streamed."""
-    row = reader.get_file(service.engine, file_id, agents=caller.agents)
-    chunks = reader.stream(service.engine, service.settings.data_dir, row)
+    row, chunks = service.raw(file_id, agents=caller.agents)
     return StreamingResponse(
         iterate_in_threadpool(chunks),
         media_type="text/markdown; charset=utf-8",
@@ -82,19 +78,16 @@ def get_messages(
     file_id: FileIdPath,
     service: ServiceDep,
     caller: Reader,
-    after_seq: Annotated[int, Query(ge=0, le=validation.MAX_SEQ)] = 0,
+    after_seq: Annotated[int, Query(ge=0, le=refs.MAX_SEQ)] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> dict[str, Any]:
     """Flushed messages with ``seq > after_seq``: up to ``limit``, and no more than
     ``http_max_page_bytes`` of content (at least one message); page on with
     ``after_seq = next_after_seq``."""
-    found = reader.messages(
-        service.engine,
-        service.settings.data_dir,
+    found = service.messages(
         file_id,
         after_seq=after_seq,
         limit=limit,
-        max_bytes=service.settings.http.max_page_bytes,
         agents=caller.agents,
     )
     next_after = found[-1].seq if found else None
@@ -109,24 +102,21 @@ def get_messages(
     "/v1/refs/{ref}", response_model=models.Ref, responses=problems(404, 409, 410, 422, 503)
 )
 def get_ref(
-    ref: Annotated[str, Path(pattern=validation.SOURCE_REF_PATTERN, description="file_id:seq")],
+    ref: Annotated[str, Path(pattern=refs.SOURCE_REF_PATTERN, description="file_id:seq")],
     service: ServiceDep,
     caller: Reader,
     context: Annotated[int, Query(ge=0, le=50)] = 1,
 ) -> dict[str, Any]:
     """The message a source_ref (``file_id:seq``) names, with up to ``context`` neighbours on
     each side (the nearest first, within ``http_max_page_bytes`` of content)."""
-    found = reader.resolve(
-        service.engine,
-        service.settings.data_dir,
+    found = service.resolve(
         ref,
         context=context,
-        max_bytes=service.settings.http.max_page_bytes,
         agents=caller.agents,
     )
     file_id = found.file.file_id
     return {
-        "source_ref": f"{file_id}:{found.message.seq}",
+        "source_ref": refs.format(file_id, found.message.seq),
         "file_id": file_id,
         "agent_id": found.file.agent_id,
         "session_key": found.file.session_key,

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipeline import validation
+from pipeline import refs, tables
 
 FileId = str  # documented with FILE_ID_PATTERN where it is a parameter
 
@@ -35,7 +35,7 @@ class Problem(Model):
 class Appended(Model):
     """Answer of ``POST /v1/append``: where the messages are (or will be) in the file."""
 
-    file_id: str = Field(pattern=validation.FILE_ID_PATTERN, json_schema_extra={"format": "uuid"})
+    file_id: str = Field(pattern=refs.FILE_ID_PATTERN, json_schema_extra={"format": "uuid"})
     first_seq: int
     last_seq: int
     source_refs: list[str]
@@ -55,7 +55,7 @@ class Appended(Model):
 class Uploaded(Model):
     """Answer of ``POST /v1/uploads``."""
 
-    file_id: str = Field(pattern=validation.FILE_ID_PATTERN, json_schema_extra={"format": "uuid"})
+    file_id: str = Field(pattern=refs.FILE_ID_PATTERN, json_schema_extra={"format": "uuid"})
     source_ref: str
     redacted: int = Field(0, description="secrets replaced by markers before it was stored")
 
@@ -70,7 +70,7 @@ class Segment(Model):
 class File(Model):
     """A file's index row."""
 
-    file_id: str = Field(pattern=validation.FILE_ID_PATTERN, json_schema_extra={"format": "uuid"})
+    file_id: str = Field(pattern=refs.FILE_ID_PATTERN, json_schema_extra={"format": "uuid"})
     path: str
     source_type: Literal["session", "upload", "external"]
     agent_id: str
@@ -78,7 +78,7 @@ class File(Model):
     metadata: dict[str, Any]
     started_at: str
     ended_at: str | None
-    status: Literal["pending", "new", "refined", "error", "archived"]
+    status: tables.Status
     next_seq: int
     flushed_seq: int
     flushed_bytes: int

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Path, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipeline import reader, rewrite, validation
+from pipeline import refs, rewrite, validation
 from pipeline.api import models
 from pipeline.api.deps import FileIdPath, ServiceDep, problems
 from pipeline.api.security import Admin
@@ -51,7 +51,7 @@ class PolicyBody(BaseModel):
     responses=problems(404, 409, 410, 422, 503),
 )
 def redact_ref(
-    ref: Annotated[str, Path(pattern=validation.SOURCE_REF_PATTERN, description="file_id:seq")],
+    ref: Annotated[str, Path(pattern=refs.SOURCE_REF_PATTERN, description="file_id:seq")],
     body: Annotated[RedactBody, Body()],
     service: ServiceDep,
     caller: Admin,
@@ -63,9 +63,7 @@ def redact_ref(
     of the removed body. Redacting a redacted message changes nothing."""
     who = service.who(caller.token_id, body.reason)
     (record,) = service.redact([ref], who, agents=caller.agents)
-    found = reader.resolve(
-        service.engine, service.settings.data_dir, ref, context=0, agents=caller.agents
-    )
+    found = service.resolve(ref, context=0, agents=caller.agents)
     file_id = found.file.file_id
     return {
         "source_ref": ref,
@@ -107,7 +105,7 @@ def audit_trail(
     service: ServiceDep,
     caller: Admin,
     file_id: Annotated[
-        str | None, Query(pattern=validation.FILE_ID_PATTERN, json_schema_extra={"format": "uuid"})
+        str | None, Query(pattern=refs.FILE_ID_PATTERN, json_schema_extra={"format": "uuid"})
     ] = None,
     after: Annotated[int, Query(ge=0, le=MAX_ID, description="records with id > after")] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,

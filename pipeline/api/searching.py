@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query
 from pydantic import BeforeValidator
 
-from pipeline import catalog, search, validation
+from pipeline import catalog, refs, search, validation
 from pipeline.api import models
 from pipeline.api.deps import ServiceDep, problems
 from pipeline.api.security import Reader
@@ -54,7 +54,7 @@ def search_messages(
         str | None, Query(min_length=1, max_length=512, pattern="^[^\\x00-\\x1f\\x7f]*$")
     ] = None,
     file_id: Annotated[
-        str | None, Query(pattern=validation.FILE_ID_PATTERN, json_schema_extra={"format": "uuid"})
+        str | None, Query(pattern=refs.FILE_ID_PATTERN, json_schema_extra={"format": "uuid"})
     ] = None,
     role: Role | None = None,
     since: Annotated[Time, Query(description="messages at or after (RFC 3339)")] = None,
@@ -72,5 +72,5 @@ def search_messages(
         since=_utc(since),
         until=_utc(until),
     )
-    found = search.search(service.engine, service.settings.data_dir, q, filters, limit=limit)
+    found = service.search(q, filters, limit=limit)
     return search.hits_of(found)

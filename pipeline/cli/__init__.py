@@ -13,106 +13,14 @@ The commands live in modules by what they are for (``processes``, ``files``,
 from __future__ import annotations
 
 import argparse
-import contextlib
-import functools
-import json
 import logging
 import sys
-from collections.abc import Callable, Iterator
-from importlib import metadata as importlib_metadata
-from typing import Any
 
-import sqlalchemy as sa
+from pipeline import errors
+from pipeline.cli.context import EXIT_ERROR, EXIT_PROBLEMS, Command, Context
+from pipeline.runtime import Workers
 
-from pipeline import database, errors
-from pipeline.service import Queue, Service, Workers
-from pipeline.settings import Settings
-
-EXIT_PROBLEMS = 1
-EXIT_ERROR = 2
-WORKERS_GROUP = "sgme.workers"  #: the entry point group that names the task queue backend
-
-Command = Callable[["Context"], int]
-Add = Callable[[str, Command, str], argparse.ArgumentParser]
-
-
-class Context:
-    """A command's arguments and what it builds from them, made on first use."""
-
-    def __init__(self, args: argparse.Namespace, workers: Workers | None = None) -> None:
-        self.args = args
-        self._workers = workers
-        self._engines: list[sa.Engine] = []
-
-    def settings(self, **extra: Any) -> Settings:
-        """Settings from the config file, the environment and the common flags."""
-        a = self.args
-        return Settings.load(a.config, data_dir=a.data_dir, database_url=a.database_url, **extra)
-
-    def engine(self, settings: Settings, *, migrate: bool = False) -> sa.Engine:
-        """The index engine: migrated to the newest schema (``migrate``) or checked to be at
-        it (every other command: nothing is changed, and the message says what to run)."""
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
-        engine = database.create_engine(
-            settings.index_url,
-            busy_timeout=settings.sqlite_busy_timeout,
-            synchronous=settings.sqlite_synchronous,
-        )
-        self._engines.append(engine)
-        if migrate:
-            database.migrate(engine, data_dir=settings.data_dir)
-        else:
-            database.check_schema(engine)
-        return engine
-
-    def service(self, settings: Settings, queue: Queue | None = None) -> Service:
-        """A service over a checked engine; without a queue nothing is enqueued or claimed."""
-        return Service(settings, self.engine(settings), queue)
-
-    @functools.cached_property
-    def workers(self) -> Workers:
-        """The task queue backend (the ``sgme.workers`` entry point, or the one given)."""
-        if self._workers is not None:
-            return self._workers
-        found = importlib_metadata.entry_points(group=WORKERS_GROUP, name="celery")
-        if not found:
-            raise errors.Misconfigured(
-                f"no task queue backend is installed (entry point group {WORKERS_GROUP})"
-            )
-        backend: Workers = next(iter(found)).load()
-        return backend
-
-    def close(self) -> None:
-        """Dispose of the engines (pooled psycopg connections left to the garbage collector
-        raise ResourceWarning)."""
-        while self._engines:
-            self._engines.pop().dispose()
-
-
-def print_json(value: Any) -> None:
-    """Pretty JSON on stdout, for scripts."""
-    json.dump(value, sys.stdout, ensure_ascii=False, indent=2)
-    sys.stdout.write("\n")
-
-
-@contextlib.contextmanager
-def progress(label: str, total: int) -> Iterator[Callable[[int], None]]:
-    """A rich progress bar on stderr when it is a terminal; silent otherwise."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
-
-    console = Console(stderr=True)
-    with Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeRemainingColumn(),
-        console=console,
-        disable=not console.is_terminal,
-        transient=True,
-    ) as bar:
-        task = bar.add_task(label, total=total)
-        yield lambda n: bar.advance(task, n)
+__all__ = ["EXIT_ERROR", "EXIT_PROBLEMS", "build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:

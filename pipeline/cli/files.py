@@ -6,8 +6,8 @@ import json
 import sys
 from pathlib import Path
 
-from pipeline import database, errors, index, reader, store, tables
-from pipeline.cli import Add, Context, print_json
+from pipeline import errors, store, tables, validation
+from pipeline.cli.context import Add, Context, print_json
 
 
 def cmd_append(ctx: Context) -> int:
@@ -17,7 +17,8 @@ def cmd_append(ctx: Context) -> int:
         body = json.load(sys.stdin)
     except json.JSONDecodeError as exc:
         raise errors.InvalidInput(f"stdin is not JSON: {exc}") from None
-    done = ctx.service(settings).append(body, wait=True)
+    parsed = validation.parse_append(body, settings.limits)
+    done = ctx.service(settings).append(parsed, wait=True)
     print_json(done.to_json())
     return 0
 
@@ -36,7 +37,8 @@ def cmd_upload(ctx: Context) -> int:
             f"{path} is not UTF-8 text (bad byte at offset {exc.start}); uploads are text only"
         ) from None
     body = {"agent_id": a.agent_id, "filename": a.filename or path.name, "content": content}
-    done = ctx.service(settings).upload(body, wait=True)
+    parsed = validation.parse_upload(body, settings.limits)
+    done = ctx.service(settings).upload(parsed, wait=True)
     result = done.result
     print_json(
         {"file_id": result.file_id, "source_ref": result.source_refs[0], "redacted": done.redacted}
@@ -48,14 +50,12 @@ def cmd_ls(ctx: Context) -> int:
     """List files."""
     a = ctx.args
     settings = ctx.settings()
-    with database.transaction(ctx.engine(settings)) as conn:
-        rows = index.list_files(
-            conn,
-            agents=None if a.agent_id is None else [a.agent_id],
-            status=a.status,
-            source_type=a.source_type,
-            limit=a.limit,
-        )
+    rows = ctx.service(settings).list_files(
+        agents=None if a.agent_id is None else [a.agent_id],
+        status=a.status,
+        source_type=a.source_type,
+        limit=a.limit,
+    )
     if a.json:
         print_json([row.to_json() for row in rows])
         return 0
@@ -82,8 +82,9 @@ def cmd_ls(ctx: Context) -> int:
 def cmd_cat(ctx: Context) -> int:
     """Print a file's committed bytes."""
     settings = ctx.settings()
-    row = reader.get_file(ctx.engine(settings), ctx.args.file_id)
-    sys.stdout.buffer.write(reader.read_bytes(settings.data_dir, row))
+    _, chunks = ctx.service(settings).raw(ctx.args.file_id)
+    for chunk in chunks:
+        sys.stdout.buffer.write(chunk)
     sys.stdout.flush()
     return 0
 
@@ -92,7 +93,7 @@ def cmd_ref(ctx: Context) -> int:
     """Show the message a source_ref names, with its neighbours."""
     a = ctx.args
     settings = ctx.settings()
-    found = reader.resolve(ctx.engine(settings), settings.data_dir, a.ref, context=a.context)
+    found = ctx.service(settings).resolve(a.ref, context=a.context)
     file_id = found.file.file_id
     if a.json:
         print_json(

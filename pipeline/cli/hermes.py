@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pipeline
 from pipeline import errors, settings
-from pipeline.cli import Add, Context
+from pipeline.cli.context import Add, Context
 
 PLUGIN_NAME = "sgme"  #: the directory under plugins/, and ``memory.provider``'s value
 PACKAGED = "hermes-provider"  #: the copy inside an installed ``pipeline`` package

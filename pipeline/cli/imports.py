@@ -19,8 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pipeline import errors, importers, journal, validation
-from pipeline.cli import EXIT_PROBLEMS, Add, Context, progress
+from pipeline import errors, importers, validation
+from pipeline.cli.context import EXIT_PROBLEMS, Add, Context, progress
 from pipeline.importers import runner
 from pipeline.service import Service
 
@@ -38,7 +38,7 @@ def cmd_import(ctx: Context) -> int:
 
     def ingest(body: dict[str, Any]) -> Any:
         assert service is not None  # a dry run sends nothing
-        result = service.append(body).result
+        result = service.append(validation.parse_append(body, settings.limits)).result
         touched.add(result.file_id)
         return result
 
@@ -75,7 +75,7 @@ def _flush_leftovers(service: Service, touched: set[str]) -> None:
     """Write what earlier runs acknowledged but never wrote to the import's files (a run
     stopped between an append and its flush): this run replays those keys, so the runner
     has nothing new to flush there, and with no server running nothing else would."""
-    for file_id in sorted(touched & set(journal.stale_files(service.engine, age=0.0))):
+    for file_id in sorted(touched & set(service.sweep(age=0.0))):
         service.flush(file_id)
 
 

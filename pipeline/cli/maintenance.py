@@ -3,17 +3,18 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
-from pipeline import archive, database, errors, index, integrity, reader
-from pipeline.cli import EXIT_PROBLEMS, Add, Context, print_json, progress
-from pipeline.service import LocalQueue
+from pipeline import errors
+from pipeline.cli.context import EXIT_PROBLEMS, Add, Context, print_json, progress
+from pipeline.service import Service
 
 
 def cmd_migrate(ctx: Context) -> int:
     """Create or upgrade the index schema."""
     settings = ctx.settings()
-    ctx.engine(settings, migrate=True)
+    ctx.runtime(settings, migrate=True)
     print(f"index at {settings.index_url} is up to date")
     return 0
 
@@ -21,52 +22,41 @@ def cmd_migrate(ctx: Context) -> int:
 def cmd_refine(ctx: Context) -> int:
     """Refine a file's unrefined messages now, in this process."""
     a = ctx.args
-    settings = ctx.settings()
-    service = ctx.service(settings, LocalQueue())
-    before = _count_items(service.engine, a.file_id)
+    service = ctx.service(ctx.settings())
+    before = _count_items(service, a.file_id)
     service.refine_now(a.file_id, full=a.full)
-    row = reader.get_file(service.engine, a.file_id)
+    row = service.get_file(a.file_id)
     print_json(
         {
             "file_id": row.file_id,
             "status": row.status,
             "last_refined_seq": row.last_refined_seq,
-            "items": _count_items(service.engine, a.file_id) - (0 if a.full else before),
+            "items": _count_items(service, a.file_id) - (0 if a.full else before),
         }
     )
     return 0
 
 
-def _count_items(engine: Any, file_id: str) -> int:
-    from pipeline import l1
-
-    with database.transaction(engine) as conn:
-        return len(l1.list_items(conn, file_id=file_id, limit=1_000_000))
+def _count_items(service: Service, file_id: str) -> int:
+    return len(service.l1_items(file_id=file_id, limit=1_000_000))
 
 
 def cmd_archive(ctx: Context) -> int:
     """Compress cold, fully refined files."""
     a = ctx.args
     settings = ctx.settings()
-    engine = ctx.engine(settings)
-    days = settings.archiving.after_days if a.older_than is None else a.older_than
+    service = ctx.service(settings)
+    days = settings.archive.after_days if a.older_than is None else a.older_than
     if days < 0:
         raise errors.InvalidInput(f"--older-than must be >= 0 days, got {days}")
-    candidates = archive.cold_files(engine, older_than_days=days, limit=1_000_000)
     summary: dict[str, Any] = {"older_than_days": days, "dry_run": a.dry_run}
     if a.dry_run:
-        with database.transaction(engine) as conn:
-            sizes = [index.get_file(conn, file_id) for file_id in candidates]
-        summary.update(files=len(candidates), bytes_before=sum(r.flushed_bytes for r in sizes if r))
+        rows = service.archive_candidates(days)
+        summary.update(files=len(rows), bytes_before=sum(r.flushed_bytes for r in rows))
     else:
-        with progress("archive", len(candidates)) as advance:
-            report = archive.archive_cold(
-                engine,
-                settings.data_dir,
-                settings.archiving,
-                older_than_days=days,
-                progress=advance,
-            )
+        total = len(service.archive_candidates(days))
+        with progress("archive", total) as advance:
+            report = service.archive_cold(older_than_days=days, progress=advance)
         summary.update(
             cleaned_up=report.cleaned_up,
             unrefined_cold_flagged=report.unrefined_flagged,
@@ -97,28 +87,16 @@ def cmd_archive(ctx: Context) -> int:
 
 def cmd_restore(ctx: Context) -> int:
     """Move an archived file back to its live place."""
-    settings = ctx.settings()
-    engine = ctx.engine(settings)
-    file_id = ctx.args.file_id
-    if not archive.restore(
-        engine,
-        settings.data_dir,
-        file_id,
-        lock_timeout=settings.lock_timeout,
-        file_lock=settings.file_locks,
-    ):
-        raise errors.Conflict(f"file {file_id} is not archived")
-    row = reader.get_file(engine, file_id)
+    row = ctx.service(ctx.settings()).restore(ctx.args.file_id)
     print_json({"file_id": row.file_id, "status": row.status, "path": row.path})
     return 0
 
 
 def cmd_fsck(ctx: Context) -> int:
     """Check every file against the index; exit 1 when something differs."""
-    settings = ctx.settings()
-    engine = ctx.engine(settings)
-    with progress("fsck", integrity.count_files(engine)) as advance:
-        problems = integrity.fsck(engine, settings.data_dir, progress=advance)
+    service = ctx.service(ctx.settings())
+    with progress("fsck", service.count_files()) as advance:
+        problems = service.fsck(progress=advance)
     if ctx.args.json:
         by_file: dict[str, list[dict[str, str]]] = {}
         for p in problems:
@@ -132,8 +110,6 @@ def cmd_fsck(ctx: Context) -> int:
     else:
         for p in problems:
             print(f"{p.file_id}: {p.kind}: {p.detail}")
-        import sys
-
         print(
             "fsck: clean" if not problems else f"fsck: {len(problems)} problem(s)", file=sys.stderr
         )
@@ -143,12 +119,10 @@ def cmd_fsck(ctx: Context) -> int:
 def cmd_reindex(ctx: Context) -> int:
     """Rebuild the index from the files."""
     settings = ctx.settings()
-    engine = ctx.engine(settings)
+    service = ctx.service(settings)
     total = sum(1 for _ in settings.data_dir.glob("raw/*/*.md"))
     with progress("reindex", total) as advance:
-        report = integrity.reindex(
-            engine, settings.data_dir, lock_timeout=settings.lock_timeout, progress=advance
-        )
+        report = service.reindex(progress=advance)
     summary = {
         "scanned": report.scanned,
         "inserted": report.inserted,

@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pipeline import audit, erasure, errors, redaction, redactor, rewrite
-from pipeline.cli import Add, Context, print_json, progress
+from pipeline import audit, errors, redaction, redactor, rewrite
+from pipeline.cli.context import Add, Context, print_json, progress
 
 
 def _who(reason: str | None, *, required: bool) -> rewrite.Who:
@@ -24,7 +24,7 @@ def cmd_redact(ctx: Context) -> int:
     settings = ctx.settings()
     service = ctx.service(settings)
     who = _who(a.reason, required=True)
-    redaction.finish_interrupted(service.engine, settings.data_dir, locks=service.locks, age=0)
+    service.finish_removals(age=0)
     records = service.redact(a.refs, who)
     if a.json:
         print_json([record.to_json() for record in records])
@@ -49,11 +49,11 @@ def cmd_erase(ctx: Context) -> int:
     settings = ctx.settings()
     service = ctx.service(settings)
     who = _who(a.reason, required=False)
-    redaction.finish_interrupted(service.engine, settings.data_dir, locks=service.locks, age=0)
+    service.finish_removals(age=0)
     if a.file_id is not None:
         erased, other = [service.erase_file(a.file_id, who)], 0
     else:
-        total = erasure.count_files(service.engine, a.agent_id, a.session_key)
+        total = service.count_agent_files(a.agent_id, a.session_key)
         with progress("erase", total) as advance:
             erased, other = service.erase_agent(
                 a.agent_id, who, session_key=a.session_key, progress=advance

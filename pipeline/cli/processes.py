@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import auth, database, errors
-from pipeline.cli import Add, Context
-from pipeline.service import Service
+from pipeline.cli.context import Add, Context
 from pipeline.settings import Settings
 
 
@@ -33,12 +32,14 @@ def _check_bind(settings: Settings) -> None:
     url = settings.index_url
     # A SQLite index that does not exist yet has no tokens (and a refusal creates nothing).
     if not url.startswith("sqlite:///") or Path(url.removeprefix("sqlite:///")).exists():
-        engine = database.create_engine(url, busy_timeout=settings.sqlite_busy_timeout)
+        db = database.Database.from_url(
+            url, busy_timeout=settings.sqlite_busy_timeout, create=False
+        )
         try:
-            if auth.made_any(engine):
+            if auth.made_any(db):
                 return
         finally:
-            engine.dispose()
+            db.dispose()
     raise errors.InvalidInput(
         f"refusing to listen on {settings.host}: authentication is off (no token exists), so "
         "the server binds loopback addresses only (127.0.0.1, ::1, localhost). Create a token "
@@ -67,9 +68,9 @@ def cmd_serve(ctx: Context) -> int:
     a = ctx.args
     settings = ctx.settings(host=a.host, port=a.port, broker_url=a.broker_url)
     _check_bind(settings)
-    engine = ctx.engine(settings, migrate=True)
-    with ctx.workers.embedded(settings, engine, concurrency=a.concurrency) as queue:
-        app = api_app.create_app(Service(settings, engine, queue))
+    runtime = ctx.runtime(settings, migrate=True)
+    with runtime.workers.embedded(runtime, concurrency=a.concurrency) as service:
+        app = api_app.create_app(service)
         print(
             f"sgme: data in {settings.data_dir.resolve()}, index {settings.index_url}, "
             f"broker {settings.broker_url}",
@@ -91,13 +92,13 @@ def cmd_api(ctx: Context) -> int:
     a = ctx.args
     settings = ctx.settings(host=a.host, port=a.port, broker_url=a.broker_url)
     _check_bind(settings)
-    engine = ctx.engine(settings)
+    runtime = ctx.runtime(settings)
     if a.workers > 1:
         ctx.close()  # each process opens its own
         _hand_down(ctx, settings)
         server.run_processes(settings, processes=a.workers, log_level=a.log_level)
         return 0
-    app = api_app.create_app(Service(settings, engine, ctx.workers.queue(settings, engine)))
+    app = api_app.create_app(runtime.workers.service(runtime))
     server.run(app, settings, log_level=a.log_level)
     return 0
 
@@ -119,9 +120,9 @@ def cmd_worker(ctx: Context) -> int:
     """A Celery worker in the foreground."""
     a = ctx.args
     settings = ctx.settings(broker_url=a.broker_url)
-    ctx.workers.worker(
-        settings,
-        ctx.engine(settings),
+    runtime = ctx.runtime(settings)
+    runtime.workers.worker(
+        runtime,
         queues=a.queues,
         concurrency=a.concurrency,
         pool=a.pool,
@@ -134,7 +135,8 @@ def cmd_beat(ctx: Context) -> int:
     """The Celery beat scheduler in the foreground (exactly one per deployment)."""
     a = ctx.args
     settings = ctx.settings(broker_url=a.broker_url)
-    ctx.workers.beat(settings, ctx.engine(settings), loglevel=a.log_level)
+    runtime = ctx.runtime(settings)
+    runtime.workers.beat(runtime, loglevel=a.log_level)
     return 0
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pipeline import catalog, search
-from pipeline.cli import Add, Context, print_json
+from pipeline.cli.context import Add, Context, print_json
 
 
 def cmd_search(ctx: Context) -> int:
@@ -11,7 +11,7 @@ def cmd_search(ctx: Context) -> int:
     a = ctx.args
     settings = ctx.settings()
     filters = catalog.Filters(agent_id=a.agent_id, session_key=a.session_key, role=a.role)
-    found = search.search(ctx.engine(settings), settings.data_dir, a.query, filters, limit=a.limit)
+    found = ctx.service(settings).search(a.query, filters, limit=a.limit)
     if a.json:
         print_json(search.hits_of(found))
         return 0

@@ -10,15 +10,15 @@ import argparse
 import datetime as dt
 
 from pipeline import auth, tables
-from pipeline.cli import Add, Command, Context, print_json
+from pipeline.cli.context import Add, Command, Context, print_json
 
 
 def cmd_create(ctx: Context) -> int:
     """Make a token; the secret is shown this once (the last line of the plain output)."""
     a = ctx.args
     scopes = [s for given in a.scope for s in given.split(",")]
-    engine = ctx.engine(ctx.settings())
-    made = auth.create(engine, agent_ids=a.agent_id, scopes=scopes, name=a.name)
+    service = ctx.service(ctx.settings())
+    made = service.create_token(agent_ids=a.agent_id, scopes=scopes, name=a.name)
     token = made.token
     if a.json:
         print_json(
@@ -42,7 +42,7 @@ def cmd_create(ctx: Context) -> int:
 
 def cmd_ls(ctx: Context) -> int:
     """List tokens (never their secrets), revoked ones too."""
-    found = auth.list_tokens(ctx.engine(ctx.settings()))
+    found = ctx.service(ctx.settings()).list_tokens()
     if ctx.args.json:
         print_json([token.to_json() for token in found])
         return 0
@@ -70,7 +70,7 @@ def cmd_ls(ctx: Context) -> int:
 
 def cmd_revoke(ctx: Context) -> int:
     """Revoke a token: running servers refuse it within ``token_cache_seconds``."""
-    token = auth.revoke(ctx.engine(ctx.settings()), ctx.args.token_id)
+    token = ctx.service(ctx.settings()).revoke_token(ctx.args.token_id)
     assert token.revoked_at is not None
     print(f"revoked {token.token_id} at {tables.iso(token.revoked_at)}")
     return 0

@@ -35,7 +35,7 @@ from typing import Any
 CALL_PREFIX = "**tool call**: "
 #: what a tool name may be at most (the format's rule for tool_name, used for call names too)
 MAX_TOOL_NAME = 200
-#: DESIGN §2.10 defaults, mirrored so importers split their appends before the server refuses
+#: docs/design.md §2 defaults, mirrored so importers split their appends before the server refuses
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 MAX_APPEND_MESSAGES = 1000
 MAX_APPEND_BYTES = 32 * 1024 * 1024

@@ -6,7 +6,7 @@ import twice writes nothing the second time and an interrupted import, run again
 without duplicates. The first append of a session carries its metadata (the server takes it
 only from the append that creates the file).
 
-``ingest(body)`` is whatever commits one append: ``journal.ingest(engine, body, limits=…)``
+``ingest(body)`` is whatever commits one append: :meth:`Service.append` (after parsing)
 in ``sgme import``, ``Client.append`` over HTTP, or a list in tests. It returns the append's
 answer; one with ``replayed`` true (or ``{"replayed": True}``) counts as already imported.
 """

@@ -12,6 +12,7 @@ import collections
 import contextlib
 import dataclasses
 import datetime as dt
+import functools
 import hashlib
 import os
 import random
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import filelock
+import helpers
 import httpx
 from conftest import REDIS_URL, unavailable
 
@@ -66,28 +68,8 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_until(
-    predicate: Callable[[], Any],
-    *,
-    timeout: float,
-    what: str,
-    check: Callable[[], None] | None = None,
-) -> Any:
-    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds.
-
-    ``check`` runs before each poll and may raise (a child that died, say) to fail early.
-    """
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
-        if check is not None:
-            check()
-        last = predicate()
-        if last:
-            return last
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(POLL)
+#: polls a condition (one implementation for every test: tests/helpers.py)
+wait_until = functools.partial(helpers.wait_for, poll=POLL)
 
 
 def sgme_argv(*args: str) -> list[str]:

@@ -1,4 +1,4 @@
-"""``sgme api --workers 2`` (DESIGN §7): two API processes on one port, a Celery worker and
+"""``sgme api --workers 2`` (docs/design.md §8): two API processes on one port, a Celery worker and
 PostgreSQL + Redis; client threads append to the same three sessions at once, each append
 landing in whichever process accepted its connection. Afterwards every acknowledged message is
 in its file exactly once, at the seq it was given, each writer's messages in its own order and

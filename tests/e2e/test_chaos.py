@@ -1,4 +1,4 @@
-"""Chaos, end to end (DESIGN §3, §7): the queue is not durable, so the journal and the index
+"""Chaos, end to end (docs/design.md §3, §8): the queue is not durable, so the journal and the index
 must carry every acknowledged append through a wiped broker, a SIGKILLed worker and a
 SIGKILLed embedded server.
 

@@ -1,4 +1,4 @@
-"""docker-compose.yml cannot run here (no Docker engine), so it is kept correct by reading it and
+"""docker-compose.yml cannot run here (no Docker db), so it is kept correct by reading it and
 by running each command it runs outside Docker."""
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ class Deployment:
         self.args = ["--data-dir", str(self.data_dir), "--database-url", database_url]
         self.broker = ["--broker-url", REDIS_URL, "--log-level", "warning"]
         procs.run(["migrate", *self.args], self.env)
-        self.engine = database.create_engine(database_url)
+        self.db = database.Database.from_url(database_url)
         self.children: list[harness.Proc] = []
         self.session_key = f"order-{uuid.uuid4().hex[:8]}"
 
@@ -95,15 +95,15 @@ class Deployment:
                 app.send_task("sgme.append", kwargs=self.task(n), queue="append", producer=producer)
 
     def row(self) -> tables.FileRow | None:
-        with database.reading(self.engine) as conn:
+        with self.db.reading() as conn:
             return index.find_file(conn, AGENT, "session", self.session_key)
 
     def waiting(self) -> int:
-        with database.reading(self.engine) as conn:
+        with self.db.reading() as conn:
             return ledger.waiting_backlog(conn)[0]
 
     def anomalies(self) -> list[tables.Anomaly]:
-        with database.reading(self.engine) as conn:
+        with self.db.reading() as conn:
             return index.list_anomalies(conn, kinds=list(ORDER_KINDS))
 
     def wait_flushed(self, messages: int, *, timeout: float) -> tables.FileRow:
@@ -121,7 +121,7 @@ class Deployment:
         return found
 
     def contents(self, row: tables.FileRow) -> list[str]:
-        got = reader.messages(self.engine, self.data_dir, row.file_id, limit=10_000)
+        got = reader.messages(self.db, self.data_dir, row.file_id, limit=10_000)
         assert [m.seq for m in got] == list(range(1, len(got) + 1))
         return [m.content for m in got]
 
@@ -131,7 +131,7 @@ class Deployment:
         assert '"ok": true' in self.procs.run(["fsck", "--json", *self.args], self.env)
 
     def close(self) -> None:
-        self.engine.dispose()
+        self.db.dispose()
 
 
 @pytest.fixture
@@ -236,7 +236,7 @@ def test_a_worker_killed_while_tasks_wait_loses_and_doubles_nothing(deploy: Depl
     assert d.contents(row) == d.expected(range(1, 301))
     assert row.next_sequence == 301
     assert d.anomalies() == []
-    with database.reading(d.engine) as conn:
+    with d.db.reading() as conn:
         keys = conn.execute(
             sa.select(sa.func.count()).where(tables.append_keys.c.agent_id == AGENT)
         ).scalar_one()

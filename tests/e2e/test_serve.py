@@ -127,7 +127,7 @@ def test_sigkill_loses_nothing_acknowledged_and_restart_flushes_it_once(
 
         # Holding the file's lock keeps the server's flush waiting, so these appends are
         # acknowledged (in the journal) but not in the file when the server is killed.
-        with store.lock(data_dir, file_id, timeout=10):
+        with store.LockFiles(data_dir).lock(file_id, timeout=10):
             for i in range(1, 6):
                 ack = append(client, "crash", f"acked {i}a", f"acked {i}b")
                 assert ack["file_id"] == file_id

@@ -85,8 +85,8 @@ def test_import_a_state_db_made_by_hermes(tmp_path: Path) -> None:
     assert all(b["idempotency_key"].startswith(f"hermes-db:{b['session_key']}:") for b in bodies)
 
     # for real: into a SQLite index, a flush per session, twice
-    engine = database.create_engine(f"sqlite:///{tmp_path / 'index.sqlite3'}")
-    database.migrate(engine)
+    db = database.Database.from_url(f"sqlite:///{tmp_path / 'index.sqlite3'}")
+    database.migrate(db.engine)
     data_dir = tmp_path / "data"
     data_dir.mkdir()
     try:
@@ -95,13 +95,13 @@ def test_import_a_state_db_made_by_hermes(tmp_path: Path) -> None:
 
             def flush(file_id: str, flushed: list[str] = flushed) -> None:
                 flushed.append(file_id)
-                journal.flush(engine, data_dir, file_id)
+                journal.flush(db, data_dir, file_id)
 
             again = runner.run(
                 reader("hermes"),
                 path,
                 agent_id="hermes",
-                ingest=lambda body: journal.ingest(engine, body),
+                ingest=lambda body: journal.ingest(db, body),
                 flush=flush,
             )
             assert (again.messages, len(flushed)) == ((16, 3) if run == 0 else (0, 0))
@@ -115,7 +115,7 @@ def test_import_a_state_db_made_by_hermes(tmp_path: Path) -> None:
         )
         assert {k: len(v) for k, v in texts.items()} == {"s1": 6, "s2": 6, "s2#compacted": 4}
     finally:
-        engine.dispose()
+        db.dispose()
 
 
 def test_sgme_import_hermes_reads_a_hermes_home(sgme: Sgme, tmp_path: Path) -> None:

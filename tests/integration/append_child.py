@@ -18,15 +18,13 @@ import sys
 import threading
 from pathlib import Path
 
-import sqlalchemy as sa
-
 from pipeline import database, journal
 
 SESSION = "shared"
 
 
 def write(
-    engine: sa.Engine,
+    db: database.Database,
     data_dir: Path,
     writer: int,
     count: int,
@@ -42,7 +40,7 @@ def write(
         size = min(rng.randint(1, 5), count - counter)
         contents = [f"p{writer} c{counter + i:03d} b{batch:03d}" for i in range(size)]
         result = journal.ingest(
-            engine,
+            db,
             {
                 "agent_id": "many",
                 "session_key": SESSION,
@@ -50,7 +48,7 @@ def write(
             },
         )
         results.extend((ref, c, batch) for ref, c in zip(result.source_refs, contents, strict=True))
-        journal.flush(engine, data_dir, result.file_id, file_lock=file_lock)
+        journal.flush(db, data_dir, result.file_id, file_lock=file_lock)
         counter += size
         batch += 1
     out.write_text("".join(json.dumps(r) + "\n" for r in results))
@@ -58,8 +56,8 @@ def write(
 
 def main() -> None:
     url, data_dir, proc, count, seed, prefix, threads, file_lock = sys.argv[1:]
-    engine = database.create_engine(url)
-    with engine.connect():  # connect before the start line, not inside the race
+    db = database.Database.from_url(url)
+    with db.engine.connect():  # connect before the start line, not inside the race
         pass
     print("ready", flush=True)
     sys.stdin.readline()
@@ -67,7 +65,7 @@ def main() -> None:
     workers = [
         threading.Thread(
             target=write,
-            args=(engine, Path(data_dir), w, int(count), int(seed), Path(f"{prefix}{w}.jsonl")),
+            args=(db, Path(data_dir), w, int(count), int(seed), Path(f"{prefix}{w}.jsonl")),
             kwargs={"file_lock": file_lock == "1"},
         )
         for w in writers
@@ -76,7 +74,7 @@ def main() -> None:
         worker.start()
     for worker in workers:
         worker.join()
-    engine.dispose()
+    db.dispose()
 
 
 if __name__ == "__main__":

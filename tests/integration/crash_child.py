@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import database, index, journal, ledger
+from pipeline import flush as flushing
 
 SESSIONS = ("alpha", "beta", "gamma")
 SNIPPETS = (
@@ -52,7 +53,7 @@ def emit(record: dict[str, Any]) -> None:
 def run_round(
     url: str, data_dir: Path, spec: dict[str, Any], number: int, *, file_lock: bool
 ) -> None:
-    engine = database.create_engine(url)
+    db = database.Database.from_url(url)
     rng = random.Random(spec["seed"])
     reached: dict[str, int] = {}
     current: dict[str, str] = {}
@@ -63,7 +64,7 @@ def run_round(
             return
         if spec["torn"]:
             file_id = current["file_id"]
-            with database.transaction(engine) as conn:
+            with db.transaction() as conn:
                 row = index.get_file(conn, file_id)
                 assert row is not None
                 pending = ledger.journal_after(conn, file_id, row.flushed_seq)
@@ -76,13 +77,13 @@ def run_round(
             os.close(fd)
         os.kill(os.getpid(), signal.SIGKILL)
 
-    def flush(file_id: str) -> None:
+    def flush_one(file_id: str) -> None:
         current["file_id"] = file_id
-        journal.flush(engine, data_dir, file_id, lock_timeout=10, file_lock=file_lock, fault=hook)
+        journal.flush(db, data_dir, file_id, lock_timeout=10, file_lock=file_lock, fault=hook)
 
     # restart: whatever a killed predecessor left acknowledged but unwritten
-    for file_id in journal.stale_files(engine, age=0):
-        flush(file_id)
+    for file_id in flushing.stale_files(db, age=0):
+        flush_one(file_id)
     for i in range(spec["appends"]):
         session = rng.choice(SESSIONS)
         messages = []
@@ -96,12 +97,12 @@ def run_round(
                 message["tool_name"] = rng.choice(("read_file", "shell"))
             messages.append(message)
         result = journal.ingest(
-            engine, {"agent_id": "crash", "session_key": session, "messages": messages}
+            db, {"agent_id": "crash", "session_key": session, "messages": messages}
         )
         for ref, message in zip(result.source_refs, messages, strict=True):
             emit({"ack": ref, **message})
         if rng.random() < 0.75:
-            flush(result.file_id)
+            flush_one(result.file_id)
 
 
 def main() -> None:

@@ -23,7 +23,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from pipeline import database, journal
+from pipeline import database, ingest, journal
 
 THREADS = 8
 SESSIONS = ("one", "two", "three")
@@ -31,12 +31,12 @@ SESSIONS = ("one", "two", "three")
 
 def main() -> None:
     url, data_dir, seed, kill_after = sys.argv[1:]
-    engine = database.create_engine(url)
+    db = database.Database.from_url(url)
     out = threading.Lock()
     state: dict[str, Any] = {"conn": None, "in_group": 0, "seen": 0}
-    real = journal.apply_append
+    real = ingest.apply_append
 
-    def apply_append(conn: sa.Connection, **kwargs: Any) -> journal.AppendResult:
+    def apply_append(conn: sa.Connection, **kwargs: Any) -> ingest.AppendResult | ingest.Held:
         # Only the group's leader runs requests, one group at a time: no lock needed.
         if state["conn"] is conn:
             state["in_group"] += 1
@@ -48,7 +48,7 @@ def main() -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
         return real(conn, **kwargs)
 
-    journal.apply_append = apply_append  # type: ignore[assignment]
+    ingest.apply_append = apply_append
 
     def run(t: int) -> None:
         rng = random.Random(f"{seed}-{t}")
@@ -60,12 +60,12 @@ def main() -> None:
                 "session_key": rng.choice(SESSIONS),
                 "messages": [{"role": "user", "content": c} for c in contents],
             }
-            result = journal.ingest(engine, body)
+            result = journal.ingest(db, body)
             with out:
                 for ref, content in zip(result.source_refs, contents, strict=True):
                     sys.stdout.write(json.dumps({"ack": ref, "content": content}) + "\n")
                 sys.stdout.flush()
-            journal.flush(engine, Path(data_dir), result.file_id)
+            journal.flush(db, Path(data_dir), result.file_id)
 
     threads = [threading.Thread(target=run, args=(t,), daemon=True) for t in range(THREADS)]
     for thread in threads:

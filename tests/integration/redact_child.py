@@ -1,6 +1,6 @@
 """Driver for test_redaction_crash.py: redact one message and SIGKILL this process at a step of
 the redaction (one of ``rewrite.REDACT_STEPS``), or at a step of an erasure
-(``erasure.ERASE_STEPS``, with ``erase`` as the ref).
+(``erasure.ERASE_STEPS``, with ``erase:FILE_ID`` as the ref).
 
     python redact_child.py DATABASE_URL DATA_DIR REF STEP
 """
@@ -12,12 +12,13 @@ import signal
 import sys
 from pathlib import Path
 
-from pipeline import database, erasure, redaction, rewrite
+from pipeline import database, erasure, locks, redaction, rewrite
 
 
 def main() -> None:
     url, data_dir, ref, step = sys.argv[1], Path(sys.argv[2]), sys.argv[3], sys.argv[4]
-    engine = database.create_engine(url)
+    db = database.Database.from_url(url)
+    file_locks = locks.FileLocks(db, data_dir, timeout=10)
 
     def fault(at: str) -> None:
         if at == step:
@@ -25,9 +26,9 @@ def main() -> None:
 
     who = rewrite.Who("crash test", "leaked in a test")
     if ref.startswith("erase:"):
-        erasure.erase_file(engine, data_dir, ref.removeprefix("erase:"), who, fault=fault)
+        erasure.erase_file(db, file_locks, data_dir, ref.removeprefix("erase:"), who, fault=fault)
     else:
-        redaction.redact(engine, data_dir, ref, who, fault=fault)
+        redaction.redact(db, file_locks, data_dir, ref, who, fault=fault)
     sys.exit("the fault step was never reached")
 
 

@@ -1,4 +1,4 @@
-"""The HTTP API (DESIGN §6) over a real index, on SQLite and PostgreSQL: the shapes other tools
+"""The HTTP API (docs/design.md §7) over a real index, on SQLite and PostgreSQL: the shapes other tools
 depend on, coalesced kicks, ``?wait=flushed``, uploads, listing and pagination, reads of raw
 bytes, messages and refs, idempotency, and problem+json errors that write nothing."""
 
@@ -11,14 +11,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import helpers
 import pytest
 import sqlalchemy as sa
 from starlette.exceptions import StarletteDeprecationWarning
 
-from pipeline import database, document, journal, refine, tables, validation
+from pipeline import database, document, journal, refs, tables, validation
 from pipeline.api import app as api_app
-from pipeline.service import Service
-from pipeline.settings import Settings
+from pipeline.settings import Limits, Settings
 
 with warnings.catch_warnings():
     # Starlette 1.x warns at import that it would rather use httpx2; the project uses httpx.
@@ -29,7 +29,7 @@ TS1 = "2026-08-03T11:18:06Z"
 TS2 = "2026-08-03T11:18:07.25Z"
 TS3 = "2026-08-03T11:20:05Z"
 AGENT = "hermes"
-SMALL = validation.Limits(
+SMALL = Limits(
     max_session_key=32,
     max_metadata_bytes=64,
     max_message_bytes=64,
@@ -48,29 +48,15 @@ def body(session_key: str = "s1", *messages: dict[str, Any], **extra: Any) -> di
     }
 
 
-class Recorder:
-    """A queue that records what would be enqueued."""
-
-    def __init__(self) -> None:
-        self.kicks: list[str] = []
-        self.claims: list[refine.Claim] = []
-
-    def flush(self, file_id: str) -> None:
-        self.kicks.append(file_id)
-
-    def refine(self, claim: refine.Claim) -> None:
-        self.claims.append(claim)
-
-
 class Api:
     """A TestClient over the app, plus the recorded kicks and direct access for checks."""
 
     def __init__(
-        self, engine: sa.Engine, data_dir: Path, database_url: str, limits: validation.Limits
+        self, db: database.Database, data_dir: Path, database_url: str, limits: Limits
     ) -> None:
-        self.engine = engine
+        self.db = db
         self.data_dir = data_dir
-        self.queue = Recorder()
+        self.queue = helpers.RecordingQueue()
         self.kicks = self.queue.kicks
         settings = Settings(
             data_dir=data_dir,
@@ -78,7 +64,7 @@ class Api:
             limits=limits,
             allowed_hosts=("testserver",),  # TestClient's Host
         )
-        app = api_app.create_app(Service(settings, engine, self.queue))
+        app = api_app.create_app(helpers.service(db, settings, self.queue))
         self.client = TestClient(app, raise_server_exceptions=True)
 
     def append(self, payload: dict[str, Any], *, wait: bool = False) -> dict[str, Any]:
@@ -89,7 +75,7 @@ class Api:
 
     def flush(self, file_id: str) -> None:
         """What the worker does when kicked."""
-        journal.flush(self.engine, self.data_dir, file_id, lock_timeout=5)
+        journal.flush(self.db, self.data_dir, file_id, lock_timeout=5)
 
     def row(self, file_id: str) -> dict[str, Any]:
         r = self.client.get(f"/v1/files/{file_id}")
@@ -97,7 +83,7 @@ class Api:
         return dict(r.json())
 
     def disk(self, file_id: str) -> bytes:
-        return (self.data_dir / self.row(file_id)["path"]).read_bytes()
+        return bytes((self.data_dir / self.row(file_id)["path"]).read_bytes())
 
     def messages(self, file_id: str, **params: Any) -> list[dict[str, Any]]:
         r = self.client.get(f"/v1/files/{file_id}/messages", params=params)
@@ -107,16 +93,16 @@ class Api:
 
 
 @pytest.fixture
-def app(engine: sa.Engine, data_dir: Path, database_url: str) -> Iterator[Api]:
-    client = Api(engine, data_dir, database_url, validation.DEFAULT_LIMITS)
+def app(db: database.Database, data_dir: Path, database_url: str) -> Iterator[Api]:
+    client = Api(db, data_dir, database_url, validation.DEFAULT_LIMITS)
     yield client
     client.client.close()
 
 
 @pytest.fixture
-def small(engine: sa.Engine, data_dir: Path, database_url: str) -> Iterator[Api]:
+def small(db: database.Database, data_dir: Path, database_url: str) -> Iterator[Api]:
     """The app with tiny limits, so oversized input is cheap to send."""
-    client = Api(engine, data_dir, database_url, SMALL)
+    client = Api(db, data_dir, database_url, SMALL)
     yield client
     client.client.close()
 
@@ -134,7 +120,9 @@ def assert_problem(r: Any, status: int, kind: str, *needles: str) -> dict[str, A
     return dict(problem)
 
 
-def snapshot(engine: sa.Engine, data_dir: Path) -> tuple[dict[str, list[Any]], dict[str, bytes]]:
+def snapshot(
+    db: database.Database, data_dir: Path
+) -> tuple[dict[str, list[Any]], dict[str, bytes]]:
     """Every index row that records writes, and every file under ``raw/`` with its bytes.
 
     ``raw_files.updated_at`` is left out: a flush with nothing to write still touches it.
@@ -146,7 +134,7 @@ def snapshot(engine: sa.Engine, data_dir: Path) -> tuple[dict[str, list[Any]], d
         tables.anomalies,
         tables.waiting_appends,
     )
-    with database.transaction(engine) as conn:
+    with db.transaction() as conn:
         rows = {}
         for t in recorded:
             columns = [c for c in t.columns if c is not tables.raw_files.c.updated_at]
@@ -190,7 +178,7 @@ def test_append_is_acknowledged_then_the_kicked_flush_writes_the_file(app: Api) 
     assert r.status_code == 202, r.text
     ack = r.json()
     file_id = ack["file_id"]
-    validation.check_file_id(file_id)
+    refs.check_file_id(file_id)
     assert ack == {
         "file_id": file_id,
         "first_seq": 1,
@@ -501,7 +489,7 @@ def test_health_reports_index_data_dir_and_journal_backlog(app: Api) -> None:
     a = app.append(body("a", *[{"role": "user", "content": "x"}] * 3))["file_id"]
     app.append(body("b"))
     backlog = app.client.get("/v1/health").json()["journal_backlog"]
-    with database.transaction(app.engine) as conn:
+    with app.db.transaction() as conn:
         sizes = conn.execute(sa.select(tables.append_journal.c.data)).scalars().all()
     assert backlog == {"rows": 2, "messages": 4, "bytes": sum(len(d.encode()) for d in sizes)}
     app.flush(a)
@@ -548,7 +536,9 @@ def test_openapi_declares_every_answer(app: Api) -> None:
     assert body["properties"]["source_type"]["enum"] == ["session", "external"]
     file_id = next(p for p in paths["/v1/files/{file_id}"]["get"]["parameters"])
     assert file_id["schema"]["format"] == "uuid"
-    assert schemas["File"]["properties"]["status"]["enum"] == [
+    status = schemas["File"]["properties"]["status"]
+    assert status == {"$ref": "#/components/schemas/Status"}
+    assert schemas["Status"]["enum"] == [
         "pending",
         "new",
         "refined",
@@ -660,7 +650,7 @@ def test_bad_append_is_a_problem_and_writes_nothing(
 ) -> None:
     existing = small.append(body("s1", idempotency_key="k0"), wait=True)["file_id"]
     small.append(body("s1"))  # a pending journal row too
-    before = snapshot(small.engine, small.data_dir)
+    before = snapshot(small.db, small.data_dir)
     kicks = list(small.kicks)
 
     for wait in ("", "?wait=flushed"):
@@ -675,13 +665,13 @@ def test_bad_append_is_a_problem_and_writes_nothing(
         problem = assert_problem(r, 422, kind, *needles)
         assert problem["detail"]
 
-    assert snapshot(small.engine, small.data_dir) == before
+    assert snapshot(small.db, small.data_dir) == before
     assert small.kicks == kicks
     assert [m["seq"] for m in small.messages(existing)] == [1]
 
 
 def test_bad_uploads_are_problems_and_write_nothing(small: Api) -> None:
-    before = snapshot(small.engine, small.data_dir)
+    before = snapshot(small.db, small.data_dir)
     cases: list[tuple[Any, tuple[str, ...]]] = [
         ({"agent_id": AGENT, "filename": "a.md", "content": "a\x00b"}, ("NUL",)),
         ({"agent_id": AGENT, "filename": "a\nb.md", "content": "x"}, ("filename", "control")),
@@ -703,7 +693,7 @@ def test_bad_uploads_are_problems_and_write_nothing(small: Api) -> None:
         else:
             r = small.client.post("/v1/uploads", json=payload)
         assert_problem(r, 422, "invalid-input", *needles)
-    assert snapshot(small.engine, small.data_dir) == before
+    assert snapshot(small.db, small.data_dir) == before
     assert small.kicks == []
 
 
@@ -735,7 +725,7 @@ def test_retry_with_the_same_idempotency_key_writes_nothing_new(app: Api) -> Non
     )
     first = app.append(sent)
     file_id = first["file_id"]
-    with database.transaction(app.engine) as conn:
+    with app.db.transaction() as conn:
         journal_rows = conn.execute(sa.select(sa.func.count()).select_from(tables.append_journal))
         assert journal_rows.scalar_one() == 1
 
@@ -747,13 +737,13 @@ def test_retry_with_the_same_idempotency_key_writes_nothing_new(app: Api) -> Non
     assert app.row(file_id)["next_seq"] == 3
 
     app.flush(file_id)
-    before = snapshot(app.engine, app.data_dir)
+    before = snapshot(app.db, app.data_dir)
     again = app.append(sent)
     assert again["source_refs"] == first["source_refs"]
     waited = app.client.post("/v1/append?wait=flushed", json=sent)
     assert waited.status_code == 200
     assert waited.json()["source_refs"] == first["source_refs"]
-    assert snapshot(app.engine, app.data_dir) == before
+    assert snapshot(app.db, app.data_dir) == before
     assert [m["content"] for m in app.messages(file_id)] == ["once", "only once"]
 
     # A different request under the same key is refused, and writes nothing either.
@@ -762,7 +752,7 @@ def test_retry_with_the_same_idempotency_key_writes_nothing_new(app: Api) -> Non
     for payload in (changed, other_session):
         r = app.client.post("/v1/append", json=payload)
         assert_problem(r, 409, "conflict", "req-1")
-    assert snapshot(app.engine, app.data_dir) == before
+    assert snapshot(app.db, app.data_dir) == before
 
     # Keys belong to an agent: another agent may use the same one.
     theirs = app.append({**sent, "agent_id": "other"})
@@ -792,12 +782,12 @@ def test_an_out_of_order_sequence_is_a_409_naming_the_expected_one(app: Api) -> 
     first = app.append(numbered(1, "k1"))
     file_id = first["file_id"]
     assert app.row(file_id)["next_sequence"] == 2
-    before = snapshot(app.engine, app.data_dir)
+    before = snapshot(app.db, app.data_dir)
     for sent, expected in ((numbered(3, "k3"), 2), (numbered(1, "other"), 2)):
         refused = assert_problem(app.client.post("/v1/append", json=sent), 409, "out-of-order")
         assert refused["expected_sequence"] == expected
     assert app.append(numbered(1, "k1"))["replayed"] is True  # a retry replays
-    assert snapshot(app.engine, app.data_dir) == before
+    assert snapshot(app.db, app.data_dir) == before
     assert app.append(numbered(2, "k2"))["first_seq"] == 2
     app.flush(file_id)
     assert [m["content"] for m in app.messages(file_id)] == ["#1", "#2"]
@@ -814,7 +804,7 @@ def test_a_session_uses_sequences_always_or_never_a_422(app: Api) -> None:
 
     numbered = app.append(sent("numbered", 1, sequence=1))["file_id"]
     plain = app.append(sent("plain", 1))["file_id"]
-    before = snapshot(app.engine, app.data_dir)
+    before = snapshot(app.db, app.data_dir)
     assert_problem(
         app.client.post("/v1/append", json=sent("numbered", 2)),
         422,
@@ -835,7 +825,7 @@ def test_a_session_uses_sequences_always_or_never_a_422(app: Api) -> None:
         "invalid-input",
         "sequence: must be an integer from 1 to 2147483647, got True",
     )
-    assert snapshot(app.engine, app.data_dir) == before
+    assert snapshot(app.db, app.data_dir) == before
     app.append(sent("numbered", 4, sequence=2))
     app.append(sent("plain", 5))
     for file_id in (numbered, plain):

@@ -1,4 +1,4 @@
-"""Cold archive (DESIGN §5) on SQLite and PostgreSQL: archive → read identical, crash at every
+"""Cold archive (docs/design.md §5) on SQLite and PostgreSQL: archive → read identical, crash at every
 step, append to an archived file, corrupt archives, fsck and reindex over archived files."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import hashlib
 import threading
 from pathlib import Path
 
+import helpers
 import pytest
 import sqlalchemy as sa
 import zstandard
@@ -22,10 +23,12 @@ from pipeline import (
     integrity,
     journal,
     ledger,
+    locks,
     reader,
     refine,
     tables,
 )
+from pipeline.settings import Archive
 
 CONTENT = [
     "I prefer tea.\n```python\n# Display the results to the user\nprint(1)\n```",
@@ -34,7 +37,7 @@ CONTENT = [
 ]
 
 
-def _refined_file(engine: sa.Engine, data_dir: Path, key: str, *, messages: int = 6) -> str:
+def _refined_file(db: database.Database, data_dir: Path, key: str, *, messages: int = 6) -> str:
     body = {
         "agent_id": "hermes",
         "session_key": key,
@@ -47,38 +50,34 @@ def _refined_file(engine: sa.Engine, data_dir: Path, key: str, *, messages: int 
             for i in range(messages)
         ],
     }
-    result = journal.ingest(engine, body)
-    journal.flush(engine, data_dir, result.file_id)
-    claim = refine.claim(engine, result.file_id, lease_seconds=60)
+    result = journal.ingest(db, body)
+    journal.flush(db, data_dir, result.file_id)
+    claim = refine.claim(db, result.file_id, lease_seconds=60)
     assert claim is not None
-    assert refine.commit(engine, claim, [], refiner="test")
+    assert refine.commit(db, claim, [], refiner="test")
     return result.file_id
 
 
-def _age(engine: sa.Engine, file_id: str, days: float) -> None:
-    when = tables.utcnow() - dt.timedelta(days=days)
-    set_row(engine, file_id, flushed_at=when, ended_at=when)
-
-
-def _row(engine: sa.Engine, file_id: str) -> tables.FileRow:
-    return reader.get_file(engine, file_id)
+def _age(db: database.Database, file_id: str, days: float) -> None:
+    when = db.now() - dt.timedelta(days=days)
+    set_row(db, file_id, flushed_at=when, ended_at=when)
 
 
 def _live_files(data_dir: Path) -> list[Path]:
     return sorted(p for p in (data_dir / "raw").rglob("*") if p.is_file())
 
 
-def test_cold_files_only_fully_refined_and_old(engine: sa.Engine, data_dir: Path) -> None:
-    old = _refined_file(engine, data_dir, "old")
-    young = _refined_file(engine, data_dir, "young")
+def test_cold_files_only_fully_refined_and_old(db: database.Database, data_dir: Path) -> None:
+    old = _refined_file(db, data_dir, "old")
+    young = _refined_file(db, data_dir, "young")
     unrefined = journal.ingest(
-        engine,
+        db,
         {"agent_id": "hermes", "session_key": "u", "messages": [{"role": "user", "content": "x"}]},
     ).file_id
-    journal.flush(engine, data_dir, unrefined)
-    pending_extra = _refined_file(engine, data_dir, "pending")
+    journal.flush(db, data_dir, unrefined)
+    pending_extra = _refined_file(db, data_dir, "pending")
     journal.ingest(
-        engine,
+        db,
         {
             "agent_id": "hermes",
             "session_key": "pending",
@@ -86,28 +85,30 @@ def test_cold_files_only_fully_refined_and_old(engine: sa.Engine, data_dir: Path
         },
     )
     for file_id in (old, unrefined, pending_extra):
-        _age(engine, file_id, 100)
-    _age(engine, young, 10)
+        _age(db, file_id, 100)
+    _age(db, young, 10)
 
-    assert archive.cold_files(engine, older_than_days=90) == [old]
-    assert archive.flag_unrefined(engine, older_than_days=90) == [unrefined]
-    assert archive.flag_unrefined(engine, older_than_days=90) == []  # flagged once
-    with database.transaction(engine) as conn:
+    assert archive.cold_files(db, older_than_days=90) == [old]
+    assert archive.flag_unrefined(db, older_than_days=90) == [unrefined]
+    assert archive.flag_unrefined(db, older_than_days=90) == []  # flagged once
+    with db.transaction() as conn:
         kinds = [(a.file_id, a.kind) for a in index.list_anomalies(conn, kinds=["unrefined_cold"])]
     assert kinds == [(unrefined, "unrefined_cold")]
 
 
-def test_archive_then_read_is_identical(engine: sa.Engine, data_dir: Path) -> None:
-    file_id = _refined_file(engine, data_dir, "s1", messages=30)
-    before_row = _row(engine, file_id)
+def test_archive_then_read_is_identical(
+    db: database.Database, data_dir: Path, file_locks: locks.FileLocks
+) -> None:
+    file_id = _refined_file(db, data_dir, "s1", messages=30)
+    before_row = helpers.file_row(db, file_id)
     original = (data_dir / before_row.path).read_bytes()
-    messages_before = reader.messages(engine, data_dir, file_id, limit=1000)
-    ref_before = reader.resolve(engine, data_dir, f"{file_id}:7", context=2)
+    messages_before = reader.messages(db, data_dir, file_id, limit=1000)
+    ref_before = reader.resolve(db, data_dir, f"{file_id}:7", context=2)
 
-    outcome = archive.compress(engine, data_dir, file_id, archive.Options(level=3))
+    outcome = archive.compress(db, file_locks, data_dir, file_id, Archive(level=3))
 
     assert outcome is not None
-    row = _row(engine, file_id)
+    row = helpers.file_row(db, file_id)
     assert row.status == "archived"
     assert row.archived_at is not None
     assert row.path == f"raw/archive/{before_row.started_at:%Y-%m}/{file_id}.md.zst"
@@ -121,15 +122,15 @@ def test_archive_then_read_is_identical(engine: sa.Engine, data_dir: Path) -> No
         hashlib.sha256(reader.read_bytes(data_dir, row)).digest()
         == hashlib.sha256(original).digest()
     )
-    assert reader.messages(engine, data_dir, file_id, limit=1000) == messages_before
-    ref_after = reader.resolve(engine, data_dir, f"{file_id}:7", context=2)
+    assert reader.messages(db, data_dir, file_id, limit=1000) == messages_before
+    ref_after = reader.resolve(db, data_dir, f"{file_id}:7", context=2)
     assert (ref_after.message, ref_after.before, ref_after.after) == (
         ref_before.message,
         ref_before.before,
         ref_before.after,
     )
-    assert integrity.fsck(engine, data_dir) == []
-    assert archive.compress(engine, data_dir, file_id) is None  # already archived: no-op
+    assert integrity.fsck(db, data_dir) == []
+    assert archive.compress(db, file_locks, data_dir, file_id) is None  # already archived: no-op
 
 
 class Crash(Exception):
@@ -146,98 +147,102 @@ def _crash_at(step: str) -> archive.FaultHook:
 
 @pytest.mark.parametrize("step", archive.ARCHIVE_STEPS)
 def test_crash_at_each_step_leaves_exactly_one_live_copy(
-    engine: sa.Engine, data_dir: Path, step: str
+    db: database.Database, data_dir: Path, file_locks: locks.FileLocks, step: str
 ) -> None:
-    file_id = _refined_file(engine, data_dir, "crash")
-    original = (data_dir / _row(engine, file_id).path).read_bytes()
+    file_id = _refined_file(db, data_dir, "crash")
+    original = (data_dir / helpers.file_row(db, file_id).path).read_bytes()
 
     fault = _crash_at(step)
 
     with pytest.raises(Crash):
-        archive.compress(engine, data_dir, file_id, fault=fault)
+        archive.compress(db, file_locks, data_dir, file_id, fault=fault)
 
     # Whatever the crash left, the index points at a readable copy with the same bytes.
-    row = _row(engine, file_id)
+    row = helpers.file_row(db, file_id)
     assert reader.read_bytes(data_dir, row) == original
 
     # Re-running finishes (or cleans up and redoes) the job.
-    archive.finish_interrupted(engine, data_dir)
-    archive.compress(engine, data_dir, file_id)
-    row = _row(engine, file_id)
+    archive.finish_interrupted(db, file_locks, data_dir)
+    archive.compress(db, file_locks, data_dir, file_id)
+    row = helpers.file_row(db, file_id)
     assert row.status == "archived"
     files = _live_files(data_dir)
     assert files == [data_dir / row.path], files  # no original, no temp, one archive
     assert reader.read_bytes(data_dir, row) == original
-    assert integrity.fsck(engine, data_dir) == []
+    assert integrity.fsck(db, data_dir) == []
 
 
 @pytest.mark.parametrize("step", archive.ARCHIVE_STEPS)
 def test_crash_in_a_batch_leaves_every_file_readable(
-    engine: sa.Engine, data_dir: Path, step: str
+    db: database.Database, data_dir: Path, file_locks: locks.FileLocks, step: str
 ) -> None:
-    file_ids = [_refined_file(engine, data_dir, f"batch-{i}") for i in range(3)]
-    originals = {f: (data_dir / _row(engine, f).path).read_bytes() for f in file_ids}
+    file_ids = [_refined_file(db, data_dir, f"batch-{i}") for i in range(3)]
+    originals = {f: (data_dir / helpers.file_row(db, f).path).read_bytes() for f in file_ids}
 
     fault = _crash_at(step)
 
     with pytest.raises(Crash):
-        list(archive.compress_many(engine, data_dir, file_ids, fault=fault))
+        list(archive.compress_many(db, file_locks, data_dir, file_ids, fault=fault))
 
     for file_id in file_ids:
-        assert reader.read_bytes(data_dir, _row(engine, file_id)) == originals[file_id]
+        assert reader.read_bytes(data_dir, helpers.file_row(db, file_id)) == originals[file_id]
 
-    archive.finish_interrupted(engine, data_dir)
-    outcomes = dict(archive.compress_many(engine, data_dir, file_ids))
-    rows = {f: _row(engine, f) for f in file_ids}
+    archive.finish_interrupted(db, file_locks, data_dir)
+    outcomes = dict(archive.compress_many(db, file_locks, data_dir, file_ids))
+    rows = {f: helpers.file_row(db, f) for f in file_ids}
     # a file the crashed run had already finished is no longer eligible (None)
     assert all(o is None or isinstance(o, archive.Outcome) for o in outcomes.values()), outcomes
     assert all(row.status == "archived" for row in rows.values())
     assert _live_files(data_dir) == sorted(data_dir / row.path for row in rows.values())
     for file_id, row in rows.items():
         assert reader.read_bytes(data_dir, row) == originals[file_id]
-    assert integrity.fsck(engine, data_dir) == []
+    assert integrity.fsck(db, data_dir) == []
 
 
-def test_batch_reports_each_file(engine: sa.Engine, data_dir: Path) -> None:
-    good = [_refined_file(engine, data_dir, f"good-{i}") for i in range(4)]
+def test_batch_reports_each_file(
+    db: database.Database, data_dir: Path, file_locks: locks.FileLocks
+) -> None:
+    good = [_refined_file(db, data_dir, f"good-{i}") for i in range(4)]
     unrefined = journal.ingest(
-        engine,
+        db,
         {
             "agent_id": "hermes",
             "session_key": "raw",
             "messages": [{"role": "user", "content": "x"}],
         },
     ).file_id
-    journal.flush(engine, data_dir, unrefined)
-    damaged = _refined_file(engine, data_dir, "damaged")
-    with (data_dir / _row(engine, damaged).path).open("r+b") as handle:
+    journal.flush(db, data_dir, unrefined)
+    damaged = _refined_file(db, data_dir, "damaged")
+    with (data_dir / helpers.file_row(db, damaged).path).open("r+b") as handle:
         handle.seek(-3, 2)
         handle.write(b"XYZ")  # same length, another chain
     missing = "00000000-0000-4000-8000-000000000000"
 
     ids = [good[0], unrefined, good[1], damaged, missing, good[2], good[3]]
-    outcomes = list(archive.compress_many(engine, data_dir, ids, archive.Options(workers=3)))
+    outcomes = list(archive.compress_many(db, file_locks, data_dir, ids, Archive(workers=3)))
 
     assert [file_id for file_id, _ in outcomes] == ids  # one answer per file, in order
     by_id = dict(outcomes)
     for file_id in good:
         outcome = by_id[file_id]
         assert isinstance(outcome, archive.Outcome) and outcome.file_id == file_id
-        assert _row(engine, file_id).status == "archived"
+        assert helpers.file_row(db, file_id).status == "archived"
     assert by_id[unrefined] is None
     assert isinstance(by_id[damaged], errors.FileDamaged)
     assert isinstance(by_id[missing], errors.NotFound)
-    assert _row(engine, damaged).status == "refined"  # kept as it was, original in place
-    assert (data_dir / _row(engine, damaged).path).exists()
+    assert helpers.file_row(db, damaged).status == "refined"  # kept as it was, original in place
+    assert (data_dir / helpers.file_row(db, damaged).path).exists()
 
 
-def test_overlapping_batches_archive_each_file_once(engine: sa.Engine, data_dir: Path) -> None:
-    file_ids = [_refined_file(engine, data_dir, f"both-{i}") for i in range(12)]
-    originals = {f: (data_dir / _row(engine, f).path).read_bytes() for f in file_ids}
+def test_overlapping_batches_archive_each_file_once(
+    db: database.Database, data_dir: Path, file_locks: locks.FileLocks
+) -> None:
+    file_ids = [_refined_file(db, data_dir, f"both-{i}") for i in range(12)]
+    originals = {f: (data_dir / helpers.file_row(db, f).path).read_bytes() for f in file_ids}
     results: list[list[tuple[str, archive.Result]]] = []
 
     def run(ids: list[str]) -> None:
-        results.append(list(archive.compress_many(engine, data_dir, ids)))
+        results.append(list(archive.compress_many(db, file_locks, data_dir, ids)))
 
     threads = [
         threading.Thread(target=run, args=(file_ids,)),
@@ -253,20 +258,20 @@ def test_overlapping_batches_archive_each_file_once(engine: sa.Engine, data_dir:
     assert sorted(archived) == sorted(file_ids)  # each by exactly one of the two runs
     assert all(o is None for run in results for _, o in run if not isinstance(o, archive.Outcome))
     for file_id in file_ids:
-        assert reader.read_bytes(data_dir, _row(engine, file_id)) == originals[file_id]
-    assert integrity.fsck(engine, data_dir) == []
+        assert reader.read_bytes(data_dir, helpers.file_row(db, file_id)) == originals[file_id]
+    assert integrity.fsck(db, data_dir) == []
 
 
 def test_append_to_archived_file_restores_and_continues_seqs(
-    engine: sa.Engine, data_dir: Path
+    db: database.Database, data_dir: Path, file_locks: locks.FileLocks
 ) -> None:
-    file_id = _refined_file(engine, data_dir, "back", messages=4)
-    original = (data_dir / _row(engine, file_id).path).read_bytes()
-    archive.compress(engine, data_dir, file_id)
-    archived_path = data_dir / _row(engine, file_id).path
+    file_id = _refined_file(db, data_dir, "back", messages=4)
+    original = (data_dir / helpers.file_row(db, file_id).path).read_bytes()
+    archive.compress(db, file_locks, data_dir, file_id)
+    archived_path = data_dir / helpers.file_row(db, file_id).path
 
     result = journal.ingest(
-        engine,
+        db,
         {
             "agent_id": "hermes",
             "session_key": "back",
@@ -278,31 +283,33 @@ def test_append_to_archived_file_restores_and_continues_seqs(
     )
     assert result.file_id == file_id
     assert result.source_refs == (f"{file_id}:5", f"{file_id}:6")
-    journal.flush(engine, data_dir, file_id)
+    journal.flush(db, data_dir, file_id)
 
-    row = _row(engine, file_id)
+    row = helpers.file_row(db, file_id)
     assert row.status == "new"
     assert row.path == f"raw/sessions/{file_id}.md"
     assert not archived_path.exists()
     data = (data_dir / row.path).read_bytes()
     assert data.startswith(original)
-    assert [m.content for m in reader.messages(engine, data_dir, file_id)][-2:] == [
+    assert [m.content for m in reader.messages(db, data_dir, file_id)][-2:] == [
         "I am back.",
         "ok",
     ]
     assert row.flushed_seq == 6
-    assert integrity.fsck(engine, data_dir) == []
+    assert integrity.fsck(db, data_dir) == []
 
 
-def test_restore_puts_the_file_back(engine: sa.Engine, data_dir: Path) -> None:
-    file_id = _refined_file(engine, data_dir, "r")
-    live = data_dir / _row(engine, file_id).path
+def test_restore_puts_the_file_back(
+    db: database.Database, data_dir: Path, file_locks: locks.FileLocks
+) -> None:
+    file_id = _refined_file(db, data_dir, "r")
+    live = data_dir / helpers.file_row(db, file_id).path
     original = live.read_bytes()
-    archive.compress(engine, data_dir, file_id)
+    archive.compress(db, file_locks, data_dir, file_id)
     assert not live.exists()
 
-    assert archive.restore(engine, data_dir, file_id) is True
-    row = _row(engine, file_id)
+    assert archive.restore(db, file_locks, data_dir, file_id) is True
+    row = helpers.file_row(db, file_id)
     assert (row.status, row.path, row.archived_at) == (
         "refined",
         f"raw/sessions/{file_id}.md",
@@ -310,17 +317,17 @@ def test_restore_puts_the_file_back(engine: sa.Engine, data_dir: Path) -> None:
     )
     assert live.read_bytes() == original
     assert _live_files(data_dir) == [live]
-    assert archive.restore(engine, data_dir, file_id) is False
-    assert integrity.fsck(engine, data_dir) == []
+    assert archive.restore(db, file_locks, data_dir, file_id) is False
+    assert integrity.fsck(db, data_dir) == []
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate"])
 def test_corrupt_archive_is_an_error_never_content(
-    engine: sa.Engine, data_dir: Path, damage: str
+    db: database.Database, data_dir: Path, file_locks: locks.FileLocks, damage: str
 ) -> None:
-    file_id = _refined_file(engine, data_dir, "bad", messages=20)
-    archive.compress(engine, data_dir, file_id)
-    path = data_dir / _row(engine, file_id).path
+    file_id = _refined_file(db, data_dir, "bad", messages=20)
+    archive.compress(db, file_locks, data_dir, file_id)
+    path = data_dir / helpers.file_row(db, file_id).path
     packed = bytearray(path.read_bytes())
     if damage == "flip":
         packed[len(packed) // 2] ^= 0x40
@@ -331,28 +338,30 @@ def test_corrupt_archive_is_an_error_never_content(
     with pytest.raises(
         errors.FileDamaged, match=file_id[:8] if damage == "truncate" else "corrupt|holds"
     ):
-        reader.read_bytes(data_dir, _row(engine, file_id))
+        reader.read_bytes(data_dir, helpers.file_row(db, file_id))
     with pytest.raises(errors.FileDamaged):
-        reader.messages(engine, data_dir, file_id)
+        reader.messages(db, data_dir, file_id)
     with pytest.raises(errors.FileDamaged):
-        archive.restore(engine, data_dir, file_id)
-    problems = integrity.fsck(engine, data_dir)
+        archive.restore(db, file_locks, data_dir, file_id)
+    problems = integrity.fsck(db, data_dir)
     assert [(p.file_id, p.kind) for p in problems] == [(file_id, "archive_corrupt")]
 
 
-def test_reindex_understands_archived_files(engine: sa.Engine, data_dir: Path) -> None:
-    file_id = _refined_file(engine, data_dir, "ri")
-    archive.compress(engine, data_dir, file_id)
-    before = _row(engine, file_id)
-    with database.transaction(engine) as conn:
+def test_reindex_understands_archived_files(
+    db: database.Database, data_dir: Path, file_locks: locks.FileLocks
+) -> None:
+    file_id = _refined_file(db, data_dir, "ri")
+    archive.compress(db, file_locks, data_dir, file_id)
+    before = helpers.file_row(db, file_id)
+    with db.transaction() as conn:
         conn.execute(sa.delete(tables.l1_items))
         catalog.clear(conn)  # the message catalog goes with the index
         conn.execute(sa.delete(tables.raw_files))
 
-    report = integrity.reindex(engine, data_dir)
+    report = integrity.reindex(db, file_locks, data_dir)
 
     assert (report.scanned, report.inserted, report.failed) == (1, 1, [])
-    row = _row(engine, file_id)
+    row = helpers.file_row(db, file_id)
     assert (row.status, row.path, row.flushed_seq, row.flushed_bytes, row.chain_head) == (
         "archived",
         before.path,
@@ -360,40 +369,40 @@ def test_reindex_understands_archived_files(engine: sa.Engine, data_dir: Path) -
         before.flushed_bytes,
         before.chain_head,
     )
-    assert integrity.fsck(engine, data_dir) == []
+    assert integrity.fsck(db, data_dir) == []
 
 
 def test_cli_archive_dry_run_then_archive_and_restore(
-    engine: sa.Engine, database_url: str, data_dir: Path, capsys: pytest.CaptureFixture[str]
+    db: database.Database, database_url: str, data_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import json
 
     from pipeline import cli
 
-    cold = [_refined_file(engine, data_dir, f"c{i}") for i in range(3)]
-    warm = _refined_file(engine, data_dir, "warm")
+    cold = [_refined_file(db, data_dir, f"c{i}") for i in range(3)]
+    warm = _refined_file(db, data_dir, "warm")
     for file_id in cold:
-        _age(engine, file_id, 120)
-    _age(engine, warm, 5)
+        _age(db, file_id, 120)
+    _age(db, warm, 5)
     common = ["--data-dir", str(data_dir), "--database-url", database_url]
-    sizes = sum(_row(engine, f).flushed_bytes for f in cold)
+    sizes = sum(helpers.file_row(db, f).flushed_bytes for f in cold)
 
     assert cli.main(["archive", "--dry-run", "--json", *common]) == 0
     dry = json.loads(capsys.readouterr().out)
     assert (dry["files"], dry["bytes_before"], dry["dry_run"]) == (3, sizes, True)
-    assert all(_row(engine, f).status == "refined" for f in [*cold, warm])
+    assert all(helpers.file_row(db, f).status == "refined" for f in [*cold, warm])
 
     assert cli.main(["archive", "--json", *common]) == 0
     done = json.loads(capsys.readouterr().out)
-    packed = sum((data_dir / _row(engine, f).path).stat().st_size for f in cold)
+    packed = sum((data_dir / helpers.file_row(db, f).path).stat().st_size for f in cold)
     assert (done["files"], done["bytes_before"], done["bytes_after"]) == (3, sizes, packed)
     assert done["ratio"] == round(sizes / packed, 2)
-    assert [_row(engine, f).status for f in cold] == ["archived"] * 3
-    assert _row(engine, warm).status == "refined"
+    assert [helpers.file_row(db, f).status for f in cold] == ["archived"] * 3
+    assert helpers.file_row(db, warm).status == "refined"
 
     assert cli.main(["archive", "--older-than", "0", "--json", *common]) == 0
     assert json.loads(capsys.readouterr().out)["files"] == 1
-    assert _row(engine, warm).status == "archived"
+    assert helpers.file_row(db, warm).status == "archived"
 
     assert cli.main(["restore", cold[0], *common]) == 0
     assert json.loads(capsys.readouterr().out)["status"] == "refined"
@@ -403,14 +412,14 @@ def test_cli_archive_dry_run_then_archive_and_restore(
 
 
 def test_append_to_a_corrupt_archive_waits_in_the_journal(
-    engine: sa.Engine, data_dir: Path
+    db: database.Database, data_dir: Path, file_locks: locks.FileLocks
 ) -> None:
-    file_id = _refined_file(engine, data_dir, "broken")
-    archive.compress(engine, data_dir, file_id)
-    path = data_dir / _row(engine, file_id).path
+    file_id = _refined_file(db, data_dir, "broken")
+    archive.compress(db, file_locks, data_dir, file_id)
+    path = data_dir / helpers.file_row(db, file_id).path
     path.write_bytes(path.read_bytes()[:-9])
     result = journal.ingest(
-        engine,
+        db,
         {
             "agent_id": "hermes",
             "session_key": "broken",
@@ -419,9 +428,9 @@ def test_append_to_a_corrupt_archive_waits_in_the_journal(
     )
     for _ in range(2):
         with pytest.raises(errors.FileDamaged):
-            journal.flush(engine, data_dir, file_id)
-    row = _row(engine, file_id)
+            journal.flush(db, data_dir, file_id)
+    row = helpers.file_row(db, file_id)
     assert (row.status, row.next_seq) == ("archived", result.last_seq + 1)
-    with database.transaction(engine) as conn:
+    with db.transaction() as conn:
         assert [a.kind for a in index.list_anomalies(conn, file_id=file_id)] == ["restore_failed"]
         assert [j.first_seq for j in ledger.journal_after(conn, file_id, 0)] == [result.first_seq]

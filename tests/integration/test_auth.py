@@ -1,4 +1,4 @@
-"""Bearer tokens over HTTP (issue 9, DESIGN §6), on SQLite and PostgreSQL: every endpoint ×
+"""Bearer tokens over HTTP (docs/design.md §7), on SQLite and PostgreSQL: every endpoint ×
 {no token, malformed, unknown, revoked, wrong agent, missing scope, right token, admin}, the
 404s for another agent's data byte for byte those for data that does not exist, listings that
 never show another agent's files or items (a property test), the Host allowlist, the bearer
@@ -15,13 +15,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import helpers
 import pytest
 import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from starlette.exceptions import StarletteDeprecationWarning
 
-from pipeline import auth, database, l1
+from pipeline import auth, database, ingest, l1
 from pipeline.api import app as api_app
 from pipeline.api import security
 from pipeline.service import Service
@@ -36,26 +37,12 @@ ALICE, BOB = "alice", "bob"
 EVERY_SCOPE = ("append", "read", "refine")
 
 
-class Queue:
-    """Records what would be enqueued."""
-
-    def __init__(self) -> None:
-        self.kicks: list[str] = []
-        self.claims: list[Any] = []
-
-    def flush(self, file_id: str) -> None:
-        self.kicks.append(file_id)
-
-    def refine(self, claim: Any) -> None:
-        self.claims.append(claim)
-
-
-def make_service(engine: sa.Engine, data_dir: Path, database_url: str, **extra: Any) -> Service:
+def make_service(db: database.Database, data_dir: Path, database_url: str, **extra: Any) -> Service:
     """A service whose API answers TestClient's Host and sees token changes at once."""
     options: dict[str, Any] = {"allowed_hosts": ("testserver",), "token_cache_seconds": 0.0}
     options.update(extra)
     settings = Settings.load(environ={}, data_dir=data_dir, database_url=database_url, **options)
-    return Service(settings, engine, Queue())
+    return helpers.service(db, settings, helpers.RecordingQueue())
 
 
 def append_body(agent_id: str, session_key: str = "s1", content: str = "hello") -> dict[str, Any]:
@@ -68,13 +55,15 @@ def append_body(agent_id: str, session_key: str = "s1", content: str = "hello") 
 
 def make_file(service: Service, agent_id: str, session_key: str = "s1") -> str:
     """A flushed session of ``agent_id`` with two L1 items; its file_id."""
-    file_id = service.append(append_body(agent_id, session_key, f"hi from {agent_id}")).result
-    service.flush(file_id.file_id)
-    add_items(service.engine, agent_id, file_id.file_id, 2)
-    return file_id.file_id
+    result: ingest.AppendResult = helpers.append(
+        service, append_body(agent_id, session_key, f"hi from {agent_id}")
+    ).result
+    service.flush(result.file_id)
+    add_items(service.db, agent_id, result.file_id, 2)
+    return result.file_id
 
 
-def add_items(engine: sa.Engine, agent_id: str, file_id: str, count: int) -> None:
+def add_items(db: database.Database, agent_id: str, file_id: str, count: int) -> None:
     items = [
         {
             "file_id": file_id,
@@ -89,8 +78,8 @@ def add_items(engine: sa.Engine, agent_id: str, file_id: str, count: int) -> Non
         }
         for n in range(count)
     ]
-    with database.transaction(engine) as conn:
-        l1.add_items(conn, items)
+    with db.transaction() as conn:
+        l1.add_items(conn, items, now=db.now())
 
 
 def bearer(secret: str) -> dict[str, str]:
@@ -120,14 +109,14 @@ class World:
 
 
 @pytest.fixture
-def world(engine: sa.Engine, data_dir: Path, database_url: str) -> Iterator[World]:
+def world(db: database.Database, data_dir: Path, database_url: str) -> Iterator[World]:
     # No cooldown here: the matrix re-refines one file many times (tested on its own below).
-    service = make_service(engine, data_dir, database_url, refine_cooldown_seconds=0)
+    service = make_service(db, data_dir, database_url, refine_cooldown_seconds=0)
     file_a = make_file(service, ALICE)
     file_b = make_file(service, BOB)
 
     def make(agents: list[str], scopes: list[str]) -> auth.Created:
-        return auth.create(engine, agent_ids=agents, scopes=scopes, name="test")
+        return auth.create(db, agent_ids=agents, scopes=scopes, name="test")
 
     made = {
         "right": make([ALICE], list(EVERY_SCOPE)),
@@ -140,7 +129,7 @@ def world(engine: sa.Engine, data_dir: Path, database_url: str) -> Iterator[Worl
         "wrong agent admin": make([BOB], ["admin"]),
         "no admin": make([ALICE], list(EVERY_SCOPE)),
     }
-    auth.revoke(engine, made["revoked"].token.token_id)
+    auth.revoke(db, made["revoked"].token.token_id)
     tokens = {case: m.secret for case, m in made.items()}
     with TestClient(api_app.create_app(service), raise_server_exceptions=True) as client:
         yield World(client, service, file_a, file_b, tokens)
@@ -237,8 +226,8 @@ def listed(r: Any) -> list[dict[str, Any]]:
     raise AssertionError(f"not a listing: {data}")
 
 
-def count_files(engine: sa.Engine) -> int:
-    with database.transaction(engine) as conn:
+def count_files(db: database.Database) -> int:
+    with db.transaction() as conn:
         return int(conn.execute(sa.text("SELECT COUNT(*) FROM raw_files")).scalar_one())
 
 
@@ -261,10 +250,10 @@ def check(w: World, e: Endpoint, case: str, headers: dict[str, str]) -> None:
         return
     if case == "wrong agent":
         if e.kind == "write":
-            before = count_files(w.service.engine)
+            before = count_files(w.service.db)
             r = call(w, e, headers)
             assert ALICE in assert_problem(r, 403, "forbidden")["detail"]
-            assert count_files(w.service.engine) == before  # nothing written
+            assert count_files(w.service.db) == before  # nothing written
         elif e.kind == "list":
             assert r.status_code == 200, r.text
             rows = listed(r)
@@ -348,12 +337,12 @@ def test_a_scope_is_checked_before_anything_is_looked_up(world: World) -> None:
 
 def test_a_refused_append_writes_nothing_and_a_held_agent_appends(world: World) -> None:
     """A token for several agents writes as each of them and as nobody else."""
-    engine = world.service.engine
-    both = auth.create(engine, agent_ids=[ALICE, "carol"], scopes=["append"]).secret
+    db = world.service.db
+    both = auth.create(db, agent_ids=[ALICE, "carol"], scopes=["append"]).secret
     for agent in (ALICE, "carol"):
         r = world.client.post("/v1/append", json=append_body(agent, "both"), headers=bearer(both))
         assert r.status_code == 202, r.text
-    before = count_files(engine)
+    before = count_files(db)
     r = world.client.post("/v1/append", json=append_body(BOB, "both"), headers=bearer(both))
     assert "'bob'" in assert_problem(r, 403, "forbidden")["detail"]
     # an invalid body is refused as invalid whoever it names
@@ -361,7 +350,7 @@ def test_a_refused_append_writes_nothing_and_a_held_agent_appends(world: World) 
     assert_problem(
         world.client.post("/v1/append", json=bad, headers=bearer(both)), 422, "invalid-input"
     )
-    assert count_files(engine) == before
+    assert count_files(db) == before
 
 
 # ---------------------------------------------------------------------------------------------
@@ -373,23 +362,23 @@ AGENTS = ("a0", "a1", "a2", "a3")
 @dataclasses.dataclass
 class Population:
     client: TestClient
-    engine: sa.Engine
+    db: database.Database
     files: dict[str, str]  #: file_id → agent_id
     items: dict[int, str]  #: L1 item id → agent_id
 
 
 @pytest.fixture
-def population(engine: sa.Engine, data_dir: Path, database_url: str) -> Iterator[Population]:
-    service = make_service(engine, data_dir, database_url)
+def population(db: database.Database, data_dir: Path, database_url: str) -> Iterator[Population]:
+    service = make_service(db, data_dir, database_url)
     files: dict[str, str] = {}
     for n, agent in enumerate([*AGENTS, *AGENTS[:2], AGENTS[0]]):
-        result = service.append(append_body(agent, f"s{n}")).result
+        result = helpers.append(service, append_body(agent, f"s{n}")).result
         files[result.file_id] = agent
-        add_items(engine, agent, result.file_id, 1 + n % 3)
-    with database.transaction(engine) as conn:
+        add_items(db, agent, result.file_id, 1 + n % 3)
+    with db.transaction() as conn:
         items = {i.id: i.agent_id for i in l1.list_items(conn, limit=1000)}
     with TestClient(api_app.create_app(service)) as client:
-        yield Population(client, engine, files, items)
+        yield Population(client, db, files, items)
 
 
 def page_through(client: TestClient, path: str, params: dict[str, Any], token: str) -> list[Any]:
@@ -433,7 +422,7 @@ def test_listings_show_exactly_the_tokens_agents(
     by_file: bool,
 ) -> None:
     p = population
-    token = auth.create(p.engine, agent_ids=sorted(held), scopes=scopes).secret
+    token = auth.create(p.db, agent_ids=sorted(held), scopes=scopes).secret
 
     def shown(agent: str) -> bool:
         return ("*" in held or agent in held) and asked in (None, agent)
@@ -459,9 +448,9 @@ def test_listings_show_exactly_the_tokens_agents(
 
 
 def test_without_any_token_the_api_is_open(
-    engine: sa.Engine, data_dir: Path, database_url: str
+    db: database.Database, data_dir: Path, database_url: str
 ) -> None:
-    service = make_service(engine, data_dir, database_url)
+    service = make_service(db, data_dir, database_url)
     file_id = make_file(service, ALICE)
     with TestClient(api_app.create_app(service)) as client:
         assert client.get(f"/v1/files/{file_id}").status_code == 200
@@ -470,16 +459,16 @@ def test_without_any_token_the_api_is_open(
         r = client.post("/v1/append", json=append_body(BOB))
         assert r.status_code == 202, r.text
         # the first token turns auth on in the running server (token_cache_seconds: 0 here)
-        secret = auth.create(engine, agent_ids=[ALICE], scopes=["read"]).secret
+        secret = auth.create(db, agent_ids=[ALICE], scopes=["read"]).secret
         assert_problem(client.get(f"/v1/files/{file_id}"), 401, "unauthorized")
         assert client.get(f"/v1/files/{file_id}", headers=bearer(secret)).status_code == 200
         assert client.get("/v1/health").status_code == 200
 
 
 def test_require_auth_needs_a_token_before_any_exists(
-    engine: sa.Engine, data_dir: Path, database_url: str
+    db: database.Database, data_dir: Path, database_url: str
 ) -> None:
-    service = make_service(engine, data_dir, database_url, require_auth=True)
+    service = make_service(db, data_dir, database_url, require_auth=True)
     with TestClient(api_app.create_app(service)) as client:
         assert_problem(client.get("/v1/files"), 401, "unauthorized")
         assert_problem(client.post("/v1/append", json=append_body(ALICE)), 401, "unauthorized")
@@ -488,22 +477,22 @@ def test_require_auth_needs_a_token_before_any_exists(
 
 
 def test_revoking_every_token_keeps_auth_on(
-    engine: sa.Engine, data_dir: Path, database_url: str
+    db: database.Database, data_dir: Path, database_url: str
 ) -> None:
-    service = make_service(engine, data_dir, database_url)
-    made = auth.create(engine, agent_ids=["*"], scopes=["admin"])
-    auth.revoke(engine, made.token.token_id)
+    service = make_service(db, data_dir, database_url)
+    made = auth.create(db, agent_ids=["*"], scopes=["admin"])
+    auth.revoke(db, made.token.token_id)
     with TestClient(api_app.create_app(service)) as client:
         assert_problem(client.get("/v1/files"), 401, "unauthorized")
         assert_problem(client.get("/v1/files", headers=bearer(made.secret)), 401, "unauthorized")
 
 
 def test_metrics_can_require_an_admin_token(
-    engine: sa.Engine, data_dir: Path, database_url: str
+    db: database.Database, data_dir: Path, database_url: str
 ) -> None:
-    service = make_service(engine, data_dir, database_url, metrics_require_auth=True)
-    reader = auth.create(engine, agent_ids=["*"], scopes=["read", "append", "refine"]).secret
-    admin = auth.create(engine, agent_ids=[ALICE], scopes=["admin"]).secret
+    service = make_service(db, data_dir, database_url, metrics_require_auth=True)
+    reader = auth.create(db, agent_ids=["*"], scopes=["read", "append", "refine"]).secret
+    admin = auth.create(db, agent_ids=[ALICE], scopes=["admin"]).secret
     with TestClient(api_app.create_app(service)) as client:
         assert_problem(client.get("/metrics"), 401, "unauthorized")
         assert_problem(client.get("/metrics", headers=bearer("sgme_x")), 401, "unauthorized")
@@ -516,9 +505,9 @@ def test_metrics_can_require_an_admin_token(
 
 
 def test_metrics_need_an_admin_token_even_while_auth_is_off(
-    engine: sa.Engine, data_dir: Path, database_url: str
+    db: database.Database, data_dir: Path, database_url: str
 ) -> None:
-    service = make_service(engine, data_dir, database_url, metrics_require_auth=True)
+    service = make_service(db, data_dir, database_url, metrics_require_auth=True)
     with TestClient(api_app.create_app(service)) as client:
         assert client.get("/v1/files").status_code == 200  # no token made: open
         assert_problem(client.get("/metrics"), 401, "unauthorized")
@@ -545,12 +534,12 @@ def test_metrics_need_an_admin_token_even_while_auth_is_off(
     ],
 )
 def test_only_allowed_hosts_are_answered(
-    engine: sa.Engine, data_dir: Path, database_url: str, header: str, allowed: bool
+    db: database.Database, data_dir: Path, database_url: str, header: str, allowed: bool
 ) -> None:
     service = make_service(
-        engine, data_dir, database_url, allowed_hosts=Settings().allowed_hosts, host="10.1.2.3"
+        db, data_dir, database_url, allowed_hosts=Settings().allowed_hosts, host="10.1.2.3"
     )
-    secret = auth.create(engine, agent_ids=["*"], scopes=["admin"]).secret
+    secret = auth.create(db, agent_ids=["*"], scopes=["admin"]).secret
     with TestClient(api_app.create_app(service)) as client:
         for path in ("/v1/health", "/v1/files", "/openapi.json"):
             r = client.get(path, headers={"Host": header, **bearer(secret)})
@@ -561,8 +550,8 @@ def test_only_allowed_hosts_are_answered(
                 assert "allowed_hosts" in body["detail"]
 
 
-def test_a_star_allows_any_host(engine: sa.Engine, data_dir: Path, database_url: str) -> None:
-    service = make_service(engine, data_dir, database_url, allowed_hosts=("*",))
+def test_a_star_allows_any_host(db: database.Database, data_dir: Path, database_url: str) -> None:
+    service = make_service(db, data_dir, database_url, allowed_hosts=("*",))
     with TestClient(api_app.create_app(service)) as client:
         r = client.get("/v1/health", headers={"Host": "anything.example"})
         assert r.status_code == 200
@@ -603,9 +592,9 @@ def test_openapi_declares_the_bearer_scheme_and_the_refusals(world: World) -> No
 
 
 def test_openapi_marks_metrics_protected_when_it_is(
-    engine: sa.Engine, data_dir: Path, database_url: str
+    db: database.Database, data_dir: Path, database_url: str
 ) -> None:
-    service = make_service(engine, data_dir, database_url, metrics_require_auth=True)
+    service = make_service(db, data_dir, database_url, metrics_require_auth=True)
     with TestClient(api_app.create_app(service)) as client:
         metrics = client.get("/openapi.json").json()["paths"]["/metrics"]["get"]
     assert metrics["security"] == [{"bearer": []}]

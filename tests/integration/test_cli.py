@@ -1,4 +1,4 @@
-"""The ``sgme`` command (DESIGN §6) on SQLite and PostgreSQL: append, ls, cat, ref, upload,
+"""The ``sgme`` command (docs/design.md §7) on SQLite and PostgreSQL: append, ls, cat, ref, upload,
 fsck, reindex and migrate, with the exit codes and the one-line errors scripts rely on."""
 
 from __future__ import annotations
@@ -194,7 +194,7 @@ def test_fsck_is_clean_then_names_the_tampered_file(sgme: Sgme, data_dir: Path) 
 
 
 def test_reindex_rebuilds_deleted_rows_from_the_files(
-    sgme: Sgme, engine: sa.Engine, tmp_path: Path
+    sgme: Sgme, db: database.Database, tmp_path: Path
 ) -> None:
     a = sgme(
         "append",
@@ -211,7 +211,7 @@ def test_reindex_rebuilds_deleted_rows_from_the_files(
     before = sgme("ls", "--json").json()
     assert len(before) == 3
 
-    with database.transaction(engine) as conn:
+    with db.transaction() as conn:
         catalog.clear(conn)  # the message catalog goes with the index
         conn.execute(sa.delete(tables.raw_files))
     assert sgme("ls", "--json").json() == []
@@ -257,9 +257,9 @@ def test_migrate_creates_and_then_keeps_the_schema(sgme: Sgme, tmp_path: Path) -
     fresh = tmp_path / "fresh"
     run = sgme("migrate", "--data-dir", str(fresh), common=False)
     assert run.code == 0, run.err
-    db = fresh / "index.sqlite3"
-    assert db.is_file()
-    engine = sa.create_engine(f"sqlite:///{db}")
+    path = fresh / "index.sqlite3"
+    assert path.is_file()
+    engine = sa.create_engine(f"sqlite:///{path}")
     try:
         tables = set(sa.inspect(engine).get_table_names())
     finally:
@@ -274,23 +274,23 @@ def test_only_migrate_changes_the_schema(sgme: Sgme, tmp_path: Path) -> None:
     from alembic.config import Config
 
     url = f"sqlite:///{tmp_path / 'old.sqlite3'}"
-    engine = database.create_engine(url)
+    db = database.Database.from_url(url)
     config = Config()
     config.set_main_option("script_location", "pipeline:migrations")
-    with engine.begin() as conn:
+    with db.engine.begin() as conn:
         config.attributes["connection"] = conn
         command.upgrade(config, "0002")
-    before = database.revisions(engine)
+    before = database.revisions(db.engine)
     common = ["--data-dir", str(tmp_path / "data"), "--database-url", url]
     for args in (["ls"], ["fsck"], ["cat", "0b6c3e6e-5d1f-4f1e-9a65-3b1c2d4e5f60"], ["reindex"]):
         run = sgme(*args, *common, common=False)
         assert_one_line_error(run, "index schema is at revision 0002", "run `sgme migrate`")
-        assert database.revisions(engine) == before
+        assert database.revisions(db.engine) == before
     assert before[0] == {"0002"} and before[0] != before[1]
     assert sgme("migrate", *common, common=False).code == 0
-    assert database.revisions(engine)[0] == before[1]
+    assert database.revisions(db.engine)[0] == before[1]
     assert sgme("ls", *common, "--json", common=False).json() == []
-    engine.dispose()
+    db.dispose()
 
 
 BAD = [
@@ -375,15 +375,15 @@ def test_ls_shows_user_text_as_text_not_markup(sgme: Sgme) -> None:
 
 
 def test_the_server_engine_fsyncs_every_commit(tmp_path: Path) -> None:
-    """The engine `sgme serve` and the workers get commits with SQLite's synchronous=FULL
+    """The db `sgme serve` and the workers get commits with SQLite's synchronous=FULL
     (2): with NORMAL a power cut could take back an acknowledged append."""
-    from pipeline.cli import Context
+    from pipeline.cli.context import Context
 
     args = cli.build_parser().parse_args(["serve", "--data-dir", str(tmp_path / "d")])
     ctx = Context(args)
     try:
-        engine = ctx.engine(ctx.settings(), migrate=True)
-        with engine.connect() as conn:
+        db = ctx.runtime(ctx.settings(), migrate=True).db
+        with db.engine.connect() as conn:
             assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 2
             assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
     finally:

@@ -1,4 +1,4 @@
-"""Group commit (DESIGN §3, pipeline.commits) on SQLite and PostgreSQL: work that queues while
+"""Group commit (docs/design.md §3, pipeline.commits) on SQLite and PostgreSQL: work that queues while
 a commit runs goes into the next transaction together; a piece that fails fails alone; a
 failed transaction fails every piece in it and commits none; a deadlock runs the group again;
 and journal.ingest really shares its commits when called from many threads."""
@@ -6,14 +6,15 @@ and journal.ingest really shares its commits when called from many threads."""
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
+import helpers
 import sqlalchemy as sa
 
-from pipeline import commits, database, errors, index, journal, tables
+from pipeline import clock, database, errors, index, journal, tables
+from pipeline.database import commits
 
 THREADS = 12
 
@@ -22,22 +23,15 @@ def _anomaly(kind: str) -> Callable[[sa.Connection], str]:
     """Work that records an anomaly (a row to find afterwards) and returns its kind."""
 
     def work(conn: sa.Connection) -> str:
-        index.record_anomaly(conn, None, kind, "group commit test")
+        index.record_anomaly(conn, None, kind, "group commit test", now=clock.SYSTEM.now())
         return kind
 
     return work
 
 
-def _kinds(engine: sa.Engine) -> list[str]:
-    with database.transaction(engine) as conn:
+def _kinds(db: database.Database) -> list[str]:
+    with db.transaction() as conn:
         return sorted(a.kind for a in index.list_anomalies(conn))
-
-
-def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.001)
 
 
 def _queued(group: commits.Group) -> int:
@@ -72,7 +66,7 @@ def _run_behind_a_held_commit(
     others = [threading.Thread(target=call, args=(i + 1, w)) for i, w in enumerate(rest)]
     for thread in others:
         thread.start()
-    _wait_for(lambda: _queued(group) == len(rest), "every piece to queue")
+    helpers.wait_for(lambda: _queued(group) == len(rest), what="every piece to queue", poll=0.001)
     release.set()
     for thread in [leader, *others]:
         thread.join(30)
@@ -80,49 +74,53 @@ def _run_behind_a_held_commit(
     return outcomes[0], outcomes[1:]
 
 
-def test_work_queued_behind_a_commit_shares_the_next_one(engine: sa.Engine) -> None:
-    group = commits.Group(engine)
+def test_work_queued_behind_a_commit_shares_the_next_one(db: database.Database) -> None:
+    group = commits.Group(db)
     first, rest = _run_behind_a_held_commit(
         group, _anomaly("k00"), [_anomaly(f"k{i:02d}") for i in range(1, THREADS)]
     )
     assert [first, *rest] == [f"k{i:02d}" for i in range(THREADS)]
     assert (group.groups, group.works) == (2, THREADS)  # the first alone, then all the rest
-    assert _kinds(engine) == [f"k{i:02d}" for i in range(THREADS)]
+    assert _kinds(db) == [f"k{i:02d}" for i in range(THREADS)]
 
 
-def test_a_failing_piece_fails_alone_and_leaves_nothing(engine: sa.Engine) -> None:
+def test_a_failing_piece_fails_alone_and_leaves_nothing(db: database.Database) -> None:
     def failing(conn: sa.Connection) -> str:
-        index.record_anomaly(conn, None, "bad", "written, then rolled back to its savepoint")
+        index.record_anomaly(
+            conn, None, "bad", "written, then rolled back to its savepoint", now=clock.SYSTEM.now()
+        )
         raise errors.Conflict("this request contradicts what is recorded")
 
-    group = commits.Group(engine)
+    group = commits.Group(db)
     _, rest = _run_behind_a_held_commit(
         group, _anomaly("first"), [_anomaly("a"), failing, _anomaly("b")]
     )
     assert rest[0] == "a" and rest[2] == "b"
     assert isinstance(rest[1], errors.Conflict)
-    assert _kinds(engine) == ["a", "b", "first"]
+    assert _kinds(db) == ["a", "b", "first"]
 
 
-def test_a_piece_that_must_run_again_goes_into_the_next_group(engine: sa.Engine) -> None:
+def test_a_piece_that_must_run_again_goes_into_the_next_group(db: database.Database) -> None:
     runs: list[int] = []
 
     def racing(conn: sa.Connection) -> str:
         runs.append(1)
         if len(runs) == 1:
-            index.record_anomaly(conn, None, "lost", "rolled back before the rerun")
+            index.record_anomaly(
+                conn, None, "lost", "rolled back before the rerun", now=clock.SYSTEM.now()
+            )
             raise commits.Again
         return _anomaly("again")(conn)
 
-    group = commits.Group(engine)
+    group = commits.Group(db)
     _, rest = _run_behind_a_held_commit(group, _anomaly("first"), [racing, _anomaly("x")])
     assert rest == ["again", "x"] and len(runs) == 2
     assert group.groups == 3  # first; x (racing went back); racing alone
-    assert _kinds(engine) == ["again", "first", "x"]
+    assert _kinds(db) == ["again", "first", "x"]
 
 
-def test_a_failed_transaction_fails_every_piece_and_commits_none(engine: sa.Engine) -> None:
-    if database.is_postgres(engine):
+def test_a_failed_transaction_fails_every_piece_and_commits_none(db: database.Database) -> None:
+    if db.postgres:
 
         def breaking(conn: sa.Connection) -> str:
             conn.execute(sa.text("SELECT pg_terminate_backend(pg_backend_pid())"))
@@ -146,23 +144,23 @@ def test_a_failed_transaction_fails_every_piece_and_commits_none(engine: sa.Engi
 
         failure = errors.ConstraintViolation
 
-    group = commits.Group(engine)
+    group = commits.Group(db)
     _, rest = _run_behind_a_held_commit(
         group, _anomaly("first"), [_anomaly("a"), breaking, _anomaly("b")]
     )
     assert [type(r) for r in rest] == [failure] * 3, rest
-    assert _kinds(engine) == ["first"]  # nothing of the failed group committed
+    assert _kinds(db) == ["first"]  # nothing of the failed group committed
     assert (group.groups, group.works) == (1, 1)
 
 
 def test_a_deadlock_runs_the_group_again(postgres_url: str) -> None:
     # SQLite has one writer at a time and cannot deadlock: PostgreSQL only.
-    engine = database.create_engine(postgres_url)
-    other = database.create_engine(postgres_url)  # another engine: another group committer
+    db = database.Database.from_url(postgres_url)
+    other = database.Database.from_url(postgres_url)  # another handle: another group committer
     row1, row2 = (f"row-{uuid.uuid4().hex[:8]}" for _ in range(2))
-    with database.transaction(engine) as conn:
+    with db.transaction() as conn:
         for kind in (row1, row2):
-            index.record_anomaly(conn, None, kind, "a row to lock")
+            index.record_anomaly(conn, None, kind, "a row to lock", now=clock.SYSTEM.now())
     both = threading.Barrier(2, timeout=10)
     runs: list[str] = []
 
@@ -180,14 +178,14 @@ def test_a_deadlock_runs_the_group_again(postgres_url: str) -> None:
 
     results: dict[str, Any] = {}
 
-    def call(engine: sa.Engine, first: str, second: str) -> None:
+    def call(db: database.Database, first: str, second: str) -> None:
         try:
-            results[first] = commits.Group(engine).run(locking(first, second))
+            results[first] = commits.Group(db).run(locking(first, second))
         except Exception as exc:
             results[first] = exc
 
     threads = [
-        threading.Thread(target=call, args=(engine, row1, row2)),
+        threading.Thread(target=call, args=(db, row1, row2)),
         threading.Thread(target=call, args=(other, row2, row1)),
     ]
     for thread in threads:
@@ -195,7 +193,7 @@ def test_a_deadlock_runs_the_group_again(postgres_url: str) -> None:
     for thread in threads:
         thread.join(30)
     other.dispose()
-    engine.dispose()
+    db.dispose()
     assert results == {row1: row1, row2: row2}  # nobody was told of the deadlock
     # PostgreSQL aborted one (at least once: a rerun that meets the other transaction still
     # holding its lock may be chosen again under load); it ran again and succeeded
@@ -203,8 +201,8 @@ def test_a_deadlock_runs_the_group_again(postgres_url: str) -> None:
     assert max(runs.count(row1), runs.count(row2)) <= commits.DEADLOCK_ATTEMPTS
 
 
-def test_ingest_from_many_threads_shares_commits(engine: sa.Engine) -> None:
-    group = commits.group(engine)
+def test_ingest_from_many_threads_shares_commits(db: database.Database) -> None:
+    group = db.group
     groups, works = group.groups, group.works
     start = threading.Barrier(THREADS, timeout=10)
     acks: list[journal.AppendResult] = []
@@ -217,7 +215,7 @@ def test_ingest_from_many_threads_shares_commits(engine: sa.Engine) -> None:
                 "session_key": f"s{t % 3}",
                 "messages": [{"role": "user", "content": f"t{t} m{i}"}],
             }
-            acks.append(journal.ingest(engine, body))
+            acks.append(journal.ingest(db, body))
 
     threads = [threading.Thread(target=append, args=(t,)) for t in range(THREADS)]
     for thread in threads:
@@ -235,6 +233,6 @@ def test_ingest_from_many_threads_shares_commits(engine: sa.Engine) -> None:
     assert sorted(len(v) for v in by_file.values()) == [80, 80, 80]
     for seqs in by_file.values():
         assert sorted(seqs) == list(range(1, 81))
-    with database.transaction(engine) as conn:
+    with db.transaction() as conn:
         rows = [index.get_file(conn, f) for f in by_file]
     assert all(isinstance(r, tables.FileRow) and r.next_seq == 81 for r in rows)

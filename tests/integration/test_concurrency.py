@@ -1,4 +1,4 @@
-"""Six processes of two threads each append to one session at once (DESIGN §3): seqs stay
+"""Six processes of two threads each append to one session at once (docs/design.md §3): seqs stay
 contiguous, no message is lost or repeated, each batch stays in one piece and each writer's
 messages keep their order. Again on PostgreSQL without the lock files (``file_locks: false``,
 a networked volume): its advisory locks alone keep the flushes apart (docs/scaling.md)."""
@@ -13,11 +13,16 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-import pytest
-import sqlalchemy as sa
-
-from pipeline import database, document, errors, index, integrity, journal, ledger, validation
-from pipeline.settings import Settings
+from pipeline import (
+    database,
+    document,
+    flush,
+    index,
+    integrity,
+    journal,
+    ledger,
+    refs,
+)
 
 CHILD = Path(__file__).with_name("append_child.py")
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,19 +34,19 @@ CONTENT = re.compile(r"p(\d+) c(\d{3}) b(\d{3})")
 
 
 def test_concurrent_appends_to_one_session(
-    engine: sa.Engine, database_url: str, data_dir: Path, tmp_path: Path
+    db: database.Database, database_url: str, data_dir: Path, tmp_path: Path
 ) -> None:
-    run_writers(engine, database_url, data_dir, tmp_path, file_lock=True)
+    run_writers(db, database_url, data_dir, tmp_path, file_lock=True)
 
 
 def test_concurrent_appends_with_advisory_locks_only(
-    postgres_engine: sa.Engine, postgres_database_url: str, data_dir: Path, tmp_path: Path
+    postgres_db: database.Database, postgres_database_url: str, data_dir: Path, tmp_path: Path
 ) -> None:
-    run_writers(postgres_engine, postgres_database_url, data_dir, tmp_path, file_lock=False)
+    run_writers(postgres_db, postgres_database_url, data_dir, tmp_path, file_lock=False)
 
 
 def run_writers(
-    engine: sa.Engine, database_url: str, data_dir: Path, tmp_path: Path, *, file_lock: bool
+    db: database.Database, database_url: str, data_dir: Path, tmp_path: Path, *, file_lock: bool
 ) -> None:
     prefix = tmp_path / "out"
     errs = [(tmp_path / f"err{p}.txt").open("w") for p in range(PROCESSES)]
@@ -95,14 +100,14 @@ def run_writers(
         w: [tuple(json.loads(line)) for line in Path(f"{prefix}{w}.jsonl").read_text().splitlines()]
         for w in range(WRITERS)
     }
-    file_ids = {validation.parse_ref(ref)[0] for rows in told.values() for ref, _, _ in rows}
+    file_ids = {refs.parse(ref)[0] for rows in told.values() for ref, _, _ in rows}
     assert len(file_ids) == 1  # everyone found the one session file
     (file_id,) = file_ids
 
-    for leftover in journal.stale_files(engine, age=0):
-        journal.flush(engine, data_dir, leftover, file_lock=file_lock)
+    for leftover in flush.stale_files(db, age=0):
+        journal.flush(db, data_dir, leftover, file_lock=file_lock)
     total = WRITERS * PER_WRITER
-    with database.transaction(engine) as conn:
+    with db.transaction() as conn:
         row = index.get_file(conn, file_id)
         assert ledger.journal_after(conn, file_id, 0) == []
     assert row is not None
@@ -123,7 +128,7 @@ def run_writers(
         assert len(rows) == PER_WRITER
         # the seq each writer was told is where its message is
         for ref, content, _ in rows:
-            assert doc.messages[validation.parse_ref(ref)[1] - 1].content == content
+            assert doc.messages[refs.parse(ref)[1] - 1].content == content
         # its own messages in its own order, and all of them
         mine = [c for c in contents if c.startswith(f"p{p} ")]
         assert mine == [f"p{p} c{i:03d} b{b:03d}" for i, (_, _, b) in enumerate(rows)]
@@ -138,14 +143,4 @@ def run_writers(
     switches = sum(1 for a, b in itertools.pairwise(owners) if a != b)
     assert switches > 2 * WRITERS
 
-    assert integrity.fsck(engine, data_dir) == []
-
-
-def test_file_locks_can_be_left_out_only_with_postgresql() -> None:
-    with pytest.raises(errors.InvalidInput, match="file_locks: false needs PostgreSQL"):
-        Settings.load(environ={"SGME_FILE_LOCKS": "false"})
-    loaded = Settings.load(
-        environ={"SGME_FILE_LOCKS": "false", "SGME_DATABASE_URL": "postgresql://db/sgme"}
-    )
-    assert (loaded.file_locks, loaded.archiving.file_locks) == (False, False)
-    assert Settings.load(environ={}).file_locks is True
+    assert integrity.fsck(db, data_dir) == []

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import helpers
 import pytest
 import sqlalchemy as sa
 from conftest import set_row
@@ -30,18 +31,7 @@ with warnings.catch_warnings():
 COOLDOWN = 300
 
 
-class Queue:
-    def __init__(self) -> None:
-        self.claims: list[refine.Claim] = []
-
-    def flush(self, file_id: str) -> None:
-        pass
-
-    def refine(self, claim: refine.Claim) -> None:
-        self.claims.append(claim)
-
-
-def service_for(engine: sa.Engine, data_dir: Path, database_url: str, **extra: Any) -> Service:
+def service_for(db: database.Database, data_dir: Path, database_url: str, **extra: Any) -> Service:
     options: dict[str, Any] = {
         "allowed_hosts": ("testserver",),
         "token_cache_seconds": 0,
@@ -51,12 +41,12 @@ def service_for(engine: sa.Engine, data_dir: Path, database_url: str, **extra: A
     }
     options.update(extra)
     settings = Settings.load(environ={}, data_dir=data_dir, database_url=database_url, **options)
-    return Service(settings, engine, Queue())
+    return helpers.service(db, settings, helpers.RecordingQueue())
 
 
 @pytest.fixture
-def service(engine: sa.Engine, data_dir: Path, database_url: str) -> Service:
-    return service_for(engine, data_dir, database_url)
+def service(db: database.Database, data_dir: Path, database_url: str) -> Service:
+    return service_for(db, data_dir, database_url)
 
 
 @pytest.fixture
@@ -72,7 +62,7 @@ def make_file(service: Service) -> str:
         "session_key": "s1",
         "messages": [{"role": "user", "content": "I prefer green tea."}],
     }
-    file_id = service.append(body).result.file_id
+    file_id: str = helpers.append(service, body).result.file_id
     service.flush(file_id)  # dispatches (min_messages 1): the first, ordinary refinement
     run_claims(service)
     return file_id
@@ -81,27 +71,27 @@ def make_file(service: Service) -> str:
 def run_claims(service: Service) -> int:
     """Run every enqueued refinement job, as a worker would; how many committed."""
     queue = service.queue
-    assert isinstance(queue, Queue)
+    assert isinstance(queue, helpers.RecordingQueue)
     committed = 0
     while queue.claims:
         committed += service.refine_segment(queue.claims.pop(0), final=True)
     return committed
 
 
-def full_refines(engine: sa.Engine, file_id: str) -> tuple[Any, Any]:
+def full_refines(db: database.Database, file_id: str) -> tuple[Any, Any]:
     t = tables.full_refines.c
-    with database.transaction(engine) as conn:
+    with db.transaction() as conn:
         found = conn.execute(
             sa.select(t.requested_at, t.finished_at).where(t.file_id == file_id)
         ).one()
     return found[0], found[1]
 
 
-def shift(engine: sa.Engine, file_id: str, seconds: float) -> None:
+def shift(db: database.Database, file_id: str, seconds: float) -> None:
     """Move the recorded re-refine ``seconds`` into the past."""
-    requested_at, finished_at = full_refines(engine, file_id)
+    requested_at, finished_at = full_refines(db, file_id)
     delta = dt.timedelta(seconds=seconds)
-    with database.transaction(engine) as conn:
+    with db.transaction() as conn:
         conn.execute(
             sa.update(tables.full_refines)
             .where(tables.full_refines.c.file_id == file_id)
@@ -133,10 +123,10 @@ def test_refused_while_running_and_for_the_cooldown_after(
     detail, retry_after = throttled(client.post(f"/v1/files/{file_id}/refine"))
     assert "still running" in detail and file_id in detail
     assert retry_after == COOLDOWN
-    assert full_refines(service.engine, file_id)[1] is None
+    assert full_refines(service.db, file_id)[1] is None
 
     assert run_claims(service) == 1
-    requested_at, finished_at = full_refines(service.engine, file_id)
+    requested_at, finished_at = full_refines(service.db, file_id)
     assert finished_at is not None and finished_at >= requested_at
 
     # finished just now: the cooldown counts from the end of the run
@@ -144,21 +134,21 @@ def test_refused_while_running_and_for_the_cooldown_after(
     assert "fully re-refined" in detail and "refine_cooldown_seconds" in detail
     assert COOLDOWN - 5 <= retry_after <= COOLDOWN
 
-    shift(service.engine, file_id, COOLDOWN - 60)
+    shift(service.db, file_id, COOLDOWN - 60)
     _, retry_after = throttled(client.post(f"/v1/files/{file_id}/refine"))
     assert 55 <= retry_after <= 60
 
-    shift(service.engine, file_id, 61)
+    shift(service.db, file_id, 61)
     again = client.post(f"/v1/files/{file_id}/refine")
     assert again.status_code == 202, again.text
     throttled(client.post(f"/v1/files/{file_id}/refine"))
 
 
 def test_two_api_processes_share_the_cooldown(
-    engine: sa.Engine, data_dir: Path, database_url: str, service: Service, client: TestClient
+    db: database.Database, data_dir: Path, database_url: str, service: Service, client: TestClient
 ) -> None:
     file_id = make_file(service)
-    other = service_for(engine, data_dir, database_url)
+    other = service_for(db, data_dir, database_url)
     with TestClient(api_app.create_app(other)) as second:
         assert client.post(f"/v1/files/{file_id}/refine").status_code == 202
         throttled(second.post(f"/v1/files/{file_id}/refine"))
@@ -170,13 +160,13 @@ def test_a_failed_run_is_not_running_its_cooldown_counts_from_the_request(
     file_id = make_file(service)
     assert client.post(f"/v1/files/{file_id}/refine").status_code == 202
     queue = service.queue
-    assert isinstance(queue, Queue)
+    assert isinstance(queue, helpers.RecordingQueue)
     (claim,) = queue.claims
     queue.claims.clear()
-    assert refine.fail(service.engine, claim, "the model is down")
+    assert refine.fail(service.db, claim, "the model is down")
     _, retry_after = throttled(client.post(f"/v1/files/{file_id}/refine"))
     assert COOLDOWN - 5 <= retry_after <= COOLDOWN  # from the request, not "still running"
-    shift(service.engine, file_id, COOLDOWN + 1)
+    shift(service.db, file_id, COOLDOWN + 1)
     r = client.post(f"/v1/files/{file_id}/refine")
     assert r.status_code == 202, r.text
     assert r.json()["status"] == "new"  # an error file is reset by a full re-refine
@@ -185,17 +175,17 @@ def test_a_failed_run_is_not_running_its_cooldown_counts_from_the_request(
 def test_an_archived_file_is_not_held_forever(service: Service, client: TestClient) -> None:
     file_id = make_file(service)
     assert client.post(f"/v1/files/{file_id}/refine").status_code == 202
-    set_row(service.engine, file_id, status="archived")  # archived files are not refined
+    set_row(service.db, file_id, status="archived")  # archived files are not refined
     _, retry_after = throttled(client.post(f"/v1/files/{file_id}/refine"))
     assert retry_after <= COOLDOWN
-    shift(service.engine, file_id, COOLDOWN + 1)
+    shift(service.db, file_id, COOLDOWN + 1)
     assert client.post(f"/v1/files/{file_id}/refine").status_code == 202
 
 
 def test_no_cooldown_when_it_is_zero_and_none_for_the_cli(
-    engine: sa.Engine, data_dir: Path, database_url: str
+    db: database.Database, data_dir: Path, database_url: str
 ) -> None:
-    service = service_for(engine, data_dir, database_url, refine_cooldown_seconds=0)
+    service = service_for(db, data_dir, database_url, refine_cooldown_seconds=0)
     file_id = make_file(service)
     with TestClient(api_app.create_app(service)) as client:
         for _ in range(3):
@@ -203,20 +193,20 @@ def test_no_cooldown_when_it_is_zero_and_none_for_the_cli(
     # the operator's `sgme refine --full` runs through request_full without a cooldown
     for _ in range(2):
         service.refine_now(file_id, full=True)
-    assert full_refines(engine, file_id)[1] is not None
+    assert full_refines(db, file_id)[1] is not None
     with pytest.raises(errors.Throttled) as caught:
-        refine.request_full(engine, file_id, cooldown=COOLDOWN)
-    assert caught.value.retry_after > COOLDOWN - 5
+        refine.request_full(db, file_id, cooldown=COOLDOWN)
+    assert caught.value.retry_after is not None and caught.value.retry_after > COOLDOWN - 5
 
 
 def test_the_cooldown_needs_the_refine_scope_first(service: Service, client: TestClient) -> None:
     """A token without ``refine`` is refused before the cooldown is looked at (403, not 429),
     and another agent's file is a 404 whatever its cooldown."""
     file_id = make_file(service)
-    engine = service.engine
-    refiner = auth.create(engine, agent_ids=["hermes"], scopes=["refine"]).secret
-    reader = auth.create(engine, agent_ids=["hermes"], scopes=["read"]).secret
-    stranger = auth.create(engine, agent_ids=["other"], scopes=["refine"]).secret
+    db = service.db
+    refiner = auth.create(db, agent_ids=["hermes"], scopes=["refine"]).secret
+    reader = auth.create(db, agent_ids=["hermes"], scopes=["read"]).secret
+    stranger = auth.create(db, agent_ids=["other"], scopes=["refine"]).secret
     path = f"/v1/files/{file_id}/refine"
     assert client.post(path, headers={"Authorization": f"Bearer {refiner}"}).status_code == 202
     r = client.post(path, headers={"Authorization": f"Bearer {reader}"})

@@ -1,4 +1,4 @@
-"""Crash safety (DESIGN §3): processes appending are SIGKILLed at seeded-random points inside
+"""Crash safety (docs/design.md §3): processes appending are SIGKILLed at seeded-random points inside
 flush — after the lock, after reading the journal, in the middle of the write (a torn block),
 after truncating a torn tail, after the write, after the commit. After a restart every
 acknowledged message is in its file exactly once, in order, with its content, and fsck is
@@ -15,9 +15,15 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-import sqlalchemy as sa
-
-from pipeline import database, document, index, integrity, journal, validation
+from pipeline import (
+    database,
+    document,
+    flush,
+    index,
+    integrity,
+    journal,
+    refs,
+)
 
 CHILD = Path(__file__).with_name("crash_child.py")
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,20 +76,20 @@ def run_child(
 
 
 def test_every_acknowledged_message_survives_sigkill_inside_flush(
-    engine: sa.Engine, database_url: str, data_dir: Path
+    db: database.Database, database_url: str, data_dir: Path
 ) -> None:
-    crash_and_check(engine, database_url, data_dir, file_lock=True)
+    crash_and_check(db, database_url, data_dir, file_lock=True)
 
 
 def test_sigkill_inside_flush_with_advisory_locks_only(
-    postgres_engine: sa.Engine, postgres_database_url: str, data_dir: Path
+    postgres_db: database.Database, postgres_database_url: str, data_dir: Path
 ) -> None:
     # file_locks: false (a networked volume): PostgreSQL's advisory locks alone
-    crash_and_check(postgres_engine, postgres_database_url, data_dir, file_lock=False)
+    crash_and_check(postgres_db, postgres_database_url, data_dir, file_lock=False)
 
 
 def crash_and_check(
-    engine: sa.Engine, database_url: str, data_dir: Path, *, file_lock: bool
+    db: database.Database, database_url: str, data_dir: Path, *, file_lock: bool
 ) -> None:
     # `make chaos` runs many more cycles with a fresh seed; the suite runs a fixed plan.
     seed = int(os.environ.get("SGME_CHAOS_SEED", "20260803"))
@@ -103,21 +109,21 @@ def crash_and_check(
     acked: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for record in records:
         if "ack" in record:
-            file_id, seq = validation.parse_ref(record["ack"])
+            file_id, seq = refs.parse(record["ack"])
             acked[file_id].append({**record, "seq": seq})
     assert len(acked) == 3
     assert sum(len(v) for v in acked.values()) > 80
 
     # restart: flush every file the journal still holds rows for
-    for file_id in journal.stale_files(engine, age=0):
-        journal.flush(engine, data_dir, file_id, file_lock=file_lock)
-    assert journal.stale_files(engine, age=0) == []
+    for file_id in flush.stale_files(db, age=0):
+        journal.flush(db, data_dir, file_id, file_lock=file_lock)
+    assert flush.stale_files(db, age=0) == []
     assert (data_dir / ".locks").exists() is file_lock
 
     for file_id, messages in acked.items():
         # acknowledged seqs are 1..n in acknowledgement order: no gap, no repeat
         assert [m["seq"] for m in messages] == list(range(1, len(messages) + 1))
-        with database.transaction(engine) as conn:
+        with db.transaction() as conn:
             row = index.get_file(conn, file_id)
         assert row is not None
         data = (data_dir / row.path).read_bytes()
@@ -129,8 +135,8 @@ def crash_and_check(
         ]
         assert data.count(b"\n# ") == 1 and data.count(b"format_version") == 1
 
-    assert integrity.fsck(engine, data_dir) == []
-    with database.transaction(engine) as conn:
+    assert integrity.fsck(db, data_dir) == []
+    with db.transaction() as conn:
         kinds = {a.kind for a in index.list_anomalies(conn)}
     # torn tails were found and cut; nothing else went wrong
     assert kinds == {"torn_tail_truncated"}

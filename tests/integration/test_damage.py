@@ -10,10 +10,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+import helpers
 import pytest
-import sqlalchemy as sa
 
-from pipeline import database, errors, index, integrity, journal, reader
+from pipeline import database, errors, flush, index, integrity, reader
 from pipeline.service import Service
 from pipeline.settings import Settings
 
@@ -27,27 +27,27 @@ def body(session_key: str, content: str, source_type: str = "session") -> dict[s
     }
 
 
-def anomalies(engine: sa.Engine, file_id: str) -> list[tuple[str, int]]:
-    with database.transaction(engine) as conn:
+def anomalies(db: database.Database, file_id: str) -> list[tuple[str, int]]:
+    with db.transaction() as conn:
         return [(a.kind, a.count) for a in index.list_anomalies(conn, file_id=file_id)]
 
 
-def status(engine: sa.Engine, file_id: str) -> str:
-    with database.transaction(engine) as conn:
+def status(db: database.Database, file_id: str) -> str:
+    with db.transaction() as conn:
         row = index.get_file(conn, file_id)
     assert row is not None
     return row.status
 
 
 @pytest.fixture
-def service(engine: sa.Engine, data_dir: Path, database_url: str) -> Service:
-    return Service(Settings(data_dir=data_dir, database_url=database_url), engine)
+def service(db: database.Database, data_dir: Path, database_url: str) -> Service:
+    return helpers.service(db, Settings(data_dir=data_dir, database_url=database_url))
 
 
 def test_a_file_replaced_by_a_symlink_is_recorded_once_and_logged_once(
-    service: Service, engine: sa.Engine, data_dir: Path, tmp_path: Path, caplog: Any
+    service: Service, db: database.Database, data_dir: Path, tmp_path: Path, caplog: Any
 ) -> None:
-    file_id = service.append(body("s", "first"), wait=True).result.file_id
+    file_id = helpers.append(service, body("s", "first"), wait=True).result.file_id
     path = data_dir / f"raw/sessions/{file_id}.md"
     elsewhere = tmp_path / "elsewhere.md"
     elsewhere.write_bytes(path.read_bytes())
@@ -55,42 +55,42 @@ def test_a_file_replaced_by_a_symlink_is_recorded_once_and_logged_once(
     path.symlink_to(elsewhere)
     target = elsewhere.read_bytes()
 
-    service.append(body("s", "second"))
+    helpers.append(service, body("s", "second"))
     with caplog.at_level(logging.DEBUG, logger="pipeline.service"):
         for _ in range(3):  # the sweeper comes back every few seconds
             with pytest.raises(errors.FileDamaged, match="not a regular file"):
                 service.flush(file_id)
     errors_logged = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors_logged) == 1 and file_id in errors_logged[0].getMessage()
-    assert anomalies(engine, file_id) == [("file_replaced", 3)]
-    assert status(engine, file_id) == "error"
+    assert anomalies(db, file_id) == [("file_replaced", 3)]
+    assert status(db, file_id) == "error"
     assert elsewhere.read_bytes() == target  # nothing was written through the link
     with pytest.raises(errors.FileDamaged):
-        reader.messages(engine, data_dir, file_id)
-    assert anomalies(engine, file_id) == [("file_replaced", 3)]  # reads add nothing
+        reader.messages(db, data_dir, file_id)
+    assert anomalies(db, file_id) == [("file_replaced", 3)]  # reads add nothing
 
 
 def test_a_symlinked_directory_under_raw_is_refused(
-    service: Service, engine: sa.Engine, data_dir: Path, tmp_path: Path
+    service: Service, db: database.Database, data_dir: Path, tmp_path: Path
 ) -> None:
     outside = tmp_path / "outside"
     outside.mkdir()
     (data_dir / "raw").mkdir()
     os.symlink(outside, data_dir / "raw" / "external")
-    result = service.append(body("thread-1", "mail", source_type="external")).result
+    result = helpers.append(service, body("thread-1", "mail", source_type="external")).result
     with pytest.raises(errors.FileDamaged, match="not a directory"):
         service.flush(result.file_id)
     assert list(outside.iterdir()) == []
-    assert status(engine, result.file_id) == "error"
-    assert [k for k, _ in anomalies(engine, result.file_id)] == ["file_replaced"]
-    found = [(p.file_id, p.kind) for p in integrity.fsck(engine, data_dir)]
+    assert status(db, result.file_id) == "error"
+    assert [k for k, _ in anomalies(db, result.file_id)] == ["file_replaced"]
+    found = [(p.file_id, p.kind) for p in integrity.fsck(db, data_dir)]
     assert found == [("raw/external", "symlinked_dir")]
 
 
 def test_fsck_reports_even_when_the_index_cannot_record(
-    service: Service, engine: sa.Engine, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+    service: Service, db: database.Database, data_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    file_id = service.append(body("f", "text"), wait=True).result.file_id
+    file_id = helpers.append(service, body("f", "text"), wait=True).result.file_id
     path = data_dir / f"raw/sessions/{file_id}.md"
     path.write_bytes(path.read_bytes().replace(b"text", b"TEXT"))
 
@@ -98,6 +98,6 @@ def test_fsck_reports_even_when_the_index_cannot_record(
         raise errors.IndexUnavailable("database or disk is full")
 
     monkeypatch.setattr(index, "record_anomaly", full)
-    problems = integrity.fsck(engine, data_dir)
+    problems = integrity.fsck(db, data_dir)
     assert [(p.file_id, p.kind) for p in problems] == [(file_id, "chain_mismatch")]
-    journal.stale_files(engine, age=0)  # the index still answers reads
+    flush.stale_files(db, age=0)  # the index still answers reads

@@ -12,13 +12,12 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import helpers
 import pytest
-import sqlalchemy as sa
 from conftest import unavailable
 
-from pipeline import database, errors, integrity, journal, ledger, reader
-from pipeline.service import Service
-from pipeline.settings import Settings
+from pipeline import database, errors, integrity, ledger, reader
+from pipeline.settings import Backlog, Settings
 
 
 @pytest.fixture
@@ -60,29 +59,30 @@ def fill(volume: Path, leave: int) -> Path:
 
 
 def test_a_full_disk_stops_acks_and_the_backlog_drains_after(
-    volume: Path, engine: sa.Engine, database_url: str
+    volume: Path, db: database.Database, database_url: str
 ) -> None:
     data_dir = volume / "data"
     base = Settings(data_dir=data_dir, database_url=database_url)
     settings = dataclasses.replace(
         base,
-        backlog=journal.Backlog(min_free_bytes=16 * 1024, flush_chunk_bytes=20_000, retry_after=2),
+        backlog=Backlog(min_free_bytes=16 * 1024, flush_chunk_bytes=20_000, retry_after=2),
     )
-    service = Service(settings, engine)
+    service = helpers.service(db, settings)
     service.admission.REFRESH = 0
     sent: dict[str, list[str]] = {}
     for i in range(24):
         key = f"s{i % 3}"
         content = f"{key} message {i} " + "x" * 9000
-        result = service.append(
+        result = helpers.append(
+            service,
             {
                 "agent_id": "hermes",
                 "session_key": key,
                 "messages": [{"role": "user", "content": content}],
-            }
+            },
         ).result
         sent.setdefault(result.file_id, []).append(content)
-    with database.transaction(engine) as conn:
+    with db.transaction() as conn:
         waiting = ledger.journal_backlog(conn)[2]
     assert waiting > 200_000
 
@@ -90,27 +90,29 @@ def test_a_full_disk_stops_acks_and_the_backlog_drains_after(
     for file_id in sent:
         with pytest.raises(errors.InsufficientStorage):
             service.flush(file_id)
-    assert integrity.fsck(engine, data_dir) == []  # what was committed is intact; no torn tail
+    assert integrity.fsck(db, data_dir) == []  # what was committed is intact; no torn tail
     with pytest.raises(errors.InsufficientStorage) as refused:
-        service.append(
+        helpers.append(
+            service,
             {
                 "agent_id": "hermes",
                 "session_key": "late",
                 "messages": [{"role": "user", "content": "x"}],
-            }
+            },
         )
     assert refused.value.status == 507 and refused.value.retry_after == 2
 
     junk.unlink()  # space is freed
     for file_id in sent:
         service.flush(file_id)
-    with database.transaction(engine) as conn:
+    with db.transaction() as conn:
         assert ledger.journal_backlog(conn) == (0, 0, 0)
     for file_id, contents in sent.items():
-        found = reader.messages(engine, data_dir, file_id, limit=1000)
+        found = reader.messages(db, data_dir, file_id, limit=1000)
         assert [m.content for m in found] == contents
-    assert integrity.fsck(engine, data_dir) == []
-    late = service.append(
+    assert integrity.fsck(db, data_dir) == []
+    late = helpers.append(
+        service,
         {
             "agent_id": "hermes",
             "session_key": "late",

@@ -15,12 +15,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import helpers
 import pytest
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 from starlette.exceptions import StarletteDeprecationWarning
 
-from pipeline import database, errors, index, journal, refine, store, tables
+from pipeline import database, errors, index, journal, tables
 from pipeline.api import app as api_app
 from pipeline.service import Service
 from pipeline.settings import Settings
@@ -41,31 +42,15 @@ def body(session_key: str = "s1", content: str = "hello", **extra: Any) -> dict[
     }
 
 
-class Queue:
-    """Records kicks; raises instead while ``broken``."""
-
-    def __init__(self) -> None:
-        self.kicks: list[str] = []
-        self.broken = False
-
-    def flush(self, file_id: str) -> None:
-        if self.broken:
-            raise ConnectionError("broker down")
-        self.kicks.append(file_id)
-
-    def refine(self, claim: refine.Claim) -> None:
-        pass
-
-
 @pytest.fixture
-def service(engine: sa.Engine, data_dir: Path, database_url: str) -> Service:
+def service(db: database.Database, data_dir: Path, database_url: str) -> Service:
     settings = Settings(
         data_dir=data_dir,
         database_url=database_url,
         lock_timeout=0.3,
         allowed_hosts=("testserver",),  # TestClient's Host
     )
-    return Service(settings, engine, Queue())
+    return helpers.service(db, settings, helpers.RecordingQueue())
 
 
 @pytest.fixture
@@ -86,27 +71,27 @@ def _problem(r: Any, status: int, kind: str) -> dict[str, Any]:
 # database errors, classified
 
 
-def test_a_typo_in_sql_is_a_bug_not_an_outage(engine: sa.Engine) -> None:
-    with pytest.raises(errors.InternalError) as info, database.transaction(engine) as conn:
+def test_a_typo_in_sql_is_a_bug_not_an_outage(db: database.Database) -> None:
+    with pytest.raises(errors.InternalError) as info, db.transaction() as conn:
         conn.execute(sa.text("SELECT no_such_column FROM raw_files"))
     assert not info.value.retry and info.value.status == 500
     assert "no_such_column" in info.value.detail
 
 
-def test_a_lost_connection_is_transient(engine: sa.Engine) -> None:
-    if database.is_postgres(engine):
-        with pytest.raises(errors.IndexUnavailable) as info, database.transaction(engine) as c:
+def test_a_lost_connection_is_transient(db: database.Database) -> None:
+    if db.postgres:
+        with pytest.raises(errors.IndexUnavailable) as info, db.transaction() as c:
             c.execute(sa.text("SELECT pg_terminate_backend(pg_backend_pid())"))
             c.execute(sa.text("SELECT 1"))
     else:
         # Another process holding SQLite's write lock past the busy timeout.
-        path = engine.url.database
+        path = db.engine.url.database
         assert path
         other = sqlite3.connect(path, isolation_level=None)
         other.execute("BEGIN IMMEDIATE")
-        busy = database.create_engine(str(engine.url), busy_timeout=0.1)
+        busy = database.Database.from_url(str(db.engine.url), busy_timeout=0.1)
         try:
-            with pytest.raises(errors.IndexUnavailable) as info, database.transaction(busy):
+            with pytest.raises(errors.IndexUnavailable) as info, busy.transaction():
                 pass
         finally:
             other.execute("ROLLBACK")
@@ -140,28 +125,33 @@ def test_a_bug_answers_500_and_is_logged_once(
 
 
 def test_a_lost_connection_answers_503(
-    client: TestClient, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+    client: TestClient, db: database.Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def lost(conn: sa.Connection, **_: Any) -> list[tables.FileRow]:
         if database.is_postgres(conn):
             conn.execute(sa.text("SELECT pg_terminate_backend(pg_backend_pid())"))
             conn.execute(sa.text("SELECT 1"))
-        # SQLite: the error the driver raises when another writer holds the lock (this
-        # transaction holds it, so a second connection is refused).
-        other = sqlite3.connect(str(engine.url.database), timeout=0.05, isolation_level=None)
+        # SQLite: the error the driver raises when another writer holds the lock (a reader
+        # takes none, so one connection holds it and a second is refused).
+        path = str(db.engine.url.database)
+        holder = sqlite3.connect(path, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        other = sqlite3.connect(path, timeout=0.05, isolation_level=None)
         try:
             other.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as busy:
             raise sa_exc.OperationalError("BEGIN IMMEDIATE", {}, busy) from busy
         finally:
             other.close()
+            holder.execute("ROLLBACK")
+            holder.close()
         raise AssertionError("the second writer was not refused")
 
     monkeypatch.setattr(index, "list_files", lost)
     _problem(client.get("/v1/files"), 503, "index-unavailable")
 
 
-def test_same_key_different_bodies_at_once_get_a_clean_conflict(engine: sa.Engine) -> None:
+def test_same_key_different_bodies_at_once_get_a_clean_conflict(db: database.Database) -> None:
     """Racing requests that share an idempotency key but not a body: one is stored, every
     other one is told plainly (no constraint names, no rows)."""
     barrier = threading.Barrier(6)
@@ -169,7 +159,7 @@ def test_same_key_different_bodies_at_once_get_a_clean_conflict(engine: sa.Engin
     def one(i: int) -> str:
         barrier.wait()
         try:
-            journal.ingest(engine, body(f"s{i}", f"body {i}", idempotency_key="shared"))
+            journal.ingest(db, body(f"s{i}", f"body {i}", idempotency_key="shared"))
             return "stored"
         except errors.Conflict as exc:
             return exc.detail
@@ -179,7 +169,7 @@ def test_same_key_different_bodies_at_once_get_a_clean_conflict(engine: sa.Engin
     assert answers.count("stored") == 1
     refused = [a for a in answers if a != "stored"]
     assert refused == ["idempotency_key 'shared' was already used with a different body"] * 5
-    with database.transaction(engine) as conn:
+    with db.transaction() as conn:
         count = conn.execute(sa.select(sa.func.count()).select_from(tables.raw_files)).scalar()
     assert count == 1
 
@@ -192,7 +182,7 @@ def test_a_kick_that_fails_still_acknowledges_and_the_sweeper_heals(
     client: TestClient, service: Service, data_dir: Path
 ) -> None:
     queue = service.queue
-    assert isinstance(queue, Queue)
+    assert isinstance(queue, helpers.RecordingQueue)
     queue.broken = True
     r = client.post("/v1/append", json=body())
     assert r.status_code == 202, r.text
@@ -213,8 +203,8 @@ def test_wait_flushed_with_the_lock_held_answers_202_and_kicks(
     assert first.status_code == 200, first.text
     file_id = first.json()["file_id"]
     queue = service.queue
-    assert isinstance(queue, Queue)
-    with store.lock(data_dir, file_id, timeout=5):
+    assert isinstance(queue, helpers.RecordingQueue)
+    with service.file_locks.hold(file_id):
         r = client.post("/v1/append?wait=flushed", json=body(content="second"))
     assert r.status_code == 202, r.text  # acknowledged: a client must not retry it
     assert r.json()["source_refs"] == [f"{file_id}:2"]
@@ -224,7 +214,7 @@ def test_wait_flushed_with_the_lock_held_answers_202_and_kicks(
 
 
 def test_a_damaged_file_read_twice_is_one_anomaly(
-    client: TestClient, engine: sa.Engine, data_dir: Path
+    client: TestClient, db: database.Database, data_dir: Path
 ) -> None:
     file_id = client.post("/v1/append?wait=flushed", json=body()).json()["file_id"]
     path = data_dir / f"raw/sessions/{file_id}.md"
@@ -233,7 +223,7 @@ def test_a_damaged_file_read_twice_is_one_anomaly(
     path.write_bytes(data.replace(b"\n# 2026", b"\nX 2026"))
     for _ in range(3):
         _problem(client.get(f"/v1/files/{file_id}/messages"), 409, "file-damaged")
-    with database.transaction(engine) as conn:
+    with db.transaction() as conn:
         found = index.list_anomalies(conn, file_id=file_id)
         row = index.get_file(conn, file_id)
     assert [(a.kind, a.count) for a in found] == [("format_error", 1)]

@@ -1,5 +1,5 @@
 """fsck detects every edit made behind the index's back; reindex rebuilds the index from the
-files alone (DESIGN §3 hash chain, §7 "the files are the truth")."""
+files alone (docs/design.md §3 hash chain, §7 "the files are the truth")."""
 
 from __future__ import annotations
 
@@ -12,12 +12,22 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from pipeline import catalog, database, document, index, integrity, journal, tables
+from pipeline import (
+    catalog,
+    database,
+    document,
+    flush,
+    index,
+    integrity,
+    journal,
+    locks,
+    tables,
+)
 
 TS = [f"2026-08-03T11:18:0{i}Z" for i in range(1, 10)]
 
 
-def make_files(engine: sa.Engine, data_dir: Path) -> dict[str, str]:
+def make_files(db: database.Database, data_dir: Path) -> dict[str, str]:
     """Two sessions (blocks of distinct lengths, written by two appends each), an external
     thread and an upload, all flushed: ``{name: file_id}``."""
     ids: dict[str, str] = {}
@@ -27,7 +37,7 @@ def make_files(engine: sa.Engine, data_dir: Path) -> dict[str, str]:
         ("external", "external"),
     ):
         first = journal.ingest(
-            engine,
+            db,
             {
                 "agent_id": "hermes",
                 "session_key": f"{name}-key",
@@ -39,9 +49,9 @@ def make_files(engine: sa.Engine, data_dir: Path) -> dict[str, str]:
                 ],
             },
         )
-        journal.flush(engine, data_dir, first.file_id)
+        journal.flush(db, data_dir, first.file_id)
         journal.ingest(
-            engine,
+            db,
             {
                 "agent_id": "hermes",
                 "session_key": f"{name}-key",
@@ -57,18 +67,18 @@ def make_files(engine: sa.Engine, data_dir: Path) -> dict[str, str]:
                 ],
             },
         )
-        journal.flush(engine, data_dir, first.file_id)
+        journal.flush(db, data_dir, first.file_id)
         ids[name] = first.file_id
     upload = journal.ingest_upload(
-        engine, {"agent_id": "hermes", "filename": "doc.md", "content": "# Title\n\nbody text\n"}
+        db, {"agent_id": "hermes", "filename": "doc.md", "content": "# Title\n\nbody text\n"}
     )
-    journal.flush(engine, data_dir, upload.file_id)
+    journal.flush(db, data_dir, upload.file_id)
     ids["upload"] = upload.file_id
     return ids
 
 
-def path_of(engine: sa.Engine, data_dir: Path, file_id: str) -> Path:
-    with database.transaction(engine) as conn:
+def path_of(db: database.Database, data_dir: Path, file_id: str) -> Path:
+    with db.transaction() as conn:
         row = index.get_file(conn, file_id)
     assert row is not None
     return data_dir / row.path
@@ -81,22 +91,22 @@ def blocks_of(data: bytes) -> tuple[bytes, list[bytes]]:
     return data[: starts[0]], [data[lo:hi] for lo, hi in itertools.pairwise(bounds)]
 
 
-def fsck_anomalies(engine: sa.Engine) -> list[tuple[str | None, str]]:
-    with database.transaction(engine) as conn:
+def fsck_anomalies(db: database.Database) -> list[tuple[str | None, str]]:
+    with db.transaction() as conn:
         return [
             (a.file_id, a.kind) for a in index.list_anomalies(conn) if a.kind.startswith("fsck_")
         ]
 
 
-def test_fsck_is_clean_on_untouched_files(engine: sa.Engine, data_dir: Path) -> None:
-    make_files(engine, data_dir)
+def test_fsck_is_clean_on_untouched_files(db: database.Database, data_dir: Path) -> None:
+    make_files(db, data_dir)
     # a file acknowledged but never flushed has nothing on disk to check yet
     journal.ingest(
-        engine,
+        db,
         {"agent_id": "a", "session_key": "later", "messages": [{"role": "user", "content": "x"}]},
     )
-    assert integrity.fsck(engine, data_dir) == []
-    assert fsck_anomalies(engine) == []
+    assert integrity.fsck(db, data_dir) == []
+    assert fsck_anomalies(db) == []
 
 
 # Each tampering edits the target's bytes and names the problem kinds fsck must report: exactly
@@ -186,17 +196,17 @@ TAMPERINGS: dict[str, tuple[Tamper, set[str], bool]] = {
 
 
 @pytest.mark.parametrize("name", TAMPERINGS)
-def test_fsck_reports_each_tampering(engine: sa.Engine, data_dir: Path, name: str) -> None:
+def test_fsck_reports_each_tampering(db: database.Database, data_dir: Path, name: str) -> None:
     tamper, kinds, exact = TAMPERINGS[name]
-    ids = make_files(engine, data_dir)
+    ids = make_files(db, data_dir)
     target = ids["target"]
-    path = path_of(engine, data_dir, target)
+    path = path_of(db, data_dir, target)
     original = path.read_bytes()
     edited = tamper(original)
     assert edited != original
     path.write_bytes(edited)
 
-    problems = integrity.fsck(engine, data_dir)
+    problems = integrity.fsck(db, data_dir)
     assert {p.file_id for p in problems} == {target}  # nobody else is blamed
     found = {p.kind for p in problems}
     if exact:
@@ -204,45 +214,45 @@ def test_fsck_reports_each_tampering(engine: sa.Engine, data_dir: Path, name: st
     else:
         assert found >= kinds
     assert all(p.detail for p in problems)
-    assert sorted(fsck_anomalies(engine)) == sorted((target, f"fsck_{p.kind}") for p in problems)
+    assert sorted(fsck_anomalies(db)) == sorted((target, f"fsck_{p.kind}") for p in problems)
     # fsck only reports
     assert path.read_bytes() == edited
 
 
-def test_fsck_reports_a_changed_upload(engine: sa.Engine, data_dir: Path) -> None:
-    ids = make_files(engine, data_dir)
-    path = path_of(engine, data_dir, ids["upload"])
+def test_fsck_reports_a_changed_upload(db: database.Database, data_dir: Path) -> None:
+    ids = make_files(db, data_dir)
+    path = path_of(db, data_dir, ids["upload"])
     path.write_bytes(path.read_bytes().replace(b"body text", b"body texT"))
-    problems = integrity.fsck(engine, data_dir)
+    problems = integrity.fsck(db, data_dir)
     assert [(p.file_id, p.kind) for p in problems] == [(ids["upload"], "chain_mismatch")]
 
 
-def test_fsck_reports_a_deleted_file(engine: sa.Engine, data_dir: Path) -> None:
-    ids = make_files(engine, data_dir)
-    path_of(engine, data_dir, ids["external"]).unlink()
-    problems = integrity.fsck(engine, data_dir)
+def test_fsck_reports_a_deleted_file(db: database.Database, data_dir: Path) -> None:
+    ids = make_files(db, data_dir)
+    path_of(db, data_dir, ids["external"]).unlink()
+    problems = integrity.fsck(db, data_dir)
     assert [(p.file_id, p.kind) for p in problems] == [(ids["external"], "missing")]
-    assert fsck_anomalies(engine) == [(ids["external"], "fsck_missing")]
+    assert fsck_anomalies(db) == [(ids["external"], "fsck_missing")]
 
 
-def test_fsck_reports_an_unknown_file(engine: sa.Engine, data_dir: Path) -> None:
-    ids = make_files(engine, data_dir)
+def test_fsck_reports_an_unknown_file(db: database.Database, data_dir: Path) -> None:
+    ids = make_files(db, data_dir)
     stray = data_dir / "raw" / "sessions" / f"{uuid.uuid4()}.md"
-    shutil.copyfile(path_of(engine, data_dir, ids["target"]), stray)
+    shutil.copyfile(path_of(db, data_dir, ids["target"]), stray)
     (data_dir / "raw" / "sessions" / "notes.txt").write_text("not an .md file, ignored")
-    problems = integrity.fsck(engine, data_dir)
+    problems = integrity.fsck(db, data_dir)
     assert [(p.file_id, p.kind) for p in problems] == [(stray.stem, "not_indexed")]
-    assert fsck_anomalies(engine) == [(stray.stem, "fsck_not_indexed")]
+    assert fsck_anomalies(db) == [(stray.stem, "fsck_not_indexed")]
 
 
-def test_fsck_reports_several_files_at_once(engine: sa.Engine, data_dir: Path) -> None:
-    ids = make_files(engine, data_dir)
-    path_of(engine, data_dir, ids["target"]).write_bytes(
-        _swap_blocks(path_of(engine, data_dir, ids["target"]).read_bytes())
+def test_fsck_reports_several_files_at_once(db: database.Database, data_dir: Path) -> None:
+    ids = make_files(db, data_dir)
+    path_of(db, data_dir, ids["target"]).write_bytes(
+        _swap_blocks(path_of(db, data_dir, ids["target"]).read_bytes())
     )
-    with path_of(engine, data_dir, ids["bystander"]).open("ab") as handle:
+    with path_of(db, data_dir, ids["bystander"]).open("ab") as handle:
         handle.write(b"x")
-    problems = integrity.fsck(engine, data_dir)
+    problems = integrity.fsck(db, data_dir)
     assert sorted((p.file_id, p.kind) for p in problems) == sorted(
         [(ids["target"], "chain_mismatch"), (ids["bystander"], "uncommitted_tail")]
     )
@@ -266,34 +276,36 @@ KEPT = (
 )
 
 
-def snapshot(engine: sa.Engine) -> dict[str, dict[str, object]]:
-    with database.transaction(engine) as conn:
+def snapshot(db: database.Database) -> dict[str, dict[str, object]]:
+    with db.transaction() as conn:
         rows = index.list_files(conn, limit=1000)
     return {r.file_id: {**{k: getattr(r, k) for k in KEPT}, "metadata": r.metadata} for r in rows}
 
 
-def test_reindex_rebuilds_raw_files_from_the_files_alone(engine: sa.Engine, data_dir: Path) -> None:
-    ids = make_files(engine, data_dir)
-    before = snapshot(engine)
+def test_reindex_rebuilds_raw_files_from_the_files_alone(
+    db: database.Database, data_dir: Path, file_locks: locks.FileLocks
+) -> None:
+    ids = make_files(db, data_dir)
+    before = snapshot(db)
     assert set(before) == set(ids.values())
 
-    with database.transaction(engine) as conn:
+    with db.transaction() as conn:
         conn.execute(sa.delete(tables.append_keys))
         catalog.clear(conn)  # the message catalog goes with the index
         conn.execute(sa.delete(tables.raw_files))
-    assert snapshot(engine) == {}
+    assert snapshot(db) == {}
 
-    report = integrity.reindex(engine, data_dir)
+    report = integrity.reindex(db, file_locks, data_dir)
     assert (report.scanned, report.inserted, report.updated, report.failed) == (4, 4, 0, [])
-    assert snapshot(engine) == before
-    with database.transaction(engine) as conn:
+    assert snapshot(db) == before
+    with db.transaction() as conn:
         statuses = {r.status for r in index.list_files(conn)}
     assert statuses == {"new"}
-    assert integrity.fsck(engine, data_dir) == []
+    assert integrity.fsck(db, data_dir) == []
 
     # the rebuilt index routes the next append of a session to its old file, after its last seq
     again = journal.ingest(
-        engine,
+        db,
         {
             "agent_id": "hermes",
             "session_key": "target-key",
@@ -301,8 +313,8 @@ def test_reindex_rebuilds_raw_files_from_the_files_alone(engine: sa.Engine, data
         },
     )
     assert again.source_refs == (f"{ids['target']}:5",)
-    journal.flush(engine, data_dir, again.file_id)
-    text = path_of(engine, data_dir, ids["target"]).read_text()
+    journal.flush(db, data_dir, again.file_id)
+    text = path_of(db, data_dir, ids["target"]).read_text()
     doc = document.parse(text, file_id=ids["target"])
     assert [m.content for m in doc.messages] == [
         "alpha",
@@ -311,27 +323,27 @@ def test_reindex_rebuilds_raw_files_from_the_files_alone(engine: sa.Engine, data
         "delta delta delta",
         "echo",
     ]
-    assert integrity.fsck(engine, data_dir) == []
+    assert integrity.fsck(db, data_dir) == []
 
 
 def test_reindex_over_an_existing_index_changes_nothing_and_flushes_the_journal(
-    engine: sa.Engine, data_dir: Path
+    db: database.Database, data_dir: Path, file_locks: locks.FileLocks
 ) -> None:
-    ids = make_files(engine, data_dir)
+    ids = make_files(db, data_dir)
     pending = journal.ingest(
-        engine,
+        db,
         {
             "agent_id": "hermes",
             "session_key": "bystander-key",
             "messages": [{"role": "user", "content": "late", "ts": TS[6]}],
         },
     )
-    before = snapshot(engine)
-    report = integrity.reindex(engine, data_dir)
+    before = snapshot(db)
+    report = integrity.reindex(db, file_locks, data_dir)
     assert (report.scanned, report.inserted, report.updated, report.failed) == (4, 0, 4, [])
-    after = snapshot(engine)
+    after = snapshot(db)
     assert after[ids["bystander"]]["flushed_seq"] == 5
-    assert journal.stale_files(engine, age=0) == []
+    assert flush.stale_files(db, age=0) == []
     changed = {fid for fid in before if before[fid] != after[fid]}
     assert changed == {pending.file_id}
-    assert integrity.fsck(engine, data_dir) == []
+    assert integrity.fsck(db, data_dir) == []

@@ -1,4 +1,4 @@
-"""Group commit survives SIGKILL (DESIGN §3): a process whose threads append at once (their
+"""Group commit survives SIGKILL (docs/design.md §3): a process whose threads append at once (their
 ingests sharing commits) is killed inside a group's transaction, after some of the group's
 requests already ran in it, several times over. Afterwards every acknowledged message is in
 its file exactly once, at the seq it was given; nothing of a request is there unless all of it
@@ -13,9 +13,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-import sqlalchemy as sa
-
-from pipeline import database, document, index, integrity, journal, validation
+from pipeline import database, document, flush, index, integrity, journal, refs
 
 CHILD = Path(__file__).with_name("group_child.py")
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,7 +22,7 @@ CONTENT = re.compile(r"s(\d+) t(\d+) b(\d+) (\d+)/(\d+)")
 
 
 def test_every_acknowledged_append_survives_sigkill_inside_a_group(
-    engine: sa.Engine, database_url: str, data_dir: Path
+    db: database.Database, database_url: str, data_dir: Path
 ) -> None:
     acked: dict[str, str] = {}  # source_ref -> content
     for seed, kill_after in ROUNDS:
@@ -43,18 +41,18 @@ def test_every_acknowledged_append_survives_sigkill_inside_a_group(
     assert len(acked) > 100  # the rounds did real work before their kills
 
     # restart: flush what the journal still holds
-    for file_id in journal.stale_files(engine, age=0):
-        journal.flush(engine, data_dir, file_id)
-    assert journal.stale_files(engine, age=0) == []
+    for file_id in flush.stale_files(db, age=0):
+        journal.flush(db, data_dir, file_id)
+    assert flush.stale_files(db, age=0) == []
 
     by_file: dict[str, dict[int, str]] = defaultdict(dict)
     for ref, content in acked.items():
-        file_id, seq = validation.parse_ref(ref)
+        file_id, seq = refs.parse(ref)
         by_file[file_id][seq] = content
     assert len(by_file) == 3
     present: list[str] = []
     for file_id, expected in by_file.items():
-        with database.transaction(engine) as conn:
+        with db.transaction() as conn:
             row = index.get_file(conn, file_id)
         assert row is not None
         data = (data_dir / row.path).read_bytes()
@@ -73,10 +71,10 @@ def test_every_acknowledged_append_survives_sigkill_inside_a_group(
     for content in present:
         match = CONTENT.fullmatch(content)
         assert match, content
-        seed, t, b, i, size = match.groups()
-        batches[(seed, t, b, size)].append(int(i))
+        round_seed, t, b, part, size = match.groups()
+        batches[(round_seed, t, b, size)].append(int(part))
     for (_, _, _, size), parts in batches.items():
         assert sorted(parts) == list(range(1, int(size) + 1))
     assert len(present) >= len(acked)
 
-    assert integrity.fsck(engine, data_dir) == []
+    assert integrity.fsck(db, data_dir) == []

@@ -7,36 +7,36 @@ import json
 from pathlib import Path
 from typing import Any
 
-import sqlalchemy as sa
-
 from pipeline import database, document, index, journal
 from pipeline.importers import convention, reader, runner
 
 
-def read_back(engine: sa.Engine, data_dir: Path, file_id: str) -> document.Document:
-    with database.transaction(engine) as conn:
+def read_back(db: database.Database, data_dir: Path, file_id: str) -> document.Document:
+    with db.transaction() as conn:
         row = index.get_file(conn, file_id)
     assert row is not None
     return document.parse((data_dir / row.path).read_text(encoding="utf-8"), file_id=file_id)
 
 
-def import_into(engine: sa.Engine, data_dir: Path, path: Path) -> tuple[runner.Report, list[str]]:
+def import_into(
+    db: database.Database, data_dir: Path, path: Path
+) -> tuple[runner.Report, list[str]]:
     file_ids: list[str] = []
 
     def ingest(body: dict[str, Any]) -> journal.AppendResult:
-        return journal.ingest(engine, body)
+        return journal.ingest(db, body)
 
     def flush(file_id: str) -> None:
         file_ids.append(file_id)
-        journal.flush(engine, data_dir, file_id)
+        journal.flush(db, data_dir, file_id)
 
     report = runner.run(reader("openai"), path, agent_id="importer", ingest=ingest, flush=flush)
     return report, file_ids
 
 
 def test_import_into_sqlite_and_read_back(tmp_path: Path) -> None:
-    engine = database.create_engine(f"sqlite:///{tmp_path / 'index.sqlite3'}")
-    database.migrate(engine)
+    db = database.Database.from_url(f"sqlite:///{tmp_path / 'index.sqlite3'}")
+    database.migrate(db.engine)
     data_dir = tmp_path / "data"
     data_dir.mkdir()
     chat = {
@@ -60,10 +60,10 @@ def test_import_into_sqlite_and_read_back(tmp_path: Path) -> None:
     path = tmp_path / "chat.json"
     path.write_text(json.dumps(chat))
     try:
-        report, file_ids = import_into(engine, data_dir, path)
+        report, file_ids = import_into(db, data_dir, path)
         assert (report.files, report.messages, report.errors) == (1, 4, [])
         [file_id] = file_ids
-        doc = read_back(engine, data_dir, file_id)
+        doc = read_back(db, data_dir, file_id)
         assert doc.header.session_key == "chat-1" and doc.header.agent_id == "importer"
         assert dict(doc.header.metadata) == {
             "importer": "openai",
@@ -81,8 +81,8 @@ def test_import_into_sqlite_and_read_back(tmp_path: Path) -> None:
         assert doc.messages[0].ts == "2026-08-03T11:18:06Z"
         before = next((data_dir / "raw").rglob("*.md")).read_bytes()
 
-        again, flushed = import_into(engine, data_dir, path)
+        again, flushed = import_into(db, data_dir, path)
         assert (again.messages, again.replayed, flushed) == (0, 4, [])
         assert next((data_dir / "raw").rglob("*.md")).read_bytes() == before
     finally:
-        engine.dispose()
+        db.dispose()

@@ -12,14 +12,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import helpers
 import pytest
-import sqlalchemy as sa
 from starlette.exceptions import StarletteDeprecationWarning
 
-from pipeline import database, journal, ledger, refine, settings, store, validation
+from pipeline import database, journal, ledger, store
 from pipeline.api import app as api_app
 from pipeline.service import Service
-from pipeline.settings import Settings
+from pipeline.settings import Backlog, Http, Settings
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", StarletteDeprecationWarning)
@@ -28,31 +28,23 @@ with warnings.catch_warnings():
 FILE_ID = "0b6c3e6e-5d1f-4f1e-9a65-3b1c2d4e5f60"
 
 
-class NoQueue:
-    def flush(self, file_id: str) -> None:
-        pass
-
-    def refine(self, claim: refine.Claim) -> None:
-        pass
-
-
 def body(session_key: str = "s1", *contents: str, **extra: Any) -> dict[str, Any]:
     messages = [{"role": "user", "content": c} for c in contents or ("hello",)]
     return {"agent_id": "hermes", "session_key": session_key, "messages": messages, **extra}
 
 
-def _service(engine: sa.Engine, data_dir: Path, database_url: str, **changes: Any) -> Service:
+def _service(db: database.Database, data_dir: Path, database_url: str, **changes: Any) -> Service:
     base = Settings(data_dir=data_dir, database_url=database_url, allowed_hosts=("testserver",))
-    return Service(dataclasses.replace(base, **changes), engine, NoQueue())
+    return helpers.service(db, dataclasses.replace(base, **changes), helpers.RecordingQueue())
 
 
 @pytest.fixture
-def make(engine: sa.Engine, data_dir: Path, database_url: str) -> Iterator[Any]:
+def make(db: database.Database, data_dir: Path, database_url: str) -> Iterator[Any]:
     """``make(**settings)``: a TestClient and the service behind it."""
     clients: list[TestClient] = []
 
     def build(**changes: Any) -> tuple[TestClient, Service]:
-        service = _service(engine, data_dir, database_url, **changes)
+        service = _service(db, data_dir, database_url, **changes)
         client = TestClient(api_app.create_app(service))
         clients.append(client)
         return client, service
@@ -72,8 +64,8 @@ def _problem(r: Any, status: int, kind: str, *needles: str) -> dict[str, Any]:
     return problem
 
 
-def _journal(engine: sa.Engine) -> tuple[int, int, int]:
-    with database.transaction(engine) as conn:
+def _journal(db: database.Database) -> tuple[int, int, int]:
+    with db.transaction() as conn:
         return ledger.journal_backlog(conn)
 
 
@@ -81,8 +73,8 @@ def _journal(engine: sa.Engine) -> tuple[int, int, int]:
 # request bodies
 
 
-def test_a_body_over_the_limit_is_413_before_it_is_parsed(make: Any, engine: sa.Engine) -> None:
-    client, _ = make(http=settings.Http(max_request_bytes=1000))
+def test_a_body_over_the_limit_is_413_before_it_is_parsed(make: Any, db: database.Database) -> None:
+    client, _ = make(http=Http(max_request_bytes=1000))
     big = body("s1", "x" * 2000)
     _problem(client.post("/v1/append", json=big), 413, "too-large", "1000 bytes")
 
@@ -99,7 +91,7 @@ def test_a_body_over_the_limit_is_413_before_it_is_parsed(make: Any, engine: sa.
         413,
         "too-large",
     )
-    assert _journal(engine) == (0, 0, 0)
+    assert _journal(db) == (0, 0, 0)
     assert client.post("/v1/append", json=body("s1", "small")).status_code == 202
 
 
@@ -152,15 +144,20 @@ def test_parameters_out_of_range_are_422(make: Any, url: str, needle: str) -> No
     _problem(client.get(url), 422, "invalid-input", needle)
 
 
-def test_retry_that_spells_out_defaults_replays(make: Any, engine: sa.Engine) -> None:
+def test_retry_that_spells_out_defaults_replays(make: Any, db: database.Database) -> None:
     client, _ = make()
     first = client.post("/v1/append", json=body("s", idempotency_key="k1"))
     assert first.status_code == 202
-    for extra in ({"source_type": "session"}, {"metadata": None}, {"metadata": {}}):
+    extras: list[dict[str, Any]] = [
+        {"source_type": "session"},
+        {"metadata": None},
+        {"metadata": {}},
+    ]
+    for extra in extras:
         again = client.post("/v1/append", json=body("s", idempotency_key="k1", **extra))
         assert again.status_code == 202, again.text
         assert again.json()["source_refs"] == first.json()["source_refs"]
-    assert _journal(engine)[0] == 1
+    assert _journal(db)[0] == 1
 
 
 def test_year_one_times_have_four_digit_years_in_json(make: Any) -> None:
@@ -189,7 +186,7 @@ def test_health_does_not_race_with_itself(make: Any, data_dir: Path) -> None:
 
 def test_pages_stop_at_the_byte_budget(make: Any) -> None:
     # 100 bytes of content: blocks of about 140 bytes with their heading lines
-    client, _ = make(http=settings.Http(max_page_bytes=300))
+    client, _ = make(http=Http(max_page_bytes=300))
     contents = [f"{i:03d}" + "m" * 96 for i in range(10)]
     r = client.post("/v1/append?wait=flushed", json=body("p", *contents))
     file_id = r.json()["file_id"]
@@ -230,9 +227,9 @@ def test_raw_streams_the_committed_bytes(make: Any, data_dir: Path) -> None:
 
 
 def test_a_file_backlog_past_its_limit_is_503_with_retry_after(
-    make: Any, engine: sa.Engine
+    make: Any, db: database.Database
 ) -> None:
-    client, service = make(backlog=journal.Backlog(max_file_messages=5, retry_after=7))
+    client, service = make(backlog=Backlog(max_file_messages=5, retry_after=7))
     first = client.post("/v1/append", json=body("b", "1", "2", "3"))
     assert first.status_code == 202
     r = client.post("/v1/append", json=body("b", "4", "5", "6"))
@@ -244,8 +241,8 @@ def test_a_file_backlog_past_its_limit_is_503_with_retry_after(
     assert client.post("/v1/append", json=body("b", "4", "5", "6")).status_code == 202
 
 
-def test_a_total_backlog_past_its_limit_is_503(make: Any, engine: sa.Engine) -> None:
-    client, service = make(backlog=journal.Backlog(max_total_bytes=5000))
+def test_a_total_backlog_past_its_limit_is_503(make: Any, db: database.Database) -> None:
+    client, service = make(backlog=Backlog(max_total_bytes=5000))
     service.admission.REFRESH = 0  # measure at every append
     acked = 0
     for i in range(30):
@@ -256,13 +253,13 @@ def test_a_total_backlog_past_its_limit_is_503(make: Any, engine: sa.Engine) -> 
             break
         acked += 1
     assert 5 <= acked < 30
-    assert _journal(engine)[2] <= 5000
+    assert _journal(db)[2] <= 5000
 
 
 def test_no_append_is_acknowledged_that_the_disk_cannot_hold(
-    make: Any, monkeypatch: pytest.MonkeyPatch, engine: sa.Engine
+    make: Any, monkeypatch: pytest.MonkeyPatch, db: database.Database
 ) -> None:
-    client, service = make(backlog=journal.Backlog(min_free_bytes=1000, retry_after=3))
+    client, service = make(backlog=Backlog(min_free_bytes=1000, retry_after=3))
     service.admission.REFRESH = 0
     free = {"bytes": 10_000}
     monkeypatch.setattr(store, "free_bytes", lambda _path: free["bytes"])
@@ -272,35 +269,22 @@ def test_no_append_is_acknowledged_that_the_disk_cannot_hold(
     assert r.headers["retry-after"] == "3"
     free["bytes"] = 100_000  # room again: accepted at once
     assert client.post("/v1/append", json=body("d", "y" * 6000)).status_code == 202
-    assert _journal(engine)[0] == 2
+    assert _journal(db)[0] == 2
 
 
 def test_a_flush_writes_a_large_backlog_in_bounded_chunks(
-    engine: sa.Engine, data_dir: Path
+    db: database.Database, data_dir: Path
 ) -> None:
     file_id = ""
     for i in range(40):
-        file_id = journal.ingest(engine, body("big", f"{i:02d}" + "c" * 5000)).file_id
+        file_id = journal.ingest(db, body("big", f"{i:02d}" + "c" * 5000)).file_id
     steps: list[str] = []
-    result = journal.flush(engine, data_dir, file_id, chunk_bytes=50_000, fault=steps.append)
+    result = journal.flush(db, data_dir, file_id, chunk_bytes=50_000, fault=steps.append)
     assert result.flushed_seq == 40 and result.messages == 40
     assert steps.count("written") == steps.count("committed") >= 4  # ~5 KB rows, 50 KB chunks
     path = data_dir / f"raw/sessions/{file_id}.md"
     assert result.bytes == path.stat().st_size
     from pipeline import integrity
 
-    assert integrity.fsck(engine, data_dir) == []
-    assert _journal(engine) == (0, 0, 0)
-
-
-def test_limits_are_settings() -> None:
-    loaded = Settings.load(
-        environ={
-            "SGME_HTTP_MAX_REQUEST_BYTES": "123",
-            "SGME_BACKLOG_MAX_FILE_MESSAGES": "7",
-            "SGME_LIMITS_MAX_METADATA_DEPTH": "4",
-        }
-    )
-    assert loaded.http.max_request_bytes == 123
-    assert loaded.backlog.max_file_messages == 7
-    assert loaded.limits == validation.Limits(max_metadata_depth=4)
+    assert integrity.fsck(db, data_dir) == []
+    assert _journal(db) == (0, 0, 0)

@@ -12,25 +12,26 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import helpers
 import pytest
 import sqlalchemy as sa
+from api_client import Api, assert_problem
 from conftest import Sgme, assert_one_line_error
-from test_api import Api, assert_problem
 
 from pipeline import (
     auth,
     catalog,
     database,
-    document,
     integrity,
     journal,
     l1,
+    locks,
     refine,
+    rewrite,
     tables,
     terms,
     validation,
 )
-from pipeline.service import LocalQueue, Service
 from pipeline.settings import Settings
 
 AGENT = "hermes"
@@ -50,31 +51,30 @@ def _messages(n: int, secret_at: int) -> list[dict[str, Any]]:
 
 
 @pytest.fixture
-def app(engine: sa.Engine, data_dir: Path, database_url: str) -> Iterator[Api]:
-    client = Api(engine, data_dir, database_url, validation.DEFAULT_LIMITS)
+def app(db: database.Database, data_dir: Path, database_url: str) -> Iterator[Api]:
+    client = Api(db, data_dir, database_url, validation.DEFAULT_LIMITS)
     yield client
-    client.client.close()
+    client.close()
 
 
 def _refined(api: Api, file_id: str) -> None:
     """Refine the whole file now, with the builtin refiner (one item per message)."""
-    settings = Settings(data_dir=api.data_dir)
-    Service(settings, api.engine).refine_now(file_id)
+    helpers.service(api.db, Settings(data_dir=api.data_dir)).refine_now(file_id)
 
 
-def _items(engine: sa.Engine, file_id: str) -> list[tables.L1Item]:
-    with database.transaction(engine) as conn:
+def _items(db: database.Database, file_id: str) -> list[tables.L1Item]:
+    with db.reading() as conn:
         return l1.list_items(conn, file_id=file_id, limit=10_000)
 
 
-def _search(engine: sa.Engine, word: str) -> list[str]:
-    with database.transaction(engine) as conn:
+def _search(db: database.Database, word: str) -> list[str]:
+    with db.reading() as conn:
         hits = catalog.find(conn, terms.parse_query(word), catalog.Filters(), limit=50)
     return [f"{h.message.file_id}:{h.message.seq}" for h in hits]
 
 
 def test_redact_replaces_the_body_keeps_every_ref_and_forgets_what_came_from_it(
-    app: Api, engine: sa.Engine, data_dir: Path
+    app: Api, db: database.Database, data_dir: Path
 ) -> None:
     ack = app.append({"agent_id": AGENT, "session_key": "s", "messages": _messages(6, 2)})
     file_id = ack["file_id"]
@@ -82,8 +82,8 @@ def test_redact_replaces_the_body_keeps_every_ref_and_forgets_what_came_from_it(
     _refined(app, file_id)
     before = app.messages(file_id)
     raw_before = app.disk(file_id)
-    assert _search(engine, SECRET_WORD) == [f"{file_id}:3"]
-    assert any(f"{file_id}:3" in json.loads(i.source_refs) for i in _items(engine, file_id))
+    assert _search(db, SECRET_WORD) == [f"{file_id}:3"]
+    assert any(f"{file_id}:3" in json.loads(i.source_refs) for i in _items(db, file_id))
 
     r = app.client.post(f"/v1/refs/{file_id}:3/redact", json={"reason": "home address"})
     assert r.status_code == 200, r.text
@@ -108,21 +108,21 @@ def test_redact_replaces_the_body_keeps_every_ref_and_forgets_what_came_from_it(
     raw = app.disk(file_id)
     assert SECRET_WORD.encode() in raw_before and SECRET_WORD.encode() not in raw
     assert app.row(file_id)["flushed_bytes"] == len(raw)
-    assert _search(engine, SECRET_WORD) == []
+    assert _search(db, SECRET_WORD) == []
     # L1: nothing cites it; refinement restarts before it and, run again, covers the rest
-    assert all(f"{file_id}:3" not in i.source_refs for i in _items(engine, file_id))
+    assert all(f"{file_id}:3" not in i.source_refs for i in _items(db, file_id))
     assert app.row(file_id)["last_refined_seq"] <= 2
     _refined(app, file_id)
-    refs = {r for i in _items(engine, file_id) for r in json.loads(i.source_refs)}
+    refs = {r for i in _items(db, file_id) for r in json.loads(i.source_refs)}
     assert {f"{file_id}:{s}" for s in (1, 2, 4, 5, 6)} <= refs
-    assert not any(SECRET_WORD in i.content for i in _items(engine, file_id))
-    assert integrity.fsck(engine, data_dir) == []
+    assert not any(SECRET_WORD in i.content for i in _items(db, file_id))
+    assert integrity.fsck(db, data_dir) == []
 
     # an append after it continues the file at the new length
     app.append({"agent_id": AGENT, "session_key": "s", "messages": _messages(1, -1)})
     app.flush(file_id)
     assert [m["seq"] for m in app.messages(file_id)] == [1, 2, 3, 4, 5, 6, 7]
-    assert integrity.fsck(engine, data_dir) == []
+    assert integrity.fsck(db, data_dir) == []
 
     # again: nothing changes, the first redaction is the answer
     again = app.client.post(f"/v1/refs/{file_id}:3/redact", json={"reason": "twice"})
@@ -132,7 +132,7 @@ def test_redact_replaces_the_body_keeps_every_ref_and_forgets_what_came_from_it(
     assert SECRET_WORD not in json.dumps(trail)
 
 
-def test_redact_an_unflushed_message_and_an_upload(app: Api, engine: sa.Engine) -> None:
+def test_redact_an_unflushed_message_and_an_upload(app: Api, db: database.Database) -> None:
     ack = app.append({"agent_id": AGENT, "session_key": "s", "messages": _messages(3, 0)})
     file_id = ack["file_id"]  # not flushed: the redaction writes the journal first
     r = app.client.post(f"/v1/refs/{file_id}:1/redact", json={"reason": "x"})
@@ -151,8 +151,8 @@ def test_redact_an_unflushed_message_and_an_upload(app: Api, engine: sa.Engine) 
     assert r.status_code == 200, r.text
     assert r.json()["message"]["content"].endswith(": private notes")
     assert SECRET_WORD.encode() not in app.disk(ref.split(":")[0])
-    assert _search(engine, SECRET_WORD) == []
-    assert integrity.fsck(engine, app.data_dir) == []
+    assert _search(db, SECRET_WORD) == []
+    assert integrity.fsck(db, app.data_dir) == []
 
 
 def test_redact_refusals(app: Api) -> None:
@@ -171,12 +171,12 @@ def test_redact_refusals(app: Api) -> None:
 
 
 def test_admin_scope_and_agents_are_required(
-    engine: sa.Engine, data_dir: Path, database_url: str
+    db: database.Database, data_dir: Path, database_url: str
 ) -> None:
-    reader = auth.create(engine, agent_ids=["*"], scopes=["read", "append"], name="r").secret
-    other = auth.create(engine, agent_ids=["other"], scopes=["admin"], name="o").secret
-    admin = auth.create(engine, agent_ids=[AGENT], scopes=["admin"], name="ops").secret
-    app = Api(engine, data_dir, database_url, validation.DEFAULT_LIMITS)
+    reader = auth.create(db, agent_ids=["*"], scopes=["read", "append"], name="r").secret
+    other = auth.create(db, agent_ids=["other"], scopes=["admin"], name="o").secret
+    admin = auth.create(db, agent_ids=[AGENT], scopes=["admin"], name="ops").secret
+    app = Api(db, data_dir, database_url, validation.DEFAULT_LIMITS)
     body = {"agent_id": AGENT, "session_key": "s", "messages": _messages(2, 0)}
     r = app.client.post("/v1/append", json=body, headers={"Authorization": f"Bearer {reader}"})
     file_id = r.json()["file_id"]
@@ -198,7 +198,7 @@ def test_admin_scope_and_agents_are_required(
 
 
 def test_erase_a_file_answers_410_and_keeps_only_the_audit_row(
-    app: Api, engine: sa.Engine, data_dir: Path
+    app: Api, db: database.Database, data_dir: Path, file_locks: locks.FileLocks
 ) -> None:
     ack = app.append(
         {
@@ -227,13 +227,13 @@ def test_erase_a_file_answers_410_and_keeps_only_the_audit_row(
         assert_problem(app.client.get(path), 410, "gone", "erased")
     assert_problem(app.client.delete(f"/v1/files/{file_id}"), 410, "gone")
     assert not list((data_dir / "raw").rglob(f"{file_id}*"))
-    with database.transaction(engine) as conn:
+    with db.reading() as conn:
         for table in (tables.messages, tables.l1_items, tables.append_journal, tables.raw_files):
             left = conn.execute(sa.select(sa.func.count()).where(table.c.file_id == file_id))
             assert left.scalar() == 0, table.name
         keys = conn.execute(sa.select(tables.append_keys.c.idempotency_key)).scalars().all()
         assert "k1" not in keys
-    assert _search(engine, SECRET_WORD) == []
+    assert _search(db, SECRET_WORD) == []
     (record,) = app.client.get("/v1/audit", params={"file_id": file_id}).json()["records"]
     assert record["action"] == "erase" and record["reason"] == "user asked"
     assert record["messages"] == 5 and record["finished_at"]
@@ -249,8 +249,8 @@ def test_erase_a_file_answers_410_and_keeps_only_the_audit_row(
     )
     assert again["file_id"] != file_id and again["first_seq"] == 1 and not again["replayed"]
     app.flush(again["file_id"])
-    assert integrity.fsck(engine, data_dir) == []
-    assert integrity.reindex(engine, data_dir).failed == []
+    assert integrity.fsck(db, data_dir) == []
+    assert integrity.reindex(db, file_locks, data_dir).failed == []
 
 
 def test_cli_redact_erase_audit_and_policy(sgme: Sgme, data_dir: Path) -> None:
@@ -295,19 +295,17 @@ def test_cli_redact_erase_audit_and_policy(sgme: Sgme, data_dir: Path) -> None:
     assert key.encode() not in sgme("cat", redacted["file_id"]).out
 
 
-def test_local_queue_refines_after_a_redaction(engine: sa.Engine, data_dir: Path) -> None:
+def test_a_claim_made_before_a_redaction_commits_nothing(
+    db: database.Database, data_dir: Path
+) -> None:
     """A running job's claim made before the redaction commits nothing (the epoch moved)."""
     body = {"agent_id": AGENT, "session_key": "s", "messages": _messages(4, 1)}
-    file_id = journal.ingest(engine, body).file_id
-    journal.flush(engine, data_dir, file_id)
-    claim = refine.claim(engine, file_id, lease_seconds=60)
+    file_id = journal.ingest(db, body).file_id
+    journal.flush(db, data_dir, file_id)
+    claim = refine.claim(db, file_id, lease_seconds=60)
     assert claim is not None
-    settings = Settings(data_dir=data_dir, database_url=str(engine.url))
-    service = Service(settings, engine, LocalQueue())
-    from pipeline import rewrite
-
+    service = helpers.service(db, Settings(data_dir=data_dir))
     service.redact([f"{file_id}:2"], rewrite.Who("test", "r"))
     stale = [refine.Item("fact", f"about {SECRET_WORD}", (f"{file_id}:2",))]
-    assert refine.commit(engine, claim, stale, refiner="test") is False
-    assert _items(engine, file_id) == []
-    assert document.parse_ts  # the module is used above through journal
+    assert refine.commit(db, claim, stale, refiner="test") is False
+    assert _items(db, file_id) == []

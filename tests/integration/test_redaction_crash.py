@@ -13,7 +13,6 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -29,6 +28,7 @@ from pipeline import (
     integrity,
     journal,
     l1,
+    locks,
     reader,
     redaction,
     refine,
@@ -48,7 +48,7 @@ def _text(i: int) -> str:
     return f"I prefer the {what} option.\n```\n# a comment in code user\n```"
 
 
-def _append(engine: sa.Engine, first: int, count: int) -> list[tuple[str, str]]:
+def _append(db: database.Database, first: int, count: int) -> list[tuple[str, str]]:
     """Acknowledged appends (one message each): their refs and contents."""
     acked = []
     for i in range(first, first + count):
@@ -57,28 +57,30 @@ def _append(engine: sa.Engine, first: int, count: int) -> list[tuple[str, str]]:
             "session_key": "crash",
             "messages": [{"role": "user", "content": _text(i), "ts": f"2026-08-03T11:00:{i:02d}Z"}],
         }
-        acked.append((journal.ingest(engine, body).source_refs[0], _text(i)))
+        acked.append((journal.ingest(db, body).source_refs[0], _text(i)))
     return acked
 
 
-def _setup(engine: sa.Engine, data_dir: Path, *, archived: bool) -> tuple[str, list[Any]]:
-    acked = _append(engine, 1, 6)
+def _setup(
+    db: database.Database, file_locks: locks.FileLocks, data_dir: Path, *, archived: bool
+) -> tuple[str, list[tuple[str, str]]]:
+    acked = _append(db, 1, 6)
     file_id = acked[0][0].split(":")[0]
-    journal.flush(engine, data_dir, file_id)
-    c = refine.claim(engine, file_id, lease_seconds=60)
+    journal.flush(db, data_dir, file_id)
+    c = refine.claim(db, file_id, lease_seconds=60)
     assert c is not None
     items = refine.run(
-        engine, data_dir, refine.load_refiner("builtin"), c, budget_tokens=6000, overlap=1
+        db, data_dir, refine.load_refiner("builtin"), c, budget_tokens=6000, overlap=1
     )
-    assert refine.commit(engine, c, items, refiner="builtin")
+    assert refine.commit(db, c, items, refiner="builtin")
     assert any(f"{file_id}:3" in i.source_refs for i in items)
     if archived:
-        assert archive.compress(engine, data_dir, file_id) is not None
+        assert archive.compress(db, file_locks, data_dir, file_id) is not None
     return file_id, acked
 
 
-def _row(engine: sa.Engine, file_id: str) -> tables.FileRow:
-    with database.transaction(engine) as conn:
+def _row(db: database.Database, file_id: str) -> tables.FileRow:
+    with db.reading() as conn:
         row = index.get_file(conn, file_id)
     assert row is not None
     return row
@@ -117,17 +119,21 @@ def _run_child(database_url: str, data_dir: Path, ref: str, step: str) -> None:
     assert proc.returncode == -9, proc.stderr  # SIGKILLed at the step, not before
 
 
-def _search(engine: sa.Engine, word: str) -> list[str]:
-    with database.transaction(engine) as conn:
+def _search(db: database.Database, word: str) -> list[str]:
+    with db.reading() as conn:
         found = catalog.find(conn, terms.parse_query(word), catalog.Filters(), limit=20)
     return [f"{h.message.file_id}:{h.message.seq}" for h in found]
 
 
 @pytest.mark.parametrize("step", rewrite.REDACT_STEPS)
 def test_sigkill_at_every_step_of_a_redaction(
-    engine: sa.Engine, database_url: str, data_dir: Path, step: str
+    db: database.Database,
+    file_locks: locks.FileLocks,
+    database_url: str,
+    data_dir: Path,
+    step: str,
 ) -> None:
-    crash_and_check(engine, database_url, data_dir, step, archived=False)
+    crash_and_check(db, file_locks, database_url, data_dir, step, archived=False)
 
 
 @pytest.fixture
@@ -144,35 +150,43 @@ def sqlite_url(tmp_path: Path) -> str:
 def test_sigkill_at_every_step_of_a_redaction_of_an_archived_file(
     sqlite_url: str, data_dir: Path, step: str
 ) -> None:
-    engine = database.create_engine(sqlite_url)
+    db = database.Database.from_url(sqlite_url)
+    file_locks = locks.FileLocks(db, data_dir, timeout=10)
     try:
-        crash_and_check(engine, sqlite_url, data_dir, step, archived=True)
+        crash_and_check(db, file_locks, sqlite_url, data_dir, step, archived=True)
     finally:
-        engine.dispose()
+        file_locks.close()
+        db.dispose()
 
 
 def crash_and_check(
-    engine: sa.Engine, database_url: str, data_dir: Path, step: str, *, archived: bool
+    db: database.Database,
+    file_locks: locks.FileLocks,
+    database_url: str,
+    data_dir: Path,
+    step: str,
+    *,
+    archived: bool,
 ) -> None:
-    file_id, acked = _setup(engine, data_dir, archived=archived)
-    old = _on_disk(data_dir, _row(engine, file_id))
-    acked += _append(engine, 7, 2)  # acknowledged, waiting in the journal
+    file_id, acked = _setup(db, file_locks, data_dir, archived=archived)
+    old = _on_disk(data_dir, _row(db, file_id))
+    acked += _append(db, 7, 2)  # acknowledged, waiting in the journal
 
     _run_child(database_url, data_dir, f"{file_id}:3", step)
 
     # the appends waiting in the journal are not written by the redaction: the file is
     # exactly the old one or the redacted one
-    _assert_old_or_new(_on_disk(data_dir, _row(engine, file_id)), old)
+    _assert_old_or_new(_on_disk(data_dir, _row(db, file_id)), old)
 
     # the next appends and their flush (which finishes an unfinished redaction first), then
     # the beat's sweep and the operator running the same redaction again
-    acked += _append(engine, 9, 2)
-    journal.flush(engine, data_dir, file_id)
-    redaction.finish_interrupted(engine, data_dir, age=0)
-    redaction.redact(engine, data_dir, f"{file_id}:3", rewrite.Who("again", REASON))
+    acked += _append(db, 9, 2)
+    journal.flush(db, data_dir, file_id)
+    redaction.finish_interrupted(db, file_locks, data_dir, age=0)
+    redaction.redact(db, file_locks, data_dir, f"{file_id}:3", rewrite.Who("again", REASON))
 
-    row = _row(engine, file_id)
-    messages = reader.messages(engine, data_dir, file_id, limit=100)
+    row = _row(db, file_id)
+    messages = reader.messages(db, data_dir, file_id, limit=100)
     assert [m.seq for m in messages] == list(range(1, 11))
     for message, (ref, content) in zip(messages, acked, strict=True):
         assert ref == f"{file_id}:{message.seq}"
@@ -181,14 +195,14 @@ def crash_and_check(
         else:
             assert message.content == content
     assert WORD.encode() not in _on_disk(data_dir, row)
-    assert _search(engine, WORD) == []
-    with database.transaction(engine) as conn:
+    assert _search(db, WORD) == []
+    with db.reading() as conn:
         items = l1.list_items(conn, file_id=file_id, limit=1000)
     assert all(f"{file_id}:3" not in json.loads(i.source_refs) for i in items)
     assert not any(WORD in i.content for i in items)
     assert not [p for p in (data_dir / "raw").rglob(".*") if p.is_file()]  # no temp left
-    assert integrity.fsck(engine, data_dir) == []
-    with database.transaction(engine) as conn:
+    assert integrity.fsck(db, data_dir) == []
+    with db.reading() as conn:
         (record,) = [
             r for r in conn.execute(sa.select(tables.audit_log)).all() if r.action == "redact"
         ]
@@ -197,22 +211,28 @@ def crash_and_check(
 
 @pytest.mark.parametrize("step", erasure.ERASE_STEPS)
 def test_sigkill_at_every_step_of_an_erasure(
-    engine: sa.Engine, database_url: str, data_dir: Path, step: str
+    db: database.Database,
+    file_locks: locks.FileLocks,
+    database_url: str,
+    data_dir: Path,
+    step: str,
 ) -> None:
-    file_id, _ = _setup(engine, data_dir, archived=False)
-    _append(engine, 7, 1)
+    file_id, _ = _setup(db, file_locks, data_dir, archived=False)
+    _append(db, 7, 1)
     _run_child(database_url, data_dir, f"erase:{file_id}", step)
     with pytest.raises(errors.Gone):
-        reader.get_file(engine, file_id)
-    redaction.finish_interrupted(engine, data_dir, age=0)
+        reader.get_file(db, file_id)
+    redaction.finish_interrupted(db, file_locks, data_dir, age=0)
     assert not list((data_dir / "raw").rglob(f"*{file_id}*"))
-    assert _search(engine, WORD) == []
-    assert integrity.fsck(engine, data_dir) == []
-    assert integrity.reindex(engine, data_dir).inserted == 0  # never brought back
+    assert _search(db, WORD) == []
+    assert integrity.fsck(db, data_dir) == []
+    assert integrity.reindex(db, file_locks, data_dir).inserted == 0  # never brought back
 
 
-def test_appends_racing_a_redaction_all_land(engine: sa.Engine, data_dir: Path) -> None:
-    file_id, acked = _setup(engine, data_dir, archived=False)
+def test_appends_racing_a_redaction_all_land(
+    db: database.Database, file_locks: locks.FileLocks, data_dir: Path
+) -> None:
+    file_id, acked = _setup(db, file_locks, data_dir, archived=False)
     stop = threading.Event()
     lock = threading.Lock()
     failures: list[BaseException] = []
@@ -221,10 +241,10 @@ def test_appends_racing_a_redaction_all_land(engine: sa.Engine, data_dir: Path) 
         i = 7
         try:
             while not stop.is_set() and i < 60:
-                (done,) = _append(engine, i, 1)
+                (done,) = _append(db, i, 1)
                 with lock:
                     acked.append(done)
-                journal.flush(engine, data_dir, file_id)
+                journal.flush(db, data_dir, file_id)
                 i += 1
         except BaseException as exc:  # reported below
             failures.append(exc)
@@ -233,13 +253,14 @@ def test_appends_racing_a_redaction_all_land(engine: sa.Engine, data_dir: Path) 
     thread.start()
     try:
         for seq in (3, 5, 2):
-            redaction.redact(engine, data_dir, f"{file_id}:{seq}", rewrite.Who("t", REASON))
+            who = rewrite.Who("t", REASON)
+            redaction.redact(db, file_locks, data_dir, f"{file_id}:{seq}", who)
     finally:
         stop.set()
         thread.join()
     assert not failures, failures
-    journal.flush(engine, data_dir, file_id)
-    messages = reader.messages(engine, data_dir, file_id, limit=1000)
+    journal.flush(db, data_dir, file_id)
+    messages = reader.messages(db, data_dir, file_id, limit=1000)
     assert [m.seq for m in messages] == list(range(1, len(acked) + 1))
     for message, (ref, content) in zip(messages, acked, strict=True):
         assert ref == f"{file_id}:{message.seq}"
@@ -247,12 +268,14 @@ def test_appends_racing_a_redaction_all_land(engine: sa.Engine, data_dir: Path) 
             assert message.content.startswith("[REDACTED:message]")
         else:
             assert message.content == content
-    assert _search(engine, WORD) == []
-    assert integrity.fsck(engine, data_dir) == []
+    assert _search(db, WORD) == []
+    assert integrity.fsck(db, data_dir) == []
 
 
-def test_appends_racing_an_erasure_land_in_a_new_file(engine: sa.Engine, data_dir: Path) -> None:
-    file_id, _ = _setup(engine, data_dir, archived=False)
+def test_appends_racing_an_erasure_land_in_a_new_file(
+    db: database.Database, file_locks: locks.FileLocks, data_dir: Path
+) -> None:
+    file_id, _ = _setup(db, file_locks, data_dir, archived=False)
     stop = threading.Event()
     after: list[tuple[str, str]] = []
     failures: list[BaseException] = []
@@ -261,10 +284,10 @@ def test_appends_racing_an_erasure_land_in_a_new_file(engine: sa.Engine, data_di
         i = 7
         try:
             while not stop.is_set() and i < 60:
-                done = _append(engine, i, 1)[0]
+                done = _append(db, i, 1)[0]
                 after.append(done)
                 with contextlib.suppress(errors.NotFound):  # its file was erased meanwhile
-                    journal.flush(engine, data_dir, done[0].split(":")[0])
+                    journal.flush(db, data_dir, done[0].split(":")[0])
                 i += 1
         except BaseException as exc:
             failures.append(exc)
@@ -274,7 +297,7 @@ def test_appends_racing_an_erasure_land_in_a_new_file(engine: sa.Engine, data_di
     try:
         while len(after) < 5:
             thread.join(0.01)
-        erasure.erase_file(engine, data_dir, file_id, rewrite.Who("t", "asked"))
+        erasure.erase_file(db, file_locks, data_dir, file_id, rewrite.Who("t", "asked"))
         while len([r for r, _ in after if not r.startswith(file_id)]) < 5 and thread.is_alive():
             thread.join(0.01)
     finally:
@@ -284,10 +307,10 @@ def test_appends_racing_an_erasure_land_in_a_new_file(engine: sa.Engine, data_di
     survivors = [(r, c) for r, c in after if not r.startswith(file_id)]
     assert survivors, "no append came after the erasure"
     (new_id,) = {r.split(":")[0] for r, _ in survivors}
-    journal.flush(engine, data_dir, new_id)
-    messages = reader.messages(engine, data_dir, new_id, limit=1000)
+    journal.flush(db, data_dir, new_id)
+    messages = reader.messages(db, data_dir, new_id, limit=1000)
     # every append acknowledged after the erasure is in the new file, in order, once
     assert [(f"{new_id}:{m.seq}", m.content) for m in messages] == survivors
     with pytest.raises(errors.Gone):
-        reader.get_file(engine, file_id)
-    assert integrity.fsck(engine, data_dir) == []
+        reader.get_file(db, file_id)
+    assert integrity.fsck(db, data_dir) == []

@@ -1,4 +1,4 @@
-"""The message catalog and full-text search (DESIGN §5b), on SQLite and PostgreSQL: reads
+"""The message catalog and full-text search (docs/design.md §6), on SQLite and PostgreSQL: reads
 that touch only the bytes they return, whatever the file's size; search over every raw
 message in any language; the catalog kept in step by the flush, rebuilt by reindex, checked by
 fsck; archived files still searchable."""
@@ -13,7 +13,19 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from pipeline import archive, catalog, database, errors, integrity, journal, reader, refine, search
+from pipeline import (
+    archive,
+    catalog,
+    database,
+    errors,
+    integrity,
+    journal,
+    locks,
+    reader,
+    refine,
+    search,
+)
+from pipeline.database import schema
 
 TS = dt.datetime(2026, 8, 3, 11, 0, tzinfo=dt.UTC)
 
@@ -23,7 +35,7 @@ def ts(minutes: float) -> str:
 
 
 def session(
-    engine: sa.Engine,
+    db: database.Database,
     data_dir: Path,
     key: str,
     contents: list[str],
@@ -41,8 +53,8 @@ def session(
             for i, c in enumerate(contents[lo : lo + 1000])
         ]
         body = {"agent_id": agent, "session_key": key, "messages": messages}
-        file_id = journal.ingest(engine, body).file_id
-    journal.flush(engine, data_dir, file_id)
+        file_id = journal.ingest(db, body).file_id
+    journal.flush(db, data_dir, file_id)
     return file_id
 
 
@@ -69,43 +81,43 @@ class Reads:
 
 @pytest.mark.parametrize("count", [10, 20_000])
 def test_a_read_touches_only_the_bytes_it_returns(
-    engine: sa.Engine, data_dir: Path, monkeypatch: pytest.MonkeyPatch, count: int
+    db: database.Database, data_dir: Path, monkeypatch: pytest.MonkeyPatch, count: int
 ) -> None:
     contents = [f"message {i} " + "x" * 200 for i in range(count)]
-    file_id = session(engine, data_dir, f"long-{count}", contents)
-    with database.transaction(engine) as conn:
+    file_id = session(db, data_dir, f"long-{count}", contents)
+    with db.transaction() as conn:
         rows = catalog.rows(conn, file_id, after=0, upto=count)
     size = {r.seq: r.byte_length for r in rows}
     assert len(rows) == count
     reads = Reads(monkeypatch)
 
-    ref = reader.resolve(engine, data_dir, f"{file_id}:{count - 1}", context=1)
+    ref = reader.resolve(db, data_dir, f"{file_id}:{count - 1}", context=1)
     assert [m.content for m in (*ref.before, ref.message, *ref.after)] == contents[-3:]
     assert reads.bytes == size[count - 2] + size[count - 1] + size[count]
 
     reads.bytes = 0
-    page = reader.messages(engine, data_dir, file_id, after_seq=count - 5, limit=5)
+    page = reader.messages(db, data_dir, file_id, after_seq=count - 5, limit=5)
     assert [m.content for m in page] == contents[-5:]
     assert reads.bytes == sum(size[s] for s in range(count - 4, count + 1))
 
     reads.bytes = 0
-    row = reader.get_file(engine, file_id)
-    found = reader.between(engine, data_dir, row, count - 2, count)  # a refinement segment
+    row = reader.get_file(db, file_id)
+    found = reader.between(db, data_dir, row, count - 2, count)  # a refinement segment
     assert [m.seq for m in found] == [count - 1, count]
     assert reads.bytes == size[count - 1] + size[count]
 
 
 def test_search_finds_phrases_words_and_cjk_among_thousands(
-    engine: sa.Engine, data_dir: Path
+    db: database.Database, data_dir: Path
 ) -> None:
     filler = [f"routine status update number {i}, all systems nominal" for i in range(3000)]
     filler[1234] = "The user said: I prefer green tea over coffee in the morning."
     filler[2345] = "数据库迁移已经完成，我们决定使用 PostgreSQL 作为索引。"
     filler[2999] = "私はコーヒーよりも緑茶が好きです。한국어 문장도 찾을 수 있어요."
-    file_id = session(engine, data_dir, "big", filler)
+    file_id = session(db, data_dir, "big", filler)
 
     def refs(q: str, **filters: Any) -> list[str]:
-        found = search.search(engine, data_dir, q, catalog.Filters(**filters), limit=10)
+        found = search.search(db, data_dir, q, catalog.Filters(**filters), limit=10)
         return [r.source_ref for r in found]
 
     assert refs('"green tea over coffee"') == [f"{file_id}:1235"]
@@ -118,23 +130,23 @@ def test_search_finds_phrases_words_and_cjk_among_thousands(
     assert refs("postgresql 索引") == [f"{file_id}:2346"]
     nominal = refs("nominal", file_id=file_id)
     assert len(nominal) == 10 and all(r.startswith(file_id) for r in nominal)
-    hit = search.search(engine, data_dir, "green tea", limit=1)[0]
+    hit = search.search(db, data_dir, "green tea", limit=1)[0]
     assert "prefer green tea" in hit.snippet
     assert (hit.seq, hit.role, hit.agent_id, hit.session_key) == (1235, "user", "hermes", "big")
     assert hit.ts == ts(1234).replace(".000000", "")
     with pytest.raises(errors.InvalidInput, match="no word"):
-        search.search(engine, data_dir, '"" ... !!')
+        search.search(db, data_dir, '"" ... !!')
 
 
 def test_filters_combine_and_nobody_sees_another_agents_messages(
-    engine: sa.Engine, data_dir: Path
+    db: database.Database, data_dir: Path
 ) -> None:
-    a = session(engine, data_dir, "s-a", ["the launch code is blue"], agent="alice")
-    b = session(engine, data_dir, "s-b", ["the launch code is red"], agent="bob", start=60)
-    c = session(engine, data_dir, "s-c", ["launch notes"], agent="bob", role="tool", start=120)
+    a = session(db, data_dir, "s-a", ["the launch code is blue"], agent="alice")
+    b = session(db, data_dir, "s-b", ["the launch code is red"], agent="bob", start=60)
+    c = session(db, data_dir, "s-c", ["launch notes"], agent="bob", role="tool", start=120)
 
     def found(q: str = "launch", **filters: Any) -> set[str]:
-        hits = search.search(engine, data_dir, q, catalog.Filters(**filters), limit=50)
+        hits = search.search(db, data_dir, q, catalog.Filters(**filters), limit=50)
         return {h.file_id for h in hits}
 
     assert found() == {a, b, c}
@@ -152,14 +164,14 @@ def test_filters_combine_and_nobody_sees_another_agents_messages(
 
 
 def test_reindex_after_losing_the_index_gives_the_same_results(
-    engine: sa.Engine, data_dir: Path
+    db: database.Database, data_dir: Path, file_locks: locks.FileLocks
 ) -> None:
-    session(engine, data_dir, "one", [f"alpha beta {i} 中文检索 {i % 7}" for i in range(90)])
-    session(engine, data_dir, "two", ["beta gamma", "中文", "upload-like text"], agent="other")
+    session(db, data_dir, "one", [f"alpha beta {i} 中文检索 {i % 7}" for i in range(90)])
+    session(db, data_dir, "two", ["beta gamma", "中文", "upload-like text"], agent="other")
     upload = journal.ingest_upload(
-        engine, {"agent_id": "hermes", "filename": "n.md", "content": "an uploaded beta note"}
+        db, {"agent_id": "hermes", "filename": "n.md", "content": "an uploaded beta note"}
     )
-    journal.flush(engine, data_dir, upload.file_id)
+    journal.flush(db, data_dir, upload.file_id)
     queries = ["beta", "中文检索", '"alpha beta 17"', "note", "gamma"]
 
     def results() -> list[list[tuple[str, str, float]]]:
@@ -167,63 +179,65 @@ def test_reindex_after_losing_the_index_gives_the_same_results(
         return [
             [
                 (r.source_ref, r.snippet, r.score)
-                for r in search.search(engine, data_dir, q, limit=search.MAX_LIMIT)
+                for r in search.search(db, data_dir, q, limit=search.MAX_LIMIT)
             ]
             for q in queries
         ]
 
     before = results()
     assert all(before) and before[3][0][0] == f"{upload.file_id}:1"
-    with database.transaction(engine) as conn:
+    with db.transaction() as conn:
         catalog.clear(conn)
     assert results() == [[] for _ in queries]
-    integrity.reindex(engine, data_dir)
+    integrity.reindex(db, file_locks, data_dir)
     assert results() == before
-    assert integrity.fsck(engine, data_dir) == []
+    assert integrity.fsck(db, data_dir) == []
 
 
-def test_fsck_names_a_catalog_that_no_longer_matches(engine: sa.Engine, data_dir: Path) -> None:
-    file_id = session(engine, data_dir, "c", ["one", "two", "three"])
-    assert integrity.fsck(engine, data_dir) == []
-    with database.transaction(engine) as conn:
+def test_fsck_names_a_catalog_that_no_longer_matches(db: database.Database, data_dir: Path) -> None:
+    file_id = session(db, data_dir, "c", ["one", "two", "three"])
+    assert integrity.fsck(db, data_dir) == []
+    with db.transaction() as conn:
         conn.execute(sa.text("UPDATE messages SET byte_length = byte_length + 1 WHERE seq = 2"))
-    problems = integrity.fsck(engine, data_dir)
+    problems = integrity.fsck(db, data_dir)
     assert [(p.file_id, p.kind) for p in problems] == [(file_id, "catalog_mismatch")]
     assert "first difference at seq 2" in problems[0].detail
 
 
-def test_archived_files_stay_searchable_and_readable(engine: sa.Engine, data_dir: Path) -> None:
-    file_id = session(engine, data_dir, "old", [f"archived fact number {i}" for i in range(50)])
-    c = refine.claim(engine, file_id, lease_seconds=60)
-    assert c is not None and refine.commit(engine, c, [], refiner="test")
-    assert archive.compress(engine, data_dir, file_id) is not None
-    hits = search.search(engine, data_dir, '"fact number 42"')
+def test_archived_files_stay_searchable_and_readable(
+    db: database.Database, data_dir: Path, file_locks: locks.FileLocks
+) -> None:
+    file_id = session(db, data_dir, "old", [f"archived fact number {i}" for i in range(50)])
+    c = refine.claim(db, file_id, lease_seconds=60)
+    assert c is not None and refine.commit(db, c, [], refiner="test")
+    assert archive.compress(db, file_locks, data_dir, file_id) is not None
+    hits = search.search(db, data_dir, '"fact number 42"')
     assert [(h.source_ref, h.snippet) for h in hits] == [
         (f"{file_id}:43", "archived fact number 42")
     ]
-    ref = reader.resolve(engine, data_dir, f"{file_id}:43", context=1)
+    ref = reader.resolve(db, data_dir, f"{file_id}:43", context=1)
     assert [m.content for m in (*ref.before, ref.message, *ref.after)] == [
         f"archived fact number {i}" for i in (41, 42, 43)
     ]
-    assert integrity.fsck(engine, data_dir) == []
+    assert integrity.fsck(db, data_dir) == []
 
 
 def test_the_migration_fills_the_catalog_of_an_existing_store(
-    engine: sa.Engine, data_dir: Path
+    db: database.Database, data_dir: Path
 ) -> None:
     """A store from before the catalog (schema 0005): migrating reads every file into it."""
     from alembic import command
 
-    file_id = session(engine, data_dir, "pre", ["before the catalog", "数据 in old files"])
-    with engine.begin() as conn:
-        config = database._alembic_config()
+    file_id = session(db, data_dir, "pre", ["before the catalog", "数据 in old files"])
+    with db.engine.begin() as conn:
+        config = schema.alembic_config()
         config.attributes["connection"] = conn
         command.downgrade(config, "0005")
-    assert database.revisions(engine)[0] == {"0005"}
-    database.migrate(engine, data_dir=data_dir)
-    hits = search.search(engine, data_dir, "数据")
+    assert database.revisions(db.engine)[0] == {"0005"}
+    database.migrate(db.engine, data_dir=data_dir)
+    hits = search.search(db, data_dir, "数据")
     assert [h.source_ref for h in hits] == [f"{file_id}:2"]
-    assert integrity.fsck(engine, data_dir) == []
+    assert integrity.fsck(db, data_dir) == []
 
 
 def test_sqlite_and_postgres_find_the_same_messages(tmp_path: Path, postgres_url: str) -> None:
@@ -239,18 +253,18 @@ def test_sqlite_and_postgres_find_the_same_messages(tmp_path: Path, postgres_url
     queries = ["api", "数据库", "连接失败", "パスワード", "e-mail", "café", "zoë", '"exit code"']
     answers = []
     for url in (f"sqlite:///{tmp_path / 'index.sqlite3'}", postgres_url):
-        engine = database.create_engine(url)
-        database.migrate(engine)
-        if database.is_postgres(engine):
-            with engine.begin() as conn:
+        db = database.Database.from_url(url)
+        database.migrate(db.engine)
+        if db.postgres:
+            with db.engine.begin() as conn:
                 catalog.clear(conn)
                 conn.execute(sa.text("TRUNCATE raw_files, append_journal, append_keys CASCADE"))
-        data_dir = tmp_path / f"data-{engine.dialect.name}"
-        session(engine, data_dir, "mixed", corpus)
+        data_dir = tmp_path / f"data-{db.dialect.name}"
+        session(db, data_dir, "mixed", corpus)
         answers.append(
-            [sorted(h.seq for h in search.search(engine, data_dir, q, limit=50)) for q in queries]
+            [sorted(h.seq for h in search.search(db, data_dir, q, limit=50)) for q in queries]
         )
-        engine.dispose()
+        db.dispose()
     sqlite, postgres = answers
     assert sqlite == postgres
     assert [len(a) for a in sqlite] == [6, 6, 3, 3, 3, 3, 3, 3]

@@ -12,14 +12,14 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import helpers
 import pytest
 import secret_samples
 import sqlalchemy as sa
+from api_client import Api
 from conftest import Sgme
-from test_api import Api
 
-from pipeline import database, integrity, journal, ordering, tables, validation
-from pipeline.service import Service
+from pipeline import database, flush, ingest, integrity, journal, tables, validation
 from pipeline.settings import Settings
 
 
@@ -55,6 +55,7 @@ def _assert_absent(secrets: list[str], where: Iterator[tuple[str, bytes]]) -> in
 
 
 def test_no_byte_of_a_secret_reaches_the_disk(
+    db: database.Database,
     engine: sa.Engine,
     database_url: str,
     data_dir: Path,
@@ -65,7 +66,7 @@ def test_no_byte_of_a_secret_reaches_the_disk(
 ) -> None:
     planted = _planted(20)
     secrets = [secret for _, _, secret in planted]
-    api = Api(engine, data_dir, database_url, validation.DEFAULT_LIMITS)
+    api = Api(db, data_dir, database_url, validation.DEFAULT_LIMITS)
     half = len(planted) // 2
 
     # HTTP: an append (messages and metadata), flushed; an upload
@@ -86,7 +87,7 @@ def test_no_byte_of_a_secret_reaches_the_disk(
     assert up.status_code == 201 and up.json()["redacted"] >= 1, up.text
 
     # sgme.append tasks: the second one first, held for its order in the index
-    service = Service(Settings(data_dir=data_dir, database_url=database_url), engine)
+    service = helpers.service(db, Settings(data_dir=data_dir, database_url=database_url))
     rest = planted[half + 1 :]
     tasks = [
         {
@@ -99,12 +100,12 @@ def test_no_byte_of_a_secret_reaches_the_disk(
         for n, (_, text, _) in enumerate(rest[:2], start=1)
     ]
     held = service.append_queued(tasks[1])
-    assert isinstance(held, ordering.Held) and not held.dropped
-    with database.transaction(engine) as conn:
+    assert isinstance(held, ingest.Held) and not held.dropped
+    with db.reading() as conn:
         waiting = conn.execute(sa.select(tables.waiting_appends.c.append_json)).scalars().all()
     assert len(waiting) == 1 and "[REDACTED:" in waiting[0]
     done = service.append_queued(tasks[0])
-    assert done is not None and not isinstance(done, ordering.Held) and done.redacted == 1
+    assert done is not None and not isinstance(done, ingest.Held) and done.redacted == 1
 
     # sgme import: an OpenAI chat export
     chats = [
@@ -116,25 +117,26 @@ def test_no_byte_of_a_secret_reaches_the_disk(
     imported = sgme("import", "openai", str(export), "--json")
     assert imported.code == 0, imported.err
 
-    for file_id in journal.stale_files(engine, age=0):
-        journal.flush(engine, data_dir, file_id)
+    for file_id in flush.stale_files(db, age=0):
+        journal.flush(db, data_dir, file_id)
     files = list((data_dir / "raw").rglob("*.md"))
     assert len(files) == 3 + len(chats)
     stored = b"".join(p.read_bytes() for p in files)
     for kind, _, _ in planted:
         if kind not in ("aws-secret-key", "api-key", "token", "secret", "password"):
             assert f"[REDACTED:{kind}]".encode() in stored, kind
-    assert integrity.fsck(engine, data_dir) == []
+    assert integrity.fsck(db, data_dir) == []
     # and one more, left in the journal: the index itself holds its text now
     github = next(text for kind, text, _ in planted if kind == "github-token")
-    last = service.append(
+    last = helpers.append(
+        service,
         {
             "agent_id": "hermes",
             "session_key": "journal",
             "messages": [{"role": "user", "content": github}],
-        }
+        },
     )
-    assert last.redacted == 1 and journal.stale_files(engine, age=0) == [last.result.file_id]
+    assert last.redacted == 1 and flush.stale_files(db, age=0) == [last.result.file_id]
 
     # every byte under the test's directory: data dir, index file, its -wal and -shm
     seen = _assert_absent(secrets, ((str(p), b) for p, b in _every_byte(tmp_path)))
@@ -147,4 +149,4 @@ def test_no_byte_of_a_secret_reaches_the_disk(
     else:
         wal = Path(str(engine.url.database) + "-wal")
         assert wal.exists() and wal.stat().st_size > 0  # the log was looked at, not empty
-    api.client.close()
+    api.close()

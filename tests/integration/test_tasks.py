@@ -4,16 +4,17 @@ retries ending in success or in ``error`` without holding up other files."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import helpers
 import pytest
-import sqlalchemy as sa
 from celery import Celery
 
 from pipeline import database, errors, index, l1, reader, refine, tables
+from pipeline.runtime import Runtime
+from pipeline.service import Service
 from pipeline.settings import Settings
 from workers import app as worker_app
 from workers import embedded
@@ -37,15 +38,11 @@ class FlakyRefiner:
         return [refine.Item("fact", p.content, (window.source_ref(p),)) for p in window.parts]
 
 
-def wait_for(condition: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.02)
+wait_for = helpers.wait_for
 
 
 @pytest.fixture
-def app(database_url: str, data_dir: Path) -> Iterator[Celery]:
+def runtime(database_url: str, data_dir: Path) -> Iterator[Runtime]:
     FAILURES.clear()
     CALLS.clear()
     settings = Settings.load(
@@ -62,30 +59,41 @@ def app(database_url: str, data_dir: Path) -> Iterator[Celery]:
         sweep_interval=0.5,
         sweep_age=0.5,
     )
-    engine = database.create_engine(database_url)
-    app = worker_app.create(settings, engine)
-    runner = embedded.Embedded(app, data_dir=data_dir, concurrency=2)
-    runner.start()
-    try:
-        yield app
-    finally:
-        runner.stop()
-        engine.dispose()
+    runtime = Runtime(settings, database.Database.from_url(database_url))
+    yield runtime
+    runtime.close()
 
 
 @pytest.fixture
-def worker(app: Celery) -> sa.Engine:
-    engine: sa.Engine = app.sgme.engine
-    return engine
+def running(runtime: Runtime, data_dir: Path) -> Iterator[tuple[Celery, Service]]:
+    """A Celery app with an in-process worker running, and the service its tasks call."""
+    app, service = worker_app.create(runtime)
+    runner = embedded.Embedded(app, queues=worker_app.QUEUES, data_dir=data_dir, concurrency=2)
+    runner.start()
+    try:
+        yield app, service
+    finally:
+        runner.stop()
 
 
-def _row(engine: sa.Engine, key: str) -> tables.FileRow | None:
-    with database.transaction(engine) as conn:
+@pytest.fixture
+def app(running: tuple[Celery, Service]) -> Celery:
+    return running[0]
+
+
+@pytest.fixture
+def worker(app: Celery, runtime: Runtime) -> database.Database:
+    """The index the worker of ``app`` writes to."""
+    return runtime.db
+
+
+def _row(db: database.Database, key: str) -> tables.FileRow | None:
+    with db.transaction() as conn:
         return index.find_file(conn, "hermes", "session", key)
 
 
-def _anomalies(engine: sa.Engine, kind: str) -> list[tables.Anomaly]:
-    with database.transaction(engine) as conn:
+def _anomalies(db: database.Database, kind: str) -> list[tables.Anomaly]:
+    with db.transaction() as conn:
         return index.list_anomalies(conn, kinds=[kind])
 
 
@@ -101,7 +109,7 @@ def _body(key: str, *contents: str, idempotency_key: str | None = "k") -> dict[s
 
 
 def test_append_task_ingests_flushes_and_refines_once(
-    app: Celery, worker: sa.Engine, data_dir: Path
+    app: Celery, worker: database.Database, data_dir: Path
 ) -> None:
     body = _body("celery", "one", "two")
     for _ in range(3):  # a redelivered task carries the same idempotency key
@@ -115,12 +123,12 @@ def test_append_task_ingests_flushes_and_refines_once(
     row = _row(worker, "celery")
     assert row is not None and (row.flushed_seq, row.next_seq) == (2, 3)
     assert [m.content for m in reader.messages(worker, data_dir, row.file_id)] == ["one", "two"]
-    with database.transaction(worker) as conn:
+    with worker.transaction() as conn:
         items = l1.list_items(conn, file_id=row.file_id)
     assert [i.content for i in items] == ["one", "two"]
 
 
-def test_invalid_append_tasks_land_in_anomalies(app: Celery, worker: sa.Engine) -> None:
+def test_invalid_append_tasks_land_in_anomalies(app: Celery, worker: database.Database) -> None:
     app.send_task("sgme.append", kwargs=_body("nokey", "x", idempotency_key=None), queue="append")
     bad_role = _body("badrole", "x")
     bad_role["messages"][0]["role"] = "bot"
@@ -133,7 +141,9 @@ def test_invalid_append_tasks_land_in_anomalies(app: Celery, worker: sa.Engine) 
     assert _row(worker, "nokey") is None and _row(worker, "badrole") is None
 
 
-def test_refiner_failing_twice_then_succeeding_refines(app: Celery, worker: sa.Engine) -> None:
+def test_refiner_failing_twice_then_succeeding_refines(
+    app: Celery, worker: database.Database
+) -> None:
     FAILURES["flaky"] = 2
     app.tasks["sgme.append"].delay(**_body("flaky", "a", "b"))
 
@@ -147,7 +157,7 @@ def test_refiner_failing_twice_then_succeeding_refines(app: Celery, worker: sa.E
 
 
 def test_refiner_always_failing_ends_in_error_and_others_go_on(
-    app: Celery, worker: sa.Engine
+    app: Celery, worker: database.Database
 ) -> None:
     FAILURES["down"] = -1
     app.tasks["sgme.append"].delay(**_body("down", "a"))
@@ -171,15 +181,18 @@ def test_refiner_always_failing_ends_in_error_and_others_go_on(
     assert down.last_refined_seq == 0 and down.refine_lease_until is None
 
 
-def test_only_transient_errors_are_retried(app: Celery, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_only_transient_errors_are_retried(
+    running: tuple[Celery, Service], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Retries hang off the error class: a bug runs once, a busy database is retried (with
     backoff and jitter, as many times as the settings allow)."""
+    app, service = running
     flush = app.tasks["sgme.flush"]
     assert flush.autoretry_for == (errors.TransientError,)
     assert flush.retry_jitter is True
-    assert flush.max_retries == app.sgme.settings.flush_max_retries
+    assert flush.max_retries == service.settings.flush_max_retries
     segment = app.tasks["sgme.refine_segment"]
-    assert segment.max_retries == app.sgme.settings.refinement.max_retries == 3
+    assert segment.max_retries == service.settings.refine.max_retries == 3
     assert segment.acks_late is True and segment.reject_on_worker_lost is True
     calls = {"bug": 0, "busy": 0}
 
@@ -190,7 +203,7 @@ def test_only_transient_errors_are_retried(app: Celery, monkeypatch: pytest.Monk
         if calls[file_id] <= 2:
             raise errors.IndexUnavailable("database is locked")
 
-    monkeypatch.setattr(app.sgme, "flush", flaky_flush)
+    monkeypatch.setattr(service, "flush", flaky_flush)
     flush.delay("bug")
     flush.delay("busy")
     wait_for(lambda: calls["busy"] == 3)

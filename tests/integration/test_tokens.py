@@ -15,13 +15,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import helpers
 import pytest
 import sqlalchemy as sa
 from conftest import Run, Sgme, assert_one_line_error
 
 from pipeline import auth, database, errors, tables
 from pipeline.api import app as api_app
-from pipeline.service import Service
 from pipeline.settings import Settings
 
 with warnings.catch_warnings():
@@ -43,23 +43,23 @@ def create(run: Sgme, *args: str) -> Run:
 # the command
 
 
-def test_create_prints_the_secret_once_on_the_last_line(sgme: Sgme, engine: sa.Engine) -> None:
+def test_create_prints_the_secret_once_on_the_last_line(sgme: Sgme, db: database.Database) -> None:
     done = create(sgme, "--agent-id", "hermes", "--agent-id", "codex", "--scope", "append,read")
     lines = done.out.decode().splitlines()
     secret = lines[-1]
     assert SECRET.match(secret), lines
     assert done.out.decode().count(secret) == 1
     assert any(line.startswith("token_id:") for line in lines)
-    (token,) = auth.list_tokens(engine)
+    (token,) = auth.list_tokens(db)
     assert token.agent_ids == ("hermes", "codex") and token.scopes == ("append", "read")
     assert f"token_id:  {token.token_id}" in lines
-    with database.transaction(engine) as conn:
+    with db.transaction() as conn:
         assert auth.lookup(conn, secret) == token
         stored = conn.execute(sa.select(tables.api_tokens.c.token_hash)).scalar_one()
     assert stored == hashlib.sha256(secret.encode()).hexdigest()
 
 
-def test_create_json_has_exactly_the_fixed_keys(sgme: Sgme, engine: sa.Engine) -> None:
+def test_create_json_has_exactly_the_fixed_keys(sgme: Sgme, db: database.Database) -> None:
     done = create(
         sgme,
         "--agent-id",
@@ -76,7 +76,7 @@ def test_create_json_has_exactly_the_fixed_keys(sgme: Sgme, engine: sa.Engine) -
     assert set(made) == {"token_id", "token", "agent_ids", "scopes", "name"}
     assert SECRET.match(made["token"])
     assert (made["agent_ids"], made["scopes"], made["name"]) == (["*"], ["read", "admin"], "ops")
-    assert [t.token_id for t in auth.list_tokens(engine)] == [made["token_id"]]
+    assert [t.token_id for t in auth.list_tokens(db)] == [made["token_id"]]
 
 
 def test_two_tokens_never_share_a_secret_or_an_id(sgme: Sgme) -> None:
@@ -137,10 +137,10 @@ def test_common_options_go_before_or_after_the_action(
     ],
 )
 def test_create_refuses_bad_input_with_one_line(
-    sgme: Sgme, engine: sa.Engine, args: tuple[str, ...], needles: tuple[str, ...]
+    sgme: Sgme, db: database.Database, args: tuple[str, ...], needles: tuple[str, ...]
 ) -> None:
     assert_one_line_error(sgme("token", "create", *args), *needles)
-    assert auth.list_tokens(engine) == []
+    assert auth.list_tokens(db) == []
 
 
 def test_revoke_unknown_is_an_error_and_revoke_twice_is_not(sgme: Sgme) -> None:
@@ -172,18 +172,18 @@ class Clock:
         return self.now
 
 
-def test_a_server_sees_new_and_revoked_tokens_within_the_cache_time(engine: sa.Engine) -> None:
+def test_a_server_sees_new_and_revoked_tokens_within_the_cache_time(db: database.Database) -> None:
     clock = Clock()
-    verifier = auth.Verifier(engine, cache_seconds=5, clock=clock)
+    verifier = auth.Verifier(db, cache_seconds=5, clock=clock)
     assert verifier.caller(None) is auth.OPEN  # no token yet: open
-    made = auth.create(engine, agent_ids=["a"], scopes=["read"])
+    made = auth.create(db, agent_ids=["a"], scopes=["read"])
     clock.now += 4.9
     assert verifier.caller(None) is auth.OPEN  # what it read 4.9 s ago still stands
     clock.now += 0.2
     with pytest.raises(errors.Unauthorized):
         verifier.caller(None)  # 5.1 s: auth is on
     assert verifier.caller(made.secret).agents == frozenset({"a"})
-    auth.revoke(engine, made.token.token_id)
+    auth.revoke(db, made.token.token_id)
     clock.now += 4.9
     assert verifier.caller(made.secret).token_id == made.token.token_id  # cached
     assert verifier.quick(made.secret) is not None  # answered from memory
@@ -195,19 +195,19 @@ def test_a_server_sees_new_and_revoked_tokens_within_the_cache_time(engine: sa.E
 
 def test_the_cache_is_bounded_to_a_minute() -> None:
     with pytest.raises(errors.Misconfigured, match="token_cache_seconds"):
-        auth.Verifier(sa.create_engine("sqlite://"), cache_seconds=61)
+        auth.Verifier(database.Database(sa.create_engine("sqlite://")), cache_seconds=61)
 
 
-def test_a_cached_answer_costs_no_database_read(engine: sa.Engine) -> None:
+def test_a_cached_answer_costs_no_database_read(db: database.Database) -> None:
     clock = Clock()
-    verifier = auth.Verifier(engine, cache_seconds=5, clock=clock)
-    made = auth.create(engine, agent_ids=["a"], scopes=["read"])
+    verifier = auth.Verifier(db, cache_seconds=5, clock=clock)
+    made = auth.create(db, agent_ids=["a"], scopes=["read"])
     statements: list[str] = []
 
     def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
         statements.append(statement)
 
-    sa.event.listen(engine, "before_cursor_execute", record)
+    sa.event.listen(db.engine, "before_cursor_execute", record)
     try:
         verifier.caller(made.secret)  # reads: does a token exist, which one, last_used_at
         reads = len(statements)
@@ -216,13 +216,13 @@ def test_a_cached_answer_costs_no_database_read(engine: sa.Engine) -> None:
             verifier.caller(made.secret)
         assert len(statements) == reads
     finally:
-        sa.event.remove(engine, "before_cursor_execute", record)
+        sa.event.remove(db.engine, "before_cursor_execute", record)
 
 
-def test_last_used_at_is_written_at_most_once_a_minute(engine: sa.Engine) -> None:
+def test_last_used_at_is_written_at_most_once_a_minute(db: database.Database) -> None:
     clock = Clock()
-    verifier = auth.Verifier(engine, cache_seconds=0, clock=clock)
-    made = auth.create(engine, agent_ids=["a"], scopes=["read"])
+    verifier = auth.Verifier(db, cache_seconds=0, clock=clock)
+    made = auth.create(db, agent_ids=["a"], scopes=["read"])
     updates: list[str] = []
 
     def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
@@ -230,10 +230,10 @@ def test_last_used_at_is_written_at_most_once_a_minute(engine: sa.Engine) -> Non
             updates.append(statement)
 
     def last_used() -> Any:
-        (token,) = auth.list_tokens(engine)
+        (token,) = auth.list_tokens(db)
         return token.last_used_at
 
-    sa.event.listen(engine, "before_cursor_execute", record)
+    sa.event.listen(db.engine, "before_cursor_execute", record)
     try:
         for _ in range(20):
             verifier.caller(made.secret)
@@ -247,7 +247,7 @@ def test_last_used_at_is_written_at_most_once_a_minute(engine: sa.Engine) -> Non
         # ... but the index refuses to move it twice within a real minute (another process)
         assert last_used() == first
     finally:
-        sa.event.remove(engine, "before_cursor_execute", record)
+        sa.event.remove(db.engine, "before_cursor_execute", record)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -261,10 +261,10 @@ def assert_secret_absent(secret: str, text: str) -> None:
         assert piece not in text, f"a token secret ({piece[:4]}…) leaked"
 
 
-def every_text_in_the_index(engine: sa.Engine) -> str:
+def every_text_in_the_index(db: database.Database) -> str:
     """Every value of every column of every table, as text."""
     parts: list[str] = []
-    with database.transaction(engine) as conn:
+    with db.transaction() as conn:
         for name in sa.inspect(conn).get_table_names():
             for row in conn.execute(sa.text(f'SELECT * FROM "{name}"')):
                 parts.extend(str(value) for value in row)
@@ -273,7 +273,7 @@ def every_text_in_the_index(engine: sa.Engine) -> str:
 
 def test_a_secret_is_never_logged_listed_or_stored(
     sgme: Sgme,
-    engine: sa.Engine,
+    db: database.Database,
     data_dir: Path,
     database_url: str,
     caplog: pytest.LogCaptureFixture,
@@ -292,7 +292,7 @@ def test_a_secret_is_never_logged_listed_or_stored(
         token_cache_seconds=0,
         metrics_require_auth=True,
     )
-    service = Service(settings, engine)
+    service = helpers.service(db, settings)
     outputs: list[str] = []
     with TestClient(api_app.create_app(service), raise_server_exceptions=False) as client:
         calls: list[tuple[str, str, Callable[[str], dict[str, Any]], Any]] = [
@@ -310,7 +310,7 @@ def test_a_secret_is_never_logged_listed_or_stored(
     outputs.append(sgme("token", "ls").out.decode())
     outputs.append(sgme("token", "ls", "--json").out.decode())
     logged = caplog.text + "\n".join(str(r.args) + r.getMessage() for r in caplog.records)
-    stored = every_text_in_the_index(engine)
+    stored = every_text_in_the_index(db)
     for secret in [*secrets_made, wrong]:
         assert_secret_absent(secret, logged)
         assert_secret_absent(secret, "\n".join(outputs))
@@ -338,23 +338,6 @@ def _body(agent_id: str) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------------------
 # the settings
-
-
-def test_auth_settings_come_from_yaml_and_the_environment(tmp_path: Path) -> None:
-    env = {
-        "SGME_ALLOWED_HOSTS": "api, sgme.example.org ,",
-        "SGME_REQUIRE_AUTH": "true",
-        "SGME_TOKEN_CACHE_SECONDS": "2.5",
-        "SGME_REFINE_COOLDOWN_SECONDS": "30",
-    }
-    s = Settings.load(environ=env)
-    assert s.allowed_hosts == ("api", "sgme.example.org")
-    assert (s.require_auth, s.token_cache_seconds) == (True, 2.5)
-    assert s.refinement.cooldown_seconds == 30
-    config = tmp_path / "sgme.yaml"
-    config.write_text("allowed_hosts: [a, '::1']\nmetrics_require_auth: yes\n", encoding="utf-8")
-    s = Settings.load(config, environ={})
-    assert s.allowed_hosts == ("a", "::1") and s.metrics_require_auth is True
 
 
 def test_a_config_that_still_trusts_the_network_says_what_replaced_it(

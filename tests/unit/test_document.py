@@ -1,4 +1,4 @@
-"""pipeline.document: the L0 file format (DESIGN §2) — parse, render, validation, hash chain."""
+"""pipeline.document: the L0 file format (docs/design.md §2) — parse, render, validation, hash chain."""
 
 from __future__ import annotations
 
@@ -191,7 +191,7 @@ def test_golden_escapes_are_what_the_file_holds() -> None:
 # ---------------------------------------------------------------------------------------------
 # round trips (hypothesis)
 
-CHARS = st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00")
+CHARS = st.characters(exclude_categories=["Cs"], exclude_characters="\x00")
 TRICKY_LINES = [
     "# 2026-08-03T11:18:06Z user",
     "## 2026-08-03T11:18:06.123456Z tool",
@@ -511,7 +511,7 @@ def test_escape_examples() -> None:
 
 
 def reference_parse(text: str) -> list[tuple[str, str, str | None, str]]:
-    """DESIGN §2 read literally, line by line: ``(ts, role, tool_name, content)`` per message."""
+    """docs/design.md §2 read literally, line by line: ``(ts, role, tool_name, content)`` per message."""
     _, offset = document.split_frontmatter(text)
     blocks: list[tuple[str, str, list[str]]] = []
     preamble: list[str] = []

@@ -29,7 +29,7 @@ def load_messages() -> ModuleType:
 plugin = load_messages()
 WHEN = "2026-08-03T11:18:06Z"
 
-HERMES_TURN: list[dict[str, Any]] = [
+HERMES_TURN: list[Any] = [
     {"role": "system", "content": "You are Hermes."},
     {"role": "user", "content": "Earlier question"},
     {"role": "assistant", "content": "Earlier answer"},

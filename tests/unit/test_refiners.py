@@ -1,4 +1,4 @@
-"""The refiners (DESIGN §4): the built-in offline extractor, the OpenAI-compatible
+"""The refiners (docs/design.md §4): the built-in offline extractor, the OpenAI-compatible
 chat-completions refiner and the webhook, each against a local HTTP server; loading them by
 entry point; and the check every refiner's items pass before they are stored."""
 

@@ -1,4 +1,4 @@
-"""Validation of what clients send (DESIGN §2.10): one set of rules, the same messages on the
+"""Validation of what clients send (docs/design.md §2): one set of rules, the same messages on the
 HTTP path (JSON bytes) and the Celery path (a dict)."""
 
 from __future__ import annotations
@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
-from pipeline import document, errors, validation
+from pipeline import document, errors, refs, validation
+from pipeline.settings import Limits
 
 FILE_ID = "3f2c1a9e-8b7d-4c6e-9a5f-1e2d3c4b5a69"
-LIMITS = validation.Limits(max_message_bytes=16, max_session_key=8, max_metadata_bytes=20)
+LIMITS = Limits(max_message_bytes=16, max_session_key=8, max_metadata_bytes=20)
 
 
 def good(**changes: Any) -> dict[str, Any]:
@@ -24,7 +25,7 @@ def body(message: object = None, **changes: Any) -> dict[str, Any]:
     return {"agent_id": "hermes", "session_key": "s", "messages": messages, **changes}
 
 
-def refused(value: dict[str, Any], limits: validation.Limits = LIMITS) -> str:
+def refused(value: dict[str, Any], limits: Limits = LIMITS) -> str:
     """The message for ``value``, which must be the same on both paths."""
     with pytest.raises(errors.InvalidInput) as as_dict:
         validation.parse_append(value, limits)
@@ -163,7 +164,7 @@ def test_accepted_and_normalised() -> None:
     no_ts = validation.parse_append(body({"role": "system", "content": ""}), received_at=received)
     assert no_ts.messages[2] == document.Message("system", "", "2026-01-02T03:04:05.6Z")
     assert no_ts.digest == ""  # only keyed requests are compared
-    limits = validation.Limits(max_message_bytes=16)
+    limits = Limits(max_message_bytes=16)
     assert validation.parse_append(body(good(content="x" * 16)), limits).messages[2].content
 
 
@@ -230,17 +231,18 @@ def test_uploads() -> None:
     )
     assert upload.metadata == {"filename": "notes.txt"}
     assert upload.digest
-    for changes, detail in [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"filename": ""}, "filename: String should have at least 1 character, got 0"),
         ({"filename": "a\nb"}, "filename: contains control character '\\n' at index 1"),
         ({"content": 5}, "content: Input should be a valid string"),
         ({"content": "a\x00"}, "content: contains a NUL character"),
-    ]:
+    ]
+    for changes, detail in cases:
         base = {"agent_id": "a", "filename": "n", "content": "x"}
         with pytest.raises(errors.InvalidInput) as info:
             validation.parse_upload({**base, **changes})
         assert info.value.detail == detail
-    small = validation.Limits(max_append_bytes=4)
+    small = Limits(max_append_bytes=4)
     with pytest.raises(errors.InvalidInput) as info:
         validation.parse_upload({"agent_id": "a", "filename": "n", "content": "é" * 3}, small)
     assert info.value.detail == "content: is 6 bytes of UTF-8; the limit is 4"
@@ -329,7 +331,7 @@ def test_check_agent_id_refuses(value: object) -> None:
 
 
 def test_check_metadata() -> None:
-    limits = validation.Limits(max_metadata_bytes=20)
+    limits = Limits(max_metadata_bytes=20)
     assert validation.check_metadata(None) == {}
     assert validation.check_metadata({"a": "é" * 5 + "x"}, limits) == {"a": "é" * 5 + "x"}  # 20 B
     cases: list[tuple[object, str]] = [
@@ -350,16 +352,16 @@ def test_check_metadata() -> None:
 
 
 def test_check_file_id_source_type_and_refs() -> None:
-    assert validation.check_file_id(FILE_ID) == FILE_ID
+    assert refs.check_file_id(FILE_ID) == FILE_ID
     for bad in (FILE_ID.upper(), FILE_ID.replace("-4", "-1", 1), "../etc/passwd", 1):
         with pytest.raises(errors.InvalidInput, match="not a file_id"):
-            validation.check_file_id(bad)
+            refs.check_file_id(bad)
     assert validation.check_source_type("upload") == "upload"
     with pytest.raises(errors.InvalidInput) as info:
         validation.check_source_type("mail")
     assert info.value.detail == "source_type must be one of session, upload, external; got 'mail'"
-    assert validation.parse_ref(f"{FILE_ID}:12") == (FILE_ID, 12)
-    assert validation.parse_ref(f"{FILE_ID}:9999999999") == (FILE_ID, 9999999999)
+    assert refs.parse(f"{FILE_ID}:12") == (FILE_ID, 12)
+    assert refs.parse(f"{FILE_ID}:9999999999") == (FILE_ID, 9999999999)
     for seq in ("0", "01", "²", "٣", "-1", "+1", " 1", "1 ", "", "99999999999"):
         with pytest.raises(errors.InvalidInput, match="not a source_ref"):
-            validation.parse_ref(f"{FILE_ID}:{seq}")
+            refs.parse(f"{FILE_ID}:{seq}")

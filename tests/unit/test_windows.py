@@ -1,6 +1,6 @@
 """pipeline.refine.windows: a segment rendered in the L0 format, packed into windows that fit
 the refiner's budget, with overlap, and with oversized messages split into parts that keep
-their source_ref (DESIGN §4)."""
+their source_ref (docs/design.md §4)."""
 
 from __future__ import annotations
 

@@ -235,7 +235,7 @@ class Sender:
         self._client.close()
 
 
-class SgmeMemoryProvider(MemoryProvider):
+class SgmeMemoryProvider(MemoryProvider):  # type: ignore[misc]  # Hermes' class, untyped here
     """Appends every completed Hermes turn to SGME L0 and recalls earlier ones (see the module
     docstring)."""
 
@@ -396,7 +396,8 @@ class SgmeMemoryProvider(MemoryProvider):
         if not session:
             return
         completed = convention.ts(time.time())
-        position, turn = (-1, [])
+        position: int = -1
+        turn: list[dict[str, Any]] = []
         if messages:
             position, turn = convention.current_turn(
                 list(messages), user_content or "", assistant_content or ""
@@ -421,7 +422,7 @@ class SgmeMemoryProvider(MemoryProvider):
             self._sent.popitem(last=False)
         runs = list(convention.batches(converted))
         for number, batch in enumerate(runs):
-            body = {
+            body: dict[str, Any] = {
                 "agent_id": self._config["agent_id"],
                 "session_key": session,
                 "source_type": "session",

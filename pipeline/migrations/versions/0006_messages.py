@@ -1,4 +1,4 @@
-"""messages and message_terms: the message catalog and its search index (DESIGN §5b),
+"""messages and message_terms: the message catalog and its search index (docs/design.md §6),
 backfilled from the files when the data directory is known (``sgme migrate``, ``sgme serve``;
 otherwise ``sgme reindex`` fills them)
 

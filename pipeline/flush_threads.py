@@ -2,10 +2,11 @@
 
 In the embedded service the API and the worker are one process, so a flush kick need not go
 through a broker: a Celery task per kick cost more of the process's time than the flush it
-asked for (bench/bench_http.py). :class:`InProcess` keeps the files to flush in a set (a file
+asked for (bench/bench_http.py). :class:`FlushThreads` keeps the files to flush in a set (a file
 kicked twice before its flush starts is flushed once; a file kicked while it is being flushed
 is flushed again after) and runs them on a few threads, whose commits the group committer
-shares (:mod:`pipeline.commits`). Refinement jobs still go to the task queue it wraps.
+shares (:mod:`pipeline.database.commits`). Refinement jobs still go to the task queue it
+wraps.
 
 Nothing here is durable, and nothing needs to be: a kick lost in a crash is found again by
 the sweep (the journal holds every acknowledged append).
@@ -23,9 +24,9 @@ from pipeline.service import Queue
 log = logging.getLogger(__name__)
 
 
-class InProcess:
-    """A :class:`pipeline.service.Queue` that flushes in this process and sends refinement
-    jobs to ``jobs``."""
+class FlushThreads:
+    """A :class:`pipeline.service.Queue` that flushes kicked files on threads of this process
+    and submits refinement jobs to ``jobs``."""
 
     def __init__(self, jobs: Queue, *, threads: int = 4) -> None:
         self.jobs = jobs
@@ -54,17 +55,17 @@ class InProcess:
         for thread in self._workers:
             thread.join(timeout)
 
-    def flush(self, file_id: str) -> None:
-        """Kick a flush of ``file_id``."""
+    def kick(self, file_id: str) -> None:
+        """Flush ``file_id`` soon, on one of the threads."""
         with self._cond:
             if self._closed or file_id in self._pending:
                 return
             self._pending[file_id] = None
             self._cond.notify()
 
-    def refine(self, claim: refine.Claim) -> None:
+    def submit(self, claim: refine.Claim) -> None:
         """Send a refinement job to the task queue."""
-        self.jobs.refine(claim)
+        self.jobs.submit(claim)
 
     def idle(self) -> bool:
         """Whether nothing is kicked or being flushed."""

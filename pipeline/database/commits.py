@@ -1,4 +1,4 @@
-"""Group commit (DESIGN §3): concurrent transactions of one process share one commit.
+"""Group commit (docs/design.md §3): concurrent transactions of one process share one commit.
 
 A durable commit costs a disk flush (an fsync of SQLite's WAL, a WAL flush on PostgreSQL),
 whatever it holds. So the transactions that arrive while one commits do not each wait for a
@@ -20,23 +20,32 @@ queued for the next group), so it must only touch the database.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
-import os
 import threading
-import weakref
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import sqlalchemy as sa
 
-from pipeline import database, errors
+from pipeline import errors
+from pipeline.database import engines, statements
 
 T = TypeVar("T")
 MAX_GROUP = 256  #: pieces of work in one transaction at most
-DEADLOCK_ATTEMPTS = 3  #: runs of a group whose transaction a deadlock aborted
-#: SQLSTATEs after which PostgreSQL has rolled the whole transaction back and the same work
-#: may succeed if run again: serialization failure, deadlock detected
-_RERUN_STATES = {"40001", "40P01"}
+#: runs of a group whose transaction the database aborted (:class:`errors.TransactionAborted`:
+#: a deadlock, a serialization failure)
+DEADLOCK_ATTEMPTS = 3
+
+
+class Transactions(Protocol):
+    """What a group commits through (:class:`pipeline.database.Database`)."""
+
+    def transaction(
+        self, *, durable: bool = True
+    ) -> contextlib.AbstractContextManager[sa.Connection]:
+        """One write transaction."""
+        ...
 
 
 class Again(Exception):
@@ -58,7 +67,7 @@ class _Work(Generic[T]):
         self.value, self.finished = value, True
 
     def fail(self, error: BaseException) -> None:
-        self.error, self.finished = database.mapped(error), True
+        self.error, self.finished = engines.mapped(error), True
 
     def outcome(self) -> T:
         if self.error is not None:
@@ -67,13 +76,13 @@ class _Work(Generic[T]):
 
 
 class Group:
-    """The group committer of one engine. Work is durable (its commit is on stable storage
+    """The group committer of one database handle. Work is durable (its commit is on stable storage
     before it returns: an acknowledgement) or lazy (:func:`database.transaction`'s
     ``durable``); a group's commit is durable when any of its work is, so lazy work that
     queues behind an acknowledgement rides on its disk flush and costs no commit of its own."""
 
-    def __init__(self, engine: sa.Engine, *, max_group: int = MAX_GROUP) -> None:
-        self.engine = engine
+    def __init__(self, db: Transactions, *, max_group: int = MAX_GROUP) -> None:
+        self.db = db
         self.max_group = max_group
         self._mutex = threading.Lock()
         self._queue: collections.deque[_Work[Any]] = collections.deque()
@@ -135,18 +144,18 @@ class Group:
             outcomes: list[tuple[_Work[Any], str, Any]] = []
             try:
                 durable = any(work.durable for work in group)
-                with database.transaction(self.engine, durable=durable) as conn:
+                with self.db.transaction(durable=durable) as conn:
                     if len(group) == 1:
                         outcomes.append((group[0], *_alone(conn, group[0].run)))
                     else:
                         for i, work in enumerate(group):
                             outcomes.append((work, *_in_savepoint(conn, f"g{i}", work.run)))
             except _Undone as undone:  # the lone piece failed; its transaction rolled back
-                if undone.kind == "failed" and _rerun(undone.error) and not last:
+                if undone.kind == "failed" and _aborted(undone.error) and not last:
                     continue
                 outcomes = [(group[0], undone.kind, undone.error)]
             except errors.SgmeError as exc:
-                if _rerun(exc) and not last:
+                if _aborted(exc) and not last:
                     continue
                 # Nothing committed: every piece that had not failed alone fails with it.
                 failed = {id(w): v for w, kind, v in outcomes if kind == "failed"}
@@ -188,7 +197,7 @@ def _alone(conn: sa.Connection, run: Callable[[sa.Connection], Any]) -> tuple[st
     except Again:
         raise _Undone("again", None) from None
     except Exception as exc:
-        raise _Undone("failed", database.mapped(exc)) from exc
+        raise _Undone("failed", engines.mapped(exc)) from exc
 
 
 def _in_savepoint(
@@ -197,52 +206,24 @@ def _in_savepoint(
     """Run one piece of work in a savepoint: ``("done", value)``, ``("again", None)`` or
     ``("failed", error)``. A lost connection, a deadlock or a savepoint that cannot be rolled
     back fails the whole group (raised)."""
-    database.savepoint(conn, name, "begin")
+    statements.savepoint(conn, name, "begin")
     try:
         value = run(conn)
     except Again:
-        database.savepoint(conn, name, "rollback")
+        statements.savepoint(conn, name, "rollback")
         return "again", None
     except Exception as exc:
-        error = database.mapped(exc)
-        if _rerun(error) or isinstance(error, errors.IndexUnavailable):
-            raise error from exc  # the transaction is lost with it
-        database.savepoint(conn, name, "rollback")
+        error = engines.mapped(exc)
+        if isinstance(error, errors.IndexUnavailable):  # aborted or lost: so is the group
+            raise error from exc
+        statements.savepoint(conn, name, "rollback")
         return "failed", error
-    database.savepoint(conn, name, "release")
+    statements.savepoint(conn, name, "release")
     return "done", value
 
 
-def _rerun(exc: BaseException | None) -> bool:
-    """Whether a failure is one PostgreSQL resolved by rolling the transaction back (a
-    deadlock, a serialization failure): the same work may succeed when run again."""
-    seen = 0
-    while exc is not None and seen < 4:
-        for candidate in (exc, getattr(exc, "orig", None)):
-            if getattr(candidate, "sqlstate", None) in _RERUN_STATES:
-                return True
-        exc, seen = exc.__cause__, seen + 1
-    return False
-
-
-_groups: weakref.WeakKeyDictionary[sa.Engine, Group] = weakref.WeakKeyDictionary()
-_groups_lock = threading.Lock()
-
-
-def group(engine: sa.Engine) -> Group:
-    """This process's group committer for ``engine``."""
-    with _groups_lock:
-        found = _groups.get(engine)
-        if found is None:
-            found = _groups[engine] = Group(engine)
-        return found
-
-
-def _forget_groups() -> None:
-    # A child forked while a group was committing must not inherit its queue or its lead.
-    global _groups_lock
-    _groups.clear()
-    _groups_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_groups)
+def _aborted(exc: BaseException | None) -> bool:
+    """Whether the database rolled the transaction back to resolve a conflict between
+    transactions (a deadlock, a serialization failure): the same work may succeed when run
+    again."""
+    return isinstance(exc, errors.TransactionAborted)

@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
-from pipeline import database, l1, reader, refine, validation
+from pipeline import refs, validation
 from pipeline.api import models
 from pipeline.api.deps import FileIdPath, ServiceDep, problems
 from pipeline.api.security import Reader, Refiner
@@ -25,10 +25,7 @@ def refine_file(file_id: FileIdPath, service: ServiceDep, caller: Refiner) -> di
     """Full re-refine: ``last_refined_seq = 0``; the file's L1 items are replaced when the new
     run commits. 429 with ``Retry-After`` while the file's last full re-refine is running or
     finished less than ``refine_cooldown_seconds`` ago."""
-    cooldown = service.settings.refinement.cooldown_seconds
-    refine.request_full(service.engine, file_id, cooldown=cooldown, agents=caller.agents)
-    service.dispatch([file_id])
-    return reader.get_file(service.engine, file_id).to_json()
+    return service.request_refine(file_id, agents=caller.agents).to_json()
 
 
 @router.get("/v1/l1", response_model=models.L1Items, responses=problems(422, 503))
@@ -36,7 +33,7 @@ def list_l1(
     service: ServiceDep,
     caller: Reader,
     file_id: Annotated[
-        str | None, Query(pattern=validation.FILE_ID_PATTERN, json_schema_extra={"format": "uuid"})
+        str | None, Query(pattern=refs.FILE_ID_PATTERN, json_schema_extra={"format": "uuid"})
     ] = None,
     agent_id: Annotated[str | None, Query(pattern=validation.AGENT_ID_PATTERN)] = None,
     after: Annotated[int, Query(ge=0, le=MAX_ID, description="items with id > after")] = 0,
@@ -44,9 +41,8 @@ def list_l1(
 ) -> dict[str, Any]:
     """L1 items, oldest first; each source_ref resolves through ``/v1/refs/…``. Only the
     token's agents' items are listed (an ``agent_id`` it does not hold lists none)."""
-    with database.transaction(service.engine) as conn:
-        items = l1.list_items(
-            conn, file_id=file_id, agents=caller.listing(agent_id), after=after, limit=limit
-        )
+    items = service.l1_items(
+        file_id=file_id, agents=caller.listing(agent_id), after=after, limit=limit
+    )
     next_after = items[-1].id if len(items) == limit else None
     return {"items": [item.to_json() for item in items], "next_after": next_after}

@@ -1,0 +1,92 @@
+"""Bounded work (docs/design.md §3): what is acknowledged but not yet in its file stays under
+limits (:class:`pipeline.settings.Backlog`), and past them an append is refused with a
+``Retry-After`` rather than acknowledged.
+
+Two checks, both counting the bytes the journal will hold:
+
+* :class:`Admission`, before ingest: the journal's whole backlog (and the appends held for
+  their predecessors) under ``max_total_bytes``, and the backlog plus this append fitting in
+  the data volume's free space above ``min_free_bytes`` — nothing is acknowledged that the
+  disk could not take. Both figures are measured at most every :attr:`Admission.REFRESH`
+  seconds, not per append.
+* :func:`check_file`, inside ingest's transaction, under the session's row lock: the file's
+  unwritten messages under ``max_file_messages``.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from pathlib import Path
+
+from pipeline import database, errors, ledger, store, validation
+from pipeline.settings import Backlog
+
+#: bytes a message's heading (and its framing) adds to its content in the journal, at most
+#: about: ``## <ts> <role>`` with a microsecond timestamp, blank lines, a tool line
+HEADING_BYTES = 96
+
+
+def estimate(append: validation.Append) -> int:
+    """About the bytes ``append`` will hold in the journal (its blocks: UTF-8 content and
+    headings); compared with a backlog counted in the same bytes."""
+    return sum(len(m.content.encode("utf-8")) + HEADING_BYTES for m in append.messages)
+
+
+def check_file(waiting: int, adding: int, limits: Backlog) -> None:
+    """Refuse ``adding`` more messages to a file that has ``waiting`` unwritten ones, past
+    ``max_file_messages`` (:class:`errors.Overloaded`)."""
+    if waiting + adding > limits.max_file_messages:
+        raise errors.Overloaded(
+            f"{waiting} messages of this session wait to be written; at most "
+            f"{limits.max_file_messages} may (backlog_max_file_messages)",
+            retry_after=limits.retry_after,
+        )
+
+
+class Admission:
+    """Whether the store can take one more append of ``size`` bytes (:meth:`check`)."""
+
+    REFRESH = 0.5  #: seconds a measured backlog or free space is reused
+
+    def __init__(self, db: database.Database, data_dir: Path, limits: Backlog) -> None:
+        self.db = db
+        self.data_dir = data_dir
+        self.limits = limits
+        self._measured = -math.inf
+        self._journal_bytes = 0
+        self._free_bytes = 0
+        self._lock = threading.Lock()
+
+    def check(self, size: int) -> None:
+        """Raise :class:`errors.Overloaded` or :class:`errors.InsufficientStorage` (each with
+        ``retry_after``) if ``size`` more bytes should not be acknowledged now."""
+        journal_bytes, free = self._measure()
+        b = self.limits
+        if journal_bytes + size > b.max_total_bytes:
+            raise errors.Overloaded(
+                f"{journal_bytes} bytes of appends wait to be written; at most "
+                f"{b.max_total_bytes} may (backlog_max_total_bytes)",
+                retry_after=b.retry_after,
+            )
+        if journal_bytes + size > free - b.min_free_bytes:
+            raise errors.InsufficientStorage(
+                f"the data volume has {free} bytes free: not enough for {journal_bytes} bytes "
+                f"waiting to be written and this append above the {b.min_free_bytes}-byte "
+                "reserve (backlog_min_free_bytes)",
+                retry_after=b.retry_after,
+            )
+
+    def _measure(self) -> tuple[int, int]:
+        with self._lock:
+            now = time.monotonic()
+            if now - self._measured >= self.REFRESH:
+                with self.db.reading() as conn:
+                    # held appends (pipeline.ordering) are waiting to be written as well
+                    self._journal_bytes = (
+                        ledger.journal_backlog(conn)[2] + ledger.waiting_backlog(conn)[1]
+                    )
+                self._free_bytes = store.free_bytes(self.data_dir)
+                self._measured = now
+            return self._journal_bytes, self._free_bytes

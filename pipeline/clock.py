@@ -1,0 +1,53 @@
+"""Time, as the index stores it: naive UTC datetimes, from a clock the runtime owns.
+
+Everything that stamps or compares a time in the index (leases, cooldowns, the age of a
+journal row or of a held append, archive cutoffs) asks the :class:`Clock` it was given —
+:attr:`pipeline.database.Database.clock` — rather than the system, so that a test can move
+time forward instead of sleeping through it (:class:`ManualClock`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+from typing import Protocol
+
+
+class Clock(Protocol):
+    """Where the time comes from."""
+
+    def now(self) -> dt.datetime:
+        """Now, as a naive UTC datetime."""
+        ...
+
+
+class SystemClock:
+    """The system's time."""
+
+    def now(self) -> dt.datetime:
+        """Now, as a naive UTC datetime."""
+        return dt.datetime.now(dt.UTC).replace(tzinfo=None)
+
+
+SYSTEM = SystemClock()
+
+
+class ManualClock:
+    """A clock that stands still until :meth:`advance` moves it (tests and simulations).
+
+    It starts at the system's time, so rows it stamps sort with rows stamped before."""
+
+    def __init__(self, start: dt.datetime | None = None) -> None:
+        self._now = start if start is not None else SYSTEM.now()
+        self._lock = threading.Lock()
+
+    def now(self) -> dt.datetime:
+        """The time the clock was last set to."""
+        with self._lock:
+            return self._now
+
+    def advance(self, seconds: float) -> dt.datetime:
+        """Move the clock forward by ``seconds``; the new time."""
+        with self._lock:
+            self._now += dt.timedelta(seconds=seconds)
+            return self._now

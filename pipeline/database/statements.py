@@ -1,0 +1,148 @@
+"""Statements on the driver: :class:`Prepared` (a Core statement compiled once, run straight
+on the DBAPI cursor), savepoints, and the small builders the index's queries share."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.dialects import postgresql, sqlite
+
+from pipeline import errors
+from pipeline.database import engines
+
+
+def is_postgres(conn_or_engine: sa.Connection | sa.Engine) -> bool:
+    """True on PostgreSQL."""
+    return conn_or_engine.dialect.name == "postgresql"
+
+
+def insert(conn: sa.Connection, table: sa.Table) -> Any:
+    """An INSERT that can take ``on_conflict_do_*`` on either database."""
+    return (postgresql.insert if is_postgres(conn) else sqlite.insert)(table)
+
+
+class Prepared:
+    """A Core statement executed straight on the driver's cursor: the append and flush paths
+    run a handful of statements per message, and SQLAlchemy's per-execution machinery costs
+    about ten times the statement itself on SQLite (43 µs against 4 µs for a lookup by key,
+    measured here). The statement is compiled once per dialect by SQLAlchemy, which also
+    converts the values both ways (its types' bind and result processors); only the
+    execution is ours. It runs in the connection's current transaction. Bind parameters are
+    given by key; a statement's own literal values are bound as compiled.
+    """
+
+    def __init__(self, statement: Any) -> None:
+        self.statement = statement
+        self._compiled: dict[str, _Compiled] = {}
+
+    def _for(self, dialect: sa.Dialect) -> _Compiled:
+        found = self._compiled.get(dialect.name)
+        if found is None:
+            found = self._compiled[dialect.name] = _Compiled(self.statement, dialect)
+        return found
+
+    def execute(self, conn: sa.Connection, params: Mapping[str, Any] | None = None) -> Any:
+        """Run once; the driver's cursor (its ``rowcount`` and rows, unconverted)."""
+        compiled = self._for(conn.dialect)
+        cursor = _driver(conn).cursor()
+        try:
+            cursor.execute(compiled.sql, compiled.bind(params or {}))
+        except conn.dialect.loaded_dbapi.Error as exc:
+            raise _mapped(conn, compiled.sql, exc) from exc
+        return cursor
+
+    def many(self, conn: sa.Connection, params: Sequence[Mapping[str, Any]]) -> None:
+        """Run once per mapping in ``params``, in one driver call (``executemany``)."""
+        compiled = self._for(conn.dialect)
+        cursor = _driver(conn).cursor()
+        try:
+            cursor.executemany(compiled.sql, [compiled.bind(p) for p in params])
+        except conn.dialect.loaded_dbapi.Error as exc:
+            raise _mapped(conn, compiled.sql, exc) from exc
+
+    def rows(self, conn: sa.Connection, params: Mapping[str, Any] | None = None) -> list[Any]:
+        """Every row, its values converted as SQLAlchemy would."""
+        compiled = self._for(conn.dialect)
+        cursor = self.execute(conn, params)
+        return [compiled.row(raw) for raw in cursor.fetchall()]
+
+    def first(self, conn: sa.Connection, params: Mapping[str, Any] | None = None) -> Any:
+        """The first row (converted), or None."""
+        compiled = self._for(conn.dialect)
+        raw = self.execute(conn, params).fetchone()
+        return None if raw is None else compiled.row(raw)
+
+    def rowcount(self, conn: sa.Connection, params: Mapping[str, Any] | None = None) -> int:
+        """Run once; the number of rows changed."""
+        return int(self.execute(conn, params).rowcount)
+
+
+class _Compiled:
+    """One statement compiled for one dialect, with its value converters."""
+
+    def __init__(self, statement: Any, dialect: sa.Dialect) -> None:
+        compiled = statement.compile(dialect=dialect)
+        self.sql = str(compiled)
+        self.positional = compiled.positiontup if dialect.positional else None
+        self.binds = [
+            (name, bind.key, bind.value, bind.type.dialect_impl(dialect).bind_processor(dialect))
+            for bind, name in compiled.bind_names.items()
+        ]
+        columns = getattr(statement, "exported_columns", ())
+        self.columns = [c.key for c in columns]
+        self.results = [
+            c.type.dialect_impl(dialect).result_processor(dialect, None) for c in columns
+        ]
+
+    def bind(self, params: Mapping[str, Any]) -> Any:
+        values = {}
+        for name, key, default, process in self.binds:
+            value = params.get(key, default)
+            values[name] = process(value) if process is not None else value
+        if self.positional is not None:
+            return tuple(values[name] for name in self.positional)
+        return values
+
+    def row(self, raw: Sequence[Any]) -> dict[str, Any]:
+        return {
+            key: process(value) if process is not None else value
+            for key, value, process in zip(self.columns, raw, self.results, strict=True)
+        }
+
+
+def _driver(conn: sa.Connection) -> Any:
+    driver = conn.connection.driver_connection
+    assert driver is not None
+    return driver
+
+
+def _mapped(conn: sa.Connection, sql: str, exc: Exception) -> errors.SgmeError:
+    wrapped = sa_exc.DBAPIError.instance(sql, None, exc, conn.dialect.loaded_dbapi.Error)
+    return engines.map_error(wrapped)
+
+
+def savepoint(conn: sa.Connection, name: str, action: str) -> None:
+    """``SAVEPOINT``, ``RELEASE SAVEPOINT`` or ``ROLLBACK TO SAVEPOINT`` ``name`` (``action``
+    is ``"begin"``, ``"release"`` or ``"rollback"``), on the driver."""
+    sql = {
+        "begin": f"SAVEPOINT {name}",
+        "release": f"RELEASE SAVEPOINT {name}",
+        "rollback": f"ROLLBACK TO SAVEPOINT {name}",
+    }[action]
+    try:
+        _driver(conn).cursor().execute(sql)
+    except conn.dialect.loaded_dbapi.Error as exc:
+        raise _mapped(conn, sql, exc) from exc
+
+
+def binds(table: sa.Table) -> dict[str, Any]:
+    """A bind parameter per column of ``table``, named and typed like it, for an INSERT's
+    values (an autoincrement key left out)."""
+    return {
+        c.key: sa.bindparam(c.key, type_=c.type)
+        for c in table.columns
+        if not (c.primary_key and c.autoincrement is True)
+    }

@@ -1,0 +1,149 @@
+"""The index as one process uses it: :class:`Database`, the handle every part of the pipeline
+is given (by the runtime, :mod:`pipeline.runtime`) instead of a bare engine.
+
+It owns what must be shared by everything in the process that writes to one index, and by
+nothing else: the engine and its pool, the in-process write lock SQLite needs, the group
+committer (:mod:`pipeline.database.commits`) and the clock. Two handles are two separate
+users of the database: they do not share a group or a lock (they still exclude each other
+through the database itself, only less cheaply).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import os
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+
+from pipeline import errors, settings
+from pipeline.clock import SYSTEM, Clock
+from pipeline.database import commits, engines
+
+T = TypeVar("T")
+
+
+class Database:
+    """One index database: transactions (:meth:`transaction`), read snapshots
+    (:meth:`reading`), group commits (:meth:`commit`) and the time (:meth:`now`).
+
+    On SQLite, write transactions of this process first take :attr:`_writer`, an in-process
+    lock, and only then ``BEGIN IMMEDIATE``. SQLite's busy handler makes a connection that
+    finds the write lock taken sleep in steps of up to 100 ms, and nothing wakes it when the
+    lock is freed; with the API's and the embedded worker's threads contending, appends spent
+    most of their time asleep (bench/bench_http.py, embedded, p99 acknowledgement at half the
+    maximum rate: 0.36–1.06 s without this lock, 0.07–0.10 s with it). Threads of one process
+    queue on this lock instead and the next one runs as soon as it is free; other processes
+    still meet the busy timeout.
+    """
+
+    def __init__(
+        self,
+        engine: sa.Engine,
+        *,
+        clock: Clock = SYSTEM,
+        busy_timeout: float = settings.DEFAULT_BUSY_TIMEOUT,
+    ) -> None:
+        self.engine = engine
+        self.clock = clock
+        self.postgres = engine.dialect.name == "postgresql"
+        #: how long a thread waits for the in-process write lock (SQLite's busy timeout)
+        self.busy_timeout = busy_timeout
+        self._writer: threading.RLock | None = None if self.postgres else threading.RLock()
+        self.group = commits.Group(self)
+        # A child forked while another thread held the lock, or led a group, must not
+        # inherit either.
+        ref = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: _forked(ref))
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        busy_timeout: float = settings.DEFAULT_BUSY_TIMEOUT,
+        synchronous: str = settings.DEFAULT_SQLITE_SYNCHRONOUS,
+        clock: Clock = SYSTEM,
+        create: bool = True,
+    ) -> Database:
+        """A handle on a new engine for ``url`` (:func:`engines.create_engine`)."""
+        engine = engines.create_engine(
+            url, busy_timeout=busy_timeout, synchronous=synchronous, create=create
+        )
+        return cls(engine, clock=clock, busy_timeout=busy_timeout)
+
+    @property
+    def dialect(self) -> sa.Dialect:
+        """The engine's dialect."""
+        return self.engine.dialect
+
+    def now(self) -> dt.datetime:
+        """Now, by this database's clock (naive UTC, as the index stores times)."""
+        return self.clock.now()
+
+    def dispose(self) -> None:
+        """Close the pooled connections (pooled psycopg connections left to the garbage
+        collector raise ResourceWarning)."""
+        self.engine.dispose()
+
+    @contextlib.contextmanager
+    def transaction(self, *, durable: bool = True) -> Iterator[sa.Connection]:
+        """One write transaction; database errors come out as :mod:`pipeline.errors`.
+
+        ``durable=False`` is for a commit whose loss a power cut may take back because what
+        it records can be redone from what a durable commit kept (a flush: its journal rows
+        stay until it commits, docs/design.md §3). It does not wait for the disk (SQLite
+        ``synchronous=NORMAL``, PostgreSQL ``synchronous_commit=off``), and it can never
+        outlive a durable commit made after it: both databases make their log durable in
+        order.
+        """
+        writer = self._writer
+        if writer is not None and not writer.acquire(timeout=self.busy_timeout):
+            raise errors.IndexUnavailable(
+                f"index database stayed locked for {self.busy_timeout:.0f} s"
+            )
+        try:
+            with self.engine.connect() as conn:
+                if not durable:
+                    conn = conn.execution_options(sgme_durable=False)
+                with conn.begin():
+                    if not durable and self.postgres:
+                        conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
+                    yield conn
+        except sa_exc.SQLAlchemyError as exc:
+            raise engines.map_error(exc) from exc
+        finally:
+            if writer is not None:
+                writer.release()
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[sa.Connection]:
+        """A read-only transaction: one consistent snapshot. On SQLite it takes no write lock
+        and waits for no writer (WAL); nothing may be written in it."""
+        try:
+            with self.engine.connect() as conn:
+                if not self.postgres:
+                    conn = conn.execution_options(sgme_reading=True)
+                with conn.begin():
+                    yield conn
+        except sa_exc.SQLAlchemyError as exc:
+            raise engines.map_error(exc) from exc
+
+    def commit(self, work: Callable[[sa.Connection], T], *, durable: bool = True) -> T:
+        """Run ``work`` in a transaction shared with whatever else this process is committing
+        at the moment (:class:`commits.Group`); its value once that transaction committed."""
+        return self.group.run(work, durable=durable)
+
+
+def _forked(ref: weakref.ReferenceType[Database]) -> None:
+    found = ref()
+    if found is None:
+        return
+    if found._writer is not None:
+        found._writer = threading.RLock()
+    found.group = commits.Group(found)

@@ -1,0 +1,359 @@
+"""Ingest (docs/design.md §3): an append or upload committed to the journal — the
+acknowledgement point.
+
+One transaction, run by the group committer (:meth:`database.Database.commit`): find or create
+the session's ``raw_files`` row and lock it; answer a retried idempotency key from its record
+(:mod:`pipeline.idempotency`); for an append numbered by its sender, ask
+:mod:`pipeline.ordering` what to do; allocate seqs from ``next_seq``; render the blocks (seq 1
+gets ``#``, the first append also the frontmatter); insert them as one ``append_journal`` row;
+set ``flush_pending``. The commit is the acknowledgement; :mod:`pipeline.flush` writes the
+file later from the journal alone.
+
+Every function here takes input that was parsed and validated at the edge
+(:class:`validation.Append`, :class:`validation.Upload`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import functools
+import json
+import uuid
+from typing import Any
+
+import sqlalchemy as sa
+
+from pipeline import (
+    backlog,
+    database,
+    document,
+    errors,
+    idempotency,
+    index,
+    ledger,
+    ordering,
+    refs,
+    store,
+    tables,
+    validation,
+)
+from pipeline.settings import Backlog
+from pipeline.tables import Status
+
+
+@dataclasses.dataclass(frozen=True)
+class AppendResult:
+    """What an append is answered with; ``kick`` says whether a flush must be enqueued."""
+
+    file_id: str
+    first_seq: int
+    last_seq: int
+    source_refs: tuple[str, ...]
+    status: str
+    kick: bool = False
+    replayed: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        """The answer as recorded for its idempotency key (and sent, with ``replayed``)."""
+        return {
+            "file_id": self.file_id,
+            "first_seq": self.first_seq,
+            "last_seq": self.last_seq,
+            "source_refs": list(self.source_refs),
+            "status": self.status,
+        }
+
+    @classmethod
+    def replayed_from(cls, recorded: dict[str, Any]) -> AppendResult:
+        """The answer of a retried key, from its record."""
+        return cls(**{**recorded, "source_refs": tuple(recorded["source_refs"])}, replayed=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class Held:
+    """A queued append not written now: waiting for its predecessor, or ``dropped`` (recorded
+    as an anomaly: there is nobody to answer)."""
+
+    sequence: int
+    expected: int  #: what the session expected when it came
+    dropped: bool = False
+    #: a file that appends held before were written to meanwhile (a gap was let go): flush it
+    kick: str | None = None
+
+
+def append(
+    db: database.Database, body: validation.Append, *, limits: Backlog | None = None
+) -> AppendResult:
+    """Commit an append to the journal (the acknowledgement point); nothing is written when
+    anything in it is refused. The caller enqueues a flush when ``result.kick`` is true (no
+    flush was already pending for the file). With ``limits``, an append that would leave more
+    than ``max_file_messages`` waiting for the file's flush is :class:`errors.Overloaded`. A
+    ``sequence`` that is not the one its session expects next is :class:`errors.OutOfOrder`."""
+    work = functools.partial(apply_append, append=body, limits=limits, now=db.now())
+    result = db.commit(work)
+    assert isinstance(result, AppendResult)  # only a queued append is held
+    return result
+
+
+def queued(
+    db: database.Database,
+    body: validation.Append,
+    *,
+    limits: Backlog | None = None,
+    wait_seconds: float,
+) -> AppendResult | Held:
+    """:func:`append` for an append that came through the queue, where nobody waits for an
+    answer: one ahead of its session's order is held until its predecessor lands (or
+    ``wait_seconds`` pass), one behind it is recorded and dropped (:mod:`pipeline.ordering`)."""
+    work = functools.partial(
+        apply_append,
+        append=body,
+        limits=limits,
+        now=db.now(),
+        queued=True,
+        wait_seconds=wait_seconds,
+    )
+    return db.commit(work)
+
+
+def upload(db: database.Database, body: validation.Upload) -> AppendResult:
+    """Commit an uploaded text document as a new file of one message (docs/design.md §2)."""
+    return db.commit(functools.partial(apply_upload, upload=body, now=db.now()))
+
+
+def apply_append(
+    conn: sa.Connection,
+    *,
+    append: validation.Append,
+    now: dt.datetime,
+    limits: Backlog | None = None,
+    queued: bool = False,
+    wait_seconds: float = 0.0,
+) -> AppendResult | Held:
+    """Ingest's work inside the caller's transaction."""
+    session = ordering.session_of(append)
+    if append.sequence is None:
+        row = index.find_file(conn, *session)
+        if row is None:
+            ordering.lock(conn, session)  # numbered appends may be waiting for its first
+            ordering.check_unsequenced(conn, None, session)
+            row = _create(conn, append, now)
+        # Checked under the row lock, so two retries of one request cannot both pass.
+        recorded = idempotency.replay(conn, append.agent_id, append.idempotency_key, append.digest)
+        if recorded is not None:
+            return AppendResult.replayed_from(recorded)
+        ordering.check_unsequenced(conn, row, session)
+        return _write(conn, row, append, limits, now)
+    # Numbered: the session's lock first, as the file may not exist yet (the appends held for
+    # its first one); the replay under it, so that a redelivered task replays.
+    ordering.lock(conn, session)
+    row = index.find_file(conn, *session)
+    recorded = idempotency.replay(conn, append.agent_id, append.idempotency_key, append.digest)
+    if recorded is not None:
+        return AppendResult.replayed_from(recorded)
+    decision = ordering.decide(conn, row, append, queued=queued)
+    assert append.sequence is not None
+    if isinstance(decision, ordering.Write):
+        written = _write(conn, row, append, limits, now)
+        _settle(conn, session, limits=limits, wait_seconds=wait_seconds, now=now)
+        return written
+    if isinstance(decision, ordering.Drop):
+        ordering.drop(conn, row.file_id if row else None, append, decision, now=now)
+        return Held(append.sequence, decision.expected, dropped=True)
+    if decision.new:
+        ordering.hold(conn, append, now=now)
+    kick = _settle(conn, session, limits=limits, wait_seconds=wait_seconds, now=now)
+    return Held(append.sequence, decision.expected, kick=kick)
+
+
+def settle_waiting(
+    db: database.Database, *, age: float, limits: Backlog | None, wait_seconds: float
+) -> list[str]:
+    """Write the held appends that may go now, in every session where one has waited more
+    than ``age`` seconds (the sweeper's part: a gap that never fills is let go even when no
+    task of its session comes any more, and what a full backlog held back goes on); the files
+    written to."""
+    written = []
+    for session in ordering.waiting_sessions(db, age=age):
+
+        def work(conn: sa.Connection, session: ledger.Session = session) -> str | None:
+            ordering.lock(conn, session)
+            return _settle(conn, session, limits=limits, wait_seconds=wait_seconds, now=db.now())
+
+        file_id = db.commit(work)
+        if file_id is not None:
+            written.append(file_id)
+    return written
+
+
+def _settle(
+    conn: sa.Connection,
+    session: ledger.Session,
+    *,
+    limits: Backlog | None,
+    wait_seconds: float,
+    now: dt.datetime,
+) -> str | None:
+    """Write what :func:`ordering.next_release` lets go for ``session``, in order, until it
+    says nothing more may go (or the backlog is full: the next arrival or sweep comes back);
+    the file written to, or None."""
+    wrote: str | None = None
+    while (
+        release := ordering.next_release(conn, session, wait_seconds=wait_seconds, now=now)
+    ) is not None:
+        row = index.find_file(conn, *session)
+        try:
+            written = _write(conn, row, release.append, limits, now)
+        except errors.Overloaded:
+            break
+        ordering.released(conn, release, written.file_id, wait_seconds=wait_seconds, now=now)
+        wrote = written.file_id
+    return wrote
+
+
+def _create(conn: sa.Connection, append: validation.Append, now: dt.datetime) -> tables.FileRow:
+    """The session's row, made by its first append (which gives started_at and metadata),
+    and locked."""
+    file_id = str(uuid.uuid4())
+    index.insert_file(
+        conn,
+        file_id=file_id,
+        path=store.relative_path(append.source_type, file_id),
+        source_type=append.source_type,
+        agent_id=append.agent_id,
+        session_key=append.session_key,
+        metadata_json=json.dumps(append.metadata, ensure_ascii=False),
+        started_at=document.parse_ts(append.messages[0].ts).replace(tzinfo=None),
+        status=Status.PENDING,
+        now=now,
+    )
+    # On PostgreSQL a concurrent creator may have won; either way lock the row now.
+    row = index.find_file(conn, append.agent_id, append.source_type, append.session_key)
+    assert row is not None
+    return row
+
+
+def _write(
+    conn: sa.Connection,
+    row: tables.FileRow | None,
+    append: validation.Append,
+    limits: Backlog | None,
+    now: dt.datetime,
+) -> AppendResult:
+    """Write an append after the session's last one (its row made first if None): allocate
+    seqs, journal the rendered blocks, move the session on, remember the key."""
+    first = 1 if row is None else row.next_seq
+    if limits is not None:
+        waiting = 0 if row is None else first - 1 - row.flushed_seq
+        backlog.check_file(waiting, len(append.messages), limits)
+    if row is None:
+        row = _create(conn, append, now)
+        first = row.next_seq
+    rendered = "".join(
+        document.render_block(m, first=first + i == 1) for i, m in enumerate(append.messages)
+    )
+    if first == 1:
+        rendered = document.render_frontmatter(_header(row)) + rendered
+    last = first + len(append.messages) - 1
+    ledger.add_journal(
+        conn,
+        file_id=row.file_id,
+        first_seq=first,
+        last_seq=last,
+        last_ts=max((m.ts for m in append.messages), key=document.parse_ts),
+        data=rendered,
+        size=len(rendered.encode("utf-8")),
+        created_at=now,
+    )
+    if append.sequence is None:
+        index.record_append(conn, row.file_id, next_seq=last + 1, now=now)
+    elif not index.record_sequenced(
+        conn,
+        row.file_id,
+        next_seq=last + 1,
+        old_sequence=row.next_sequence,
+        sequence=append.sequence,
+        now=now,
+    ):
+        raise errors.InternalError(
+            f"the next sequence of {row.file_id} moved although its session was locked"
+        )
+    result = AppendResult(
+        file_id=row.file_id,
+        first_seq=first,
+        last_seq=last,
+        source_refs=refs.span(row.file_id, first, last),
+        status=row.status,
+        kick=not row.flush_pending,
+    )
+    idempotency.remember(
+        conn, append.agent_id, append.idempotency_key, append.digest, result.to_json(), now=now
+    )
+    return result
+
+
+def _header(row: tables.FileRow) -> document.Header:
+    return document.Header(
+        file_id=row.file_id,
+        session_key=row.session_key,
+        agent_id=row.agent_id,
+        source_type=row.source_type,
+        started_at=document.format_ts(row.started_at),
+        metadata=row.metadata,
+    )
+
+
+def apply_upload(
+    conn: sa.Connection, *, upload: validation.Upload, now: dt.datetime
+) -> AppendResult:
+    """Ingest of an upload inside the caller's transaction."""
+    recorded = idempotency.replay(conn, upload.agent_id, upload.idempotency_key, upload.digest)
+    if recorded is not None:
+        return AppendResult.replayed_from(recorded)
+    file_id = str(uuid.uuid4())
+    index.insert_file(
+        conn,
+        file_id=file_id,
+        path=store.relative_path("upload", file_id),
+        source_type="upload",
+        agent_id=upload.agent_id,
+        session_key=file_id,
+        metadata_json=json.dumps(upload.metadata, ensure_ascii=False),
+        started_at=now,
+        status=Status.PENDING,
+        next_seq=2,
+        flush_pending=True,
+        now=now,
+    )
+    header = document.Header(
+        file_id=file_id,
+        session_key=file_id,
+        agent_id=upload.agent_id,
+        source_type="upload",
+        started_at=document.format_ts(now),
+        metadata=upload.metadata,
+    )
+    rendered = document.render_frontmatter(header) + document.render_upload(upload.content)
+    ledger.add_journal(
+        conn,
+        file_id=file_id,
+        first_seq=1,
+        last_seq=1,
+        last_ts=document.format_ts(now),
+        data=rendered,
+        size=len(rendered.encode("utf-8")),
+        created_at=now,
+    )
+    result = AppendResult(
+        file_id=file_id,
+        first_seq=1,
+        last_seq=1,
+        source_refs=(refs.format(file_id, 1),),
+        status=Status.PENDING,
+        kick=True,
+    )
+    idempotency.remember(
+        conn, upload.agent_id, upload.idempotency_key, upload.digest, result.to_json(), now=now
+    )
+    return result

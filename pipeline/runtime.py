@@ -1,0 +1,132 @@
+"""The composition root: what one process builds from :class:`Settings`, once, and hands to
+everything else.
+
+A :class:`Runtime` holds the settings, the index handle (:class:`database.Database`: its
+engine, group committer, SQLite write lock and clock), the per-file locks
+(:class:`locks.FileLocks`) and the refiner; :meth:`Runtime.service` makes the
+:class:`Service` every caller uses, over a queue. Every entry point builds its runtime here:
+the ``sgme`` command (:mod:`pipeline.cli`), each API process of ``sgme api --workers N``
+(:mod:`pipeline.api.child`), and the Celery worker, beat and embedded service (the
+``sgme.workers`` backend, :class:`Workers`, which :mod:`workers.app` implements so that
+``pipeline`` never imports ``workers``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from importlib import metadata as importlib_metadata
+from typing import Protocol
+
+from pipeline import database, errors, locks, refine
+from pipeline.clock import SYSTEM, Clock
+from pipeline.service import Queue, Service
+from pipeline.settings import Settings
+
+WORKERS_GROUP = "sgme.workers"  #: the entry point group that names the task queue backend
+
+
+class Workers(Protocol):
+    """What the ``sgme`` command needs of a task queue implementation (the ``sgme.workers``
+    entry point: :mod:`workers.app`)."""
+
+    def service(self, runtime: Runtime) -> Service:
+        """The service of an API process: work goes to the workers through the broker."""
+        ...
+
+    def worker(
+        self, runtime: Runtime, *, queues: str, concurrency: int, pool: str, loglevel: str
+    ) -> None:
+        """Run a worker in the foreground."""
+        ...
+
+    def beat(self, runtime: Runtime, *, loglevel: str) -> None:
+        """Run the scheduler in the foreground."""
+        ...
+
+    def embedded(
+        self, runtime: Runtime, *, concurrency: int
+    ) -> contextlib.AbstractContextManager[Service]:
+        """A worker and scheduler inside this process while the context is open; the service
+        they and the API share."""
+        ...
+
+
+class Runtime:
+    """One process's settings, index handle, file locks and refiner."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        db: database.Database,
+        *,
+        workers: Workers | None = None,
+    ) -> None:
+        self.settings = settings
+        self.db = db
+        self.file_locks = locks.FileLocks(
+            db, settings.data_dir, timeout=settings.lock_timeout, flock=settings.file_locks
+        )
+        self.refiners = refine.Refiners(settings.refiner, settings.refiner_options)
+        self._workers = workers
+
+    @classmethod
+    def open(
+        cls,
+        settings: Settings,
+        *,
+        migrate: bool = False,
+        clock: Clock = SYSTEM,
+        workers: Workers | None = None,
+    ) -> Runtime:
+        """The runtime for ``settings``. With ``migrate`` (``sgme migrate``, ``sgme serve``)
+        the data directory and the index are created if needed and the schema brought up to
+        date; otherwise both must exist already and the schema must be the code's (nothing is
+        created or changed, and the error names the directory looked in)."""
+        data_dir = settings.data_dir
+        if migrate:
+            data_dir.mkdir(parents=True, exist_ok=True)
+        elif not data_dir.is_dir():
+            raise errors.Misconfigured(
+                f"no data directory at {data_dir.resolve()}: give --data-dir (or SGME_DATA_DIR) "
+                "of an existing store, or run `sgme migrate` to start a new one there"
+            )
+        db = database.Database.from_url(
+            settings.index_url,
+            busy_timeout=settings.sqlite_busy_timeout,
+            synchronous=settings.sqlite_synchronous.upper(),
+            clock=clock,
+            create=migrate,
+        )
+        try:
+            if migrate:
+                database.migrate(db.engine, data_dir=data_dir)
+            else:
+                database.check_schema(db.engine)
+        except BaseException:
+            db.dispose()
+            raise
+        return cls(settings, db, workers=workers)
+
+    def service(self, queue: Queue | None = None) -> Service:
+        """The use cases over this runtime, sending work for later to ``queue`` (None: none
+        is sent, nothing is claimed for refinement)."""
+        return Service(self.settings, self.db, self.file_locks, queue, refiners=self.refiners)
+
+    @functools.cached_property
+    def workers(self) -> Workers:
+        """The task queue backend (the ``sgme.workers`` entry point, or the one given)."""
+        if self._workers is not None:
+            return self._workers
+        found = importlib_metadata.entry_points(group=WORKERS_GROUP, name="celery")
+        if not found:
+            raise errors.Misconfigured(
+                f"no task queue backend is installed (entry point group {WORKERS_GROUP})"
+            )
+        backend: Workers = next(iter(found)).load()
+        return backend
+
+    def close(self) -> None:
+        """Close the index's pooled connections and the lock files."""
+        self.file_locks.close()
+        self.db.dispose()

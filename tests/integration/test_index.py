@@ -1,0 +1,95 @@
+"""The index's rules about ``raw_files`` and anomalies (:mod:`pipeline.index`): the fences, and
+anomalies recorded once."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from typing import Any
+
+import sqlalchemy as sa
+
+from pipeline import database, index, tables
+from pipeline.tables import Kind, Status
+
+
+def _insert(db: database.Database) -> str:
+    file_id = str(uuid.uuid4())
+    with db.transaction() as conn:
+        index.insert_file(
+            conn,
+            now=db.now(),
+            file_id=file_id,
+            path=f"raw/sessions/{file_id}.md",
+            source_type="session",
+            agent_id="a",
+            session_key=file_id,
+            started_at=db.now(),
+            status=Status.PENDING,
+            next_seq=3,
+        )
+    return file_id
+
+
+def test_an_anomaly_is_recorded_once_per_file_kind_and_key(db: database.Database) -> None:
+    file_id = _insert(db)
+    with db.transaction() as conn:
+        counts = [
+            index.record_anomaly(conn, file_id, Kind.FILE_SHRUNK, "first", now=db.now()),
+            index.record_anomaly(conn, file_id, Kind.FILE_SHRUNK, "second", now=db.now()),
+            index.record_anomaly(
+                conn, file_id, Kind.FILE_SHRUNK, "other key", key="7", now=db.now()
+            ),
+        ]
+        found = index.list_anomalies(conn, file_id=file_id)
+    assert counts == [1, 2, 1]
+    assert [(a.kind, a.key, a.detail, a.count) for a in found] == [
+        ("file_shrunk", "", "first", 2),
+        ("file_shrunk", "7", "other key", 1),
+    ]
+
+
+def test_without_a_file_a_keyed_anomaly_is_counted_and_an_unkeyed_one_is_an_event(
+    db: database.Database,
+) -> None:
+    with db.transaction() as conn:
+        for _ in range(3):
+            index.record_anomaly(conn, None, Kind.SEQUENCE_DUPLICATE, "d", key="s#5", now=db.now())
+            index.record_anomaly(conn, None, Kind.APPEND_TASK_REJECTED, "e", now=db.now())
+        found = index.list_anomalies(conn)
+    assert sorted((a.kind, a.count) for a in found) == [
+        ("append_task_rejected", 1),
+        ("append_task_rejected", 1),
+        ("append_task_rejected", 1),
+        ("sequence_duplicate", 3),
+    ]
+
+
+def test_a_flush_advances_only_from_the_seq_it_read(db: database.Database) -> None:
+    file_id = _insert(db)
+    ended = dt.datetime(2026, 8, 3, 11, 18, 6)
+    advance: dict[str, Any] = {
+        "flushed_seq": 2,
+        "flushed_bytes": 100,
+        "chain_head": "00" * 32,
+        "ended_at": ended,
+        "now": db.now(),
+    }
+    with db.transaction() as conn:
+        assert index.advance_flushed(conn, file_id, old_seq=0, **advance) == 3
+        # a second flush that read flushed_seq 0 too is fenced off
+        assert index.advance_flushed(conn, file_id, old_seq=0, **advance) is None
+        row = index.get_file(conn, file_id)
+    assert row is not None
+    assert (row.flushed_seq, row.status, row.flush_pending) == (2, "new", False)
+
+
+def test_a_damaged_file_becomes_error_once(db: database.Database) -> None:
+    file_id = _insert(db)
+    with db.transaction() as conn:
+        first = index.record_damage(conn, file_id, Kind.FILE_MISSING, "gone", now=db.now())
+        again = index.record_damage(conn, file_id, Kind.FILE_MISSING, "gone", now=db.now())
+        status = conn.execute(
+            sa.select(tables.raw_files.c.status).where(tables.raw_files.c.file_id == file_id)
+        ).scalar()
+    assert (first, again, status) == (True, False, "error")

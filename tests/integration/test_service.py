@@ -1,0 +1,100 @@
+"""The use cases (:class:`pipeline.service.Service`), as the tasks, the API and the command call
+them: what each one writes, enqueues and answers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import helpers
+import pytest
+
+from pipeline import database, errors, index
+from pipeline.clock import ManualClock
+from pipeline.service import Service
+from pipeline.settings import Refine, Settings
+
+
+def _body(key: str, *contents: str, **extra: Any) -> dict[str, Any]:
+    messages = [{"role": "user", "content": c} for c in contents or ("hello",)]
+    return {"agent_id": "hermes", "session_key": key, "messages": messages, **extra}
+
+
+@pytest.fixture
+def queue() -> helpers.RecordingQueue:
+    return helpers.RecordingQueue()
+
+
+@pytest.fixture
+def service(
+    db: database.Database, data_dir: Path, database_url: str, queue: helpers.RecordingQueue
+) -> Service:
+    settings = Settings(
+        data_dir=data_dir,
+        database_url=database_url,
+        refine=Refine(min_messages=2, idle_seconds=60),
+    )
+    return helpers.service(db, settings, queue)
+
+
+def test_an_append_kicks_once_until_its_file_is_flushed(
+    service: Service, queue: helpers.RecordingQueue
+) -> None:
+    first = helpers.append(service, _body("s", "one")).result
+    helpers.append(service, _body("s", "two"))
+    assert queue.kicks == [first.file_id]  # coalesced: one flush writes both
+    flushed = service.flush(first.file_id)
+    assert (flushed.messages, flushed.flushed_seq) == (2, 2)
+    # two messages wait for refinement: due by count, so the flush claimed and submitted it
+    assert [(c.file_id, c.lo, c.hi) for c in queue.claims] == [(first.file_id, 0, 2)]
+
+
+def test_a_task_body_without_a_key_is_recorded_and_dropped(
+    service: Service, db: database.Database
+) -> None:
+    assert service.append_queued(_body("s")) is None
+    with db.reading() as conn:
+        found = index.list_anomalies(conn)
+        assert index.find_file(conn, "hermes", "session", "s") is None
+    assert [(a.kind, a.file_id) for a in found] == [("append_task_rejected", None)]
+    assert "idempotency_key is required" in found[0].detail
+
+
+def test_the_sweep_kicks_only_rows_older_than_its_age(
+    service: Service, queue: helpers.RecordingQueue, clock: ManualClock
+) -> None:
+    queue.broken = True  # the kicks at ingest are lost
+    file_id = helpers.append(service, _body("s")).result.file_id
+    queue.broken = False
+    assert service.sweep(age=3) == []  # acknowledged just now
+    clock.advance(3)
+    assert service.sweep(age=3) == [file_id]
+    assert queue.kicks == [file_id]
+
+
+def test_refine_now_runs_every_segment_in_this_process(
+    service: Service, queue: helpers.RecordingQueue
+) -> None:
+    file_id = helpers.append(service, _body("s", "I prefer green tea."), wait=True).result.file_id
+    assert service.refine_now(file_id) == 1
+    assert service.refine_now(file_id) == 0  # nothing left
+    items = service.l1_items(file_id=file_id)
+    assert [json.loads(item.source_refs) for item in items] == [[f"{file_id}:1"]]
+    assert queue.claims == []  # nothing was sent to the workers
+
+
+def test_restore_of_a_live_file_is_a_conflict(service: Service) -> None:
+    file_id = helpers.append(service, _body("s"), wait=True).result.file_id
+    with pytest.raises(errors.Conflict, match="not archived"):
+        service.restore(file_id)
+
+
+def test_health_counts_what_waits_for_its_file(service: Service) -> None:
+    assert service.health()["journal_backlog"] == {"rows": 0, "messages": 0, "bytes": 0}
+    file_id = helpers.append(service, _body("s", "one", "two")).result.file_id
+    health = service.health()
+    assert (health["status"], health["index"], health["data_dir"]) == ("ok", "ok", "ok")
+    assert health["journal_backlog"]["messages"] == 2
+    service.flush(file_id)
+    assert service.health()["journal_backlog"]["messages"] == 0
