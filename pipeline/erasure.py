@@ -1,7 +1,7 @@
-"""Erasing a file, a session or an agent (DESIGN §5d): the files (live and archived), every
+"""Erasing a file, a session or an agent (docs/design.md §13): the files (live and archived), every
 index row derived from them — catalog, search terms, journal rows, waiting appends, L1 items,
-idempotency records, anomalies, the file's row — go; one audit row per file stays, and from
-then on the file and every ``source_ref`` into it answer 410 Gone.
+idempotency records, anomalies, the file's row — go; one audit row per file stays, and from then on
+the file and every ``source_ref`` into it answer 410 Gone.
 
 Per file, under its lock: one index transaction removes every row and writes the audit row
 *unfinished*, naming the paths still to unlink (step **recorded**); the paths are unlinked

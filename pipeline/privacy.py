@@ -1,5 +1,5 @@
-"""Secrets never reach the disk (DESIGN §5d): what an append or an upload becomes before it is
-journaled, and the per-agent choice of whether that happens.
+"""Secrets never reach the disk (docs/design.md §13): what an append or an upload becomes before it
+is journaled, and the per-agent choice of whether that happens.
 
 :func:`scrub_append` and :func:`scrub_upload` replace every secret :mod:`pipeline.redactor`
 finds — in message contents, in an upload's text and in the string values of ``metadata`` —

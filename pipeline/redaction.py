@@ -1,8 +1,7 @@
-"""Removing what a user regrets (DESIGN §5d), as the API, the ``sgme`` command and the beat
-call it: redact messages by ``source_ref`` (:mod:`pipeline.rewrite` does the file), erase
-files, sessions or agents (:mod:`pipeline.erasure`), finish what a crash interrupted, and
-check the audit trail against the files (``fsck``).
-"""
+"""Removing what a user regrets (docs/design.md §13), as the API, the ``sgme`` command and the beat
+call it: redact messages by ``source_ref`` (:mod:`pipeline.rewrite` does the file), erase files,
+sessions or agents (:mod:`pipeline.erasure`), finish what a crash interrupted, and check the audit
+trail against the files (``fsck``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Redacting one message of a file in place (DESIGN §5d): its body becomes a tombstone naming
-when and why; its seq and every other message stay, so every ``source_ref`` still resolves.
+"""Redacting one message of a file in place (docs/design.md §13): its body becomes a tombstone
+naming when and why; its seq and every other message stay, so every ``source_ref`` still resolves.
 
 The file is rewritten under its lock, and the index follows, in steps that are each durable
 before the next (``REDACT_STEPS`` names them for the crash tests):

@@ -1,6 +1,6 @@
-"""Removing on purpose (DESIGN §5d): redact a message, erase a file, see the audit trail, and
-set an agent's secret-redaction policy. Every route needs an ``admin`` token, and acts only
-on the agents that token holds."""
+"""Removing on purpose (docs/design.md §13): redact a message, erase a file, see the audit trail,
+and set an agent's secret-redaction policy. Every route needs an ``admin`` token, and acts only on
+the agents that token holds."""
 
 from __future__ import annotations
 

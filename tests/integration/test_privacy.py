@@ -1,8 +1,8 @@
-"""Redaction and erasure over the HTTP API and the ``sgme`` command (DESIGN §5d), on SQLite and
-PostgreSQL: a tombstone naming when and why in place of the body, every other message and
-every source_ref intact, the catalog, search terms and L1 items that came from the message
-gone and the file refined again, an audit row with the sha256 of the body and never the body;
-erasure answering 410 Gone afterwards; fsck clean through it all."""
+"""Redaction and erasure over the HTTP API and the ``sgme`` command (docs/design.md §13), on SQLite
+and PostgreSQL: a tombstone naming when and why in place of the body, every other message and every
+source_ref intact, the catalog, search terms and L1 items that came from the message gone and the
+file refined again, an audit row with the sha256 of the body and never the body; erasure answering
+410 Gone afterwards; fsck clean through it all."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
-"""Redaction and erasure against crashes and concurrent appends (DESIGN §5d), on SQLite and
-PostgreSQL: a process SIGKILLed at every step of a redaction (of a live and of an archived
-file) or of an erasure leaves the old file or the new one, never a torn one; afterwards the
-next flush or sweep finishes it, nothing acknowledged is lost, fsck is clean, search no longer
-finds the text and no L1 item cites it. Appends racing a redaction or an erasure of their file
-all land (in the redacted file, or in the session's new file after the erasure)."""
+"""Redaction and erasure against crashes and concurrent appends (docs/design.md §13), on SQLite and
+PostgreSQL: a process SIGKILLed at every step of a redaction (of a live and of an archived file) or
+of an erasure leaves the old file or the new one, never a torn one; afterwards the next flush or
+sweep finishes it, nothing acknowledged is lost, fsck is clean, search no longer finds the text and
+no L1 item cites it. Appends racing a redaction or an erasure of their file all land (in the
+redacted file, or in the session's new file after the erasure)."""
 
 from __future__ import annotations
 

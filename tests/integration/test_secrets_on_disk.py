@@ -1,8 +1,8 @@
-"""Secrets never reach the disk (DESIGN §5d), on SQLite and PostgreSQL: appends over HTTP,
-an upload, ``sgme.append`` tasks (one held for its order), and ``sgme import`` carry a secret
-of every kind, in messages and metadata; afterwards not one of them is anywhere under the data
-directory, in the SQLite files (write-ahead log included), or in a ``pg_dump`` of the index —
-while their markers are in the files."""
+"""Secrets never reach the disk (docs/design.md §13), on SQLite and PostgreSQL: appends over HTTP,
+an upload, ``sgme.append`` tasks (one held for its order), and ``sgme import`` carry a secret of
+every kind, in messages and metadata; afterwards not one of them is anywhere under the data
+directory, in the SQLite files (write-ahead log included), or in a ``pg_dump`` of the index — while
+their markers are in the files."""
 
 from __future__ import annotations
 
