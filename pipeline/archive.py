@@ -24,7 +24,7 @@ from typing import BinaryIO
 import sqlalchemy as sa
 import zstandard
 
-from pipeline import database, document, errors, index, locks, store, tables
+from pipeline import anomalies, database, document, errors, index, locks, store, tables
 from pipeline.settings import Archive
 from pipeline.tables import Kind, Status
 
@@ -162,7 +162,7 @@ def flag_unrefined(db: database.Database, *, older_than_days: float) -> list[str
     with db.transaction() as conn:
         rows = index.cold_unrefined(conn, cutoff=_cutoff(db, older_than_days))
         for row in rows:
-            index.record_anomaly(
+            anomalies.record(
                 conn,
                 row.file_id,
                 Kind.UNREFINED_COLD,
@@ -429,9 +429,7 @@ def archive_cold(
         if isinstance(outcome, errors.SgmeError):
             report.failed.append((file_id, outcome.detail))
             with db.transaction() as conn:
-                index.record_anomaly(
-                    conn, file_id, Kind.ARCHIVE_FAILED, outcome.detail, now=db.now()
-                )
+                anomalies.record(conn, file_id, Kind.ARCHIVE_FAILED, outcome.detail, now=db.now())
         elif outcome is not None:
             report.files += 1
             report.bytes_before += outcome.bytes_before

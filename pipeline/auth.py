@@ -1,5 +1,5 @@
-"""Bearer tokens of the HTTP API (docs/design.md §7): create, list, revoke and verify them, and
-what a verified caller may see and do. No HTTP here: :mod:`pipeline.api.security` adapts it.
+"""Bearer tokens of the HTTP API (docs/design.md §7): create, list, revoke and verify them,
+and what a verified caller may see and do. No HTTP here: :mod:`pipeline.api.security` adapts it.
 
 A token is ``sgme_`` followed by 43 URL-safe characters, 256 bits from :mod:`secrets`. The
 index keeps only its sha256 (``api_tokens.token_hash``); a lookup is by that hash and the

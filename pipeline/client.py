@@ -47,6 +47,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 from urllib.parse import quote
 
 import httpx
+import pydantic
 
 from pipeline import document, errors, exchange
 from pipeline.api import models
@@ -302,14 +303,28 @@ def _iter_l1(
     return exchange.Pages(first, lambda page: page.items, following)
 
 
-def _refine(file_id: str) -> exchange.Call[models.File]:
+_REFINED = pydantic.TypeAdapter(models.File | models.RefineRequested)
+
+
+def _refined(response: httpx.Response) -> models.File | models.RefineRequested:
+    """The file's row, or (a token that may not read it) that the re-refine was requested."""
+    try:
+        return _REFINED.validate_json(response.content)
+    except pydantic.ValidationError as exc:
+        raise errors.InternalError(
+            f"POST {response.request.url.path} answered neither a File nor a RefineRequested: "
+            f"{exc.errors(include_url=False)[:3]}"
+        ) from None
+
+
+def _refine(file_id: str) -> exchange.Call[models.File | models.RefineRequested]:
     """Ask for a full re-refine of a file (its L1 items are replaced when the run commits).
     :class:`~pipeline.errors.Throttled` (429) during the file's cooldown."""
     # Not repeatable: were an answer lost, a second request would meet the first's cooldown.
     return exchange.Call(
         "POST",
         f"/v1/files/{_id(file_id)}/refine",
-        exchange.model_reader(models.File),
+        _refined,
         repeatable=False,
     )
 

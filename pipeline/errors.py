@@ -7,6 +7,7 @@
      │    ├── HostNotAllowed         400     host-not-allowed   Host not in allowed_hosts
      │    ├── Unauthorized           401     unauthorized       no token, or a bad or revoked one
      │    ├── Forbidden              403     forbidden          a token without the scope/agent
+     │    │    └── CrossSiteRequest  403     cross-site-request from a web page of another site
      │    ├── NotFound               404     not-found          no such file, message or token
      │    ├── Gone                   410     gone               a file erased on purpose
      │    ├── Conflict               409     conflict           contradicts what is recorded
@@ -14,6 +15,7 @@
      │    │    └── OutOfOrder        409     out-of-order       a sequence that is not the next one
      │    ├── FileDamaged            409     file-damaged       a file differs from its index
      │    ├── RequestTooLarge        413     too-large          a body over max_request_bytes
+     │    ├── UnsupportedMediaType   415     unsupported-media-type  not the declared body type
      │    └── RequestTimeout         408     request-timeout    a body that came too slowly
      ├── Throttled                   429     too-many-requests  repeat after retry_after seconds
      ├── TransientError              503     unavailable        retried by tasks with backoff
@@ -135,6 +137,14 @@ class Forbidden(PermanentError):
         self.scope = scope
 
 
+class CrossSiteRequest(Forbidden):
+    """A state-changing request a browser sent from another site (its ``Origin`` is neither
+    this server nor an ``allowed_origins`` entry, or ``Sec-Fetch-Site`` says so): whatever it
+    carries, a web page must not write into an agent's memory."""
+
+    type = "cross-site-request"
+
+
 class NotFound(PermanentError):
     """The file, message or key asked for does not exist."""
 
@@ -193,6 +203,14 @@ class RequestTooLarge(PermanentError):
 
     type = "too-large"
     status = 413
+
+
+class UnsupportedMediaType(PermanentError):
+    """A request body whose ``Content-Type`` is not the one its endpoint declares (a browser
+    may send ``text/plain`` or a form across sites without asking first)."""
+
+    type = "unsupported-media-type"
+    status = 415
 
 
 class RequestTimeout(PermanentError):

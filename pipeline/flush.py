@@ -24,6 +24,7 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from pipeline import (
+    anomalies,
     archive,
     catalog,
     database,
@@ -75,7 +76,7 @@ def _damaged(
         if mark_error:
             first = index.record_damage(conn, file_id, kind, detail, now=db.now())
         else:
-            first = index.record_anomaly(conn, file_id, kind, detail, now=db.now()) == 1
+            first = anomalies.record(conn, file_id, kind, detail, now=db.now()) == 1
     damaged = errors.FileDamaged(f"file {file_id}: {detail}")
     damaged.first = first
     return damaged
@@ -190,7 +191,7 @@ def _check_file(
     if current is not None and current > expected:
         store.truncate(path, expected)
         with db.transaction() as conn:
-            index.record_anomaly(
+            anomalies.record(
                 conn,
                 row.file_id,
                 Kind.TORN_TAIL_TRUNCATED,

@@ -16,7 +16,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from pipeline import database, tables
+from pipeline import anomalies, database, errors, tables
 from pipeline.tables import Kind, Status
 
 
@@ -192,7 +192,7 @@ def record_damage(
     """A file that no longer matches what was committed: status ``error`` and an anomaly.
     True the first time this damage is recorded."""
     mark_error(conn, file_id, now=now)
-    return record_anomaly(conn, file_id, kind, detail, now=now) == 1
+    return anomalies.record(conn, file_id, kind, detail, now=now) == 1
 
 
 def mark_error(conn: sa.Connection, file_id: str, *, now: dt.datetime) -> bool:
@@ -533,61 +533,12 @@ def reindex_file(
 
 
 # ---------------------------------------------------------------------------------------------
-# anomalies
+# the deployment
 
 
-def record_anomaly(
-    conn: sa.Connection,
-    file_id: str | None,
-    kind: str,
-    detail: str,
-    *,
-    key: str = "",
-    now: dt.datetime,
-) -> int:
-    """Record an anomaly, once per (file, kind, key): a repeat only counts (the first detail
-    stays). Without a file, once per (kind, key) when a key is given (a session that has no
-    file yet names itself in the key), and each time when not (an event). Returns the count
-    (1 the first time)."""
-    key = key[:100]
-    a = tables.anomalies.c
-    if file_id is None and key:
-        # The unique index cannot cover a NULL file_id (NULLs are distinct): look it up. The
-        # caller holds the session's lock, so two of these cannot race.
-        found = conn.execute(
-            sa.update(tables.anomalies)
-            .where(a.file_id.is_(None), a.kind == kind, a.key == key)
-            .values(count=a.count + 1, last_seen_at=now)
-            .returning(a.count)
-        ).first()
-        if found is not None:
-            return int(found[0])
-    stmt = database.insert(conn, tables.anomalies).values(
-        file_id=file_id, kind=kind, key=key, detail=detail, created_at=now, count=1
-    )
-    if file_id is not None:
-        stmt = stmt.on_conflict_do_update(
-            index_elements=["file_id", "kind", "key"],
-            set_={"count": a.count + 1, "last_seen_at": now},
-        )
-    return int(conn.execute(stmt.returning(a.count)).scalar_one())
-
-
-def list_anomalies(
-    conn: sa.Connection, *, file_id: str | None = None, kinds: Sequence[str] | None = None
-) -> list[tables.Anomaly]:
-    """Anomalies, oldest first."""
-    query = sa.select(tables.anomalies).order_by(tables.anomalies.c.id)
-    if file_id is not None:
-        query = query.where(tables.anomalies.c.file_id == file_id)
-    if kinds:
-        query = query.where(tables.anomalies.c.kind.in_(list(kinds)))
-    return [tables.Anomaly.from_row(row) for row in conn.execute(query)]
-
-
-def count_anomalies_by_kind(conn: sa.Connection) -> dict[str, int]:
-    """``{kind: count}``, repeats counted."""
-    query = sa.select(tables.anomalies.c.kind, sa.func.sum(tables.anomalies.c.count)).group_by(
-        tables.anomalies.c.kind
-    )
-    return {kind: int(count) for kind, count in conn.execute(query)}
+def deployment_id(conn: sa.Connection) -> str:
+    """This store's identity (made by the migration that added it)."""
+    found = conn.execute(sa.select(tables.deployment.c.id).limit(1)).scalar()
+    if found is None:
+        raise errors.Misconfigured("the index has no deployment row: run `sgme migrate`")
+    return str(found)

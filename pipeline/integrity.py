@@ -17,6 +17,7 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from pipeline import (
+    anomalies,
     archive,
     audit,
     catalog,
@@ -324,7 +325,7 @@ def _record(db: database.Database, problems: list[Problem], prefix: str) -> None
         now = db.now()
         with db.transaction() as conn:
             for p in problems:
-                index.record_anomaly(conn, p.file_id, f"{prefix}_{p.kind}", p.detail, now=now)
+                anomalies.record(conn, p.file_id, f"{prefix}_{p.kind}", p.detail, now=now)
     except errors.SgmeError as exc:
         log.warning("could not record %d %s problem(s): %s", len(problems), prefix, exc.detail)
 

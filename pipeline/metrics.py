@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from pipeline import database, errors, index, ledger, tables
+from pipeline import anomalies, database, errors, index, ledger, tables
 
 FLUSH_SECONDS = Histogram(
     "sgme_flush_seconds",
@@ -43,7 +43,7 @@ class IndexCollector(Collector):
                 held, _ = ledger.waiting_backlog(conn)
                 lag_sum, lag_max = index.refinement_lag(conn)
                 statuses = index.count_files_by_status(conn)
-                kinds = index.count_anomalies_by_kind(conn)
+                kinds = anomalies.count_by_kind(conn)
         except errors.SgmeError:
             up = GaugeMetricFamily("sgme_index_up", "Whether the index answered the scrape")
             up.add_metric([], 0)
@@ -85,10 +85,10 @@ class IndexCollector(Collector):
         for status in tables.STATUSES:
             files.add_metric([status], statuses.get(status, 0))
         yield files
-        anomalies = GaugeMetricFamily("sgme_anomalies", "Anomaly records by kind", labels=["kind"])
+        by_kind = GaugeMetricFamily("sgme_anomalies", "Anomaly records by kind", labels=["kind"])
         for kind, count in sorted(kinds.items()):
-            anomalies.add_metric([kind], count)
-        yield anomalies
+            by_kind.add_metric([kind], count)
+        yield by_kind
 
 
 def render(db: database.Database) -> bytes:

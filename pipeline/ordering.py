@@ -41,7 +41,17 @@ import json
 
 import sqlalchemy as sa
 
-from pipeline import database, document, errors, idempotency, index, ledger, tables, validation
+from pipeline import (
+    anomalies,
+    database,
+    document,
+    errors,
+    idempotency,
+    index,
+    ledger,
+    tables,
+    validation,
+)
 from pipeline.tables import Kind
 
 MAX_WAIT_SECONDS = 30 * 86400  #: the longest ``order_wait_seconds`` allowed (30 days)
@@ -199,7 +209,7 @@ def drop(
         session = session_of(append)
         detail = f"agent_id={session.agent_id!r} session_key={session.session_key!r}: {detail}"
         key = _session_key(session, number)
-    index.record_anomaly(conn, file_id, decision.kind, detail, key=key, now=now)
+    anomalies.record(conn, file_id, decision.kind, detail, key=key, now=now)
 
 
 def next_release(
@@ -251,7 +261,7 @@ def released(
         f"{missing} never arrived within order_wait_seconds ({wait_seconds:g} s) of the first "
         f"append waiting for it; sequence {w.sequence} was applied {after}"
     )
-    index.record_anomaly(conn, file_id, Kind.SEQUENCE_GAP, detail, key=_span(lo, hi), now=now)
+    anomalies.record(conn, file_id, Kind.SEQUENCE_GAP, detail, key=_span(lo, hi), now=now)
 
 
 def waiting_sessions(db: database.Database, *, age: float) -> list[ledger.Session]:
@@ -291,7 +301,7 @@ def _span(lo: int, hi: int) -> str:
 def _was_skipped(conn: sa.Connection, file_id: str, number: int) -> bool:
     """Whether ``number`` lies in a gap of the file (its ``sequence_gap`` anomalies), compared
     with each gap's bounds: a gap can span two billion numbers."""
-    for gap in index.list_anomalies(conn, file_id=file_id, kinds=[Kind.SEQUENCE_GAP]):
+    for gap in anomalies.listed(conn, file_id=file_id, kinds=[Kind.SEQUENCE_GAP]):
         lo, _, hi = gap.key.partition("-")
         if int(lo) <= number <= int(hi or lo):
             return True
@@ -310,7 +320,7 @@ def _reject(conn: sa.Connection, waiting: tables.WaitingRow, why: str, *, now: d
     session = ledger.Session(waiting.agent_id, waiting.source_type, waiting.session_key)
     who = f"agent_id={session.agent_id!r} session_key={session.session_key!r}"
     detail = f"{who}: sequence {waiting.sequence} dropped: {why}"
-    index.record_anomaly(conn, None, Kind.APPEND_TASK_REJECTED, detail, now=now)
+    anomalies.record(conn, None, Kind.APPEND_TASK_REJECTED, detail, now=now)
     ledger.release(conn, session, waiting.sequence)
 
 

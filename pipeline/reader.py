@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import BinaryIO, TypeVar
 
 from pipeline import (
+    anomalies,
     archive,
     audit,
     catalog,
@@ -98,7 +99,7 @@ def _damaged(
         )
     if row.status == Status.ARCHIVED:
         with db.transaction() as conn:
-            index.record_anomaly(conn, row.file_id, Kind.ARCHIVE_CORRUPT, detail, now=db.now())
+            anomalies.record(conn, row.file_id, Kind.ARCHIVE_CORRUPT, detail, now=db.now())
     elif row.status != Status.ERROR:
         with db.transaction() as conn:
             index.record_damage(conn, row.file_id, kind, detail, now=db.now())

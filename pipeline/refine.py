@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import sqlalchemy as sa
 
-from pipeline import database, document, errors, index, l1, reader, refs, tables
+from pipeline import anomalies, database, document, errors, index, l1, reader, refs, tables
 from pipeline.tables import Kind, Status
 
 log = logging.getLogger(__name__)
@@ -421,7 +421,7 @@ def fail(db: database.Database, c: Claim, detail: str) -> bool:
         if not index.fail_segment(conn, c.file_id, epoch=c.epoch, now=now):
             return False
         detail = f"segment {c.lo}<seq<={c.hi}: {detail}"
-        index.record_anomaly(conn, c.file_id, Kind.REFINE_FAILED, detail, now=now)
+        anomalies.record(conn, c.file_id, Kind.REFINE_FAILED, detail, now=now)
         return True
 
 

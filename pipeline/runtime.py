@@ -108,6 +108,12 @@ class Runtime:
             raise
         return cls(settings, db, workers=workers)
 
+    @functools.cached_property
+    def deployment(self) -> str:
+        """This store's identity (its index's ``deployment`` row): the Celery tasks of its
+        processes carry it, and its workers refuse tasks that carry another."""
+        return self.service().deployment()
+
     def service(self, queue: Queue | None = None) -> Service:
         """The use cases over this runtime, sending work for later to ``queue`` (None: none
         is sent, nothing is claimed for refinement)."""

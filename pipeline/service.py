@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pipeline import (
+    anomalies,
     archive,
     audit,
     auth,
@@ -163,9 +164,7 @@ class Service:
         except errors.PermanentError as exc:
             with self.db.transaction() as conn:
                 detail = f"{who}: {exc.detail}"
-                index.record_anomaly(
-                    conn, None, Kind.APPEND_TASK_REJECTED, detail, now=self.db.now()
-                )
+                anomalies.record(conn, None, Kind.APPEND_TASK_REJECTED, detail, now=self.db.now())
             log.warning("sgme.append rejected (%s): %s", who, exc.detail)
             return None
 
@@ -407,10 +406,11 @@ class Service:
     def health(self) -> dict[str, Any]:
         """Whether the index answers and the data directory is writable (``status`` ok or
         degraded), with the journal's backlog."""
-        checks: dict[str, Any] = {"journal_backlog": None}
+        checks: dict[str, Any] = {"journal_backlog": None, "deployment": None}
         try:
             with self.db.reading() as conn:
                 rows, messages, size = ledger.journal_backlog(conn)
+                checks["deployment"] = index.deployment_id(conn)
             checks["index"] = "ok"
             checks["journal_backlog"] = {"rows": rows, "messages": messages, "bytes": size}
         except errors.SgmeError as exc:
@@ -422,6 +422,25 @@ class Service:
             checks["data_dir"] = exc.detail
         ok = checks["index"] == "ok" and checks["data_dir"] == "ok"
         return {"status": "ok" if ok else "degraded", **checks}
+
+    def deployment(self) -> str:
+        """This store's identity (docs/design.md §8)."""
+        with self.db.reading() as conn:
+            return index.deployment_id(conn)
+
+    def refuse_foreign(self, deployment: str, task: str) -> None:
+        """Record a task of another deployment this one's worker refused (once per
+        deployment and task name, then counted)."""
+        who = deployment[:60]
+        detail = (
+            f"a {task} task of deployment {who} came to a worker of deployment "
+            f"{self.deployment()}: refused, not run. Two stores share one broker database: "
+            "give each its own (broker_url)"
+        )
+        with self.db.transaction() as conn:
+            key = f"{who}:{task}"
+            anomalies.record(conn, None, Kind.FOREIGN_TASK, detail, key=key, now=self.db.now())
+        log.error("%s", detail)
 
     def metrics(self) -> bytes:
         """The Prometheus text exposition: this process's histograms and the index gauges."""

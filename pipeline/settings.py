@@ -60,11 +60,18 @@ class Http:
     #: Content-Length, or counted as a chunked body arrives); above the 32 MiB append limit,
     #: as JSON escaping makes a body larger than its content
     max_request_bytes: int = 64 * 1024 * 1024
-    body_timeout: float = 120.0  #: seconds for a whole request body to arrive (then 408)
+    #: seconds a request body may take before it must keep arriving at ``min_body_rate``: a
+    #: body is answered 408 once ``body_timeout + received / min_body_rate`` seconds passed
+    body_timeout: float = 10.0
+    min_body_rate: int = 16 * 1024  #: bytes per second a body must average after that
     header_timeout: float = 30.0  #: seconds for a request head to arrive (then closed)
     keepalive_timeout: float = 5.0  #: seconds an idle keep-alive connection is kept
-    #: open connections at most; the oldest idle one is closed to make room for a new one
+    #: open connections at most; past it, one that is waiting for a request head — or else
+    #: the one whose body arrives slowest — is closed to make room for the new one
     max_connections: int = 4096
+    #: open connections one client address may hold; past it, its own idle or slowest
+    #: connection makes room (so one client cannot take the whole server)
+    max_connections_per_client: int = 256
     #: bytes of messages (their blocks in the file) one page of ``/messages`` or one ref's
     #: neighbours hold at most; one message always comes, however large
     max_page_bytes: int = 16 * 1024 * 1024
@@ -159,6 +166,10 @@ class Settings:
     #: Host header names the API answers to, besides the address it binds; any other is a 400
     #: (what a DNS-rebinding page sends). "*" allows any: only behind a proxy that checks Host
     allowed_hosts: tuple[str, ...] = ("localhost", "127.0.0.1", "::1")
+    #: web origins (``https://app.example.org``) whose pages may send state-changing requests
+    #: (appends, uploads, refines) from a browser; a page of any other site is refused (403),
+    #: with or without a token. The server's own origin is always allowed
+    allowed_origins: tuple[str, ...] = ()
     metrics_require_auth: bool = False  #: ``/metrics`` needs an admin token
     #: seconds an API process trusts what it read about a token (at most 60): a token made or
     #: revoked by ``sgme token`` takes effect in running servers within this time

@@ -51,6 +51,7 @@ class Kind(enum.StrEnum):
     SEQUENCE_LATE = "sequence_late"  #: a number that came after it was skipped as a gap
     SEQUENCE_DUPLICATE = "sequence_duplicate"  #: a number already taken
     APPEND_TASK_REJECTED = "append_task_rejected"  #: an sgme.append task that can never land
+    FOREIGN_TASK = "foreign_task"  #: a task of another deployment, refused
 
 
 metadata = sa.MetaData()
@@ -211,6 +212,16 @@ full_refines = sa.Table(
     sa.Column("file_id", sa.String(36), sa.ForeignKey("raw_files.file_id"), primary_key=True),
     sa.Column("requested_at", sa.DateTime, nullable=False),
     sa.Column("finished_at", sa.DateTime),  # the commit of its first segment (lo = 0)
+)
+
+#: the identity of this store (one row, made by its first migration to revision 0011): the
+#: Celery tasks of its processes carry it, so a worker of another store sharing the broker
+#: refuses them
+deployment = sa.Table(
+    "deployment",
+    metadata,
+    sa.Column("id", sa.String(36), primary_key=True),
+    sa.Column("created_at", sa.DateTime, nullable=False),
 )
 
 # Per-agent choice of whether secrets are redacted on the way in (pipeline.privacy); an agent

@@ -444,14 +444,47 @@ def describe_errors(found: Sequence[Mapping[str, Any]]) -> str:
     return "; ".join(lines)
 
 
-def _validate(model: type[BaseModel], body: bytes | Mapping[str, Any], what: str) -> Any:
+def _refuse_oversized(value: object, limits: Limits) -> None:
+    """Refuse metadata far over its limit before anything walks all of it: the walk stops as
+    soon as the bytes it has seen (keys and strings, without quotes or escapes: less than the
+    encoding) pass 16 times ``max_metadata_bytes``, so 40 MB of metadata costs about what
+    128 KiB would. Anything smaller gets the exact checks (its depth first) and their
+    messages."""
+    if not isinstance(value, dict | list):
+        return
+    seen, budget = 0, 16 * limits.max_metadata_bytes
+    pending: list[Any] = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            for key, child in item.items():
+                seen += len(key) + 1
+                pending.append(child)
+        elif isinstance(item, list):
+            seen += len(item)
+            pending.extend(item)
+        elif isinstance(item, str):
+            seen += len(item)
+        else:
+            seen += 1
+        if seen > budget:
+            raise errors.InvalidInput(
+                f"metadata is more than {budget} bytes encoded; the limit is "
+                f"{limits.max_metadata_bytes}"
+            )
+
+
+def _validate(
+    model: type[BaseModel], body: bytes | Mapping[str, Any], what: str, limits: Limits
+) -> Any:
     """``body`` as a ``model``. JSON is parsed to Python objects first (by pydantic's parser,
     which refuses NaN, lone surrogates and nesting past 200 levels), so a request over HTTP
     and the same body from a Celery task get the same message for the same mistake."""
     if isinstance(body, bytes | bytearray):
         raw = bytes(body)
         try:
-            body = pydantic_core.from_json(raw, allow_inf_nan=False)
+            # keys only: caching every string costs more than it saves on a large body
+            body = pydantic_core.from_json(raw, allow_inf_nan=False, cache_strings="keys")
         except ValueError as exc:
             if _SURROGATE_ESCAPE.search(raw):
                 raise errors.InvalidInput(
@@ -460,6 +493,7 @@ def _validate(model: type[BaseModel], body: bytes | Mapping[str, Any], what: str
             raise errors.InvalidInput(f"Invalid JSON: {exc}") from None
     if not isinstance(body, Mapping):
         raise errors.InvalidInput(f"{what} body must be a JSON object")
+    _refuse_oversized(body.get("metadata"), limits)
     try:
         return model.model_validate(dict(body))
     except pydantic.ValidationError as exc:
@@ -481,7 +515,7 @@ def parse_append(
 ) -> Append:
     """Validate an append body (JSON bytes or a mapping); messages without ``ts`` get
     ``received_at``. Raises InvalidInput naming each problem."""
-    model = _validate(schemas(limits)[0], body, "append")
+    model = _validate(schemas(limits)[0], body, "append", limits or DEFAULT_LIMITS)
     metadata = model.metadata or {}
     key = model.idempotency_key
     received = document.format_ts(received_at or dt.datetime.now(dt.UTC))
@@ -525,7 +559,7 @@ def parse_append(
 
 def parse_upload(body: bytes | Mapping[str, Any], limits: Limits | None = None) -> Upload:
     """Validate an upload body; the filename goes into the metadata (never into a path)."""
-    model = _validate(schemas(limits)[1], body, "upload")
+    model = _validate(schemas(limits)[1], body, "upload", limits or DEFAULT_LIMITS)
     metadata = {**(model.metadata or {}), "filename": model.filename}
     check_metadata(metadata, limits)
     key = model.idempotency_key

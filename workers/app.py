@@ -15,7 +15,7 @@ from typing import Any
 
 from celery import Celery, signals
 
-from pipeline import flush_threads, refine
+from pipeline import errors, flush_threads, refine
 from pipeline.runtime import Runtime
 from pipeline.service import Queue, Service
 from workers import embedded, schedule, tasks
@@ -26,19 +26,62 @@ TASK_TIME_LIMIT = 600  #: seconds; must stay below the broker's visibility timeo
 VISIBILITY_TIMEOUT = 3600  #: seconds before Redis redelivers an unacknowledged task
 
 
-class CeleryQueue:
-    """:class:`pipeline.service.Queue` on a Celery app: tasks carry only ids and numbers."""
+#: the message header a task carries its deployment in (docs/design.md §8)
+DEPLOYMENT_HEADER = "sgme_deployment"
+#: the key in the broker's Redis database that names the deployment using it
+BROKER_OWNER_KEY = "sgme:deployment"
 
-    def __init__(self, app: Celery) -> None:
+
+class CeleryQueue:
+    """:class:`pipeline.service.Queue` on a Celery app: tasks carry only ids and numbers, and
+    the deployment they belong to."""
+
+    def __init__(self, app: Celery, deployment: str) -> None:
         self.app = app
+        self.headers = {DEPLOYMENT_HEADER: deployment}
 
     def kick(self, file_id: str) -> None:
         """Enqueue ``sgme.flush``."""
-        self.app.tasks["sgme.flush"].delay(file_id)
+        self.app.tasks["sgme.flush"].apply_async((file_id,), headers=self.headers)
 
     def submit(self, claim: refine.Claim) -> None:
         """Enqueue ``sgme.refine_segment`` for a claim."""
-        self.app.tasks["sgme.refine_segment"].delay(claim.file_id, claim.lo, claim.hi, claim.epoch)
+        args = (claim.file_id, claim.lo, claim.hi, claim.epoch)
+        self.app.tasks["sgme.refine_segment"].apply_async(args, headers=self.headers)
+
+
+def claim_broker(broker_url: str, deployment: str) -> None:
+    """Make sure no other deployment uses this broker database: the first process to start
+    names its deployment there; a process of another one refuses to start
+    (:class:`errors.Misconfigured`) instead of taking its tasks. Nothing for the in-memory
+    broker; a broker that cannot be reached is left to Celery's own retries."""
+    if not broker_url.startswith(("redis://", "rediss://", "unix://")):
+        return
+    import redis
+
+    client = redis.Redis.from_url(broker_url, socket_timeout=5, socket_connect_timeout=5)
+    try:
+        client.set(BROKER_OWNER_KEY, deployment, nx=True)
+        found = client.get(BROKER_OWNER_KEY)
+    except redis.RedisError as exc:
+        log.warning("could not check who else uses the broker: %s", exc)
+        return
+    finally:
+        client.close()
+    owner = found.decode() if isinstance(found, bytes) else found
+    if owner is not None and owner != deployment:
+        raise errors.Misconfigured(
+            f"the broker database {_redacted(broker_url)} belongs to deployment "
+            f"{owner}; this store is deployment {deployment}. Two stores sharing one "
+            "broker database would take each other's tasks: give this one its own "
+            f"(broker_url), or, if the other store is gone for good, delete the key "
+            f"{BROKER_OWNER_KEY!r} there"
+        )
+
+
+def _redacted(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    return f"{scheme}{sep}{rest.rpartition('@')[2]}" if sep else url
 
 
 def create(runtime: Runtime, *, flush_threads_count: int = 0) -> tuple[Celery, Service]:
@@ -47,6 +90,7 @@ def create(runtime: Runtime, *, flush_threads_count: int = 0) -> tuple[Celery, S
     that many threads of this process (:class:`flush_threads.FlushThreads`, the embedded
     service) and only refinement jobs go to the broker."""
     settings = runtime.settings
+    deployment = runtime.deployment
     app = Celery("sgme", set_as_current=False)
     memory = settings.broker_url.startswith("memory://")
     transport: dict[str, Any] = {"visibility_timeout": VISIBILITY_TIMEOUT}
@@ -81,14 +125,14 @@ def create(runtime: Runtime, *, flush_threads_count: int = 0) -> tuple[Celery, S
             "sgme.refine_segment": {"queue": "refine"},
             "sgme.archive_cold_files": {"queue": "archive"},
         },
-        beat_schedule=schedule.beat_schedule(settings),
+        beat_schedule=schedule.beat_schedule(settings, headers={DEPLOYMENT_HEADER: deployment}),
         timezone="UTC",
     )
-    queue: Queue = CeleryQueue(app)
+    queue: Queue = CeleryQueue(app, deployment)
     if flush_threads_count:
         queue = flush_threads.FlushThreads(queue, threads=flush_threads_count)
     service = runtime.service(queue)
-    tasks.register(app, service)
+    tasks.register(app, service, deployment=deployment, header=DEPLOYMENT_HEADER)
     # Make this the app every thread falls back to: a task's retry resolves the app through
     # the thread's current app, and a worker thread that fell back to Celery's default app
     # published its retries where no consumer of ours ever saw them.
@@ -115,18 +159,21 @@ class CeleryWorkers:
 
     def service(self, runtime: Runtime) -> Service:
         """The API's service: work goes into the broker (``sgme api``)."""
+        claim_broker(runtime.settings.broker_url, runtime.deployment)
         return create(runtime)[1]
 
     def worker(
         self, runtime: Runtime, *, queues: str, concurrency: int, pool: str, loglevel: str
     ) -> None:
         """Run a worker in the foreground (``sgme worker``)."""
+        claim_broker(runtime.settings.broker_url, runtime.deployment)
         argv = ["worker", "--queues", queues, "--loglevel", loglevel.upper()]
         argv += ["--concurrency", str(concurrency), "--pool", pool, "-E"]
         create(runtime)[0].worker_main(argv)
 
     def beat(self, runtime: Runtime, *, loglevel: str) -> None:
         """Run beat in the foreground (``sgme beat``)."""
+        claim_broker(runtime.settings.broker_url, runtime.deployment)
         schedule_file = str(runtime.settings.data_dir / ".celerybeat-schedule")
         create(runtime)[0].start(
             ["beat", "--loglevel", loglevel.upper(), "--schedule", schedule_file]
@@ -138,6 +185,7 @@ class CeleryWorkers:
         and the service the API shares with them. Flushes run on threads of this process (no
         task per kick); refinement, sweeps and the archive run as Celery tasks of the
         in-process worker."""
+        claim_broker(runtime.settings.broker_url, runtime.deployment)
         app, service = create(runtime, flush_threads_count=concurrency)
         assert isinstance(service.queue, flush_threads.FlushThreads)
         service.queue.start(service.flush)

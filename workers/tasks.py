@@ -33,18 +33,34 @@ def _retries(max_retries: int, backoff: int) -> dict[str, Any]:
     }
 
 
-def register(app: Celery, service: Service) -> None:
+def register(app: Celery, service: Service, *, deployment: str, header: str) -> None:
     """Define the tasks on ``app``, each calling into ``service`` (not ``shared``: Celery
-    would hand a shared task to every app made later, and this one belongs to ``app``)."""
+    would hand a shared task to every app made later, and this one belongs to ``app``).
+
+    A message whose ``header`` names another deployment is refused — recorded as a
+    ``foreign_task`` anomaly and not run — since it was meant for another store that shares
+    the broker (docs/design.md §8); a message without it (an ingestion service that does not
+    stamp its ``sgme.append`` tasks) is run."""
+
+    class Guarded(Task):  # type: ignore[misc]
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            other = self.request.get(header)
+            if other and other != deployment:
+                service.refuse_foreign(str(other), self.name)
+                return None
+            return super().__call__(*args, **kwargs)
+
     s = service.settings
-    flushes = _retries(s.flush_max_retries, s.flush_retry_backoff)
-    appends = _retries(s.append_max_retries, s.append_retry_backoff)
+    flushes = {**_retries(s.flush_max_retries, s.flush_retry_backoff), "base": Guarded}
+    appends = {**_retries(s.append_max_retries, s.append_retry_backoff), "base": Guarded}
+    plain = {"shared": False, "base": Guarded}
     # A refine job is acknowledged only when it ends, and given back if its worker dies, so a
     # lost job comes back from the broker; the claim's short lease covers a wiped broker.
     refines = {
         **_retries(s.refine.max_retries, s.refine.retry_backoff),
         "acks_late": True,
         "reject_on_worker_lost": True,
+        "base": Guarded,
     }
 
     @app.task(name="sgme.flush", **flushes)
@@ -64,12 +80,12 @@ def register(app: Celery, service: Service) -> None:
         or ``order_wait_seconds`` pass (:mod:`pipeline.ordering`)."""
         service.append_queued(body)
 
-    @app.task(name="sgme.sweep", shared=False)
+    @app.task(name="sgme.sweep", **plain)
     def sweep(age: float | None = None) -> int:
         """Re-kick flushes of journal rows older than ``age`` seconds."""
         return len(service.sweep(age))
 
-    @app.task(name="sgme.dispatch_refinements", shared=False)
+    @app.task(name="sgme.dispatch_refinements", **plain)
     def dispatch_refinements() -> int:
         """Claim due files and enqueue one ``refine_segment`` per claim."""
         return len(service.dispatch())
@@ -80,7 +96,7 @@ def register(app: Celery, service: Service) -> None:
         c = refine.Claim(file_id, lo, hi, epoch)
         return service.refine_segment(c, final=self.request.retries >= self.max_retries)
 
-    @app.task(name="sgme.archive_cold_files", shared=False)
+    @app.task(name="sgme.archive_cold_files", **plain)
     def archive_cold_files() -> int:
         """Daily: compress cold, fully refined files; flag cold unrefined ones."""
         report = service.archive_cold()

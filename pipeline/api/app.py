@@ -40,7 +40,15 @@ def create_app(service: Service) -> FastAPI:
     settings = service.settings
     app.state.verifier = service.verifier()
     http = settings.http
-    app.add_middleware(BodyLimit, max_bytes=http.max_request_bytes, timeout=http.body_timeout)
+    app.add_middleware(
+        BodyLimit,
+        max_bytes=http.max_request_bytes,
+        timeout=http.body_timeout,
+        min_rate=http.min_body_rate,
+    )
+    app.add_middleware(
+        security.SameOrigin, allowed=security.allowed_origins(settings), refuse=answer
+    )
     # added last, so it runs first: a foreign Host is refused before anything else
     app.add_middleware(
         security.HostAllowlist, allowed=security.allowed_hosts(settings), refuse=answer

@@ -67,6 +67,14 @@ class Segment(Model):
     hi: int
 
 
+class RefineRequested(Model):
+    """A full re-refine accepted, for a caller that may not read the file's row (a token
+    with the refine scope and not the read one)."""
+
+    file_id: str = Field(pattern=refs.FILE_ID_PATTERN, json_schema_extra={"format": "uuid"})
+    refine: Literal["requested"] = "requested"
+
+
 class File(Model):
     """A file's index row."""
 
@@ -169,6 +177,11 @@ class Health(Model):
     index: str
     data_dir: str
     journal_backlog: dict[str, int] | None = None
+    deployment: str | None = Field(
+        None,
+        description="this store's identity: a service that enqueues sgme.append tasks into "
+        "a shared broker stamps them with it (the sgme_deployment header)",
+    )
     process: int | None = Field(
         None, description="the answering process (`sgme api --workers N` runs several)"
     )

@@ -18,14 +18,18 @@ MAX_ID = 2**63 - 1
 @router.post(
     "/v1/files/{file_id}/refine",
     status_code=202,
-    response_model=models.File,
+    response_model=models.File | models.RefineRequested,
     responses=problems(404, 409, 422, 429, 503),
 )
 def refine_file(file_id: FileIdPath, service: ServiceDep, caller: Refiner) -> dict[str, Any]:
     """Full re-refine: ``last_refined_seq = 0``; the file's L1 items are replaced when the new
     run commits. 429 with ``Retry-After`` while the file's last full re-refine is running or
-    finished less than ``refine_cooldown_seconds`` ago."""
-    return service.request_refine(file_id, agents=caller.agents).to_json()
+    finished less than ``refine_cooldown_seconds`` ago. The answer is the file's row when the
+    token may read it, else only that the re-refine was requested."""
+    row = service.request_refine(file_id, agents=caller.agents)
+    if "read" not in caller.scopes:
+        return {"file_id": row.file_id, "refine": "requested"}
+    return row.to_json()
 
 
 @router.get("/v1/l1", response_model=models.L1Items, responses=problems(422, 503))

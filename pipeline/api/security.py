@@ -10,6 +10,7 @@ Host not allowed → 400; no, a malformed, unknown or revoked token → 401 with
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Collection
 from typing import Annotated, Any
 
@@ -132,14 +133,27 @@ def _name(host: str) -> str:
     return host.strip().lower().removeprefix("[").removesuffix("]").rstrip(".")
 
 
+#: a Host header as RFC 9110 has it: a name, an IPv4 address or a bracketed IPv6 address, and
+#: an optional port — nothing else (no userinfo, nothing after the bracket)
+_HOST = re.compile(
+    r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<name>[A-Za-z0-9._-]+))(?::(?P<port>[0-9]{1,5}))?"
+)
+
+
 def host_name(header: str) -> str:
-    """The name in a Host header, without its port: ``[::1]:8765`` → ``::1``."""
-    header = header.strip()
-    if header.startswith("["):
-        return _name(header.partition("]")[0] + "]")
-    if header.count(":") == 1:
-        header = header.partition(":")[0]
-    return _name(header)
+    """The name in a Host header, without its port: ``[::1]:8765`` → ``::1``; "" for a
+    header that is not a host and port (``[::1]evil.com``, ``127.0.0.1:80@evil.com``)."""
+    found = _HOST.fullmatch(header.strip())
+    if found is None:
+        return ""
+    return _name(found["v6"] or found["name"])
+
+
+def _host_port(header: str) -> tuple[str, int | None] | None:
+    found = _HOST.fullmatch(header.strip())
+    if found is None:
+        return None
+    return _name(found["v6"] or found["name"]), int(found["port"]) if found["port"] else None
 
 
 class HostAllowlist:
@@ -173,12 +187,142 @@ class HostAllowlist:
 
 
 # ---------------------------------------------------------------------------------------------
+# cross-site requests and the bodies endpoints take
+
+#: the methods that change something: a browser sends them across sites without asking first
+#: when they look like a form (text/plain, form-encoded, multipart bodies)
+WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+#: what a request body must be, by path prefix (the first that matches); JSON everywhere else
+BODY_TYPES: tuple[tuple[str, frozenset[str]], ...] = (
+    ("/ui/", frozenset({"application/x-www-form-urlencoded"})),
+)
+JSON = frozenset({"application/json"})
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def allowed_origins(settings: Settings) -> frozenset[str]:
+    """The ``allowed_origins`` setting, normalised (``scheme://host[:port]``, lower case, no
+    default port): the origins whose pages may send state-changing requests."""
+    found = set()
+    for origin in settings.allowed_origins:
+        normal = _origin(origin)
+        if normal is None:
+            raise errors.InvalidInput(
+                f"setting allowed_origins: {origin!r} is not an origin (scheme://host[:port])"
+            )
+        found.add(normal)
+    return frozenset(found)
+
+
+def _origin(text: str) -> str | None:
+    """``scheme://host[:port]`` in one spelling (lower case, no default port), or None."""
+    scheme, sep, rest = text.strip().lower().partition("://")
+    if not sep or scheme not in _DEFAULT_PORTS:
+        return None
+    parsed = _host_port(rest)
+    if parsed is None:
+        return None
+    name, port = parsed
+    host = f"[{name}]" if ":" in name else name
+    return (
+        f"{scheme}://{host}"
+        if port in (None, _DEFAULT_PORTS[scheme])
+        else f"{scheme}://{host}:{port}"
+    )
+
+
+def same_origin(origin: str, host_header: str) -> bool:
+    """Whether ``origin`` names the server the request was sent to (its Host header), by
+    name and port; the scheme is not compared, as a proxy may end TLS in front."""
+    normal = _origin(origin)
+    target = _host_port(host_header)
+    if normal is None or target is None:
+        return False
+    scheme, _, rest = normal.partition("://")
+    parsed = _host_port(rest)
+    assert parsed is not None
+    name, port = parsed
+    return name == target[0] and (port or _DEFAULT_PORTS[scheme]) == (
+        target[1] or _DEFAULT_PORTS[scheme]
+    )
+
+
+class SameOrigin:
+    """ASGI middleware for state-changing requests (``POST``, ``PUT``, ``PATCH``,
+    ``DELETE``), with or without a token:
+
+    * a browser's request from another site is refused (403 ``cross-site-request``): its
+      ``Origin`` is neither this server nor an ``allowed_origins`` entry (``null`` included),
+      or ``Sec-Fetch-Site`` says ``cross-site``/``same-site`` without such an origin;
+    * a body whose ``Content-Type`` is not what its endpoint takes (:data:`BODY_TYPES`) is
+      refused (415 ``unsupported-media-type``) before it is read.
+
+    A web page can make a browser send a "simple" request — ``text/plain``, a form — to any
+    address without a preflight, to a loopback server with no tokens included; these two
+    checks keep such a page from writing into an agent's memory. Programs (no ``Origin``, no
+    ``Sec-Fetch-Site``) send JSON as they always did."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        allowed: Collection[str],
+        refuse: Callable[[errors.SgmeError], Response],
+    ) -> None:
+        self.app = app
+        self.allowed = frozenset(allowed)
+        self.refuse = refuse
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] not in WRITES:
+            await self.app(scope, receive, send)
+            return
+        refusal = self.check(scope)
+        if refusal is not None:
+            await self.refuse(refusal)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    def check(self, scope: Scope) -> errors.SgmeError | None:
+        """Why a state-changing request is refused, or None."""
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        origin = headers.get("origin")
+        fetch_site = headers.get("sec-fetch-site", "").strip().lower()
+        trusted = origin is not None and (
+            same_origin(origin, headers.get("host", "")) or _origin(origin) in self.allowed
+        )
+        if (origin is not None and not trusted) or (
+            fetch_site in ("cross-site", "same-site") and not trusted
+        ):
+            return errors.CrossSiteRequest(
+                f"a state-changing request from another site (Origin {origin!r}, "
+                f"Sec-Fetch-Site {fetch_site or 'absent'!r}) is refused; an operator can allow "
+                "a web origin with allowed_origins (SGME_ALLOWED_ORIGINS)"
+            )
+        has_body = headers.get("content-length", "0").strip() not in ("", "0") or (
+            "transfer-encoding" in headers
+        )
+        if not has_body:
+            return None
+        media = headers.get("content-type", "").partition(";")[0].strip().lower()
+        path = str(scope.get("path", ""))
+        wanted = next((types for prefix, types in BODY_TYPES if path.startswith(prefix)), JSON)
+        if media not in wanted:
+            return errors.UnsupportedMediaType(
+                f"{path} takes a body of type {' or '.join(sorted(wanted))}, not "
+                f"{media or 'one without a Content-Type'!r}"
+            )
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
 # /openapi.json
 
 _REASONS = {
     400: "the Host header is not in allowed_hosts",
     401: "no bearer token, or a malformed, unknown or revoked one (WWW-Authenticate: Bearer)",
-    403: "the token lacks the scope this needs, or the agent_id of the body",
+    403: "the token lacks the scope this needs, or the agent_id of the body; or (any write) a "
+    "browser's request from another site",
+    415: "a request body that is not of the type the endpoint takes",
 }
 
 
@@ -191,7 +335,7 @@ def document(schema: dict[str, Any], settings: Settings) -> None:
         return {"description": _REASONS[status], "content": problem}
 
     for path, operations in schema.get("paths", {}).items():
-        for operation in operations.values():
+        for method, operation in operations.items():
             responses = operation.setdefault("responses", {})
             responses.setdefault("400", answer(400))
             if path == "/metrics" and settings.metrics_require_auth:
@@ -199,3 +343,6 @@ def document(schema: dict[str, Any], settings: Settings) -> None:
             if operation.get("security"):
                 responses.setdefault("401", answer(401))
                 responses.setdefault("403", answer(403))
+            if method.upper() in WRITES:
+                responses.setdefault("403", answer(403))
+                responses.setdefault("415", answer(415))

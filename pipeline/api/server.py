@@ -1,6 +1,7 @@
 """Serving the API with bounds on what a client can hold: uvicorn with a request-head timeout,
-a cap on open connections (the oldest idle one makes room for a new one), an idle keep-alive
-timeout, and request bodies refused past a size or a time before they are parsed.
+a cap on open connections and on those of one client address (an idle or slow one makes room
+for a new one), an idle keep-alive timeout, and request bodies refused past a size, or when
+they arrive too slowly, before they are parsed.
 
 Each bound is an ``http_*`` setting; docs/operations.md says what a client gets at each.
 """
@@ -34,12 +35,15 @@ class BodyLimit:
     """ASGI middleware: a body larger than ``max_bytes`` is refused with 413 — from
     ``Content-Length`` before any of it is read (so a client that sent ``Expect:
     100-continue`` gets the answer at once), or as a chunked body's bytes arrive — and a body
-    that has not arrived within ``timeout`` seconds with 408."""
+    that arrives too slowly with 408: it has ``timeout`` seconds, plus one second for every
+    ``min_rate`` bytes that came, so a client that dribbles a body in cannot hold a
+    connection (and the request's thread) for long."""
 
-    def __init__(self, app: Any, *, max_bytes: int, timeout: float) -> None:
+    def __init__(self, app: Any, *, max_bytes: int, timeout: float, min_rate: int) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.timeout = timeout
+        self.min_rate = max(1, min_rate)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -53,18 +57,22 @@ class BodyLimit:
             await response(scope, receive, send)
             return
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.timeout
+        started = loop.time()
         received = 0
 
         async def limited() -> dict[str, Any]:
             nonlocal received
+            deadline = started + self.timeout + received / self.min_rate
             try:
                 message: dict[str, Any] = await asyncio.wait_for(
                     receive(), max(0.0, deadline - loop.time())
                 )
             except TimeoutError:
                 raise errors.RequestTimeout(
-                    f"the request body did not arrive within {self.timeout:g} s"
+                    f"the request body came too slowly: {received} bytes in "
+                    f"{loop.time() - started:.0f} s (a body has http_body_timeout "
+                    f"{self.timeout:g} s, then must average http_min_body_rate "
+                    f"{self.min_rate} bytes/s)"
                 ) from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
@@ -79,29 +87,50 @@ class BodyLimit:
 
 
 def guarded_protocol(http: Http) -> type[H11Protocol]:
-    """uvicorn's h11 protocol with a request-head timeout and a connection cap.
+    """uvicorn's h11 protocol with a request-head timeout, a connection cap and a cap per
+    client address.
 
     uvicorn closes idle keep-alive connections, but a connection that never completes a
     request head (a slow or silent client) stays open for ever, and nothing caps how many:
     enough of them exhaust the file descriptors, and then nothing is served at all. Here a
-    head must arrive within ``header_timeout``, and past ``max_connections`` the oldest
-    connection that is waiting for a head is closed to make room for the new one.
+    head must arrive within ``header_timeout``. Past ``max_connections`` — or past
+    ``max_connections_per_client`` for one address — an existing connection makes room for
+    the new one: the oldest that is waiting for a request head, or else the one whose request
+    body is arriving slowest (per byte since its head came). A connection whose request is
+    being answered is never closed for room; when every one is, the new connection is. So a
+    client holding many slow bodies loses them to the next connection — a health check
+    included — instead of locking everyone out.
     """
-    # connections waiting for a request head, oldest first (one table per server)
-    idle: collections.OrderedDict[GuardedH11, None] = collections.OrderedDict()
+    # one table per server: every connection, and how many each client address holds
+    open_now: collections.OrderedDict[GuardedH11, None] = collections.OrderedDict()
+    per_client: collections.Counter[str] = collections.Counter()
 
     class GuardedH11(H11Protocol):
         _head_timer: asyncio.TimerHandle | None = None
         _seen_cycle: Any = None
+        _waiting_head = True
+        _body_since: float | None = None  #: when the body of the current request began
+        _body_bytes = 0
+        _address = ""
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
+            peer = transport.get_extra_info("peername")
+            self._address = str(peer[0]) if peer else ""
+            open_now[self] = None
+            per_client[self._address] += 1
             self._waiting()
-            if len(self.connections) > http.max_connections:
-                oldest = next(iter(idle))  # this one at least is waiting
-                oldest._drop("too many connections")
+            if per_client[self._address] > http.max_connections_per_client:
+                why = (
+                    f"more than {http.max_connections_per_client} connections from {self._address}"
+                )
+                self._make_room(why, same_client=True)
+            if len(open_now) > http.max_connections:
+                self._make_room("too many connections", same_client=False)
 
         def data_received(self, data: bytes) -> None:
+            if self._body_since is not None:
+                self._body_bytes += len(data)
             super().data_received(data)
             self._track()
 
@@ -112,28 +141,61 @@ def guarded_protocol(http: Http) -> type[H11Protocol]:
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._busy()
+            if self in open_now:
+                del open_now[self]
+                per_client[self._address] -= 1
+                if per_client[self._address] <= 0:
+                    del per_client[self._address]
             super().connection_lost(exc)
 
         def _track(self, *, done: bool = False) -> None:
-            if self.cycle is not None and self.cycle is not self._seen_cycle:
-                self._seen_cycle = self.cycle  # a request head arrived: a request is running
+            cycle = self.cycle
+            if cycle is not None and cycle is not self._seen_cycle:
+                self._seen_cycle = cycle  # a request head arrived: a request is running
                 self._busy()
+                if cycle.more_body:
+                    self._body_since, self._body_bytes = self.loop.time(), 0
             elif done:
                 self._waiting()
+            if cycle is not None and not cycle.more_body:
+                self._body_since = None  # the body is all there
 
         def _waiting(self) -> None:
-            idle.pop(self, None)
-            idle[self] = None
+            self._waiting_head = True
+            self._body_since = None
             if self._head_timer is None:
                 self._head_timer = self.loop.call_later(
                     http.header_timeout, self._drop, "no request head in time"
                 )
 
         def _busy(self) -> None:
-            idle.pop(self, None)
+            self._waiting_head = False
             if self._head_timer is not None:
                 self._head_timer.cancel()
                 self._head_timer = None
+
+        def _slowness(self, now: float) -> float:
+            """Seconds per byte of the body arriving now (a body that sent nothing yet counts
+            as slowest)."""
+            assert self._body_since is not None
+            return (now - self._body_since) / max(1, self._body_bytes)
+
+        def _make_room(self, why: str, *, same_client: bool) -> None:
+            """Close the connection that should go first, or this new one if none may."""
+            now = self.loop.time()
+            candidates = [
+                c
+                for c in open_now
+                if c is not self and (not same_client or c._address == self._address)
+            ]
+            idle = [c for c in candidates if c._waiting_head]
+            slow = [c for c in candidates if c._body_since is not None]
+            if idle:
+                idle[0]._drop(why)  # the oldest: open_now keeps them in order of arrival
+            elif slow:
+                max(slow, key=lambda c: c._slowness(now))._drop(why)
+            else:
+                self._drop(why)
 
         def _drop(self, why: str) -> None:
             self._busy()

@@ -138,7 +138,8 @@ def test_past_the_cap_the_oldest_idle_connection_makes_room(
 def test_health_answers_with_3000_idle_connections_open(
     procs: harness.Procs, tmp_path: Path
 ) -> None:
-    with server(procs, tmp_path) as port:
+    # one client address may hold them all here: the cap under test is the server's own
+    with server(procs, tmp_path, http_max_connections_per_client="4096") as port:
         idle = []
         try:
             for _ in range(3000):
@@ -151,3 +152,147 @@ def test_health_answers_with_3000_idle_connections_open(
             for sock in idle:
                 sock.close()
         assert health_status(port) == 200
+
+
+def _files(port: int) -> list[dict[str, object]]:
+    r = httpx.get(f"http://127.0.0.1:{port}/v1/files", timeout=10)
+    assert r.status_code == 200, r.text
+    files: list[dict[str, object]] = r.json()["files"]
+    return files
+
+
+def test_a_web_page_cannot_write_across_sites(procs: harness.Procs, tmp_path: Path) -> None:
+    """What a browser sends for a page on another site, byte for byte: a "simple" request —
+    no preflight — to a loopback server that has no tokens."""
+    body = json.dumps(
+        {"agent_id": "hermes", "session_key": "s", "messages": [{"role": "user", "content": "x"}]}
+    ).encode()
+    upload = b"agent_id=hermes&filename=a.txt&content=remember+this"
+    shapes = [
+        (b"/v1/append", b"text/plain;charset=UTF-8", b"http://evil.example", b"cross-site", body),
+        (b"/v1/append", b"application/json", b"http://evil.example", b"cross-site", body),
+        (b"/v1/uploads", b"application/x-www-form-urlencoded", b"null", b"cross-site", upload),
+    ]
+    with server(procs, tmp_path) as port:
+        for path, content_type, origin, site, data in shapes:
+            with connect(port) as sock:
+                sock.sendall(
+                    b"POST "
+                    + path
+                    + b" HTTP/1.1\r\nHost: 127.0.0.1:"
+                    + str(port).encode()
+                    + b"\r\nContent-Type: "
+                    + content_type
+                    + b"\r\nOrigin: "
+                    + origin
+                    + b"\r\nSec-Fetch-Site: "
+                    + site
+                    + b"\r\nSec-Fetch-Mode: no-cors"
+                    + b"\r\nContent-Length: "
+                    + str(len(data)).encode()
+                    + b"\r\n\r\n"
+                    + data
+                )
+                status, _, answer = response(sock)
+            assert status == 403, answer
+            assert json.loads(answer)["type"] == "urn:sgme:problem:cross-site-request"
+        # the same body as a program sends it is stored: only the browser's shape is refused
+        ok = httpx.post(
+            f"http://127.0.0.1:{port}/v1/append",
+            content=body,
+            timeout=10,
+            headers={"Content-Type": "application/json"},
+        )
+        assert ok.status_code == 202, ok.text
+        text = httpx.post(
+            f"http://127.0.0.1:{port}/v1/append",
+            content=body,
+            timeout=10,
+            headers={"Content-Type": "text/plain"},
+        )
+        assert text.status_code == 415, text.text
+        assert len(_files(port)) == 1
+
+
+@pytest.mark.timeout(120)
+def test_slow_bodies_cannot_lock_others_out(procs: harness.Procs, tmp_path: Path) -> None:
+    """150 connections each send an append's head and one byte of its body, with a good
+    token, past a cap of 100 connections: health checks and another agent's appends keep
+    being answered at once, and the slow bodies are closed, by eviction or their 408."""
+    data_dir = tmp_path / "data"
+    env = harness.clean_env(http_max_connections="100", http_body_timeout="10", require_auth="true")
+    procs.run(["migrate", "--data-dir", str(data_dir)], env)
+    made = procs.run(
+        [
+            "token",
+            "create",
+            "--data-dir",
+            str(data_dir),
+            "--agent-id",
+            "*",
+            "--scope",
+            "append",
+            "--scope",
+            "read",
+            "--name",
+            "t",
+            "--json",
+        ],
+        env,
+    )
+    token = json.loads(made)["token"]
+    auth = {"Authorization": f"Bearer {token}"}
+    port = harness.free_port()
+    proc = procs.start(
+        f"serve-{port}",
+        ["serve", "--data-dir", str(data_dir), "--port", str(port), "--log-level", "warning"],
+        env,
+    )
+    base = f"http://127.0.0.1:{port}"
+    with httpx.Client(base_url=base, timeout=10) as client:
+        harness.wait_healthy(client, proc, timeout=60)
+    head = (
+        f"POST /v1/append HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n"
+        "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"
+    ).encode()
+    slow = []
+    try:
+        for _ in range(150):
+            sock = connect(port)
+            sock.sendall(head)
+            slow.append(sock)
+        for n in range(5):
+            started = time.monotonic()
+            with httpx.Client(base_url=base, timeout=10) as client:
+                assert client.get("/v1/health").status_code == 200
+                body = {
+                    "agent_id": "other",
+                    "session_key": f"s{n}",
+                    "messages": [{"role": "user", "content": f"still served {n}"}],
+                }
+                assert client.post("/v1/append", json=body, headers=auth).status_code == 202
+            assert time.monotonic() - started < 3, "answered only after a wait"
+        # the slow ones do not stay: closed to make room, or answered 408 within the timeout
+        still = [s for s in slow if not closed_by_server(s, timeout=0.1)]
+        assert len(still) <= 100
+        deadline = time.monotonic() + 30
+        for sock in still:
+            assert closed_by_server(sock, timeout=max(0.1, deadline - time.monotonic()))
+    finally:
+        for sock in slow:
+            sock.close()
+
+
+def test_one_client_address_cannot_take_every_connection(
+    procs: harness.Procs, tmp_path: Path
+) -> None:
+    with server(procs, tmp_path, http_max_connections_per_client="20") as port:
+        idle = [connect(port) for _ in range(40)]
+        try:
+            assert health_status(port) == 200
+            still_open = [s for s in idle if not closed_by_server(s, timeout=0.2)]
+            assert len(still_open) <= 20
+            assert not closed_by_server(idle[-1], timeout=0.2)  # the newest stay
+        finally:
+            for sock in idle:
+                sock.close()

@@ -26,7 +26,7 @@ import sqlalchemy as sa
 from celery import Celery
 from conftest import REDIS_URL
 
-from pipeline import database, index, ledger, reader, tables
+from pipeline import anomalies, database, index, ledger, reader, tables
 
 AGENT = "e2e-order"
 #: what the tests look for in the anomalies table (an append task dropped for any reason too)
@@ -104,7 +104,7 @@ class Deployment:
 
     def anomalies(self) -> list[tables.Anomaly]:
         with self.db.reading() as conn:
-            return index.list_anomalies(conn, kinds=list(ORDER_KINDS))
+            return anomalies.listed(conn, kinds=list(ORDER_KINDS))
 
     def wait_flushed(self, messages: int, *, timeout: float) -> tables.FileRow:
         """Wait until the session's file holds ``messages`` messages and nothing waits."""

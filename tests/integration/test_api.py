@@ -1,5 +1,5 @@
-"""The HTTP API (docs/design.md §7) over a real index, on SQLite and PostgreSQL: the shapes other tools
-depend on, coalesced kicks, ``?wait=flushed``, uploads, listing and pagination, reads of raw
+"""The HTTP API (docs/design.md §7) over a real index, on SQLite and PostgreSQL: the shapes other
+tools depend on, coalesced kicks, ``?wait=flushed``, uploads, listing and pagination, reads of raw
 bytes, messages and refs, idempotency, and problem+json errors that write nothing."""
 
 from __future__ import annotations
@@ -64,8 +64,8 @@ class Api:
             limits=limits,
             allowed_hosts=("testserver",),  # TestClient's Host
         )
-        app = api_app.create_app(helpers.service(db, settings, self.queue))
-        self.client = TestClient(app, raise_server_exceptions=True)
+        self.service = helpers.service(db, settings, self.queue)
+        self.client = TestClient(api_app.create_app(self.service), raise_server_exceptions=True)
 
     def append(self, payload: dict[str, Any], *, wait: bool = False) -> dict[str, Any]:
         url = "/v1/append?wait=flushed" if wait else "/v1/append"
@@ -479,13 +479,16 @@ def test_ref_returns_the_message_and_its_neighbours(app: Api) -> None:
 def test_health_reports_index_data_dir_and_journal_backlog(app: Api) -> None:
     r = app.client.get("/v1/health")
     assert r.status_code == 200
-    assert r.json() == {
+    health = r.json()
+    assert health == {
         "status": "ok",
         "index": "ok",
         "journal_backlog": {"rows": 0, "messages": 0, "bytes": 0},
         "data_dir": "ok",
+        "deployment": app.service.deployment(),
         "process": os.getpid(),  # the test client serves from this process
     }
+    refs.check_file_id(health["deployment"])  # a UUID4, made by the migration
     a = app.append(body("a", *[{"role": "user", "content": "x"}] * 3))["file_id"]
     app.append(body("b"))
     backlog = app.client.get("/v1/health").json()["journal_backlog"]

@@ -1,5 +1,5 @@
-"""Cold archive (docs/design.md §5) on SQLite and PostgreSQL: archive → read identical, crash at every
-step, append to an archived file, corrupt archives, fsck and reindex over archived files."""
+"""Cold archive (docs/design.md §5) on SQLite and PostgreSQL: archive → read identical, crash at
+every step, append to an archived file, corrupt archives, fsck and reindex over archived files."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ import zstandard
 from conftest import set_row
 
 from pipeline import (
+    anomalies,
     archive,
     catalog,
     database,
     errors,
-    index,
     integrity,
     journal,
     ledger,
@@ -92,7 +92,7 @@ def test_cold_files_only_fully_refined_and_old(db: database.Database, data_dir: 
     assert archive.flag_unrefined(db, older_than_days=90) == [unrefined]
     assert archive.flag_unrefined(db, older_than_days=90) == []  # flagged once
     with db.transaction() as conn:
-        kinds = [(a.file_id, a.kind) for a in index.list_anomalies(conn, kinds=["unrefined_cold"])]
+        kinds = [(a.file_id, a.kind) for a in anomalies.listed(conn, kinds=["unrefined_cold"])]
     assert kinds == [(unrefined, "unrefined_cold")]
 
 
@@ -432,5 +432,5 @@ def test_append_to_a_corrupt_archive_waits_in_the_journal(
     row = helpers.file_row(db, file_id)
     assert (row.status, row.next_seq) == ("archived", result.last_seq + 1)
     with db.transaction() as conn:
-        assert [a.kind for a in index.list_anomalies(conn, file_id=file_id)] == ["restore_failed"]
+        assert [a.kind for a in anomalies.listed(conn, file_id=file_id)] == ["restore_failed"]
         assert [j.first_seq for j in ledger.journal_after(conn, file_id, 0)] == [result.first_seq]

@@ -326,6 +326,19 @@ def test_the_matrix_covers_every_route(world: World) -> None:
     assert routes == called
 
 
+def test_a_refine_only_token_learns_nothing_of_the_row(world: World) -> None:
+    """The read scope guards a file's row (its session key, metadata, counts): the answer to
+    a re-refine asked with only the refine scope says it was requested, nothing more."""
+    secret = auth.create(world.service.db, agent_ids=[ALICE], scopes=["refine"], name="r").secret
+    r = world.client.post(f"/v1/files/{world.file_a}/refine", headers=bearer(secret))
+    assert r.status_code == 202, r.text
+    assert r.json() == {"file_id": world.file_a, "refine": "requested"}
+    reader = world.tokens["right"]
+    r = world.client.post(f"/v1/files/{world.file_a}/refine", headers=bearer(reader))
+    assert r.status_code == 202, r.text
+    assert r.json()["session_key"] == "s1" and r.json()["agent_id"] == ALICE
+
+
 def test_a_scope_is_checked_before_anything_is_looked_up(world: World) -> None:
     """A token without ``read`` learns nothing, not even whether an id is well formed."""
     headers = bearer(world.tokens["no read"])
@@ -557,10 +570,23 @@ def test_a_star_allows_any_host(db: database.Database, data_dir: Path, database_
         assert r.status_code == 200
 
 
+@pytest.mark.parametrize("host", ["[::1]evil.com", "127.0.0.1:80@evil.com", "localhost:8765x"])
+def test_a_host_header_that_only_starts_like_an_allowed_name_is_refused(
+    db: database.Database, data_dir: Path, database_url: str, host: str
+) -> None:
+    service = make_service(db, data_dir, database_url)
+    with TestClient(api_app.create_app(service)) as client:
+        r = client.get("/v1/health", headers={"Host": host})
+    assert r.status_code == 400, r.text
+    assert r.json()["type"] == "urn:sgme:problem:host-not-allowed"
+
+
 def test_host_names_are_parsed_without_ports() -> None:
     assert security.host_name("[::1]:8765") == "::1"
     assert security.host_name("Example.COM.:80") == "example.com"
-    assert security.host_name("::1") == "::1"  # not valid in a Host header, but not a port
+    # anything that is not a host and a port is no allowed name at all
+    for bad in ("::1", "[::1]evil.com", "127.0.0.1:80@evil.com", "a b", "localhost:8o", ""):
+        assert security.host_name(bad) == "", bad
     s = Settings(allowed_hosts=("Api", "[::1]"), host="0.0.0.0")
     assert security.allowed_hosts(s) == frozenset({"api", "::1"})
 

@@ -1,7 +1,7 @@
-"""Group commit (docs/design.md §3, pipeline.commits) on SQLite and PostgreSQL: work that queues while
-a commit runs goes into the next transaction together; a piece that fails fails alone; a
-failed transaction fails every piece in it and commits none; a deadlock runs the group again;
-and journal.ingest really shares its commits when called from many threads."""
+"""Group commit (docs/design.md §3, pipeline.database.commits) on SQLite and PostgreSQL: work that
+queues while a commit runs goes into the next transaction together; a piece that fails fails alone;
+a failed transaction fails every piece in it and commits none; a deadlock runs the group again; and
+journal.ingest really shares its commits when called from many threads."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 import helpers
 import sqlalchemy as sa
 
-from pipeline import clock, database, errors, index, journal, tables
+from pipeline import anomalies, clock, database, errors, index, journal, tables
 from pipeline.database import commits
 
 THREADS = 12
@@ -23,7 +23,7 @@ def _anomaly(kind: str) -> Callable[[sa.Connection], str]:
     """Work that records an anomaly (a row to find afterwards) and returns its kind."""
 
     def work(conn: sa.Connection) -> str:
-        index.record_anomaly(conn, None, kind, "group commit test", now=clock.SYSTEM.now())
+        anomalies.record(conn, None, kind, "group commit test", now=clock.SYSTEM.now())
         return kind
 
     return work
@@ -31,7 +31,7 @@ def _anomaly(kind: str) -> Callable[[sa.Connection], str]:
 
 def _kinds(db: database.Database) -> list[str]:
     with db.transaction() as conn:
-        return sorted(a.kind for a in index.list_anomalies(conn))
+        return sorted(a.kind for a in anomalies.listed(conn))
 
 
 def _queued(group: commits.Group) -> int:
@@ -86,7 +86,7 @@ def test_work_queued_behind_a_commit_shares_the_next_one(db: database.Database) 
 
 def test_a_failing_piece_fails_alone_and_leaves_nothing(db: database.Database) -> None:
     def failing(conn: sa.Connection) -> str:
-        index.record_anomaly(
+        anomalies.record(
             conn, None, "bad", "written, then rolled back to its savepoint", now=clock.SYSTEM.now()
         )
         raise errors.Conflict("this request contradicts what is recorded")
@@ -106,7 +106,7 @@ def test_a_piece_that_must_run_again_goes_into_the_next_group(db: database.Datab
     def racing(conn: sa.Connection) -> str:
         runs.append(1)
         if len(runs) == 1:
-            index.record_anomaly(
+            anomalies.record(
                 conn, None, "lost", "rolled back before the rerun", now=clock.SYSTEM.now()
             )
             raise commits.Again
@@ -160,7 +160,7 @@ def test_a_deadlock_runs_the_group_again(postgres_url: str) -> None:
     row1, row2 = (f"row-{uuid.uuid4().hex[:8]}" for _ in range(2))
     with db.transaction() as conn:
         for kind in (row1, row2):
-            index.record_anomaly(conn, None, kind, "a row to lock", now=clock.SYSTEM.now())
+            anomalies.record(conn, None, kind, "a row to lock", now=clock.SYSTEM.now())
     both = threading.Barrier(2, timeout=10)
     runs: list[str] = []
 

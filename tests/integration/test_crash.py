@@ -1,5 +1,5 @@
-"""Crash safety (docs/design.md §3): processes appending are SIGKILLed at seeded-random points inside
-flush — after the lock, after reading the journal, in the middle of the write (a torn block),
+"""Crash safety (docs/design.md §3): processes appending are SIGKILLed at seeded-random points
+inside flush — after the lock, after reading the journal, in the middle of the write (a torn block),
 after truncating a torn tail, after the write, after the commit. After a restart every
 acknowledged message is in its file exactly once, in order, with its content, and fsck is
 clean."""
@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import (
+    anomalies,
     database,
     document,
     flush,
@@ -137,6 +138,6 @@ def crash_and_check(
 
     assert integrity.fsck(db, data_dir) == []
     with db.transaction() as conn:
-        kinds = {a.kind for a in index.list_anomalies(conn)}
+        kinds = {a.kind for a in anomalies.listed(conn)}
     # torn tails were found and cut; nothing else went wrong
     assert kinds == {"torn_tail_truncated"}

@@ -13,7 +13,7 @@ from typing import Any
 import helpers
 import pytest
 
-from pipeline import database, errors, flush, index, integrity, reader
+from pipeline import anomalies, database, errors, flush, index, integrity, reader
 from pipeline.service import Service
 from pipeline.settings import Settings
 
@@ -27,9 +27,9 @@ def body(session_key: str, content: str, source_type: str = "session") -> dict[s
     }
 
 
-def anomalies(db: database.Database, file_id: str) -> list[tuple[str, int]]:
+def recorded_anomalies(db: database.Database, file_id: str) -> list[tuple[str, int]]:
     with db.transaction() as conn:
-        return [(a.kind, a.count) for a in index.list_anomalies(conn, file_id=file_id)]
+        return [(a.kind, a.count) for a in anomalies.listed(conn, file_id=file_id)]
 
 
 def status(db: database.Database, file_id: str) -> str:
@@ -62,12 +62,12 @@ def test_a_file_replaced_by_a_symlink_is_recorded_once_and_logged_once(
                 service.flush(file_id)
     errors_logged = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors_logged) == 1 and file_id in errors_logged[0].getMessage()
-    assert anomalies(db, file_id) == [("file_replaced", 3)]
+    assert recorded_anomalies(db, file_id) == [("file_replaced", 3)]
     assert status(db, file_id) == "error"
     assert elsewhere.read_bytes() == target  # nothing was written through the link
     with pytest.raises(errors.FileDamaged):
         reader.messages(db, data_dir, file_id)
-    assert anomalies(db, file_id) == [("file_replaced", 3)]  # reads add nothing
+    assert recorded_anomalies(db, file_id) == [("file_replaced", 3)]  # reads add nothing
 
 
 def test_a_symlinked_directory_under_raw_is_refused(
@@ -82,7 +82,7 @@ def test_a_symlinked_directory_under_raw_is_refused(
         service.flush(result.file_id)
     assert list(outside.iterdir()) == []
     assert status(db, result.file_id) == "error"
-    assert [k for k, _ in anomalies(db, result.file_id)] == ["file_replaced"]
+    assert [k for k, _ in recorded_anomalies(db, result.file_id)] == ["file_replaced"]
     found = [(p.file_id, p.kind) for p in integrity.fsck(db, data_dir)]
     assert found == [("raw/external", "symlinked_dir")]
 
@@ -97,7 +97,7 @@ def test_fsck_reports_even_when_the_index_cannot_record(
     def full(*_: Any, **__: Any) -> int:
         raise errors.IndexUnavailable("database or disk is full")
 
-    monkeypatch.setattr(index, "record_anomaly", full)
+    monkeypatch.setattr(anomalies, "record", full)
     problems = integrity.fsck(db, data_dir)
     assert [(p.file_id, p.kind) for p in problems] == [(file_id, "chain_mismatch")]
     flush.stale_files(db, age=0)  # the index still answers reads

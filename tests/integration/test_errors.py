@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 from starlette.exceptions import StarletteDeprecationWarning
 
-from pipeline import database, errors, index, journal, tables
+from pipeline import anomalies, database, errors, index, journal, tables
 from pipeline.api import app as api_app
 from pipeline.service import Service
 from pipeline.settings import Settings
@@ -224,7 +224,7 @@ def test_a_damaged_file_read_twice_is_one_anomaly(
     for _ in range(3):
         _problem(client.get(f"/v1/files/{file_id}/messages"), 409, "file-damaged")
     with db.transaction() as conn:
-        found = index.list_anomalies(conn, file_id=file_id)
+        found = anomalies.listed(conn, file_id=file_id)
         row = index.get_file(conn, file_id)
     assert [(a.kind, a.count) for a in found] == [("format_error", 1)]
     assert row is not None and row.status == "error"

@@ -13,6 +13,7 @@ import pytest
 import sqlalchemy as sa
 
 from pipeline import (
+    anomalies,
     catalog,
     database,
     document,
@@ -93,9 +94,7 @@ def blocks_of(data: bytes) -> tuple[bytes, list[bytes]]:
 
 def fsck_anomalies(db: database.Database) -> list[tuple[str | None, str]]:
     with db.transaction() as conn:
-        return [
-            (a.file_id, a.kind) for a in index.list_anomalies(conn) if a.kind.startswith("fsck_")
-        ]
+        return [(a.file_id, a.kind) for a in anomalies.listed(conn) if a.kind.startswith("fsck_")]
 
 
 def test_fsck_is_clean_on_untouched_files(db: database.Database, data_dir: Path) -> None:

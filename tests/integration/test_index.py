@@ -9,7 +9,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from pipeline import database, index, tables
+from pipeline import anomalies, database, index, tables
 from pipeline.tables import Kind, Status
 
 
@@ -35,13 +35,11 @@ def test_an_anomaly_is_recorded_once_per_file_kind_and_key(db: database.Database
     file_id = _insert(db)
     with db.transaction() as conn:
         counts = [
-            index.record_anomaly(conn, file_id, Kind.FILE_SHRUNK, "first", now=db.now()),
-            index.record_anomaly(conn, file_id, Kind.FILE_SHRUNK, "second", now=db.now()),
-            index.record_anomaly(
-                conn, file_id, Kind.FILE_SHRUNK, "other key", key="7", now=db.now()
-            ),
+            anomalies.record(conn, file_id, Kind.FILE_SHRUNK, "first", now=db.now()),
+            anomalies.record(conn, file_id, Kind.FILE_SHRUNK, "second", now=db.now()),
+            anomalies.record(conn, file_id, Kind.FILE_SHRUNK, "other key", key="7", now=db.now()),
         ]
-        found = index.list_anomalies(conn, file_id=file_id)
+        found = anomalies.listed(conn, file_id=file_id)
     assert counts == [1, 2, 1]
     assert [(a.kind, a.key, a.detail, a.count) for a in found] == [
         ("file_shrunk", "", "first", 2),
@@ -54,9 +52,9 @@ def test_without_a_file_a_keyed_anomaly_is_counted_and_an_unkeyed_one_is_an_even
 ) -> None:
     with db.transaction() as conn:
         for _ in range(3):
-            index.record_anomaly(conn, None, Kind.SEQUENCE_DUPLICATE, "d", key="s#5", now=db.now())
-            index.record_anomaly(conn, None, Kind.APPEND_TASK_REJECTED, "e", now=db.now())
-        found = index.list_anomalies(conn)
+            anomalies.record(conn, None, Kind.SEQUENCE_DUPLICATE, "d", key="s#5", now=db.now())
+            anomalies.record(conn, None, Kind.APPEND_TASK_REJECTED, "e", now=db.now())
+        found = anomalies.listed(conn)
     assert sorted((a.kind, a.count) for a in found) == [
         ("append_task_rejected", 1),
         ("append_task_rejected", 1),

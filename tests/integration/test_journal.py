@@ -13,11 +13,11 @@ import pytest
 import sqlalchemy as sa
 
 from pipeline import (
+    anomalies,
     database,
     document,
     errors,
     flush,
-    index,
     integrity,
     journal,
     ledger,
@@ -62,7 +62,7 @@ def table_counts(db: database.Database) -> dict[str, int]:
 
 def anomaly_kinds(db: database.Database, file_id: str) -> list[str]:
     with db.transaction() as conn:
-        return [a.kind for a in index.list_anomalies(conn, file_id=file_id)]
+        return [a.kind for a in anomalies.listed(conn, file_id=file_id)]
 
 
 def disk_files(data_dir: Path) -> list[Path]:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from pipeline import database, index, journal, metrics
+from pipeline import anomalies, database, journal, metrics
 from pipeline.tables import Kind
 
 
@@ -28,8 +28,8 @@ def test_the_gauges_follow_the_index(db: database.Database, data_dir: Path) -> N
     assert found[("sgme_files", (("status", "pending"),))] == 1
     journal.flush(db, data_dir, file_id)
     with db.transaction() as conn:
-        index.record_anomaly(conn, file_id, Kind.FORMAT_ERROR, "d", now=db.now())
-        index.record_anomaly(conn, file_id, Kind.FORMAT_ERROR, "d", now=db.now())
+        anomalies.record(conn, file_id, Kind.FORMAT_ERROR, "d", now=db.now())
+        anomalies.record(conn, file_id, Kind.FORMAT_ERROR, "d", now=db.now())
     found = _samples(db)
     assert found[("sgme_journal_backlog_messages", ())] == 0
     assert found[("sgme_files", (("status", "new"),))] == 1

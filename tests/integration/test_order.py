@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import threading
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import helpers
 import pytest
 
 from pipeline import (
+    anomalies,
     database,
     errors,
     index,
@@ -73,9 +75,9 @@ def contents(db: database.Database, data_dir: Path, session_key: str = "s") -> l
     return [m.content for m in reader.messages(db, data_dir, row.file_id, limit=10_000)]
 
 
-def anomalies(db: database.Database, *kinds: str) -> list[tables.Anomaly]:
+def recorded_anomalies(db: database.Database, *kinds: str) -> list[tables.Anomaly]:
     with db.transaction() as conn:
-        return index.list_anomalies(conn, kinds=list(kinds))
+        return anomalies.listed(conn, kinds=list(kinds))
 
 
 def waiting(db: database.Database) -> int:
@@ -131,7 +133,7 @@ def test_early_queued_appends_wait_and_follow_their_predecessor(
     assert contents(db, data_dir) == ["s #1", "s #2", "s #3"]
     queued(db, numbered(4))
     assert contents(db, data_dir) == ["s #1", "s #2", "s #3", "s #4"]
-    assert anomalies(db) == []
+    assert recorded_anomalies(db) == []
 
 
 def test_redelivered_tasks_replay_and_other_appends_with_a_taken_number_are_dropped(
@@ -154,7 +156,7 @@ def test_redelivered_tasks_replay_and_other_appends_with_a_taken_number_are_drop
         late = queued(db, numbered(1, key="other-1", content="intruder"))
         assert late == ingest.Held(1, expected=4, dropped=True)
     assert contents(db, data_dir) == ["s #1", "s #2", "s #3"]
-    found = anomalies(db, "sequence_duplicate")
+    found = recorded_anomalies(db, "sequence_duplicate")
     assert [(a.key, a.count) for a in found] == [("3", 1), ("1", 2)]
     assert "'other-1'" in found[1].detail and "was dropped" in found[1].detail
     row = row_of(db)
@@ -175,7 +177,7 @@ def test_http_and_the_queue_may_feed_one_session(db: database.Database, data_dir
     journal.ingest(db, numbered(4))
     assert journal.ingest(db, numbered(5)).replayed  # written from the queue: a replay
     assert contents(db, data_dir) == [f"s #{n}" for n in range(1, 6)]
-    assert waiting(db) == 0 and anomalies(db) == []
+    assert waiting(db) == 0 and recorded_anomalies(db) == []
 
 
 def test_same_key_different_body_while_waiting_is_a_conflict(db: database.Database) -> None:
@@ -204,7 +206,7 @@ def test_a_gap_is_let_go_after_the_wait_and_a_late_arrival_is_recorded(
     assert settle(db, wait=0.5) == [row.file_id]
     assert contents(db, data_dir) == ["s #1", "s #2", "s #3", "s #5", "s #6"]
     assert waiting(db) == 0
-    gaps = anomalies(db, "sequence_gap")
+    gaps = recorded_anomalies(db, "sequence_gap")
     assert [(g.file_id, g.key, g.count) for g in gaps] == [(row.file_id, "4", 1)]
     assert gaps[0].detail.startswith("sequence 4 never arrived within order_wait_seconds (0.5 s)")
     assert "sequence 5 was applied after sequence 3" in gaps[0].detail
@@ -212,12 +214,48 @@ def test_a_gap_is_let_go_after_the_wait_and_a_late_arrival_is_recorded(
     late = queued(db, numbered(4), wait=0.5)
     assert late == ingest.Held(4, expected=7, dropped=True)
     assert contents(db, data_dir) == ["s #1", "s #2", "s #3", "s #5", "s #6"]
-    recorded = anomalies(db, "sequence_late")
+    recorded = recorded_anomalies(db, "sequence_late")
     assert [(a.file_id, a.key) for a in recorded] == [(row.file_id, "4")]
     assert "'s/4'" in recorded[0].detail and "not appended" in recorded[0].detail
-    assert len(anomalies(db, "sequence_gap")) == 1
+    assert len(recorded_anomalies(db, "sequence_gap")) == 1
     queued(db, numbered(7), wait=0.5)
     assert contents(db, data_dir)[-1] == "s #7"
+
+
+def test_a_late_number_behind_a_gap_of_millions_costs_no_memory(
+    db: database.Database, data_dir: Path
+) -> None:
+    """A gap of 20,000,000 numbers let go, then a number inside it: found late by the gap's
+    bounds (a set of its members would take gigabytes), and so is one far past the gap."""
+    queued(db, numbered(1))
+    queued(db, numbered(20_000_001), wait=0.5)
+    age_waiting(db, 0.6)
+    assert settle(db, wait=0.5) != []
+    assert contents(db, data_dir) == ["s #1", "s #20000001"]
+    assert [g.key for g in recorded_anomalies(db, "sequence_gap")] == ["2-20000000"]
+    before = tracemalloc.is_tracing()
+    tracemalloc.start()
+    try:
+        assert queued(db, numbered(5)) == ingest.Held(5, expected=20_000_002, dropped=True)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        if not before:
+            tracemalloc.stop()
+    assert peak < 10_000_000, peak  # bytes: the gap was never spelled out
+    assert [a.key for a in recorded_anomalies(db, "sequence_late")] == ["5"]
+
+
+def test_a_taken_number_sent_many_times_to_a_new_session_is_one_anomaly(
+    db: database.Database,
+) -> None:
+    """300 tasks numbered 1,000,000 with different keys, to a session with no file yet: the
+    first is held, the other 299 are one sequence_duplicate record, counted."""
+    for i in range(300):
+        queued(db, numbered(1_000_000, key=f"k{i}"))
+    found = recorded_anomalies(db, "sequence_duplicate")
+    assert [(a.file_id, a.count) for a in found] == [(None, 299)]
+    assert "session_key='s'" in found[0].detail and "sequence 1000000" in found[0].detail
+    assert waiting(db) == 1
 
 
 def test_a_gap_is_let_go_by_the_next_arrival_too(db: database.Database, data_dir: Path) -> None:
@@ -231,7 +269,7 @@ def test_a_gap_is_let_go_by_the_next_arrival_too(db: database.Database, data_dir
     row = row_of(db)
     assert row is not None and held == ingest.Held(7, expected=2, kick=row.file_id)
     assert contents(db, data_dir) == ["s #1", "s #4", "s #6", "s #7"]
-    assert [g.key for g in anomalies(db, "sequence_gap")] == ["2-3", "5"]
+    assert [g.key for g in recorded_anomalies(db, "sequence_gap")] == ["2-3", "5"]
 
 
 def test_a_session_whose_first_append_never_comes(db: database.Database, data_dir: Path) -> None:
@@ -242,7 +280,7 @@ def test_a_session_whose_first_append_never_comes(db: database.Database, data_di
     row = row_of(db)
     assert row is not None and row.metadata == {"from": "2"}  # the first append written
     assert contents(db, data_dir) == ["s #2", "s #3"]
-    gap = anomalies(db, "sequence_gap")
+    gap = recorded_anomalies(db, "sequence_gap")
     assert [(g.key, g.file_id) for g in gap] == [("1", row.file_id)]
     assert "sequence 2 was applied first" in gap[0].detail
 
@@ -325,8 +363,8 @@ def test_the_queued_path_holds_drops_and_the_sweep_lets_a_gap_go(
     assert svc.sweep() == [row.file_id] and kicks == [row.file_id]
     assert waiting(db) == 0
     assert contents(db, data_dir) == ["#1", "#2", "#4"]
-    assert [a.key for a in anomalies(db, "sequence_gap")] == ["3"]
-    rejected = anomalies(db, "append_task_rejected")
+    assert [a.key for a in recorded_anomalies(db, "sequence_gap")] == ["3"]
+    rejected = recorded_anomalies(db, "append_task_rejected")
     assert len(rejected) == 1 and "sequence: must be an integer from 1" in rejected[0].detail
 
 
@@ -352,7 +390,7 @@ def test_held_appends_wait_on_through_a_full_backlog(
     assert helpers.append(svc, body(6)).result.first_seq == 6
     assert waiting(db) == 0
     assert contents(db, data_dir) == ["#1", "#2", "#3", "#4", "#5", "#6"]
-    assert anomalies(db) == []
+    assert recorded_anomalies(db) == []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -394,6 +432,6 @@ def test_concurrent_writers_keep_the_senders_order(
         other.dispose()
     assert failures == []
     assert contents(db, data_dir) == [f"s #{n}" for n in range(1, count + 1)]
-    assert waiting(db) == 0 and anomalies(db) == []
+    assert waiting(db) == 0 and recorded_anomalies(db) == []
     row = row_of(db)
     assert row is not None and (row.next_sequence, row.flushed_seq) == (count + 1, count)

@@ -8,7 +8,7 @@ from pathlib import Path
 import helpers
 import pytest
 
-from pipeline import catalog, database, errors, index, journal, reader
+from pipeline import anomalies, catalog, database, errors, journal, reader
 
 
 def _session(db: database.Database, data_dir: Path, *contents: str) -> str:
@@ -61,7 +61,7 @@ def test_a_short_file_is_damage_recorded_once(db: database.Database, data_dir: P
             reader.messages(db, data_dir, file_id)
     assert helpers.file_row(db, file_id).status == "error"
     with db.reading() as conn:
-        found = index.list_anomalies(conn, file_id=file_id)
+        found = anomalies.listed(conn, file_id=file_id)
     assert [(a.kind, a.count) for a in found] == [("file_unreadable", 1)]
 
 

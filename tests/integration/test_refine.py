@@ -1,7 +1,7 @@
-"""Refinement on a real index (docs/design.md §4), on SQLite and PostgreSQL: due files, the claim and
-its lease, the fenced commit, appends during a refine, retries and failure, full re-refine —
-each new stretch of messages reaches L1 exactly once. The library functions are driven
-directly, the way ``workers.tasks`` drives them, without Celery."""
+"""Refinement on a real index (docs/design.md §4), on SQLite and PostgreSQL: due files, the claim
+and its lease, the fenced commit, appends during a refine, retries and failure, full re-refine —
+each new stretch of messages reaches L1 exactly once. The library functions are driven directly, the
+way ``workers.tasks`` drives them, without Celery."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ import sqlalchemy as sa
 from conftest import set_row
 
 from pipeline import (
+    anomalies,
     database,
     errors,
-    index,
     journal,
     l1,
     reader,
@@ -480,7 +480,7 @@ def test_a_refiner_that_fails_then_succeeds_ends_refined(
         (t, "flaky") for t in statements(1, 3)
     ]
     with db.transaction() as conn:
-        assert index.list_anomalies(conn, file_id=file_id) == []
+        assert anomalies.listed(conn, file_id=file_id) == []
 
 
 def test_a_refiner_that_always_fails_marks_the_file_error_and_others_go_on(
@@ -502,7 +502,7 @@ def test_a_refiner_that_always_fails_marks_the_file_error_and_others_go_on(
     r = helpers.file_row(db, broken)
     assert (r.status, r.last_refined_seq, r.refine_lease_until) == ("error", 0, None)
     with db.transaction() as conn:
-        [anomaly] = index.list_anomalies(conn, file_id=broken)
+        [anomaly] = anomalies.listed(conn, file_id=broken)
     assert anomaly.kind == "refine_failed"
     assert anomaly.detail == "segment 0<seq<=3: model overloaded (call 3)"
     assert items(db, broken) == []
@@ -535,7 +535,7 @@ def test_fail_of_a_stale_claim_does_nothing(db: database.Database, data_dir: Pat
     r = helpers.file_row(db, file_id)
     assert r.status == "new" and r.refine_lease_until is not None
     with db.transaction() as conn:
-        assert index.list_anomalies(conn, file_id=file_id) == []
+        assert anomalies.listed(conn, file_id=file_id) == []
     assert refine_once(db, data_dir, new) is True
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import helpers
 import pytest
 
-from pipeline import database, errors, index
+from pipeline import anomalies, database, errors, index
 from pipeline.clock import ManualClock
 from pipeline.service import Service
 from pipeline.settings import Refine, Settings
@@ -55,7 +55,7 @@ def test_a_task_body_without_a_key_is_recorded_and_dropped(
 ) -> None:
     assert service.append_queued(_body("s")) is None
     with db.reading() as conn:
-        found = index.list_anomalies(conn)
+        found = anomalies.listed(conn)
         assert index.find_file(conn, "hermes", "session", "s") is None
     assert [(a.kind, a.file_id) for a in found] == [("append_task_rejected", None)]
     assert "idempotency_key is required" in found[0].detail

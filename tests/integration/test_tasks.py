@@ -12,7 +12,7 @@ import helpers
 import pytest
 from celery import Celery
 
-from pipeline import database, errors, index, l1, reader, refine, tables
+from pipeline import anomalies, database, errors, index, l1, reader, refine, tables
 from pipeline.runtime import Runtime
 from pipeline.service import Service
 from pipeline.settings import Settings
@@ -94,7 +94,7 @@ def _row(db: database.Database, key: str) -> tables.FileRow | None:
 
 def _anomalies(db: database.Database, kind: str) -> list[tables.Anomaly]:
     with db.transaction() as conn:
-        return index.list_anomalies(conn, kinds=[kind])
+        return anomalies.listed(conn, kinds=[kind])
 
 
 def _body(key: str, *contents: str, idempotency_key: str | None = "k") -> dict[str, Any]:
@@ -139,6 +139,30 @@ def test_invalid_append_tasks_land_in_anomalies(app: Celery, worker: database.Da
     assert "session_key='badrole'" in details[0] and "messages[0].role: must be" in details[0]
     assert "session_key='nokey'" in details[1] and "idempotency_key is required" in details[1]
     assert _row(worker, "nokey") is None and _row(worker, "badrole") is None
+
+
+def test_a_task_of_another_deployment_is_refused_and_recorded(
+    app: Celery, worker: database.Database, runtime: Runtime
+) -> None:
+    """Two stores that share a broker database must not write into each other's index: a
+    task stamped with another deployment is not run; ours and unstamped ones are."""
+    ours = {"sgme_deployment": runtime.deployment}
+    theirs = {"sgme_deployment": "0b6c3e6e-5d1f-4f1e-9a65-3b1c2d4e5f60"}
+    for _ in range(2):
+        app.send_task("sgme.append", kwargs=_body("theirs", "x"), queue="append", headers=theirs)
+    app.send_task("sgme.flush", args=["f"], queue="append", headers=theirs)
+    app.send_task("sgme.append", kwargs=_body("ours", "y"), queue="append", headers=ours)
+    app.send_task("sgme.append", kwargs=_body("unstamped", "z"), queue="append")
+
+    wait_for(lambda: _row(worker, "ours") and _row(worker, "unstamped"))
+    wait_for(lambda: sum(a.count for a in _anomalies(worker, "foreign_task")) == 3)
+    found = _anomalies(worker, "foreign_task")
+    assert sorted((a.key.split(":")[1], a.count) for a in found) == [
+        ("sgme.append", 2),
+        ("sgme.flush", 1),
+    ]
+    assert runtime.deployment in found[0].detail and theirs["sgme_deployment"] in found[0].detail
+    assert _row(worker, "theirs") is None
 
 
 def test_refiner_failing_twice_then_succeeding_refines(

@@ -1,4 +1,5 @@
-"""pipeline.document: the L0 file format (docs/design.md §2) — parse, render, validation, hash chain."""
+"""pipeline.document: the L0 file format (docs/design.md §2) — parse, render, validation, hash
+chain."""
 
 from __future__ import annotations
 
@@ -511,7 +512,8 @@ def test_escape_examples() -> None:
 
 
 def reference_parse(text: str) -> list[tuple[str, str, str | None, str]]:
-    """docs/design.md §2 read literally, line by line: ``(ts, role, tool_name, content)`` per message."""
+    """docs/design.md §2 read literally, line by line: ``(ts, role, tool_name, content)`` per
+    message."""
     _, offset = document.split_frontmatter(text)
     blocks: list[tuple[str, str, list[str]]] = []
     preamble: list[str] = []

@@ -73,7 +73,7 @@ def test_the_core_modules_depend_only_on_what_they_should() -> None:
             "pipeline.refs",
             "pipeline.settings",
         },
-        "pipeline.index": {"pipeline.database", "pipeline.tables"},
+        "pipeline.index": {"pipeline.database", "pipeline.errors", "pipeline.tables"},
         "pipeline.ledger": {"pipeline.database", "pipeline.tables"},
         **{
             m: {"pipeline.errors", "pipeline.settings", "pipeline.clock", *database}

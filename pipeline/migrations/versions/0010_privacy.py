@@ -2,7 +2,7 @@
 messages redacted and files erased on purpose, each recorded (issue 20)
 
 Revision ID: 0010
-Revises: 0007
+Revises: 0011
 Create Date: 2026-12-10 10:00:00
 """
 
@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0010"
-down_revision = "0007"
+down_revision = "0011"
 branch_labels = None
 depends_on = None
 
