@@ -14,7 +14,10 @@ hands the lead to the first caller still queued and returns.
 
 Work is a function of a Connection; it may run more than once (a group whose transaction
 failed on a deadlock is run again from the start, and work that raises :class:`Again` is
-queued for the next group), so it must only touch the database.
+queued for the next group), so it must only touch the database. A group whose every run
+deadlocked (its pieces lock rows that another process's group locks in another order) is
+run one piece at a time: alone, a piece holds only its own locks, so it cannot wait in a
+circle with another group through a piece of its own.
 """
 
 from __future__ import annotations
@@ -157,6 +160,10 @@ class Group:
             except errors.SgmeError as exc:
                 if _aborted(exc) and not last:
                     continue
+                if _aborted(exc) and len(group) > 1:
+                    # Deadlocked every time: the pieces' row locks cross those of another
+                    # process's group. Alone, each holds its own locks only, and goes on.
+                    return [w for work in group for w in self._commit([work])]
                 # Nothing committed: every piece that had not failed alone fails with it.
                 failed = {id(w): v for w, kind, v in outcomes if kind == "failed"}
                 for work in group:

@@ -267,6 +267,29 @@ def test_migrate_creates_and_then_keeps_the_schema(sgme: Sgme, tmp_path: Path) -
     assert {"raw_files", "append_journal", "append_keys", "anomalies"} <= tables
 
 
+@pytest.mark.parametrize(
+    "command",
+    [("ls",), ("fsck",), ("reindex",), ("search", "tea"), ("import", "openai", "CHAT"), ("api",)],
+)
+def test_commands_other_than_migrate_never_create_a_store(
+    sgme: Sgme, tmp_path: Path, command: tuple[str, ...]
+) -> None:
+    """Run from the wrong directory, a command says where it looked instead of making an
+    empty store there (and then saying its schema is behind)."""
+    chat = tmp_path / "chat.json"
+    chat.write_text('{"messages": [{"role": "user", "content": "hi"}]}', encoding="utf-8")
+    command = tuple(str(chat) if part == "CHAT" else part for part in command)
+    missing = tmp_path / "elsewhere" / "data"
+    run = sgme(*command, "--data-dir", str(missing), common=False)
+    assert_one_line_error(run, f"no data directory at {missing}", "sgme migrate")
+    assert not missing.exists() and not missing.parent.exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    run = sgme(*command, "--data-dir", str(empty), common=False)
+    assert_one_line_error(run, f"no index at {empty / 'index.sqlite3'}", "sgme migrate")
+    assert list(empty.iterdir()) == []  # no empty index.sqlite3 left behind
+
+
 def test_only_migrate_changes_the_schema(sgme: Sgme, tmp_path: Path) -> None:
     """Reading commands (and every other one but migrate and serve) on a database whose schema
     is behind change nothing and say what to run."""
