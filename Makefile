@@ -63,6 +63,7 @@ bench: $(STAMP) $(HERMES_STAMP)
 	$(BIN)/python bench/bench_parse.py
 	$(BIN)/python bench/bench_archive.py
 	$(BIN)/python bench/bench_search.py
+	$(BIN)/python bench/bench_secrets.py
 
 ## make chaos: the crash test with many more kill points (a new seed each run) and the
 ## broker-wipe / worker-kill runs repeated; needs PostgreSQL and Redis like the suite.

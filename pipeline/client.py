@@ -329,6 +329,35 @@ def _refine(file_id: str) -> exchange.Call[models.File | models.RefineRequested]
     )
 
 
+def _redact(source_ref: str, *, reason: str) -> exchange.Call[models.Redacted]:
+    """Redact the message a source_ref names (an ``admin`` token): its body becomes a
+    tombstone naming when and why. Redacting it again changes nothing, so it is retried."""
+    path = f"/v1/refs/{quote(source_ref, safe=':')}/redact"
+    body = {"reason": reason}
+    return exchange.Call("POST", path, exchange.model_reader(models.Redacted), body=body)
+
+
+def _erase(file_id: str, *, reason: str | None = None) -> exchange.Call[None]:
+    """Erase a file and everything derived from it (an ``admin`` token); afterwards it
+    answers :class:`~pipeline.errors.Gone`."""
+    # Not repeatable: were the answer lost, a second request would be told 410 Gone.
+    return exchange.Call(
+        "DELETE",
+        f"/v1/files/{_id(file_id)}",
+        lambda response: None,
+        _query(reason=reason),
+        repeatable=False,
+    )
+
+
+def _audit(
+    *, file_id: str | None = None, after: int = 0, limit: int = DEFAULT_PAGE_SIZE
+) -> exchange.Call[models.AuditRecords]:
+    """One page of the audit trail of redactions and erasures (an ``admin`` token)."""
+    params = _query(file_id=file_id, after=after, limit=limit)
+    return exchange.Call("GET", "/v1/audit", exchange.model_reader(models.AuditRecords), params)
+
+
 def _health() -> exchange.Call[models.Health]:
     """Whether the index answers and the data directory is writable (a degraded server's
     answer is returned, not raised)."""
@@ -390,6 +419,9 @@ class Operations(Generic[Transport]):
     l1 = Endpoint(_l1)
     iter_l1 = Paged(_iter_l1)
     refine = Endpoint(_refine)
+    redact = Endpoint(_redact)
+    erase = Endpoint(_erase)
+    audit = Endpoint(_audit)
     health = Endpoint(_health)
     search = Endpoint(_search)  # one page: the best ``limit`` hits (at most 100), no cursor
 

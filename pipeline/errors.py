@@ -9,6 +9,7 @@
      │    ├── Forbidden              403     forbidden          a token without the scope/agent
      │    │    └── CrossSiteRequest  403     cross-site-request from a web page of another site
      │    ├── NotFound               404     not-found          no such file, message or token
+     │    ├── Gone                   410     gone               a file erased on purpose
      │    ├── Conflict               409     conflict           contradicts what is recorded
      │    │    ├── ConstraintViolation 409   conflict           a unique/foreign key refused it
      │    │    └── OutOfOrder        409     out-of-order       a sequence that is not the next one
@@ -149,6 +150,14 @@ class NotFound(PermanentError):
 
     type = "not-found"
     status = 404
+
+
+class Gone(PermanentError):
+    """The file was erased on purpose (``DELETE /v1/files/{id}``, ``sgme erase``): it and
+    every ``source_ref`` into it are gone for good; the audit trail says when and by whom."""
+
+    type = "gone"
+    status = 410
 
 
 class Conflict(PermanentError):

@@ -208,6 +208,7 @@ _BY_STATUS: dict[int, type[errors.SgmeError]] = {
     404: errors.NotFound,
     408: errors.RequestTimeout,
     409: errors.Conflict,
+    410: errors.Gone,
     413: errors.RequestTooLarge,
     422: errors.InvalidInput,
     429: errors.Throttled,

@@ -34,6 +34,7 @@ from pipeline import (
     ledger,
     locks,
     metrics,
+    rewrite,
     store,
     tables,
 )
@@ -110,6 +111,9 @@ def flush(
     """
     with file_locks.hold(file_id):
         fault("locked")
+        # A redaction a crash interrupted is finished before anything is appended (the file
+        # and its index row may be one step apart until then: pipeline.rewrite).
+        rewrite.settle_locked(db, data_dir, file_id)
         started = time.perf_counter()
         with db.reading() as conn:
             row = index.get_file(conn, file_id)

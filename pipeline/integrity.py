@@ -19,6 +19,7 @@ import sqlalchemy as sa
 from pipeline import (
     anomalies,
     archive,
+    audit,
     catalog,
     database,
     document,
@@ -27,6 +28,7 @@ from pipeline import (
     index,
     ledger,
     locks,
+    redaction,
     store,
     tables,
 )
@@ -54,6 +56,9 @@ class Finding(enum.StrEnum):
     NOT_INDEXED = "not_indexed"  #: a raw file the index does not know
     SYMLINKED_DIR = "symlinked_dir"  #: a directory under raw/ is a symlink (never followed)
     MISPLACED = "misplaced"  #: a file in the directory of another source type
+    REMOVAL_UNFINISHED = "removal_unfinished"  #: a redaction or erasure a crash interrupted
+    REDACTION_MISMATCH = "redaction_mismatch"  #: a recorded tombstone is not in its file
+    ERASED_FILE_PRESENT = "erased_file_present"  #: an erased file is still on disk
 
 
 @dataclasses.dataclass(frozen=True)
@@ -299,6 +304,8 @@ def fsck(
         if progress:
             progress(1)
     problems.extend(refused_dirs(data_dir))
+    # the audit trail: removals left unfinished, tombstones changed, erased files still there
+    problems.extend(Problem(f, Finding(kind), d) for f, kind, d in redaction.problems(db, data_dir))
     for _, path in _disk_files(data_dir):
         relative = path.relative_to(data_dir).as_posix()
         if relative not in known:
@@ -356,10 +363,16 @@ def reindex(
     scanned = inserted = updated = 0
     failed: list[Problem] = []
     live = {_file_id(path) for kind, path in _disk_files(data_dir) if kind != "archive"}
+    with db.reading() as conn:
+        erased = audit.erased_ids(conn)
     for source_type, path in _disk_files(data_dir):
         scanned += 1
         file_id = _file_id(path)
         archived = source_type == "archive"
+        if file_id in erased:  # erased on purpose, never brought back (fsck names it)
+            if progress:
+                progress(1)
+            continue
         if archived and file_id in live:
             # A crash between restore steps left both copies; the live one is the file.
             if progress:

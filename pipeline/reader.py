@@ -16,6 +16,7 @@ from typing import BinaryIO, TypeVar
 from pipeline import (
     anomalies,
     archive,
+    audit,
     catalog,
     database,
     document,
@@ -61,6 +62,12 @@ def get_file(
     refs.check_file_id(file_id)
     with db.reading() as conn:
         row = index.get_file(conn, file_id)
+        gone = audit.erased(conn, file_id) if row is None else None
+    if gone is not None and (agents is None or gone.agent_id in agents):
+        raise errors.Gone(
+            f"file {file_id} was erased at {tables.iso(gone.created_at)}; it and its "
+            "source_refs are gone for good"
+        )
     if row is None or not visible(row, agents):
         raise missing(file_id)
     return row
@@ -68,10 +75,28 @@ def get_file(
 
 def _damaged(
     db: database.Database, row: tables.FileRow, kind: Kind, detail: str
-) -> errors.FileDamaged:
+) -> errors.SgmeError:
     """Mark a file that reads show to be damaged: status ``error`` and an anomaly, once (a
     file already marked is not written to again by reads). An archived file keeps its status
-    (it says where the bytes are); its anomaly is ``archive_corrupt``."""
+    (it says where the bytes are); its anomaly is ``archive_corrupt``. A file rewritten
+    while it was read (a redaction: its row changed, or its rewrite is not finished) is not
+    damaged: the read is refused as transient, to be tried again."""
+    with db.reading() as conn:
+        now = index.get_file(conn, row.file_id)
+        rewriting = audit.pending(conn, row.file_id)
+    if (
+        rewriting
+        or now is None
+        or (now.flushed_bytes, now.chain_head, now.path)
+        != (
+            row.flushed_bytes,
+            row.chain_head,
+            row.path,
+        )
+    ):
+        return errors.StorageUnavailable(
+            f"file {row.file_id} changed while it was read (a redaction); try again"
+        )
     if row.status == Status.ARCHIVED:
         with db.transaction() as conn:
             anomalies.record(conn, row.file_id, Kind.ARCHIVE_CORRUPT, detail, now=db.now())

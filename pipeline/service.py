@@ -12,18 +12,20 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 from pipeline import (
     anomalies,
     archive,
+    audit,
     auth,
     backlog,
     catalog,
     database,
     document,
+    erasure,
     errors,
     flush,
     index,
@@ -33,8 +35,11 @@ from pipeline import (
     ledger,
     locks,
     metrics,
+    privacy,
     reader,
+    redaction,
     refine,
+    rewrite,
     search,
     store,
     tables,
@@ -65,6 +70,8 @@ class Appended:
     result: ingest.AppendResult
     flushed: bool = False
     status: str = ""
+    #: secrets replaced by markers before the append was journaled (how many, never what)
+    redacted: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """The API's response body."""
@@ -72,6 +79,7 @@ class Appended:
         if self.status:
             answer["status"] = self.status
         answer["replayed"] = self.result.replayed
+        answer["redacted"] = self.redacted
         return answer
 
 
@@ -95,6 +103,10 @@ class Service:
         self.queue = queue
         self.refiners = refiners or refine.Refiners(settings.refiner, settings.refiner_options)
         self.admission = backlog.Admission(db, settings.data_dir, settings.backlog)
+        #: whether each agent's input has its secrets redacted (pipeline.privacy)
+        self.policies = privacy.Policies(
+            db, default=settings.redact_secrets, cache_seconds=settings.token_cache_seconds
+        )
 
     @property
     def data_dir(self) -> Path:
@@ -121,9 +133,10 @@ class Service:
         Refused with a ``Retry-After`` rather than acknowledged when the store cannot keep up
         (docs/design.md §3, bounded work): :class:`errors.Overloaded` past a backlog limit,
         :class:`errors.InsufficientStorage` when the disk could not take the backlog."""
+        body, redacted = self._scrub(body)
         self.admission.check(backlog.estimate(body))
         result = ingest.append(self.db, body, limits=self.settings.backlog)
-        return self._acknowledged(result, wait=wait)
+        return self._acknowledged(result, wait=wait, redacted=redacted)
 
     def append_queued(self, body: Mapping[str, Any]) -> Appended | ingest.Held | None:
         """An append that came over Celery (``sgme.append``): ``idempotency_key`` is required,
@@ -138,7 +151,7 @@ class Service:
         try:
             if not body.get("idempotency_key"):
                 raise errors.InvalidInput("idempotency_key is required for sgme.append tasks")
-            append = validation.parse_append(body, s.limits)
+            append, redacted = self._scrub(validation.parse_append(body, s.limits))
             self.admission.check(backlog.estimate(append))
             done = ingest.queued(
                 self.db, append, limits=s.backlog, wait_seconds=s.order_wait_seconds
@@ -147,7 +160,7 @@ class Service:
                 if done.kick is not None:
                     self.kick(done.kick)
                 return done
-            return self._acknowledged(done, wait=False)
+            return self._acknowledged(done, wait=False, redacted=redacted)
         except errors.PermanentError as exc:
             with self.db.transaction() as conn:
                 detail = f"{who}: {exc.detail}"
@@ -157,23 +170,35 @@ class Service:
 
     def upload(self, body: validation.Upload, *, wait: bool = False) -> Appended:
         """Ingest an upload; like :meth:`append`."""
+        redacted = 0
+        if self.policies.redacts(body.agent_id):
+            body, redacted = privacy.scrub_upload(body)
         self.admission.check(len(body.content.encode("utf-8")) + backlog.HEADING_BYTES)
         result = ingest.upload(self.db, body)
-        return self._acknowledged(result, wait=wait)
+        return self._acknowledged(result, wait=wait, redacted=redacted)
 
-    def _acknowledged(self, result: ingest.AppendResult, *, wait: bool) -> Appended:
+    def _scrub(self, append: validation.Append) -> tuple[validation.Append, int]:
+        """The append as it may be kept: its secrets replaced, unless its agent opted out
+        (docs/privacy.md: before the journal, so no copy is ever on a disk)."""
+        if not self.policies.redacts(append.agent_id):
+            return append, 0
+        return privacy.scrub_append(append)
+
+    def _acknowledged(
+        self, result: ingest.AppendResult, *, wait: bool, redacted: int = 0
+    ) -> Appended:
         """After the commit: kick the flush, or (``wait``) flush here, falling back to a kick."""
         if not wait:
             if result.kick:
                 self.kick(result.file_id)
-            return Appended(result)
+            return Appended(result, redacted=redacted)
         try:
             flushed = self.flush(result.file_id)
         except errors.SgmeError as exc:
             log.warning("flush of %s after its append failed: %s", result.file_id, exc.detail)
             self.kick(result.file_id)
-            return Appended(result)
-        return Appended(result, flushed=True, status=flushed.status)
+            return Appended(result, redacted=redacted)
+        return Appended(result, flushed=True, status=flushed.status, redacted=redacted)
 
     # -----------------------------------------------------------------------------------------
     # flush, sweep and dispatch
@@ -238,7 +263,17 @@ class Service:
             if file_id not in stale:
                 self.kick(file_id)
                 stale.append(file_id)
+        self.finish_removals()
         return stale
+
+    def finish_removals(self, *, age: float = redaction.FINISH_AFTER) -> int:
+        """Finish the redactions and erasures a crash interrupted more than ``age`` seconds
+        ago (part of every sweep)."""
+        try:
+            return redaction.finish_interrupted(self.db, self.file_locks, self.data_dir, age=age)
+        except errors.SgmeError as exc:  # the next sweep comes back to them
+            log.warning("could not finish an interrupted redaction or erasure: %s", exc.detail)
+            return 0
 
     def dispatch(self, file_ids: list[str] | None = None) -> list[refine.Claim]:
         """Claim due files (all, or those of ``file_ids``) and enqueue one job per claim."""
@@ -410,6 +445,80 @@ class Service:
     def metrics(self) -> bytes:
         """The Prometheus text exposition: this process's histograms and the index gauges."""
         return metrics.render(self.db)
+
+    # -----------------------------------------------------------------------------------------
+    # redaction and erasure (docs/privacy.md)
+
+    def who(self, token_id: str | None, reason: object, *, required: bool = True) -> rewrite.Who:
+        """Who asks over HTTP (the token's id and name) and why, as the audit trail keeps it."""
+        checked = redaction.check_reason(reason, required=required)
+        with self.db.reading() as conn:
+            return rewrite.Who(audit.token_actor(conn, token_id), checked, token_id)
+
+    def audit_trail(
+        self,
+        *,
+        agents: Collection[str] | None = None,
+        file_id: str | None = None,
+        after: int = 0,
+        limit: int = 100,
+    ) -> list[tables.AuditRow]:
+        """The audit trail's rows after the id ``after``, oldest first."""
+        with self.db.reading() as conn:
+            return audit.listed(
+                conn,
+                agents=None if agents is None else frozenset(agents),
+                file_id=file_id,
+                after=after,
+                limit=limit,
+            )
+
+    def redact(
+        self, refs: Sequence[str], who: rewrite.Who, *, agents: Collection[str] | None = None
+    ) -> list[tables.AuditRow]:
+        """Redact the messages ``refs`` name, in order (each file rewritten under its lock);
+        then make the database files forget them. Their audit rows."""
+        done = [
+            redaction.redact(self.db, self.file_locks, self.data_dir, ref, who, agents=agents)
+            for ref in refs
+        ]
+        redaction.compact(self.db)
+        return done
+
+    def erase_file(
+        self, file_id: str, who: rewrite.Who, *, agents: Collection[str] | None = None
+    ) -> erasure.Erased:
+        """Erase one file and everything derived from it."""
+        erased = erasure.erase_file(
+            self.db, self.file_locks, self.data_dir, file_id, who, agents=agents
+        )
+        redaction.compact(self.db)
+        return erased
+
+    def erase_agent(
+        self,
+        agent_id: str,
+        who: rewrite.Who,
+        *,
+        session_key: str | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> tuple[list[erasure.Erased], int]:
+        """Erase every file of an agent (of one session), and what waits for it."""
+        done = erasure.erase_session(
+            self.db,
+            self.file_locks,
+            self.data_dir,
+            agent_id,
+            who,
+            session_key=session_key,
+            progress=progress,
+        )
+        redaction.compact(self.db)
+        return done
+
+    def count_agent_files(self, agent_id: str, session_key: str | None = None) -> int:
+        """How many files erasing an agent (a session) would erase (for progress bars)."""
+        return erasure.count_files(self.db, agent_id, session_key)
 
     # -----------------------------------------------------------------------------------------
     # tokens

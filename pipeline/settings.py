@@ -174,6 +174,9 @@ class Settings:
     #: seconds an API process trusts what it read about a token (at most 60): a token made or
     #: revoked by ``sgme token`` takes effect in running servers within this time
     token_cache_seconds: float = DEFAULT_CACHE_SECONDS
+    #: replace credentials of well-known forms by ``[REDACTED:<kind>]`` before an append is
+    #: acknowledged (docs/privacy.md); an admin may give an agent its own choice
+    redact_secrets: bool = True
     refine: Refine = Refine()
     refiner: str = "builtin"  #: entry point name in group ``sgme.refiners``
     #: refiner options, e.g. {base_url, model, api_key, timeout} for openai, {url} for webhook

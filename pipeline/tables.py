@@ -224,6 +224,49 @@ deployment = sa.Table(
     sa.Column("created_at", sa.DateTime, nullable=False),
 )
 
+# Per-agent choice of whether secrets are redacted on the way in (pipeline.privacy); an agent
+# without a row follows the redact_secrets setting.
+agent_policies = sa.Table(
+    "agent_policies",
+    metadata,
+    sa.Column("agent_id", sa.String(64), primary_key=True),
+    sa.Column("redact_secrets", sa.Boolean, nullable=False),
+    sa.Column("updated_at", sa.DateTime, nullable=False),
+    sa.Column("updated_by", sa.String(300), nullable=False, server_default=""),
+)
+
+# What was removed on purpose (pipeline.redaction, pipeline.erasure): who, when, why and the
+# sha256 of what went, never the text. A row stays when its file is erased; while
+# ``finished_at`` is NULL its rewrite or removal is not finished (a crash: finished later).
+audit_log = sa.Table(
+    "audit_log",
+    metadata,
+    sa.Column("id", _BigId, primary_key=True, autoincrement=True),
+    sa.Column("action", sa.String(16), nullable=False),  # redact | erase
+    sa.Column("file_id", sa.String(36), nullable=False),
+    sa.Column("agent_id", sa.String(64), nullable=False),
+    sa.Column("seq", sa.Integer),  # the redacted message; NULL for an erasure
+    sa.Column("reason", sa.Text, nullable=False, server_default=""),
+    sa.Column("actor", sa.String(300), nullable=False),  # who: token name and id, or the CLI
+    sa.Column("token_id", sa.String(32)),
+    sa.Column("created_at", sa.DateTime, nullable=False),
+    sa.Column("finished_at", sa.DateTime),
+    # sha256 of the removed message body (redact) or of the removed file's bytes (erase)
+    sa.Column("removed_sha256", sa.String(64), nullable=False, server_default=""),
+    sa.Column("removed_bytes", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("messages", sa.Integer, nullable=False, server_default="0"),
+    # redact: what makes the rewrite checkable and finishable after a crash
+    sa.Column("tombstone", sa.Text),  # the block that replaced the message's
+    sa.Column("old_chain_head", sa.String(64)),
+    sa.Column("new_chain_head", sa.String(64)),
+    sa.Column("old_size", sa.BigInteger),
+    sa.Column("new_size", sa.BigInteger),
+    # erase: the paths (JSON list, relative to the data dir) still to remove
+    sa.Column("paths_json", sa.Text),
+)
+sa.Index("ix_audit_log_file", audit_log.c.file_id, audit_log.c.seq)
+sa.Index("ix_audit_log_unfinished", audit_log.c.finished_at)
+
 
 def iso(value: dt.datetime) -> str:
     """A stored time as the API shows it: ISO 8601, four-digit year, microseconds, ``Z``."""
@@ -387,3 +430,46 @@ class TokenRow(Record):
     created_at: dt.datetime
     last_used_at: dt.datetime | None
     revoked_at: dt.datetime | None
+
+
+@dataclasses.dataclass(frozen=True)
+class AuditRow(Record):
+    """One row of ``audit_log``: a redaction or an erasure (never the removed text)."""
+
+    id: int
+    action: str
+    file_id: str
+    agent_id: str
+    seq: int | None
+    reason: str
+    actor: str
+    token_id: str | None
+    created_at: dt.datetime
+    finished_at: dt.datetime | None
+    removed_sha256: str
+    removed_bytes: int
+    messages: int
+    tombstone: str | None
+    old_chain_head: str | None
+    new_chain_head: str | None
+    old_size: int | None
+    new_size: int | None
+    paths_json: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        """As ``sgme redact --json``, ``sgme erase --json`` and the API show it."""
+        return {
+            "id": self.id,
+            "action": self.action,
+            "file_id": self.file_id,
+            "agent_id": self.agent_id,
+            "seq": self.seq,
+            "source_ref": None if self.seq is None else f"{self.file_id}:{self.seq}",
+            "reason": self.reason,
+            "actor": self.actor,
+            "created_at": iso(self.created_at),
+            "finished_at": self.finished_at and iso(self.finished_at),
+            "removed_sha256": self.removed_sha256,
+            "removed_bytes": self.removed_bytes,
+            "messages": self.messages,
+        }

@@ -35,6 +35,7 @@ MAX_UNIX_TS = 253402300799
 #: no C0/C1 control characters and no line or paragraph separators (one-line fields)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 _ONE_LINE = "^[^\\x00-\\x1f\\x7f-\\x9f\\u2028\\u2029]*$"
+ONE_LINE_PATTERN = _ONE_LINE  #: text without control characters or line breaks
 _NO_NUL = "^[^\\x00]*$"
 #: one line with at least one character that is not white space
 _TOOL_NAME = (

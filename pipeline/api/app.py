@@ -4,6 +4,7 @@ to an RFC 9457 problem document (``application/problem+json``)."""
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -13,7 +14,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pipeline import errors, validation
-from pipeline.api import appends, files, models, ops, refine, searching, security
+from pipeline.api import appends, files, models, ops, refine, removal, searching, security
 from pipeline.api.deps import problem
 from pipeline.api.server import BodyLimit
 from pipeline.service import Service
@@ -52,8 +53,8 @@ def create_app(service: Service) -> FastAPI:
     app.add_middleware(
         security.HostAllowlist, allowed=security.allowed_hosts(settings), refuse=answer
     )
-    for router in (appends.router, files.router, searching.router, refine.router, ops.router):
-        app.include_router(router)
+    for module in (appends, files, searching, refine, removal, ops):
+        app.include_router(module.router)
 
     @app.exception_handler(errors.SgmeError)
     async def _sgme_error(_request: Request, exc: errors.SgmeError) -> JSONResponse:
@@ -69,9 +70,13 @@ def create_app(service: Service) -> FastAPI:
         return problem(422, errors.InvalidInput.type, "InvalidInput", detail)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = "not-found" if exc.status_code == 404 else "http-error"
-        return problem(exc.status_code, kind, "HTTPError", str(exc.detail), headers=exc.headers)
+        headers = exc.headers
+        if exc.status_code == 405:  # every method of the path, not only its first route's
+            allowed = _allowed(app, request, (headers or {}).get("Allow", ""))
+            headers = {**(headers or {}), "Allow": allowed}
+        return problem(exc.status_code, kind, "HTTPError", str(exc.detail), headers=headers)
 
     @app.exception_handler(Exception)
     async def _bug(_request: Request, exc: Exception) -> JSONResponse:
@@ -85,6 +90,18 @@ def create_app(service: Service) -> FastAPI:
 
     app.openapi = openapi  # type: ignore[method-assign]
     return app
+
+
+def _allowed(app: FastAPI, request: Request, given: str) -> str:
+    """The methods the request's path answers, over all its routes, from the schema (the
+    router names only those of the first route whose path matched: GET and DELETE of
+    /v1/files/{file_id} are two routes); ``given`` when the schema has no such path."""
+    methods: set[str] = set()
+    for template, operations in app.openapi()["paths"].items():
+        pattern = re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(template))
+        if re.fullmatch(pattern, request.url.path):
+            methods |= {method.upper() for method in operations}
+    return ", ".join(sorted(methods)) or given
 
 
 def _openapi(app: FastAPI, service: Service) -> dict[str, Any]:

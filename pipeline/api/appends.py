@@ -73,7 +73,11 @@ async def upload(request: Request, service: ServiceDep, caller: Appender) -> dic
     """Store one UTF-8 text document as a file of its own."""
     body = await request.body()
     done = await run_in_threadpool(_upload, service, caller, body)
-    return {"file_id": done.result.file_id, "source_ref": done.result.source_refs[0]}
+    return {
+        "file_id": done.result.file_id,
+        "source_ref": done.result.source_refs[0],
+        "redacted": done.redacted,
+    }
 
 
 def _append(service: Service, caller: auth.Caller, body: bytes, wait: bool) -> Appended:

@@ -53,6 +53,7 @@ def problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
         400: "bad request",
         404: "not found",
         409: "conflict",
+        410: "gone: erased on purpose",
         408: "the request body came too slowly",
         413: "request body too large",
         422: "invalid input",

@@ -43,7 +43,9 @@ def list_files(
     return {"files": [row.to_json() for row in rows], "next_cursor": next_cursor}
 
 
-@router.get("/v1/files/{file_id}", response_model=models.File, responses=problems(404, 422, 503))
+@router.get(
+    "/v1/files/{file_id}", response_model=models.File, responses=problems(404, 410, 422, 503)
+)
 def get_file(file_id: FileIdPath, service: ServiceDep, caller: Reader) -> dict[str, Any]:
     """The file's index row."""
     return service.get_file(file_id, agents=caller.agents).to_json()
@@ -54,7 +56,7 @@ def get_file(file_id: FileIdPath, service: ServiceDep, caller: Reader) -> dict[s
     response_class=Response,
     responses={
         200: {"content": {"text/markdown": {"schema": {"type": "string"}}}},
-        **problems(404, 409, 422, 503),
+        **problems(404, 409, 410, 422, 503),
     },
 )
 def get_raw(file_id: FileIdPath, service: ServiceDep, caller: Reader) -> Response:
@@ -70,7 +72,7 @@ def get_raw(file_id: FileIdPath, service: ServiceDep, caller: Reader) -> Respons
 @router.get(
     "/v1/files/{file_id}/messages",
     response_model=models.Messages,
-    responses=problems(404, 409, 422, 503),
+    responses=problems(404, 409, 410, 422, 503),
 )
 def get_messages(
     file_id: FileIdPath,
@@ -96,7 +98,9 @@ def get_messages(
     }
 
 
-@router.get("/v1/refs/{ref}", response_model=models.Ref, responses=problems(404, 409, 422, 503))
+@router.get(
+    "/v1/refs/{ref}", response_model=models.Ref, responses=problems(404, 409, 410, 422, 503)
+)
 def get_ref(
     ref: Annotated[str, Path(pattern=refs.SOURCE_REF_PATTERN, description="file_id:seq")],
     service: ServiceDep,

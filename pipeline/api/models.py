@@ -45,6 +45,11 @@ class Appended(Model):
         description="true when the idempotency_key was seen before: nothing was written, and "
         "this is the answer the first request got",
     )
+    redacted: int = Field(
+        0,
+        description="how many secrets (credentials of well-known forms) were replaced by "
+        "[REDACTED:<kind>] markers before the messages were stored; never what they were",
+    )
 
 
 class Uploaded(Model):
@@ -52,6 +57,7 @@ class Uploaded(Model):
 
     file_id: str = Field(pattern=refs.FILE_ID_PATTERN, json_schema_extra={"format": "uuid"})
     source_ref: str
+    redacted: int = Field(0, description="secrets replaced by markers before it was stored")
 
 
 class Segment(Model):
@@ -199,3 +205,48 @@ class Hits(Model):
     """Answer of ``GET /v1/search``, best first."""
 
     hits: list[Hit]
+
+
+class AuditRecord(Model):
+    """One row of the audit trail: a message redacted or a file erased — who, when, why and
+    the sha256 of what was removed, never the text."""
+
+    id: int
+    action: Literal["redact", "erase"]
+    file_id: str
+    agent_id: str
+    seq: int | None
+    source_ref: str | None
+    reason: str
+    actor: str = Field(description="who: the token's id and name, or the sgme command's user")
+    created_at: str
+    finished_at: str | None = Field(description="null while a crash left it unfinished")
+    removed_sha256: str = Field(description="sha256 of the removed body (or file), hex")
+    removed_bytes: int
+    messages: int
+
+
+class AuditRecords(Model):
+    """A page of the audit trail, oldest first; pass ``next_after`` back as ``after``."""
+
+    records: list[AuditRecord]
+    next_after: int | None
+
+
+class Redacted(Ref):
+    """Answer of ``POST /v1/refs/{ref}/redact``: the message as it now reads (its tombstone),
+    with its neighbours, and the redaction's audit record."""
+
+    redaction: AuditRecord
+
+
+class Policy(Model):
+    """Whether an agent's appends have their secrets redacted before they are stored."""
+
+    agent_id: str
+    redact_secrets: bool
+    source: Literal["default", "agent"] = Field(
+        description="default: the redact_secrets setting; agent: the agent's own policy"
+    )
+    updated_at: str | None
+    updated_by: str | None

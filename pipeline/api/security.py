@@ -88,6 +88,7 @@ def _scope(name: str) -> Any:
 Appender = Annotated[auth.Caller, _scope("append")]
 Reader = Annotated[auth.Caller, _scope("read")]
 Refiner = Annotated[auth.Caller, _scope("refine")]
+Admin = Annotated[auth.Caller, _scope("admin")]
 
 
 async def metrics_caller(request: Request) -> None:

@@ -25,7 +25,16 @@ __all__ = ["EXIT_ERROR", "EXIT_PROBLEMS", "build_parser", "main"]
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``sgme`` argument parser."""
-    from pipeline.cli import files, hermes, imports, maintenance, processes, searching, tokens
+    from pipeline.cli import (
+        files,
+        hermes,
+        imports,
+        maintenance,
+        privacy,
+        processes,
+        searching,
+        tokens,
+    )
 
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--data-dir", help="data directory (env SGME_DATA_DIR, default ./data)")
@@ -43,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func)
         return p
 
-    for module in (processes, files, searching, imports, hermes, maintenance, tokens):
+    for module in (processes, files, searching, imports, hermes, maintenance, privacy, tokens):
         module.register(add)
     return parser
 

@@ -39,7 +39,10 @@ def cmd_upload(ctx: Context) -> int:
     body = {"agent_id": a.agent_id, "filename": a.filename or path.name, "content": content}
     parsed = validation.parse_upload(body, settings.limits)
     done = ctx.service(settings).upload(parsed, wait=True)
-    print_json({"file_id": done.result.file_id, "source_ref": done.result.source_refs[0]})
+    result = done.result
+    print_json(
+        {"file_id": result.file_id, "source_ref": result.source_refs[0], "redacted": done.redacted}
+    )
     return 0
 
 

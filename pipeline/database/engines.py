@@ -98,6 +98,10 @@ def create_engine(
         cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
         cursor.execute(f"PRAGMA synchronous={synchronous}")
         cursor.execute("PRAGMA foreign_keys=ON")
+        # Deleted rows (a flushed journal row, a redacted message's terms, an erased file's
+        # rows) are overwritten with zeros, in their pages and on the freelist: text removed
+        # on purpose must not stay readable in the file (docs/privacy.md)
+        cursor.execute("PRAGMA secure_delete=ON")
         cursor.close()
 
     @sa.event.listens_for(engine, "begin")

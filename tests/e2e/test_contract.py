@@ -10,7 +10,9 @@ that a request without the token is refused as the schema says (schemathesis's
 
 One answer no schema can foresee is allowed: a schema-valid ``POST /v1/append`` may get a 422
 when its session uses sequences and the body has none, or the other way round (issue 13: a
-session uses them always or never) — the session's state decides, not the body."""
+session uses them always or never) — the session's state decides, not the body. And a file
+that a ``DELETE /v1/files/{id}`` earlier in the run erased answers every request about it with
+410 Gone (the stateful phase erases files it made)."""
 
 from __future__ import annotations
 
@@ -27,6 +29,9 @@ SECONDS = "60"  #: the time budget of the run (fuzzing and stateful repeat until
 SEED = "1"
 #: schemathesis.toml of the run (read from its working directory)
 CONFIG = """
+[checks.positive_data_acceptance]
+expected-statuses = ["2xx", "3xx", "401", "403", "404", "409", "410", "429", "5xx"]
+
 [[operations]]
 include-path = "/v1/append"
 include-method = "POST"

@@ -186,6 +186,7 @@ def test_append_is_acknowledged_then_the_kicked_flush_writes_the_file(app: Api) 
         "source_refs": [f"{file_id}:1", f"{file_id}:2"],
         "status": "pending",
         "replayed": False,
+        "redacted": 0,
     }
     assert app.kicks == [file_id]
 
@@ -319,7 +320,7 @@ def test_upload_stores_one_document_as_one_message(app: Api) -> None:
     )
     assert r.status_code == 201, r.text
     file_id = r.json()["file_id"]
-    assert r.json() == {"file_id": file_id, "source_ref": f"{file_id}:1"}
+    assert r.json() == {"file_id": file_id, "source_ref": f"{file_id}:1", "redacted": 0}
     assert app.kicks == [file_id]
     app.flush(file_id)
 

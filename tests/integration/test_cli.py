@@ -52,6 +52,7 @@ def test_append_then_ls_cat_and_ref(sgme: Sgme, data_dir: Path) -> None:
         "source_refs": [f"{file_id}:1", f"{file_id}:2"],
         "status": "new",
         "replayed": False,
+        "redacted": 0,
     }
     path = raw_path(data_dir, file_id)
     header = document.Header(
@@ -127,7 +128,7 @@ def test_upload_stores_a_text_file(sgme: Sgme, data_dir: Path, tmp_path: Path) -
     run = sgme("upload", str(source), "--agent-id", "a")
     assert run.code == 0, run.err
     file_id = run.json()["file_id"]
-    assert run.json() == {"file_id": file_id, "source_ref": f"{file_id}:1"}
+    assert run.json() == {"file_id": file_id, "source_ref": f"{file_id}:1", "redacted": 0}
     path = raw_path(data_dir, file_id, "uploads")
     assert sgme("cat", file_id).out == path.read_bytes()
     ref = sgme("ref", f"{file_id}:1", "--json").json()

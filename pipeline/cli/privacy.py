@@ -1,0 +1,188 @@
+"""Removing on purpose and keeping secrets out: ``redact``, ``erase``, ``audit`` and
+``secrets`` (``scan``: what would be redacted; ``policy``: an agent's choice).
+
+These act on the store directly, as the operator (the audit trail names the system user and
+host); the HTTP API offers the same to an ``admin`` token."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from pipeline import audit, errors, redaction, redactor, rewrite
+from pipeline.cli.context import Add, Context, print_json, progress
+
+
+def _who(reason: str | None, *, required: bool) -> rewrite.Who:
+    return rewrite.Who(audit.local_actor(), redaction.check_reason(reason, required=required), None)
+
+
+def cmd_redact(ctx: Context) -> int:
+    """Redact messages by source_ref: each body becomes a tombstone naming when and why."""
+    a = ctx.args
+    settings = ctx.settings()
+    service = ctx.service(settings)
+    who = _who(a.reason, required=True)
+    service.finish_removals(age=0)
+    records = service.redact(a.refs, who)
+    if a.json:
+        print_json([record.to_json() for record in records])
+        return 0
+    for record in records:
+        print(
+            f"{record.file_id}:{record.seq} redacted at {record.created_at:%Y-%m-%d %H:%M:%S}Z "
+            f"(audit {record.id}, removed body sha256 {record.removed_sha256[:16]}…)"
+        )
+    return 0
+
+
+def cmd_erase(ctx: Context) -> int:
+    """Erase a file, or every file of an agent (of one session)."""
+    a = ctx.args
+    if not a.yes:
+        raise errors.InvalidInput("erasing cannot be undone: add --yes to go ahead")
+    if (a.file_id is None) == (a.agent_id is None):
+        raise errors.InvalidInput("give exactly one of --file-id or --agent-id")
+    if a.session_key is not None and a.agent_id is None:
+        raise errors.InvalidInput("--session-key needs --agent-id")
+    settings = ctx.settings()
+    service = ctx.service(settings)
+    who = _who(a.reason, required=False)
+    service.finish_removals(age=0)
+    if a.file_id is not None:
+        erased, other = [service.erase_file(a.file_id, who)], 0
+    else:
+        total = service.count_agent_files(a.agent_id, a.session_key)
+        with progress("erase", total) as advance:
+            erased, other = service.erase_agent(
+                a.agent_id, who, session_key=a.session_key, progress=advance
+            )
+    summary: dict[str, Any] = {
+        "files": len(erased),
+        "messages": sum(e.record.messages for e in erased),
+        "bytes": sum(e.record.removed_bytes for e in erased),
+        "other_rows": other,
+        "erased": [e.to_json() for e in erased],
+    }
+    if a.json:
+        print_json(summary)
+        return 0
+    print(
+        f"erased {summary['files']} file(s), {summary['messages']} message(s), "
+        f"{summary['bytes']} bytes; {other} waiting append(s) and idempotency record(s)"
+    )
+    if any(e.terms_left for e in erased):
+        print("some files could not be read: run `sgme reindex` to drop their search terms")
+    return 0
+
+
+def cmd_audit(ctx: Context) -> int:
+    """List the audit trail of redactions and erasures."""
+    a = ctx.args
+    service = ctx.service(ctx.settings())
+    rows = service.audit_trail(file_id=a.file_id, limit=a.limit)
+    if a.json:
+        print_json([row.to_json() for row in rows])
+        return 0
+    for row in rows:
+        where = row.file_id if row.seq is None else f"{row.file_id}:{row.seq}"
+        state = "" if row.finished_at else " (unfinished)"
+        print(f"{row.id} {row.created_at:%Y-%m-%d %H:%M:%S}Z {row.action} {where}{state}")
+        print(f"    by {row.actor}: {row.reason or '(no reason given)'}")
+    return 0
+
+
+def cmd_scan(ctx: Context) -> int:
+    """Show what the secret redaction would replace in a text file (or stdin)."""
+    a = ctx.args
+    try:
+        text = sys.stdin.read() if a.target == "-" else Path(a.target).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise errors.InvalidInput(f"cannot read {a.target}: {exc}") from None
+    found = redactor.scan(text)
+    if a.json:
+        print_json(
+            [
+                {
+                    "kind": f.kind,
+                    "line": text.count("\n", 0, f.start) + 1,
+                    "length": f.end - f.start,
+                }
+                for f in found
+            ]
+        )
+    else:
+        sys.stdout.write(redactor.redact(text).text)
+        print(f"\n# {len(found)} secret(s) would be redacted", file=sys.stderr)
+    return 0
+
+
+def cmd_policy(ctx: Context) -> int:
+    """Show or set whether an agent's appends have their secrets redacted."""
+    a = ctx.args
+    service = ctx.service(ctx.settings())
+    a.agent_id = a.target
+    if a.agent_id is None:
+        if a.redact is not None:
+            raise errors.InvalidInput("--redact needs an AGENT_ID")
+        found = [p.to_json() for p in service.policies.listed()]
+        if a.json:
+            print_json({"default": service.settings.redact_secrets, "agents": found})
+        else:
+            print(f"redact_secrets setting: {service.settings.redact_secrets}")
+            for p in found:
+                print(f"{p['agent_id']}: redact_secrets={p['redact_secrets']} ({p['updated_by']})")
+        return 0
+    if a.redact is not None:
+        value = {"on": True, "off": False, "default": None}[a.redact]
+        policy = service.policies.set(a.agent_id, value, actor=audit.local_actor())
+    else:
+        policy = service.policies.get(a.agent_id)
+    if a.json:
+        print_json(policy.to_json())
+    else:
+        source = "the redact_secrets setting" if policy.own is None else "its own policy"
+        state = "redacted" if policy.redact_secrets else "stored as sent"
+        print(f"{policy.agent_id}: secrets are {state} ({source})")
+    return 0
+
+
+def register(add: Add) -> None:
+    """Declare the privacy commands."""
+    p = add("redact", cmd_redact, "redact messages (FILE_ID:SEQ ...): replace each by a tombstone")
+    p.add_argument("refs", nargs="+", metavar="REF")
+    p.add_argument("--reason", required=True, help="why (kept in the tombstone and audit trail)")
+    p.add_argument("--json", action="store_true")
+    p = add("erase", cmd_erase, "erase a file, or every file of an agent or of one session")
+    p.add_argument("--file-id")
+    p.add_argument("--agent-id")
+    p.add_argument("--session-key", help="with --agent-id: only this session's files")
+    p.add_argument("--reason", help="why (kept in the audit trail)")
+    p.add_argument("--yes", action="store_true", help="go ahead: erasing cannot be undone")
+    p.add_argument("--json", action="store_true")
+    p = add("audit", cmd_audit, "list the audit trail of redactions and erasures")
+    p.add_argument("--file-id")
+    p.add_argument("--limit", type=int, default=1000)
+    p.add_argument("--json", action="store_true")
+    p = add(
+        "secrets",
+        cmd_secrets,
+        "secret redaction: `secrets scan FILE` shows what would be redacted in a text (- for "
+        "stdin); `secrets policy [AGENT_ID] [--redact on|off|default]` shows or sets an "
+        "agent's policy",
+    )
+    p.add_argument("action", choices=("scan", "policy"))
+    p.add_argument("target", nargs="?", help="scan: a text file or -; policy: an agent_id")
+    p.add_argument("--redact", choices=("on", "off", "default"), help="policy: set it")
+    p.add_argument("--json", action="store_true")
+
+
+def cmd_secrets(ctx: Context) -> int:
+    """Run ``secrets scan`` or ``secrets policy``."""
+    a = ctx.args
+    if a.action == "scan":
+        if a.target is None:
+            raise errors.InvalidInput("secrets scan needs a FILE (or - for stdin)")
+        return cmd_scan(ctx)
+    return cmd_policy(ctx)

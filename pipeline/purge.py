@@ -1,0 +1,169 @@
+"""Forgetting what the index derived from messages that are redacted or erased: their search
+terms, their catalog rows, the L1 items that cite them — and, on SQLite, the pages and index
+segments that still held them.
+
+The search index keeps terms, not text, but terms are the words of the text: a redacted
+secret must leave it. On PostgreSQL a message's terms are one row, deleted by id. On SQLite
+they are in a contentless FTS5 table, from which a row can only be deleted by handing back
+the very terms and tags it was indexed with (FTS5 has no other way for a contentless table):
+:func:`forget_terms` recomputes them from the message's text exactly as
+:func:`pipeline.catalog.add` made them — this module is the one place that knows it.
+Deleted terms stay in FTS5's older segments until they are merged, and freed pages keep
+their bytes unless ``secure_delete`` is on: :func:`compact` merges the segments and
+truncates the write-ahead log (docs/privacy.md says what PostgreSQL needs instead).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+
+from pipeline import catalog, database, document, errors, tables, terms
+from pipeline.tables import Status
+
+log = logging.getLogger(__name__)
+_M = tables.messages.c
+_L = tables.l1_items.c
+_FTS_DELETE = sa.text(
+    "INSERT INTO message_terms (message_terms, rowid, terms, tags) "
+    "VALUES ('delete', :id, :terms, :tags)"
+)
+
+
+def forget_terms(
+    conn: sa.Connection,
+    owner: catalog.Owner,
+    messages: Sequence[tuple[int, document.Message]],
+) -> None:
+    """Delete the search terms of cataloged messages (``(catalog id, message as indexed)``)."""
+    if not messages:
+        return
+    if database.is_postgres(conn):
+        ids = [i for i, _ in messages]
+        conn.execute(sa.text("DELETE FROM message_terms WHERE id = ANY(:ids)"), {"ids": ids})
+        return
+    conn.execute(
+        _FTS_DELETE,
+        [
+            {
+                "id": i,
+                "terms": " ".join(terms.terms(m.content)),
+                "tags": catalog._tags(owner, m.role),
+            }
+            for i, m in messages
+        ],
+    )
+
+
+def forget_file_terms(conn: sa.Connection, file_id: str) -> bool:
+    """Delete the terms of every cataloged message of a file without their text (it could not
+    be read): possible on PostgreSQL (by id); on SQLite False — the terms stay, unreachable
+    (their catalog rows go), until ``sgme reindex`` rebuilds the index."""
+    if not database.is_postgres(conn):
+        return False
+    conn.execute(
+        sa.text(
+            "DELETE FROM message_terms WHERE id IN (SELECT id FROM messages WHERE file_id = :f)"
+        ),
+        {"f": file_id},
+    )
+    return True
+
+
+def catalog_ids(conn: sa.Connection, file_id: str, *, seq: int | None = None) -> dict[int, int]:
+    """``{seq: catalog id}`` of a file's messages (of one seq when given)."""
+    query = sa.select(_M.seq, _M.id).where(_M.file_id == file_id)
+    if seq is not None:
+        query = query.where(_M.seq == seq)
+    return {int(s): int(i) for s, i in conn.execute(query)}
+
+
+def forget_rows(conn: sa.Connection, file_id: str, *, seq: int | None = None) -> None:
+    """Delete catalog rows of a file (one seq, or all); their terms must be gone first."""
+    query = sa.delete(tables.messages).where(_M.file_id == file_id)
+    if seq is not None:
+        query = query.where(_M.seq == seq)
+    conn.execute(query)
+
+
+def shift_offsets(conn: sa.Connection, file_id: str, *, after_seq: int, delta: int) -> None:
+    """Move the byte offsets of a file's messages after ``after_seq`` by ``delta`` (a block
+    before them changed length)."""
+    if delta:
+        conn.execute(
+            sa.update(tables.messages)
+            .where(_M.file_id == file_id, _M.seq > after_seq)
+            .values(byte_offset=_M.byte_offset + delta)
+        )
+
+
+def forget_items(conn: sa.Connection, file_id: str, seq: int) -> tuple[int, int | None]:
+    """Delete the L1 items that cite ``file_id:seq`` and every item refined from a segment
+    that reached it or came after it (their segments are refined again): ``(items deleted,
+    the seq refinement must restart after)`` — the start of the earliest such segment, or
+    None when no segment reached it."""
+    reached = sa.select(_L.id, _L.segment_lo, _L.source_refs).where(
+        _L.file_id == file_id, _L.segment_hi >= seq
+    )
+    found = list(conn.execute(reached).all())
+    ref = json.dumps(f"{file_id}:{seq}")
+    # an item citing the message comes from a segment that holds it: counted above; any
+    # other (there should be none) is found by its refs
+    citing = sa.select(_L.id, _L.segment_lo, _L.source_refs).where(
+        _L.file_id == file_id, _L.source_refs.contains(ref)
+    )
+    found += [r for r in conn.execute(citing).all() if r.id not in {f.id for f in found}]
+    if not found:
+        return 0, None
+    conn.execute(sa.delete(tables.l1_items).where(_L.id.in_([r.id for r in found])))
+    return len(found), min(int(r.segment_lo) for r in found)
+
+
+def restart_refinement(conn: sa.Connection, file_id: str, *, after: int, now: dt.datetime) -> None:
+    """Refine a file again from ``after`` (``last_refined_seq`` lowered to it if higher),
+    fencing out a job that still runs for an older claim (the epoch moves on, the lease
+    goes). A fully refined file becomes ``new``; an archived one stays archived (it is
+    refined again when an append brings it back)."""
+    f = tables.raw_files.c
+    lowered = sa.case((f.last_refined_seq > after, after), else_=f.last_refined_seq)
+    conn.execute(
+        sa.update(tables.raw_files)
+        .where(f.file_id == file_id)
+        .values(
+            last_refined_seq=lowered,
+            refine_epoch=f.refine_epoch + 1,
+            refine_lease_until=None,
+            status=sa.case(
+                (sa.and_(f.status == Status.REFINED, f.flushed_seq > lowered), Status.NEW),
+                else_=f.status,
+            ),
+            updated_at=now,
+        )
+    )
+
+
+def compact(db: database.Database) -> None:
+    """On SQLite, make what was deleted unreadable in the database files: merge the search
+    index's segments (deleted terms are dropped only then) and checkpoint and truncate the
+    write-ahead log (freed pages are zeroed by ``secure_delete``). Best effort: a busy
+    database leaves it to the next redaction or erasure. Nothing on PostgreSQL (VACUUM is
+    the operator's: docs/privacy.md)."""
+    if db.postgres:
+        return
+    try:
+        with db.transaction() as conn:
+            conn.execute(sa.text("INSERT INTO message_terms (message_terms) VALUES ('optimize')"))
+        # outside any transaction (SQLAlchemy would begin one): on the driver's connection
+        raw = db.engine.raw_connection()
+        try:
+            driver = raw.driver_connection
+            assert driver is not None
+            driver.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        finally:
+            raw.close()
+    except (errors.SgmeError, sa.exc.SQLAlchemyError) as exc:
+        log.warning("could not compact the index after a removal: %s", exc)
