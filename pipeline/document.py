@@ -63,6 +63,7 @@ _ESCAPE = re.compile(r"^(\\*#{1,2} .* (?:user|assistant|tool|system))$", re.MULT
 _UNESCAPE_FIRST = re.compile(r"\\(?=\\*#{1,2} .* (?:user|assistant|tool|system)$)", re.MULTILINE)
 _UNESCAPE = re.compile(r"\n\\(?=\\*#{1,2} .* (?:user|assistant|tool|system)$)", re.MULTILINE)
 _TOOL_LINE = re.compile(r"\*\*tool\*\*: (.*)")
+_CALL_LINE = re.compile(r"\*\*tool call\*\*: ([^\n]+)")  #: a tool call's first line (format.md)
 _BREAKS = re.compile(r"(?:\r?\n)*")
 _TS = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,6})?Z")
 #: characters a YAML double-quoted scalar must escape (quotes, breaks, non-printables)
@@ -94,13 +95,14 @@ class Message:
     seq: int = 0
 
     def to_json(self, file_id: str) -> dict[str, Any]:
-        """The message as the API, the CLI and the webhook refiner show it."""
+        """The message as the API, the CLI and the refiners show it (a call: its tool's name)."""
+        call = self.role == "assistant" and _CALL_LINE.match(self.content)
         return {
             "seq": self.seq,
             "ts": self.ts,
             "role": self.role,
             "content": self.content,
-            "tool_name": self.tool_name,
+            "tool_name": call.group(1) if call else self.tool_name,
             "source_ref": refs.format(file_id, self.seq),
         }
 

@@ -8,21 +8,32 @@ API's validation, backlog and disk admission, and journal — and each file that
 messages is flushed once its session is in, so the import's files are written as it goes.
 Running the same import again writes nothing; an interrupted one, run again, completes.
 
-Exit codes: 0 when everything was imported, 1 when some records were reported and skipped
-(they are listed), 2 when the import could not run or stopped.
+Progress is counted in source records (a conversation of a dataset, a transcript): a live line
+on a terminal, and a plain line every :data:`PLAIN_EVERY` seconds otherwise (a log, a pipe).
+Exit codes: 0 when everything was imported (records with nothing in them are counted, not
+errors), 1 when some records were reported and skipped (they are listed), 2 when the import
+could not run or stopped. File names and details are printed with control characters escaped,
+so a hostile name cannot drive the terminal.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 import sys
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from pipeline import errors, importers, validation
-from pipeline.cli.context import EXIT_PROBLEMS, Add, Context, progress
+from pipeline.cli.context import EXIT_PROBLEMS, Add, Context
 from pipeline.importers import runner
 from pipeline.service import Service
+
+PLAIN_EVERY = 10.0  #: seconds between plain progress lines when stderr is not a terminal
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 def cmd_import(ctx: Context) -> int:
@@ -31,7 +42,6 @@ def cmd_import(ctx: Context) -> int:
     reader = importers.reader(a.source)
     path = Path(a.path)
     agent_id = validation.check_agent_id(a.agent_id or a.source)
-    total = len(reader.files(path))  # for the progress bar; the runner walks them again
     settings = ctx.settings()
     service = None if a.dry_run else ctx.service(settings)
     touched: set[str] = set()
@@ -47,14 +57,14 @@ def cmd_import(ctx: Context) -> int:
         service.flush(file_id)
 
     try:
-        with progress(f"import {a.source}", total) as advance:
+        with _progress(f"import {a.source}") as show:
             report = runner.run(
                 reader,
                 path,
                 agent_id=agent_id,
                 ingest=ingest,
                 flush=flush,
-                progress=lambda _event: advance(1),
+                progress=show,
                 dry_run=a.dry_run,
                 max_messages=settings.limits.max_append_messages,
                 max_bytes=settings.limits.max_append_bytes,
@@ -79,18 +89,66 @@ def _flush_leftovers(service: Service, touched: set[str]) -> None:
         service.flush(file_id)
 
 
+@contextlib.contextmanager
+def _progress(label: str) -> Iterator[Callable[[runner.Progress], None]]:
+    """A live count of records on a terminal (rich); a plain line every
+    :data:`PLAIN_EVERY` seconds on stderr otherwise."""
+    from rich.console import Console
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        last = time.monotonic()
+
+        def plain(event: runner.Progress) -> None:
+            nonlocal last
+            if time.monotonic() - last >= PLAIN_EVERY:
+                last = time.monotonic()
+                print(f"sgme {label}: {_status(event)}", file=sys.stderr, flush=True)
+
+        yield plain
+        return
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TextColumn("{task.fields[status]}", markup=False),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as bar:
+        task = bar.add_task(label, total=None, status="")
+
+        def live(event: runner.Progress) -> None:
+            bar.update(task, status=_status(event))
+
+        yield live
+
+
+def _status(event: runner.Progress) -> str:
+    report = event.report
+    return (
+        f"{report.records} records, {event.files_done}/{event.files_total} files, "
+        f"{report.messages} messages new, {report.replayed} already imported"
+    )
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters (terminal escape sequences among them) escaped."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
 def _print(report: runner.Report, *, as_json: bool, dry_run: bool) -> None:
     """The summary on stdout (``--json``: one line, the last), the problems on stderr."""
     if as_json:
         print(json.dumps(report.to_json(), ensure_ascii=False))
         return
     for problem in report.errors:
-        print(f"sgme import: {problem}", file=sys.stderr)
+        print(f"sgme import: {printable(str(problem))}", file=sys.stderr)
     verb = "would import" if dry_run else "imported"
     print(
         f"{verb} {report.messages} messages into {report.files} files "
         f"({report.replayed} already imported, {report.skipped} skipped, "
-        f"{_count(len(report.errors), 'error')})"
+        f"{_count(report.empty, 'empty record')}, {_count(len(report.errors), 'error')})"
     )
 
 
@@ -114,5 +172,6 @@ def register(add: Add) -> None:
     p.add_argument(
         "--json",
         action="store_true",
-        help='print {"files", "messages", "skipped", "errors", "replayed"} as the last line',
+        help='print {"files", "messages", "skipped", "empty", "errors", "replayed"} as the last '
+        "line",
     )

@@ -14,20 +14,28 @@ Each line is a record with ``type``, ``uuid``, ``parentUuid``, ``sessionId``, ``
   ``tool_result`` (``tool_use_id``, ``content``) — a tool result in the convention, named after
   the ``tool_use`` it answers;
 - assistant records hold one content block each (``text``, ``tool_use`` {id, name, input},
-  ``thinking``); consecutive records of one ``message.id`` are one message: its text, then its
-  calls with ``input`` as JSON. Thinking is not transcript and is left out;
-- ``isMeta`` records (injected context, command caveats), the compaction's own summary
-  message (``isCompactSummary``) and records that are not messages (``summary``,
-  ``file-history-snapshot``, other ``system`` records) are left out.
+  ``thinking``, ``redacted_thinking``); consecutive records of one ``message.id`` are one
+  message: its thinking (marked as thinking: it is the model's reasoning, not its answer), its
+  text, then its calls with ``input`` as JSON and their ids (a result names the id it answers);
+- the compaction's own summary (``isCompactSummary``: what the model wrote to continue the
+  compacted conversation) is kept, marked as a compaction summary, as a turn of its own;
+- ``isMeta`` records (injected context, command caveats) and records that are not messages
+  (``summary``, ``file-history-snapshot``, other ``system`` records) are left out.
 
-A transcript's last turn is imported once it is finished (it does not end in a call awaiting
-its result). Session key: the sessionId; a subagent's is ``{sessionId}/agent-{agentId}`` with
-the parent in its metadata. Keys: ``claude-code:{session}:{uuid of the turn's first record}:
-{hash}``.
+A transcript's last turn is imported once it is finished: by default when it ends with
+assistant text (not a call awaiting its result, nor a result the answer has not followed
+yet) or the file has not changed for :data:`SETTLED_SECONDS`; live capture says which
+(:class:`Tail`). Session key: the sessionId of the conversation's first record, so a resumed
+session (a new file that copies the history, whose records keep their sessionId and uuid)
+continues the same L0 file and its copied turns replay; a subagent's is
+``{sessionId}/agent-{agentId}`` with the parent in its metadata. Keys: ``claude-code:
+{session}:{uuid of the turn's first record}:{hash}``.
 """
 
 from __future__ import annotations
 
+import enum
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -36,6 +44,16 @@ from pipeline.importers import convention, source
 
 SOURCE = "claude-code"
 MESSAGE_TYPES = ("user", "assistant")
+#: seconds after which a transcript nobody writes to any more counts as finished
+SETTLED_SECONDS = 3600.0
+
+
+class Tail(enum.Enum):
+    """What to do with a transcript's last turn."""
+
+    OPEN = "open"  #: the agent is in the middle of it (a subagent or a compaction runs): wait
+    SETTLED = "settled"  #: take it when it ends with assistant text (the agent stopped)
+    FINISHED = "finished"  #: the session is over: take it whatever it ends with
 
 
 def files(path: Path) -> list[Path]:
@@ -83,8 +101,9 @@ class _Converter:
         self.names: dict[str, str] = {}  # tool_use id -> tool name
         self.skipped = 0
         self._open_id: object = None  # message.id of the assistant message being merged
+        self._thinking: list[convention.Message] = []
         self._text: list[str] = []
-        self._calls: list[tuple[Any, Any]] = []
+        self._calls: list[tuple[Any, Any, Any]] = []
         self._when: str | None = None
 
     def _add(self, message: convention.Message, uuid: str, line: int | None) -> None:
@@ -95,9 +114,11 @@ class _Converter:
     def _flush_assistant(self, uuid: str, line: int | None) -> None:
         if self._open_id is None:
             return
+        for message in self._thinking:
+            self._add(message, uuid, line)
         for message in convention.assistant_turn("\n\n".join(self._text), self._calls, self._when):
             self._add(message, uuid, line)
-        self._open_id, self._text, self._calls = None, [], []
+        self._open_id, self._thinking, self._text, self._calls = None, [], [], []
 
     def user(self, entry: Mapping[str, Any], content: Any, uuid: str, line: int | None) -> None:
         when = convention.ts(entry.get("timestamp"))
@@ -113,8 +134,10 @@ class _Converter:
         for block in blocks:
             if isinstance(block, Mapping) and block.get("type") == "tool_result":
                 flush_text()
-                name = self.names.get(str(block.get("tool_use_id")), "tool")
-                self._add(convention.tool_result(name, block.get("content"), when), uuid, line)
+                answered = block.get("tool_use_id")
+                name = self.names.get(str(answered), "tool")
+                result = convention.tool_result(name, block.get("content"), when, answered)
+                self._add(result, uuid, line)
             elif isinstance(block, Mapping) and block.get("type") == "image":
                 texts.append("[image]")
             else:
@@ -141,40 +164,70 @@ class _Converter:
                     name = convention.tool_name(block.get("name"))
                     if isinstance(block.get("id"), str):
                         self.names[block["id"]] = name
-                    self._calls.append((name, block.get("input")))
+                    self._calls.append((name, block.get("input"), block.get("id")))
+                elif kind in ("thinking", "redacted_thinking"):
+                    text = block.get("thinking") if kind == "thinking" else "[redacted]"
+                    found = convention.thinking(text, self._when)
+                    if found is not None:
+                        self._thinking.append(found)
+
+    def summary(
+        self, entry: Mapping[str, Any], message: Mapping[str, Any], uuid: str, line: int | None
+    ) -> None:
+        self._flush_assistant(uuid, line)
+        found = convention.summary(message.get("content"), convention.ts(entry.get("timestamp")))
+        if found is not None:
+            self.turns.append((uuid, line, [found]))
 
     def take(self, entry: Mapping[str, Any], line: int | None) -> None:
         uuid = str(entry.get("uuid"))
         message = entry.get("message")
         if entry.get("type") not in MESSAGE_TYPES or not isinstance(message, Mapping):
             return
-        if entry.get("isMeta") or entry.get("isCompactSummary"):
+        if entry.get("isCompactSummary"):
+            self.summary(entry, message, uuid, line)
+        elif entry.get("isMeta"):
             self.skipped += 1
-            return
-        if entry.get("type") == "assistant":
+        elif entry.get("type") == "assistant":
             self.assistant(entry, message, uuid, line)
         else:
             self._flush_assistant(uuid, line)
             self.user(entry, message.get("content"), uuid, line)
 
-    def finish(self) -> list[tuple[str, int | None, list[convention.Message]]]:
+    def finish(self, tail: Tail) -> list[tuple[str, int | None, list[convention.Message]]]:
         self._flush_assistant("", None)
         turns = [turn for turn in self.turns if turn[2]]
-        if turns:
+        if turns and tail is not Tail.FINISHED:
             last = turns[-1][2][-1]
-            if last["role"] == "assistant" and convention.parse_tool_call(last["content"]):
-                # a call still waiting for its result: the turn is not over yet
+            answered = (
+                last["role"] == "assistant"
+                and convention.kind("assistant", last["content"]) == "text"
+            )
+            if tail is Tail.OPEN or not answered:
+                # the agent is still at it: its turn is taken once it is over (a turn taken
+                # early would come back longer, under another key, and be written twice)
                 self.skipped += len(turns.pop()[2])
         return turns
 
 
-def read(path: Path) -> Iterator[source.Session | source.Problem]:
-    """The session of one transcript file, and the lines it could not read."""
+def _settled(path: Path) -> Tail:
+    try:
+        age = time.time() - path.stat().st_mtime
+    except OSError:
+        return Tail.SETTLED
+    return Tail.FINISHED if age > SETTLED_SECONDS else Tail.SETTLED
+
+
+def read(path: Path, *, tail: Tail | None = None, live: bool = False) -> Iterator[source.Record]:
+    """The session of one transcript file, and the lines it could not read. ``tail`` says
+    what to do with its last turn (default: :data:`Tail.SETTLED`, or :data:`Tail.FINISHED`
+    once the file has been quiet for :data:`SETTLED_SECONDS`); ``live`` leaves a last line
+    still being written for the next read."""
     entries: list[tuple[int, Mapping[str, Any]]] = []
     by_uuid: dict[str, Mapping[str, Any]] = {}
     lines: dict[str, int] = {}
     titles: dict[str, str] = {}
-    for item in source.jsonl(path):
+    for item in source.jsonl(path, live=live):
         if isinstance(item, source.Problem):
             yield item
             continue
@@ -207,7 +260,7 @@ def read(path: Path) -> Iterator[source.Session | source.Problem]:
     converter = _Converter()
     for entry in chain:
         converter.take(entry, lines.get(str(entry.get("uuid"))))
-    turns = converter.finish()
+    turns = converter.finish(tail or _settled(path))
     on_chain = sum(1 for e in chain if e.get("type") in MESSAGE_TYPES)
     skipped = converter.skipped + len(entries) - on_chain  # other branches, inline sidechains
     first = chain[0]

@@ -10,8 +10,9 @@ Each line is ``{"timestamp", "type", "payload"}``:
   are used only by files that have no ``user_message`` events;
 - ``response_item`` ``message`` (role assistant) — assistant text; ``function_call`` /
   ``custom_tool_call`` (and any other ``*_call``) — a tool call in the convention, with its
-  ``arguments`` (or ``input``) exactly as recorded; ``*_call_output`` — the tool result, named
-  after its call; ``reasoning`` is not transcript and is left out;
+  ``arguments`` (or ``input``) exactly as recorded and its ``call_id``; ``*_call_output`` — the
+  tool result, named after its call, with the id it answers; ``reasoning`` (encrypted, or a
+  summary of it) is left out;
 - ``event_msg`` ``task_started`` / ``task_complete`` / ``turn_aborted`` — turn boundaries with
   a ``turn_id``. Only completed turns are imported: a turn still running (or aborted) is left
   for the next run. Files from before these events existed count a turn as complete when
@@ -115,9 +116,10 @@ class _Reader:
             elif role == "user" and not self.user_events and text.strip() and not _injected(text):
                 self.user(text, when, line)
         elif kind.endswith("_call_output"):
-            answered = str(payload.get("call_id"))
-            name = self.calls.get(answered, kind.removesuffix("_output"))
-            self.add(convention.tool_result(name, _output_text(payload.get("output")), when), line)
+            answered = payload.get("call_id")
+            name = self.calls.get(str(answered), kind.removesuffix("_output"))
+            output = _output_text(payload.get("output"))
+            self.add(convention.tool_result(name, output, when, answered), line)
         elif kind.endswith("_call"):
             name = convention.tool_name(payload.get("name"), default=kind.removesuffix("_call"))
             arguments = next(
@@ -126,7 +128,7 @@ class _Reader:
             call_id = payload.get("call_id")
             if isinstance(call_id, str):
                 self.calls[call_id] = name
-            self.add(convention.tool_call(name, arguments, when), line)
+            self.add(convention.tool_call(name, arguments, when, call_id), line)
 
     def event(self, payload: Mapping[str, Any], when: str | None, line: int) -> None:
         kind = payload.get("type")
@@ -203,21 +205,26 @@ class _Reader:
             return None
         return "neither a rollout record nor a response item"
 
-    def finish(self) -> list[_Turn]:
-        """The completed turns; the rest counted as skipped."""
+    def finish(self, done_turn: str | None = None) -> list[_Turn]:
+        """The completed turns; the rest counted as skipped. ``done_turn`` names a turn its
+        agent has said is over (a Stop hook, a notification) though the file may not say so
+        yet: it counts as complete once it ends with assistant text."""
         open_turn = self.current
         self.close_turn()
         done: list[_Turn] = []
         for turn in self.turns:
-            if self.explicit:
+            last = turn.messages[-1]
+            answered = (
+                last["role"] == "assistant"
+                and convention.kind("assistant", last["content"]) == "text"
+            )
+            if done_turn is not None and turn.turn_id == done_turn and answered:
+                complete = True
+            elif self.explicit:
                 complete = turn.complete
             else:
                 # no turn events: complete when another turn follows or it ends with text
-                last = turn.messages[-1]
-                complete = turn is not open_turn or (
-                    last["role"] == "assistant"
-                    and convention.parse_tool_call(last["content"]) is None
-                )
+                complete = turn is not open_turn or answered
             if complete:
                 done.append(turn)
             else:
@@ -225,10 +232,14 @@ class _Reader:
         return done
 
 
-def read(path: Path) -> Iterator[source.Session | source.Problem]:
-    """The session of one rollout file, and the lines it could not read."""
+def read(
+    path: Path, *, done_turn: str | None = None, live: bool = False
+) -> Iterator[source.Record]:
+    """The session of one rollout file, and the lines it could not read. ``done_turn``: see
+    :meth:`_Reader.finish`; ``live`` leaves a last line still being written for the next
+    read."""
     records: list[tuple[int, Any]] = []
-    for item in source.jsonl(path):
+    for item in source.jsonl(path, live=live):
         if isinstance(item, source.Problem):
             yield item
         else:
@@ -245,7 +256,7 @@ def read(path: Path) -> Iterator[source.Session | source.Problem]:
         problem = reader.record(value, line)
         if problem is not None:
             yield source.Problem(str(path), line, problem)
-    turns = reader.finish()
+    turns = reader.finish(done_turn)
     session_id = reader.session_id
     if session_id is None:
         found = _UUID.findall(path.name)

@@ -1,28 +1,38 @@
-"""The tool-call convention: how every client writes tool calls and tool results into L0.
-
-One shape for the Hermes provider and every importer (docs/format.md, "Tool calls"):
+"""The tool-call convention: how every client writes tool calls, tool results, thinking and
+compaction summaries into L0 (docs/format.md, "Tool calls").
 
 - an assistant **tool call** is a message of role ``assistant`` whose body is::
 
       **tool call**: {name}
+      **call id**: {id}                (when the source has one)
 
+      ```json
       {arguments, exactly as the source gave them}
+      ```
 
-  (just the first line when there are no arguments);
+  (the header alone when there are no arguments; the fence is longer than any run of
+  backticks in the arguments, and says ``json`` only when they are JSON);
 - a **tool result** is a message of role ``tool`` with ``tool_name`` (the format's tool block);
+  its body starts with ``**call id**: {id}`` and a blank line when the source has the id;
+- **thinking** (the model's own reasoning, e.g. Claude Code's thinking blocks) is an assistant
+  message whose body is ``**thinking**``, a blank line, then the text;
+- a **compaction summary** (what an agent wrote to continue a compacted conversation) is a
+  system message whose body is ``**compaction summary**``, a blank line, then the text;
 - an assistant message that has text *and* calls becomes the text message followed by one
   call message per call, in the source's order.
 
-Ordinary assistant text that happens to start like a call line gets one more leading backslash
-(and loses it again in :func:`parse_tool_call`), so the two can never be confused — the same
-mboxrd-style quoting the format uses for headings.
+Text that starts like one of these marker lines, in a role where the marker means something,
+gets one more leading backslash (and loses it again when read), so a marked message and an
+ordinary one can never be confused — the same mboxrd-style quoting the format uses for
+headings.
 
-Pure functions, no I/O. ``integrations/hermes/sgme/messages.py`` re-implements the few lines the
-provider needs (it runs inside Hermes without this package); a test keeps both in step.
+Pure functions, standard library only: ``sgme hermes install`` copies this very file into the
+Hermes provider's directory, which runs inside Hermes without this package.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import hashlib
 import json
@@ -33,22 +43,47 @@ from typing import Any
 
 #: the first line of a tool-call body
 CALL_PREFIX = "**tool call**: "
-#: what a tool name may be at most (the format's rule for tool_name, used for call names too)
+#: the line naming the call a call message or a result belongs to
+ID_PREFIX = "**call id**: "
+THINKING = "**thinking**"
+SUMMARY = "**compaction summary**"
+#: the key prefix of Hermes turns, shared by the provider and the state.db importer
+HERMES = "hermes"
+#: what a tool name (or a call id) may be at most (the format's rule for tool_name)
 MAX_TOOL_NAME = 200
-#: docs/design.md §2 defaults, mirrored so importers split their appends before the server refuses
+#: docs/design.md §2 defaults, mirrored so clients split their appends before the server refuses
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 MAX_APPEND_MESSAGES = 1000
 MAX_APPEND_BYTES = 32 * 1024 * 1024
 MAX_METADATA_BYTES = 8 * 1024
+MAX_METADATA_DEPTH = 8  #: deeper metadata values are dropped (the server allows 16)
 MAX_IDEMPOTENCY_KEY = 200
 #: metadata strings longer than this are cut: metadata describes a session, it is not content
 MAX_METADATA_STRING = 1000
+#: OpenAI-style roles and what L0 writes for them
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
-_CALL_LINE = re.compile(r"\\*\*\*tool call\*\*: ")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 _LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
+#: per role, the first lines that are markers there (after any number of backslashes)
+_MARKED = {
+    "assistant": re.compile(r"\\*(?:\*\*tool call\*\*: |\*\*thinking\*\*(?:\n|$))"),
+    "tool": re.compile(r"\\*\*\*call id\*\*: "),
+    "system": re.compile(r"\\*\*\*compaction summary\*\*(?:\n|$)"),
+}
+#: what the convention before call ids and thinking escaped (assistant call lines only)
+_LEGACY_MARKED = re.compile(r"\\*\*\*tool call\*\*: ")
 
 Message = dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """A tool call read back from its message."""
+
+    name: str
+    arguments: str
+    call_id: str | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -71,7 +106,8 @@ def content_text(content: Any) -> str:
     """The text of a message's content as sources give it: a string, or a list of parts
     (OpenAI ``{"type": "text", "text"}``, Anthropic ``{"type": "text"}``, Codex
     ``input_text``/``output_text``) joined by newlines; a part without text is written as
-    ``[{type}]`` so its place in the message shows."""
+    ``[{type}]`` so its place in the message shows. Nested part lists are read without
+    recursion, so no depth of nesting can exhaust the stack."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -79,22 +115,39 @@ def content_text(content: Any) -> str:
     if isinstance(content, Mapping):
         content = [content]
     if not isinstance(content, list):
-        return clean_text(json.dumps(content, ensure_ascii=False, default=str))
+        return clean_text(_json(content))
     parts: list[str] = []
-    for part in content:
-        if isinstance(part, str):
+    stack: list[Iterator[Any]] = [iter(content)]
+    while stack:
+        part = next(stack[-1], _END)
+        if part is _END:
+            stack.pop()
+        elif isinstance(part, str):
             parts.append(part)
         elif isinstance(part, Mapping):
             text = part.get("text")
+            inner = part.get("content")
             if isinstance(text, str):
                 parts.append(text)
-            elif isinstance(part.get("content"), str | list):
-                parts.append(content_text(part.get("content")))
+            elif isinstance(inner, str):
+                parts.append(inner)
+            elif isinstance(inner, list):
+                stack.append(iter(inner))
             else:
                 parts.append(f"[{part.get('type') or 'part'}]")
         elif part is not None:
-            parts.append(json.dumps(part, ensure_ascii=False, default=str))
+            parts.append(_json(part))
     return clean_text("\n".join(parts))
+
+
+_END = object()
+
+
+def _json(value: Any) -> str:
+    try:
+        return json.dumps(value, ensure_ascii=False, default=str)
+    except (ValueError, RecursionError):
+        return str(type(value).__name__)
 
 
 def tool_name(name: object, *, default: str = "tool") -> str:
@@ -105,40 +158,134 @@ def tool_name(name: object, *, default: str = "tool") -> str:
     return text or default
 
 
+def call_id(value: object) -> str | None:
+    """A source's call id as one line (None when there is none)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str):
+        return None
+    return tool_name(value, default="") or None
+
+
 def arguments_text(arguments: Any) -> str:
     """Call arguments as text: a string exactly as given, anything else as JSON."""
     if arguments is None:
         return ""
     if isinstance(arguments, str):
         return clean_text(arguments)
-    return clean_text(json.dumps(arguments, ensure_ascii=False, default=str))
+    return clean_text(_json(arguments))
 
 
-def escape_text(text: str) -> str:
-    """Assistant text that starts like a call line gets one more leading backslash."""
-    return "\\" + text if _CALL_LINE.match(text) else text
+def escape_text(text: str, role: str = "assistant") -> str:
+    """Text that starts like a marker line of its role gets one more leading backslash."""
+    marked = _MARKED.get(role)
+    return "\\" + text if marked is not None and marked.match(text) else text
 
 
-def unescape_text(text: str) -> str:
+def unescape_text(text: str, role: str = "assistant") -> str:
     """Inverse of :func:`escape_text`."""
-    return text[1:] if text.startswith("\\") and _CALL_LINE.match(text) else text
+    marked = _MARKED.get(role)
+    if marked is not None and text.startswith("\\") and marked.match(text):
+        return text[1:]
+    return text
 
 
-def call_body(name: str, arguments: str) -> str:
+def _fence(arguments: str) -> str:
+    longest = max((len(run) for run in re.findall(r"`+", arguments)), default=0)
+    return "`" * max(3, longest + 1)
+
+
+def _is_json(text: str) -> bool:
+    if not text.lstrip().startswith(("{", "[")):
+        return False
+    try:
+        json.loads(text)
+    except (ValueError, RecursionError):
+        return False
+    return True
+
+
+def call_body(name: str, arguments: str, identifier: str | None = None) -> str:
     """The body of an assistant tool-call message."""
     head = CALL_PREFIX + name
-    return f"{head}\n\n{arguments}" if arguments else head
+    if identifier:
+        head += "\n" + ID_PREFIX + identifier
+    if not arguments:
+        return head
+    fence = _fence(arguments)
+    info = "json" if _is_json(arguments) else ""
+    return f"{head}\n\n{fence}{info}\n{arguments}\n{fence}"
 
 
-def parse_tool_call(content: str) -> tuple[str, str] | None:
-    """``(name, arguments)`` when an assistant body is a tool call, else None."""
+def parse_call(content: str) -> Call | None:
+    """The call an assistant body holds, else None. Reads calls written before call ids and
+    fences (``**tool call**: name``, a blank line, the raw arguments) too."""
     if not content.startswith(CALL_PREFIX):
         return None
     head, _, rest = content.partition("\n")
     name = head[len(CALL_PREFIX) :]
     if not name:
         return None
-    return name, rest[1:] if rest.startswith("\n") else rest
+    identifier = None
+    if rest.startswith(ID_PREFIX):
+        line, _, rest = rest.partition("\n")
+        identifier = line[len(ID_PREFIX) :] or None
+    if rest.startswith("\n"):
+        rest = rest[1:]
+    return Call(name, _unfence(rest), identifier)
+
+
+def _unfence(text: str) -> str:
+    opening = re.match(r"(`{3,})[^`\n]*\n", text)
+    if opening is None:
+        return text
+    closing = "\n" + opening.group(1)
+    if not text.endswith(closing) or len(text) - len(closing) < opening.end():
+        return text
+    return text[opening.end() : len(text) - len(closing)]
+
+
+def parse_tool_call(content: str) -> tuple[str, str] | None:
+    """``(name, arguments)`` when an assistant body is a tool call, else None."""
+    found = parse_call(content)
+    return None if found is None else (found.name, found.arguments)
+
+
+def result_body(output: str, identifier: str | None = None) -> str:
+    """The body of a tool result: the output, after its call id when there is one."""
+    output = escape_text(output, "tool")
+    return f"{ID_PREFIX}{identifier}\n\n{output}" if identifier else output
+
+
+def parse_result(content: str) -> tuple[str | None, str]:
+    """``(call id or None, output)`` of a tool message's body."""
+    if content.startswith(ID_PREFIX):
+        line, _, rest = content.partition("\n")
+        return line[len(ID_PREFIX) :] or None, unescape_text(rest.removeprefix("\n"), "tool")
+    return None, unescape_text(content, "tool")
+
+
+def kind(role: str, content: str) -> str:
+    """What a stored message is: ``call``, ``thinking``, ``summary``, ``result`` or
+    ``text`` — so a reader or a refiner can fold or skip what is not conversation."""
+    if role == "tool":
+        return "result"
+    if role == "assistant":
+        if parse_call(content) is not None:
+            return "call"
+        if content == THINKING or content.startswith(THINKING + "\n"):
+            return "thinking"
+    if role == "system" and (content == SUMMARY or content.startswith(SUMMARY + "\n")):
+        return "summary"
+    return "text"
+
+
+def marked_text(content: str) -> str:
+    """The text of a thinking or summary body (its marker line taken off)."""
+    for marker in (THINKING, SUMMARY):
+        if content == marker or content.startswith(marker + "\n"):
+            return content[len(marker) :].lstrip("\n")
+    return content
 
 
 # ---------------------------------------------------------------------------------------------
@@ -190,31 +337,44 @@ def _message(role: str, content: str, when: str | None, name: str | None = None)
 
 
 def text_message(role: str, content: Any, when: str | None) -> Message:
-    """A user, assistant or system message (assistant text escaped, see module doc)."""
-    text = content_text(content)
-    if role == "assistant":
-        text = escape_text(text)
-    return _message(role, text, when)
+    """A user, assistant or system message (escaped where it looks marked, see module doc)."""
+    return _message(role, escape_text(content_text(content), role), when)
 
 
-def tool_call(name: Any, arguments: Any, when: str | None) -> Message:
+def tool_call(name: Any, arguments: Any, when: str | None, identifier: Any = None) -> Message:
     """An assistant tool-call message."""
-    return _message("assistant", call_body(tool_name(name), arguments_text(arguments)), when)
+    body = call_body(tool_name(name), arguments_text(arguments), call_id(identifier))
+    return _message("assistant", body, when)
 
 
-def tool_result(name: Any, content: Any, when: str | None) -> Message:
-    """A tool result: role ``tool`` with ``tool_name``."""
-    return _message("tool", content_text(content), when, tool_name(name))
+def tool_result(name: Any, content: Any, when: str | None, identifier: Any = None) -> Message:
+    """A tool result: role ``tool`` with ``tool_name``, its call id first when known."""
+    body = result_body(content_text(content), call_id(identifier))
+    return _message("tool", body, when, tool_name(name))
 
 
-def assistant_turn(text: Any, calls: Iterable[tuple[Any, Any]], when: str | None) -> list[Message]:
+def thinking(text: Any, when: str | None) -> Message | None:
+    """An assistant thinking message (None when there is no text)."""
+    body = content_text(text)
+    return _message("assistant", f"{THINKING}\n\n{body}", when) if body.strip() else None
+
+
+def summary(text: Any, when: str | None) -> Message | None:
+    """A compaction summary, as a system message (None when there is no text)."""
+    body = content_text(text)
+    return _message("system", f"{SUMMARY}\n\n{body}", when) if body.strip() else None
+
+
+def assistant_turn(text: Any, calls: Iterable[tuple[Any, ...]], when: str | None) -> list[Message]:
     """An assistant message with text and calls: the text first (when there is any), then one
-    message per ``(name, arguments)`` call, in order."""
+    message per ``(name, arguments[, id])`` call, in order."""
     out: list[Message] = []
     body = content_text(text)
     if body.strip():
         out.append(text_message("assistant", body, when))
-    out.extend(tool_call(name, arguments, when) for name, arguments in calls)
+    for call in calls:
+        name, arguments, identifier = (*call, None)[:3]
+        out.append(tool_call(name, arguments, when, identifier))
     return out
 
 
@@ -235,28 +395,143 @@ def split_large(message: Message, *, limit: int = MAX_MESSAGE_BYTES) -> list[Mes
 
 
 # ---------------------------------------------------------------------------------------------
+# OpenAI-style chat messages (OpenAI datasets, Hermes' transcript and state.db rows)
+
+
+def chat_calls(message: Mapping[str, Any]) -> list[tuple[Any, Any, Any]]:
+    """``(name, arguments, id)`` of an assistant message's calls, in order."""
+    out: list[tuple[Any, Any, Any]] = []
+    calls = message.get("tool_calls")
+    for call in calls if isinstance(calls, list) else []:
+        if not isinstance(call, Mapping):
+            continue
+        function = call.get("function")
+        spec = function if isinstance(function, Mapping) else call
+        out.append((spec.get("name"), spec.get("arguments"), call.get("id")))
+    legacy = message.get("function_call")
+    if isinstance(legacy, Mapping):
+        out.append((legacy.get("name"), legacy.get("arguments"), None))
+    return out
+
+
+def convert_chat(messages: Sequence[Any], *, when: str | None = None) -> tuple[list[Message], int]:
+    """OpenAI-style messages in the convention, and how many were left out (not an object,
+    an unknown role, or empty). ``when`` stands in for messages without a time of their own."""
+    out: list[Message] = []
+    skipped = 0
+    names: dict[str, str] = {}  # tool_call_id -> tool name, for results that lack one
+    for message in messages:
+        if not isinstance(message, Mapping):
+            skipped += 1
+            continue
+        stamp = ts(message.get("timestamp", message.get("ts"))) or when
+        role = message.get("role")
+        if role == "assistant":
+            calls = chat_calls(message)
+            for name, _, identifier in calls:
+                if isinstance(identifier, str) and isinstance(name, str):
+                    names[identifier] = name
+            converted = assistant_turn(message.get("content"), calls, stamp)
+            if not converted:
+                skipped += 1
+            out.extend(converted)
+        elif role in ("tool", "function"):
+            identifier = message.get("tool_call_id")
+            name = message.get("tool_name") or message.get("name")
+            if not name:
+                name = names.get(str(identifier))
+            out.append(tool_result(name, message.get("content"), stamp, identifier))
+        elif role in ROLES:
+            text = text_message(ROLES[role], message.get("content"), stamp)
+            if text["content"].strip():
+                out.append(text)
+            else:
+                skipped += 1
+        else:
+            skipped += 1
+    return out, skipped
+
+
+def chat_turns(messages: Sequence[Message]) -> list[tuple[int, list[Message]]]:
+    """Messages cut into turns, each numbered by its user message: a turn starts at each user
+    message (the n-th one numbers its turn n); what comes before the first one, a system
+    prompt say, is turn 0."""
+    out: list[tuple[int, list[Message]]] = []
+    users = 0
+    for message in messages:
+        if message["role"] == "user":
+            users += 1
+            out.append((users, []))
+        elif not out:
+            out.append((0, []))
+        out[-1][1].append(message)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
 # appends
 
 
-def digest(messages: Sequence[Mapping[str, Any]]) -> str:
-    """A stable hash of messages (role, content, ts, tool_name): the "content" part of a key."""
-    encoded = json.dumps(
-        [[m.get("role"), m.get("content"), m.get("ts"), m.get("tool_name")] for m in messages],
-        ensure_ascii=False,
-        separators=(",", ":"),
-    )
+def legacy_content(message: Mapping[str, Any]) -> str | None:
+    """What the convention before call ids, fences and thinking wrote for a message (None for
+    a message it did not write at all: thinking, a compaction summary). Keys hash this, so a
+    turn imported by an earlier version keeps its key."""
+    role, content = message.get("role"), message.get("content")
+    if not isinstance(content, str) or not isinstance(role, str):
+        return None
+    found = kind(role, content)
+    if found in ("thinking", "summary"):
+        return None
+    if found == "call":
+        call = parse_call(content)
+        assert call is not None
+        head = CALL_PREFIX + call.name
+        return f"{head}\n\n{call.arguments}" if call.arguments else head
+    if found == "result":
+        return parse_result(content)[1]
+    text = unescape_text(content, role)
+    if role == "assistant" and _LEGACY_MARKED.match(text):
+        return "\\" + text
+    return text
+
+
+def digest(messages: Sequence[Mapping[str, Any]], *, times: bool = True) -> str:
+    """A stable hash of what messages say (role, content as :func:`legacy_content` writes it,
+    tool name, and the time unless ``times`` is false): the "content" part of a key."""
+    rows: list[list[Any]] = []
+    for m in messages:
+        content = legacy_content(m)
+        if content is None:
+            continue
+        row = [m.get("role"), content, m.get("ts"), m.get("tool_name")]
+        rows.append(row if times else [row[0], row[1], row[3]])
+    encoded = json.dumps(rows, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(encoded.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def key(source: str, session: str, position: str, messages: Sequence[Mapping[str, Any]]) -> str:
+def key(
+    source: str,
+    session: str,
+    position: str,
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    times: bool = True,
+) -> str:
     """The idempotency key of one source turn: ``{source}:{session}:{position}:{hash}``.
 
-    The hash covers the turn's messages, so a turn that changed in the source (a rewind, an
+    The hash covers what the turn says, so a turn that changed in the source (a rewind, an
     edit) is a new key and is appended, while an unchanged one replays. A session or position
     too long for the 200-character limit is replaced by its own hash."""
     session_part = session if len(session) <= 100 else "h" + _short(session, 32)
     position_part = position if len(position) <= 40 else "h" + _short(position, 16)
-    return f"{source}:{session_part}:{position_part}:{digest(messages)[:16]}"
+    return f"{source}:{session_part}:{position_part}:{digest(messages, times=times)[:16]}"
+
+
+def hermes_key(session: str, number: int, messages: Sequence[Mapping[str, Any]]) -> str:
+    """The key of a Hermes turn, the same from the provider and from the state.db importer:
+    the session id, the turn's number (its user message's ordinal in the live transcript) and
+    a hash without times (the provider cannot know the times Hermes stores)."""
+    return key(HERMES, session, str(number), messages, times=False)
 
 
 def _short(text: str, length: int) -> str:
@@ -264,21 +539,53 @@ def _short(text: str, length: int) -> str:
 
 
 def metadata(fields: Mapping[str, Any]) -> dict[str, Any]:
-    """Session metadata from source fields: empty values dropped, long strings cut, and keys
-    dropped from the end until it fits the 8 KiB limit (it describes, it is not content)."""
+    """Session metadata from source fields, made valid: empty values, numbers that are not
+    finite and values nested past :data:`MAX_METADATA_DEPTH` dropped, long strings cut, and
+    keys dropped from the end until it fits the 8 KiB limit (it describes, it is not content)."""
     out: dict[str, Any] = {}
     for name, value in fields.items():
+        if _deeper(value, MAX_METADATA_DEPTH):
+            continue
+        value = _plain(value, MAX_METADATA_DEPTH)
         if value is None or value == "" or value == {} or value == []:
             continue
-        if isinstance(value, str):
-            value = clean_text(value)[:MAX_METADATA_STRING]
-        out[name] = value
-    while out and len(json.dumps(out, ensure_ascii=False, default=str).encode()) > (
-        MAX_METADATA_BYTES
-    ):
+        out[clean_text(str(name))[:MAX_METADATA_STRING]] = value
+    while out and len(_json(out).encode("utf-8", "surrogatepass")) > MAX_METADATA_BYTES:
         out.pop(next(reversed(out)))
-    plain: dict[str, Any] = json.loads(json.dumps(out, ensure_ascii=False, default=str))
-    return plain  # plain JSON only: no tuples, datetimes or NaN reach the server
+    return out
+
+
+def _deeper(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests mappings and lists more than ``limit`` deep (no recursion)."""
+    level = [value]
+    for _ in range(limit + 1):
+        level = [
+            child
+            for item in level
+            if isinstance(item, Mapping | list | tuple)
+            for child in (item.values() if isinstance(item, Mapping) else item)
+        ]
+        if not any(isinstance(item, Mapping | list | tuple) for item in level):
+            return False
+    return True
+
+
+def _plain(value: Any, depth: int) -> Any:
+    """``value`` as plain JSON (None for what cannot be, or is nested deeper than ``depth``)."""
+    if isinstance(value, str):
+        return clean_text(value)[:MAX_METADATA_STRING]
+    if value is None or isinstance(value, bool | int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if depth <= 0:
+        return None
+    if isinstance(value, Mapping):
+        items = ((clean_text(str(k)), _plain(v, depth - 1)) for k, v in value.items())
+        return {k: v for k, v in items if v is not None}
+    if isinstance(value, list | tuple):
+        return [v for v in (_plain(item, depth - 1) for item in value) if v is not None]
+    return clean_text(str(value))[:MAX_METADATA_STRING]
 
 
 def batches(

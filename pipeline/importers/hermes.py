@@ -3,9 +3,10 @@
 Sessions in the order they started; each session's messages by id (their insertion order),
 with their own timestamps. Message rows are OpenAI-style: ``content`` (structured content is
 stored as ``"\\x00json:"`` + JSON and decoded here), an assistant's ``tool_calls`` (JSON),
-a tool row's ``tool_name`` / ``tool_call_id`` — converted exactly as
-:mod:`pipeline.importers.openai` converts chat messages. Rows of role ``session_meta`` are
-bookkeeping, not transcript.
+a tool row's ``tool_name`` / ``tool_call_id`` — converted exactly as the Hermes provider converts
+Hermes' live transcript (:func:`convention.convert_chat`). Rows of role ``session_meta`` are
+bookkeeping, not transcript. A row whose content or tool calls do not parse, or nest past
+:data:`source.MAX_DEPTH`, is reported and left out; the rest of the session goes on.
 
 Rows no longer live in the session are not imported as its transcript:
 
@@ -23,12 +24,13 @@ Older schemas work: columns are looked up with ``PRAGMA table_info``, and a data
 ``active`` (before rewinds existed) has every row live. The last turn of a session that has
 not ended is imported once it is finished (it ends with assistant text). Session key: the
 Hermes session id; metadata: source (cli, telegram, …), model, title, cwd, git branch, parent
-session. Keys: ``hermes-db:{session id}:{turn number}:{hash}``.
+session. Keys: :func:`convention.hermes_key` — ``hermes:{session id}:{turn number}:{hash}``, the
+turn numbered by its user message and hashed without times — the provider's key for the same
+turn, so importing what the provider stored (or the reverse) writes nothing twice.
 """
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import urllib.parse
 from collections.abc import Iterator, Mapping
@@ -36,9 +38,9 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import errors
-from pipeline.importers import convention, openai, source
+from pipeline.importers import convention, source
 
-SOURCE = "hermes-db"
+SOURCE = convention.HERMES
 JSON_PREFIX = "\x00json:"
 COMPACTED_SUFFIX = "#compacted"
 _SESSION_FIELDS = (
@@ -92,9 +94,9 @@ def columns(conn: sqlite3.Connection, table: str) -> set[str]:
 def decode(content: Any) -> Any:
     """A stored content value: structured content (``"\\x00json:"`` + JSON) decoded.
 
-    Raises ``ValueError`` when the JSON after the prefix does not parse."""
+    Raises ``ValueError`` when the JSON after the prefix does not parse or nests too deep."""
     if isinstance(content, str) and content.startswith(JSON_PREFIX):
-        return json.loads(content[len(JSON_PREFIX) :])
+        return source.parse_json(content[len(JSON_PREFIX) :])
     return content
 
 
@@ -122,7 +124,7 @@ def _rows(
         calls: Any = row["tool_calls"]
         if isinstance(calls, str) and calls:
             try:
-                calls = json.loads(calls)
+                calls = source.parse_json(calls)
             except ValueError as exc:
                 problems.append(
                     source.Problem(str(path), None, f"{where}: bad tool_calls JSON: {exc}")
@@ -144,19 +146,20 @@ def _rows(
 
 
 def _turns(messages: list[convention.Message], *, finished: bool) -> tuple[list[source.Turn], int]:
-    """Numbered turns, and the messages of an unfinished last turn (left for a later run)."""
-    turns = openai.turns(messages)
+    """Turns numbered by their user message, and the messages of an unfinished last turn
+    (left for a later run)."""
+    turns = convention.chat_turns(messages)
     skipped = 0
     if turns and not finished:
-        last = turns[-1][-1]
-        if last["role"] != "assistant" or convention.parse_tool_call(last["content"]):
-            skipped = len(turns.pop())
+        last = turns[-1][1][-1]
+        if last["role"] != "assistant" or convention.kind("assistant", last["content"]) != "text":
+            skipped = len(turns.pop()[1])
     return [
-        source.Turn(position=str(number), messages=tuple(turn)) for number, turn in enumerate(turns)
+        source.Turn(position=str(number), messages=tuple(turn)) for number, turn in turns
     ], skipped
 
 
-def read(path: Path) -> Iterator[source.Session | source.Problem]:
+def read(path: Path) -> Iterator[source.Record]:
     """Every session of one ``state.db``."""
     conn = connect(path)
     try:
@@ -200,7 +203,7 @@ def _sessions(
     live = [r for r in rows if r["active"]]
     compacted = [r for r in rows if not r["active"] and r["compacted"]]
     rewound = len(rows) - len(live) - len(compacted)
-    messages, left_out = openai.convert(live)
+    messages, left_out = convention.convert_chat(live)
     turns, unfinished = _turns(messages, finished=session["ended_at"] is not None)
     yield source.Session(
         source=SOURCE,
@@ -209,9 +212,10 @@ def _sessions(
         turns=tuple(turns),
         origin=str(path),
         skipped=left_out + unfinished + rewound,
+        times=False,
     )
     if compacted:
-        history, left_out = openai.convert(compacted)
+        history, left_out = convention.convert_chat(compacted)
         turns, _ = _turns(history, finished=True)
         yield source.Session(
             source=SOURCE,
@@ -220,4 +224,5 @@ def _sessions(
             turns=tuple(turns),
             origin=str(path),
             skipped=left_out,
+            times=False,
         )

@@ -3,10 +3,14 @@
 Roles ``system``, ``developer`` (written as ``system``), ``user``, ``assistant`` and ``tool``
 (legacy ``function`` too). An assistant message's ``tool_calls`` (``[{"id", "function":
 {"name", "arguments"}}]``, or the legacy ``function_call``) become tool-call messages after its
-text; a tool message's name comes from ``name``/``tool_name`` or, failing those, from the call
-its ``tool_call_id`` answers. A record's session_key is its ``id`` (or ``conversation_id``,
-``session_id``), else a hash of its messages, so the same conversation imports to the same file
-wherever the file lies.
+text, with their ids; a tool message's name comes from ``name``/``tool_name`` or, failing
+those, from the call its ``tool_call_id`` answers (:func:`convention.convert_chat`).
+
+A record's session_key is the file's name and the record's ``id`` (or ``conversation_id``,
+``session_id``) — ``train.json#1`` — so two files whose records share an id stay two sessions;
+a record without an id is keyed by a hash of its messages, so the same conversation imports to
+the same file wherever the file lies. A record with no message to import is counted as
+empty, not reported.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from typing import Any
 from pipeline.importers import convention, source
 
 SOURCE = "openai"
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+MAX_SESSION_KEY = 512
 
 
 def files(path: Path) -> list[Path]:
@@ -26,86 +30,69 @@ def files(path: Path) -> list[Path]:
     return source.walk(path, (".json", ".jsonl", ".json.zst", ".jsonl.zst"))
 
 
-def _calls(message: Mapping[str, Any]) -> list[tuple[Any, Any, Any]]:
-    """``(id, name, arguments)`` of an assistant message's calls, in order."""
-    out: list[tuple[Any, Any, Any]] = []
-    calls = message.get("tool_calls")
-    for call in calls if isinstance(calls, list) else []:
-        if not isinstance(call, Mapping):
-            continue
-        function = call.get("function")
-        spec = function if isinstance(function, Mapping) else call
-        out.append((call.get("id"), spec.get("name"), spec.get("arguments")))
-    legacy = message.get("function_call")
-    if isinstance(legacy, Mapping):
-        out.append((None, legacy.get("name"), legacy.get("arguments")))
-    return out
-
-
 def convert(
     messages: Sequence[Any], *, when: str | None = None
 ) -> tuple[list[convention.Message], int]:
-    """OpenAI-style messages in the convention, and how many were left out (not an object,
-    an unknown role, or empty). ``when`` stands in for messages without a time of their own."""
-    out: list[convention.Message] = []
-    skipped = 0
-    names: dict[str, str] = {}  # tool_call_id -> tool name, for results that lack one
-    for message in messages:
-        if not isinstance(message, Mapping):
-            skipped += 1
-            continue
-        stamp = convention.ts(message.get("timestamp", message.get("ts"))) or when
-        role = message.get("role")
-        if role == "assistant":
-            calls = _calls(message)
-            for call_id, name, _ in calls:
-                if isinstance(call_id, str) and isinstance(name, str):
-                    names[call_id] = name
-            converted = convention.assistant_turn(
-                message.get("content"), [(name, args) for _, name, args in calls], stamp
-            )
-            if not converted:
-                skipped += 1
-            out.extend(converted)
-        elif role in ("tool", "function"):
-            name = message.get("tool_name") or message.get("name")
-            if not name:
-                name = names.get(str(message.get("tool_call_id")))
-            out.append(convention.tool_result(name, message.get("content"), stamp))
-        elif role in ROLES:
-            text = convention.text_message(ROLES[role], message.get("content"), stamp)
-            if text["content"].strip():
-                out.append(text)
-            else:
-                skipped += 1
-        else:
-            skipped += 1
-    return out, skipped
+    """OpenAI-style messages in the convention (:func:`convention.convert_chat`)."""
+    return convention.convert_chat(messages, when=when)
 
 
-def turns(messages: Sequence[convention.Message]) -> list[list[convention.Message]]:
-    """Messages cut into turns: a turn starts at each user message (what comes before the
-    first one, a system prompt say, is a turn of its own)."""
-    out: list[list[convention.Message]] = []
-    for message in messages:
-        if not out or message["role"] == "user":
-            out.append([])
-        out[-1].append(message)
-    return out
+def turns(messages: Sequence[convention.Message]) -> list[source.Turn]:
+    """Messages cut into turns at each user message, numbered in order from 0 (what comes
+    before the first user message, a system prompt say, is a turn of its own)."""
+    return [
+        source.Turn(position=str(number), messages=tuple(turn))
+        for number, (_, turn) in enumerate(convention.chat_turns(messages))
+    ]
 
 
 def session_key(
-    record: Mapping[str, Any], messages: Sequence[convention.Message], *, prefix: str = SOURCE
+    record: Mapping[str, Any],
+    messages: Sequence[convention.Message],
+    *,
+    path: Path,
+    prefix: str = SOURCE,
 ) -> str:
-    """The record's own id, else ``{prefix}-`` and a hash of its converted messages."""
+    """``{file name}#{the record's own id}``, else ``{prefix}-`` and a hash of its messages."""
     for field in ("id", "conversation_id", "session_id"):
         value = record.get(field)
         if isinstance(value, str | int) and not isinstance(value, bool) and str(value).strip():
-            return convention.clean_text(str(value)).strip()[:512]
+            identifier = convention.clean_text(str(value)).strip()
+            name = convention.clean_text(path.name)
+            return f"{name}#{identifier}"[:MAX_SESSION_KEY]
     return f"{prefix}-{convention.digest(messages)[:24]}"
 
 
-def read(path: Path) -> Iterator[source.Session | source.Problem]:
+def session(
+    *,
+    path: Path,
+    line: int | None,
+    number: int,
+    record: Mapping[str, Any],
+    messages: list[convention.Message],
+    skipped: int,
+    prefix: str,
+    model: Any = None,
+) -> source.Session | source.Empty:
+    """One chat record as a session (or an empty record), for this importer and ShareGPT's."""
+    if not messages:
+        return source.Empty(str(path), line)
+    return source.Session(
+        source=prefix,
+        session_key=session_key(record, messages, path=path, prefix=prefix),
+        metadata=convention.metadata(
+            {"importer": prefix, "file": path.name, "record": number, "model": model}
+        ),
+        turns=tuple(
+            source.Turn(position=turn.position, messages=turn.messages, line=line)
+            for turn in turns(messages)
+        ),
+        origin=str(path),
+        skipped=skipped,
+    )
+
+
+def read(path: Path) -> Iterator[source.Record]:
     """Every conversation record of one file."""
     for item in source.json_records(path):
         if isinstance(item, source.Problem):
@@ -118,24 +105,13 @@ def read(path: Path) -> Iterator[source.Session | source.Problem]:
             yield source.Problem(str(path), line, f"record {number}: no 'messages' list")
             continue
         messages, skipped = convert(record["messages"])
-        if not messages:
-            yield source.Problem(str(path), line, f"record {number}: no messages to import")
-            continue
-        yield source.Session(
-            source=SOURCE,
-            session_key=session_key(record, messages),
-            metadata=convention.metadata(
-                {
-                    "importer": SOURCE,
-                    "file": path.name,
-                    "record": number,
-                    "model": record.get("model"),
-                }
-            ),
-            turns=tuple(
-                source.Turn(position=str(i), messages=tuple(turn), line=line)
-                for i, turn in enumerate(turns(messages))
-            ),
-            origin=str(path),
+        yield session(
+            path=path,
+            line=line,
+            number=number,
+            record=record,
+            messages=messages,
             skipped=skipped,
+            prefix=SOURCE,
+            model=record.get("model"),
         )

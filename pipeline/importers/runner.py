@@ -28,21 +28,27 @@ Flush = Callable[[str], object]
 @dataclasses.dataclass
 class Report:
     """What an import did. ``files`` counts the L0 session files appended to (or found
-    complete); ``messages`` the messages newly appended; ``replayed`` those an earlier run had
-    already appended; ``skipped`` the source messages deliberately left out."""
+    complete; not a session whose every turn was refused); ``messages`` the messages newly
+    appended; ``replayed`` those an earlier run had already appended; ``skipped`` the source
+    messages deliberately left out; ``empty`` the records with nothing to import;
+    ``records`` the source records read (sessions, empty records and problems)."""
 
     files: int = 0
     messages: int = 0
     replayed: int = 0
     skipped: int = 0
+    empty: int = 0
+    records: int = 0
     errors: list[source.Problem] = dataclasses.field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        """The ``--json`` summary: ``{"files", "messages", "skipped", "errors"}`` (+ replayed)."""
+        """The ``--json`` summary: ``{"files", "messages", "skipped", "empty", "errors",
+        "replayed"}``."""
         return {
             "files": self.files,
             "messages": self.messages,
             "skipped": self.skipped,
+            "empty": self.empty,
             "errors": [problem.to_json() for problem in self.errors],
             "replayed": self.replayed,
         }
@@ -50,12 +56,12 @@ class Report:
 
 @dataclasses.dataclass(frozen=True)
 class Progress:
-    """Where a run is, after each source file (for a progress bar)."""
+    """Where a run is, after each source record (for a progress display)."""
 
     file: Path
-    files_done: int
+    files_done: int  #: source files finished
     files_total: int
-    report: Report
+    report: Report  #: ``report.records`` counts the records read so far
 
 
 def _no_progress(_event: Progress) -> None:
@@ -90,10 +96,13 @@ def run(
     """
     report = Report()
     files = reader.files(path)
-    for done, file in enumerate(files, start=1):
+    for done, file in enumerate(files):
         for item in reader.read(file):
+            report.records += 1
             if isinstance(item, source.Problem):
                 report.errors.append(item)
+            elif isinstance(item, source.Empty):
+                report.empty += 1
             else:
                 _session(
                     item,
@@ -105,7 +114,8 @@ def run(
                     max_messages=max_messages,
                     max_bytes=max_bytes,
                 )
-        progress(Progress(file=file, files_done=done, files_total=len(files), report=report))
+            progress(Progress(file=file, files_done=done, files_total=len(files), report=report))
+        progress(Progress(file=file, files_done=done + 1, files_total=len(files), report=report))
     return report
 
 
@@ -122,7 +132,9 @@ def bodies(
         messages = [part for m in turn.messages for part in convention.split_large(m)]
         if not messages:
             continue
-        turn_key = convention.key(session.source, session.session_key, turn.position, messages)
+        turn_key = convention.key(
+            session.source, session.session_key, turn.position, messages, times=session.times
+        )
         runs = list(convention.batches(messages, max_messages=max_messages, max_bytes=max_bytes))
         for number, batch in enumerate(runs):
             body: dict[str, Any] = {
@@ -153,20 +165,23 @@ def _session(
     appends = bodies(session, agent_id=agent_id, max_messages=max_messages, max_bytes=max_bytes)
     if not appends:
         return
-    report.files += 1
     written: set[str] = set()
+    landed = False
     for turn, body in appends:
         count = len(body["messages"])
         if dry_run:
             report.messages += count
+            landed = True
             continue
         try:
-            result = ingest(body)
+            result = send(ingest, body)
         except errors.Conflict:
             # The key is this turn's content hash: the same key with another body can only
-            # differ in the session metadata (a title set later, say), which the server keeps
-            # from the first append anyway. The turn is in L0 already.
+            # differ in the session metadata (a title set later, say) or in what an earlier
+            # version wrote for the same turn, and the server keeps the first. The turn is in
+            # L0 already.
             report.replayed += count
+            landed = True
             continue
         except errors.PermanentError as exc:
             report.errors.append(
@@ -177,6 +192,7 @@ def _session(
                 )
             )
             continue
+        landed = True
         if _field(result, "replayed"):
             report.replayed += count
         else:
@@ -184,6 +200,18 @@ def _session(
             file_id = _field(result, "file_id")
             if isinstance(file_id, str):
                 written.add(file_id)
+    report.files += landed
     if flush is not None:
         for file_id in sorted(written):
             flush(file_id)
+
+
+def send(ingest: Ingest, body: dict[str, Any]) -> object:
+    """``ingest(body)``; when the server refuses a body for its metadata, the turn again
+    without it — metadata describes a session, the turn is what must not be lost."""
+    try:
+        return ingest(body)
+    except errors.InvalidInput as exc:
+        if "metadata" not in body or "metadata" not in exc.detail:
+            raise
+        return ingest({k: v for k, v in body.items() if k != "metadata"})

@@ -4,13 +4,12 @@ or JSON Lines.
 ``from`` is ``human``/``user`` (user), ``gpt``/``assistant``/``chatgpt``/``bing``/``bard``
 (assistant), ``system``, ``function_call`` (an assistant tool call: ``value`` is the JSON
 ``{"name", "arguments"}`` the model produced) or ``observation``/``tool``/``function`` (a tool
-result, named after the call before it). Turns, session keys and metadata as in
-:mod:`pipeline.importers.openai`.
+result, named after the call before it). Turns, session keys (``{file name}#{id}``), empty
+records and metadata as in :mod:`pipeline.importers.openai`.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -40,7 +39,7 @@ def files(path: Path) -> list[Path]:
 def _call(value: Any) -> tuple[Any, Any]:
     """``(name, arguments)`` of a ``function_call`` turn; the raw value when it is not JSON."""
     try:
-        parsed = json.loads(value) if isinstance(value, str) else value
+        parsed = source.parse_json(value) if isinstance(value, str) else value
     except ValueError:
         parsed = None
     if isinstance(parsed, Mapping) and isinstance(parsed.get("name"), str):
@@ -77,7 +76,7 @@ def convert(conversation: Sequence[Any]) -> tuple[list[convention.Message], int]
     return out, skipped
 
 
-def read(path: Path) -> Iterator[source.Session | source.Problem]:
+def read(path: Path) -> Iterator[source.Record]:
     """Every conversation record of one file."""
     for item in source.json_records(path):
         if isinstance(item, source.Problem):
@@ -88,19 +87,14 @@ def read(path: Path) -> Iterator[source.Session | source.Problem]:
         if not isinstance(conversation, list):
             yield source.Problem(str(path), line, f"record {number}: no 'conversations' list")
             continue
-        messages, skipped = convert(conversation)
-        if not messages:
-            yield source.Problem(str(path), line, f"record {number}: no messages to import")
-            continue
         assert isinstance(record, Mapping)
-        yield source.Session(
-            source=SOURCE,
-            session_key=openai.session_key(record, messages, prefix=SOURCE),
-            metadata=convention.metadata({"importer": SOURCE, "file": path.name, "record": number}),
-            turns=tuple(
-                source.Turn(position=str(i), messages=tuple(turn), line=line)
-                for i, turn in enumerate(openai.turns(messages))
-            ),
-            origin=str(path),
+        messages, skipped = convert(conversation)
+        yield openai.session(
+            path=path,
+            line=line,
+            number=number,
+            record=record,
+            messages=messages,
             skipped=skipped,
+            prefix=SOURCE,
         )

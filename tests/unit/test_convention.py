@@ -1,5 +1,6 @@
-"""The tool-call convention: call bodies parse back, text never reads as a call, keys and
-batches respect the append limits."""
+"""The tool-call convention: call bodies (fenced arguments, call ids) parse back, results name
+the call they answer, thinking and summaries are marked, text never reads as any of them, old
+bodies still read, keys stay the keys of earlier versions, batches respect the append limits."""
 
 from __future__ import annotations
 
@@ -10,46 +11,156 @@ from pipeline.importers import convention
 
 
 def test_call_body_round_trips() -> None:
-    message = convention.tool_call("read_file", '{"path": "a.txt"}', "2026-08-03T11:18:06Z")
+    message = convention.tool_call("read_file", '{"path": "a.txt"}', "2026-08-03T11:18:06Z", "c1")
     assert message == {
         "role": "assistant",
-        "content": '**tool call**: read_file\n\n{"path": "a.txt"}',
+        "content": '**tool call**: read_file\n**call id**: c1\n\n```json\n{"path": "a.txt"}\n```',
         "ts": "2026-08-03T11:18:06Z",
     }
+    assert convention.parse_call(message["content"]) == convention.Call(
+        "read_file", '{"path": "a.txt"}', "c1"
+    )
     assert convention.parse_tool_call(message["content"]) == ("read_file", '{"path": "a.txt"}')
     assert convention.tool_call("now", "", None)["content"] == "**tool call**: now"
     assert convention.parse_tool_call("**tool call**: now") == ("now", "")
+    assert convention.kind("assistant", message["content"]) == "call"
+
+
+def test_raw_arguments_get_a_plain_fence_longer_than_any_backticks_in_them() -> None:
+    raw = "*** Begin Patch\n```py\nx = 1\n```\n````\n"
+    body = convention.tool_call("apply_patch", raw, None)["content"]
+    assert body == f"**tool call**: apply_patch\n\n`````\n{raw}\n`````"
+    assert convention.parse_tool_call(body) == ("apply_patch", raw)
+
+
+@given(st.text(), st.one_of(st.none(), st.text(min_size=1)))
+def test_any_arguments_round_trip(arguments: str, identifier: str | None) -> None:
+    arguments = convention.clean_text(arguments)
+    body = convention.tool_call("t", arguments, None, identifier)["content"]
+    found = convention.parse_call(body)
+    assert found is not None and found.arguments == arguments
+    assert found.call_id == convention.call_id(identifier)
+
+
+def test_calls_written_before_fences_and_ids_still_read() -> None:
+    assert convention.parse_call('**tool call**: read_file\n\n{"path": "a"}') == (
+        convention.Call("read_file", '{"path": "a"}', None)
+    )
 
 
 def test_arguments_that_are_not_a_string_are_json() -> None:
     body = convention.tool_call("edit", {"path": "é", "n": 1}, None)["content"]
     assert convention.parse_tool_call(body) == ("edit", '{"path": "é", "n": 1}')
+    assert "```json\n" in body
 
 
-def test_assistant_text_that_looks_like_a_call_is_escaped() -> None:
-    text = "**tool call**: not really\n\nhello"
-    message = convention.text_message("assistant", text, None)
-    assert message["content"] == "\\" + text
-    assert convention.parse_tool_call(message["content"]) is None
-    assert convention.unescape_text(message["content"]) == text
-    # a user message is never a call, so it is left alone
+def test_results_name_their_call_and_outputs_that_look_like_it_are_escaped() -> None:
+    result = convention.tool_result("read_file", "hello", None, "c1")
+    assert result == {
+        "role": "tool",
+        "content": "**call id**: c1\n\nhello",
+        "tool_name": "read_file",
+    }
+    assert convention.parse_result(result["content"]) == ("c1", "hello")
+    sly = convention.tool_result("x", "**call id**: fake\n\nout", None)["content"]
+    assert sly == "\\**call id**: fake\n\nout"
+    assert convention.parse_result(sly) == (None, "**call id**: fake\n\nout")
+
+
+def test_thinking_and_summaries_are_marked() -> None:
+    thought = convention.thinking("Let me check.", "2026-08-03T11:18:06Z")
+    assert thought == {
+        "role": "assistant",
+        "content": "**thinking**\n\nLet me check.",
+        "ts": "2026-08-03T11:18:06Z",
+    }
+    assert convention.kind("assistant", thought["content"]) == "thinking"
+    assert convention.marked_text(thought["content"]) == "Let me check."
+    assert convention.thinking("  ", None) is None
+    summary = convention.summary("We fixed the bug.", None)
+    assert summary == {"role": "system", "content": "**compaction summary**\n\nWe fixed the bug."}
+    assert convention.kind("system", summary["content"]) == "summary"
+
+
+def test_text_that_looks_marked_is_escaped_where_the_marker_means_something() -> None:
+    for role, text in (
+        ("assistant", "**tool call**: not really\n\nhello"),
+        ("assistant", "**thinking**\n\nnot really"),
+        ("system", "**compaction summary**"),
+    ):
+        message = convention.text_message(role, text, None)
+        assert message["content"] == "\\" + text
+        assert convention.kind(role, message["content"]) == "text"
+        assert convention.unescape_text(message["content"], role) == text
+    # a user message is never marked, so it is left alone
+    text = "**tool call**: x"
     assert convention.text_message("user", text, None)["content"] == text
+    assert convention.text_message("assistant", "**thinking** hard", None)["content"] == (
+        "**thinking** hard"
+    )
 
 
-@given(st.text())
-def test_escape_is_reversible(text: str) -> None:
-    assert convention.unescape_text(convention.escape_text(text)) == text
+@given(st.text(), st.sampled_from(["assistant", "tool", "system", "user"]))
+def test_escape_is_reversible(text: str, role: str) -> None:
+    escaped = convention.escape_text(text, role)
+    assert convention.unescape_text(escaped, role) == text
+    assert convention.kind(role, escaped) in ("text", "result")
     assert convention.parse_tool_call(convention.escape_text(text)) is None
 
 
 def test_assistant_turn_is_text_then_calls_in_order() -> None:
-    messages = convention.assistant_turn("Let me look.", [("a", "{}"), ("b", '{"x":1}')], None)
+    messages = convention.assistant_turn(
+        "Let me look.", [("a", "{}", "1"), ("b", '{"x":1}', "2")], None
+    )
     assert [m["content"] for m in messages] == [
         "Let me look.",
-        "**tool call**: a\n\n{}",
-        '**tool call**: b\n\n{"x":1}',
+        "**tool call**: a\n**call id**: 1\n\n```json\n{}\n```",
+        '**tool call**: b\n**call id**: 2\n\n```json\n{"x":1}\n```',
     ]
     assert convention.assistant_turn(None, [("a", None)], None)[0]["content"] == "**tool call**: a"
+
+
+def test_keys_hash_what_a_turn_says_as_earlier_versions_wrote_it() -> None:
+    """A turn imported before fences, call ids and thinking keeps its key: the new body of the
+    same turn is then a conflict on that key, which clients take as already stored."""
+    when = "2026-08-03T11:18:06Z"
+    old = [
+        {"role": "user", "content": "List files", "ts": when},
+        {"role": "assistant", "content": '**tool call**: ls\n\n{"d": "."}', "ts": when},
+        {"role": "tool", "content": "a.txt", "tool_name": "ls", "ts": when},
+        {"role": "assistant", "content": "\\**tool call**: joke", "ts": when},
+    ]
+    new = [
+        old[0],
+        convention.thinking("They want a listing.", when),
+        convention.tool_call("ls", '{"d": "."}', when, "c1"),
+        convention.tool_result("ls", "a.txt", when, "c1"),
+        convention.text_message("assistant", "**tool call**: joke", when),
+    ]
+    assert convention.key("claude-code", "s", "u1", new) == convention.key(
+        "claude-code", "s", "u1", old
+    )
+    assert convention.key("claude-code", "s", "u1", new[:3]) != convention.key(
+        "claude-code", "s", "u1", old
+    )
+
+
+def test_hermes_keys_ignore_times() -> None:
+    one = [{"role": "user", "content": "hi", "ts": "2026-08-03T11:18:06Z"}]
+    later = [{"role": "user", "content": "hi", "ts": "2027-01-01T00:00:00Z"}]
+    assert convention.hermes_key("s", 3, one) == convention.hermes_key("s", 3, later)
+    assert convention.hermes_key("s", 3, one).startswith("hermes:s:3:")
+    assert convention.hermes_key("s", 3, one) != convention.hermes_key("s", 4, one)
+
+
+def test_chat_turns_are_numbered_by_their_user_message() -> None:
+    messages = [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "b"},
+        {"role": "user", "content": "c"},
+    ]
+    assert [(n, len(t)) for n, t in convention.chat_turns(messages)] == [(0, 1), (1, 2), (2, 1)]
 
 
 def test_tool_names_are_one_line() -> None:
@@ -99,5 +210,9 @@ def test_large_messages_and_appends_are_split_without_loss() -> None:
 def test_metadata_is_small_plain_json() -> None:
     meta = convention.metadata({"a": None, "b": "", "title": "t" * 5000, "n": 3})
     assert meta == {"title": "t" * 1000, "n": 3}
+    deep: object = "x"
+    for _ in range(50):
+        deep = [deep]
+    assert convention.metadata({"model": float("nan"), "deep": deep, "ok": [1.5]}) == {"ok": [1.5]}
     big = convention.metadata({f"k{i}": "v" * 900 for i in range(20)})
     assert len(str(big)) < 9000 and "k0" in big

@@ -67,8 +67,12 @@ def write_jsonl(path: Path, records: list[Any], *, compress: bool = False) -> Pa
     return path
 
 
-def call(name: str, arguments: str) -> str:
-    return convention.call_body(name, arguments)
+def call(name: str, arguments: str, identifier: str | None = None) -> str:
+    return convention.call_body(name, arguments, identifier)
+
+
+def result(output: str, identifier: str | None = None) -> str:
+    return convention.result_body(output, identifier)
 
 
 def test_every_source_has_a_reader() -> None:
@@ -120,10 +124,10 @@ OPENAI_EXPECTED = [
     ("system", "Be brief."),
     ("user", "Weather in Paris?"),
     ("assistant", "Checking."),
-    ("assistant", call("weather", '{"city": "Paris"}')),
-    ("assistant", call("clock", "{}")),
-    ("tool", "18C"),
-    ("tool", "noon"),
+    ("assistant", call("weather", '{"city": "Paris"}', "call_1")),
+    ("assistant", call("clock", "{}", "call_2")),
+    ("tool", result("18C", "call_1")),
+    ("tool", result("noon", "call_2")),
     ("assistant", "18C at noon."),
     ("user", "Thanks"),
     ("assistant", "\\**tool call**: just text"),
@@ -135,14 +139,18 @@ def test_openai_json_list(tmp_path: Path) -> None:
     path.write_text(json.dumps([OPENAI_CHAT, {"messages": [{"role": "user", "content": "x"}]}]))
     server = FakeServer()
     report = run("openai", path, server)
-    assert server.contents("chat-1") == OPENAI_EXPECTED
-    tools = [m["tool_name"] for m in server.files["chat-1"] if m["role"] == "tool"]
+    assert server.contents("chats.json#chat-1") == OPENAI_EXPECTED
+    tools = [m["tool_name"] for m in server.files["chats.json#chat-1"] if m["role"] == "tool"]
     assert tools == ["weather", "clock"]
-    assert server.metadata["chat-1"] == {"importer": "openai", "file": "chats.json", "record": 0}
+    assert server.metadata["chats.json#chat-1"] == {
+        "importer": "openai",
+        "file": "chats.json",
+        "record": 0,
+    }
     hashed = [key for key in server.files if key.startswith("openai-")]
     assert len(hashed) == 1  # a record without an id gets a content hash
     assert (report.files, report.messages, report.errors) == (2, 11, [])
-    keys = [k for _, k in server.bodies if k.startswith("openai:chat-1:")]
+    keys = [k for _, k in server.bodies if k.startswith("openai:chats.json#chat-1:")]
     assert len(keys) == 3  # the system prompt, then one per user turn
 
 
@@ -153,11 +161,8 @@ def test_openai_jsonl_rerun_writes_nothing_and_bad_lines_are_reported(tmp_path: 
     )
     server = FakeServer()
     first = run("openai", path, server)
-    assert [(p.line, p.detail[:8]) for p in first.errors] == [
-        (2, "not JSON"),
-        (3, "record 2"),
-        (4, "record 3"),
-    ]
+    assert [(p.line, p.detail[:8]) for p in first.errors] == [(2, "not JSON"), (3, "record 2")]
+    assert (first.empty, first.records) == (1, 4)  # {"messages": []} has nothing to import
     assert str(first.errors[0]).startswith(f"{path}:2: not JSON")
     written = sum(len(v) for v in server.files.values())
     second = run("openai", path, server)
@@ -178,7 +183,7 @@ def test_an_interrupted_import_completes_without_duplicates(tmp_path: Path) -> N
     with pytest.raises(errors.IndexUnavailable):
         runner.run(reader("openai"), path, agent_id="me", ingest=dies_after_two)
     run("openai", path, server)
-    assert server.contents("chat-1") == OPENAI_EXPECTED
+    assert server.contents("chats.json#chat-1") == OPENAI_EXPECTED
 
 
 def test_dry_run_sends_nothing(tmp_path: Path) -> None:
@@ -197,7 +202,7 @@ def test_a_turn_larger_than_an_append_is_split_under_one_key_each(tmp_path: Path
     path.write_text(json.dumps({"id": "long", "messages": messages}))
     server = FakeServer()
     runner.run(reader("openai"), path, agent_id="me", ingest=server, max_messages=10)
-    assert len(server.files["long"]) == 26
+    assert len(server.files["long.json#long"]) == 26
     assert sorted(k.rsplit("/", 1)[1] for _, k in server.bodies) == ["0", "1", "2"]
 
 
@@ -216,14 +221,14 @@ def test_sharegpt(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "sg.jsonl", [record, {"conversations": "nope"}])
     server = FakeServer()
     report = run("sharegpt", path, server)
-    assert server.contents("sg-1") == [
+    assert server.contents("sg.jsonl#sg-1") == [
         ("system", "You can call tools."),
         ("user", "Find cats"),
         ("assistant", call("search", '{"q": "cats"}')),
         ("tool", "3 cats"),
         ("assistant", "Found 3."),
     ]
-    assert server.files["sg-1"][3]["tool_name"] == "search"
+    assert server.files["sg.jsonl#sg-1"][3]["tool_name"] == "search"
     assert report.skipped == 1 and [p.line for p in report.errors] == [2]
 
 
@@ -321,10 +326,10 @@ def codex_rollout(session_id: str = "0199a213-81c0-7800-8aa1-bbab2a035a53") -> l
 
 CODEX_TURN_1 = [
     ("user", "ls"),
-    ("assistant", call("shell", '{"command":["ls"]}')),
-    ("tool", "a.txt\n"),
-    ("assistant", call("apply_patch", "*** Begin Patch")),
-    ("tool", "ok"),
+    ("assistant", call("shell", '{"command":["ls"]}', "c1")),
+    ("tool", result("a.txt\n", "c1")),
+    ("assistant", call("apply_patch", "*** Begin Patch", "c2")),
+    ("tool", result("ok", "c2")),
     ("assistant", "One file."),
 ]
 
@@ -389,15 +394,16 @@ def test_codex_sessions_directory_with_zstd_and_a_malformed_line(tmp_path: Path)
     )
     (sessions / "notes.txt").write_text("not a rollout")
     server = FakeServer()
-    seen: list[int] = []
+    seen: list[tuple[int, int]] = []
     report = runner.run(
         reader("codex"),
         sessions,
         agent_id="me",
         ingest=server,
-        progress=lambda p: seen.append(p.files_done),
+        progress=lambda p: seen.append((p.files_done, p.report.records)),
     )
-    assert seen == [1, 2]
+    # after each record (the second file's malformed line is one), and after each file
+    assert seen == [(0, 1), (1, 1), (1, 2), (1, 3), (2, 3)]
     assert set(server.files) == {
         "11111111-1111-4111-8111-111111111111",
         "22222222-2222-4222-8222-222222222222",
@@ -436,8 +442,8 @@ def test_codex_rollout_from_before_the_envelope(tmp_path: Path) -> None:
     report = run("codex", path, server)
     assert server.contents("old-session") == [
         ("user", "hi"),
-        ("assistant", call("shell", "{}")),
-        ("tool", "out"),
+        ("assistant", call("shell", "{}", "c")),
+        ("tool", result("out", "c")),
         ("assistant", "hello"),
     ]
     assert server.files["old-session"][0]["ts"] == "2025-05-01T10:00:00Z"
@@ -548,14 +554,16 @@ def test_claude_code_rewind_compaction_merge_and_meta(tmp_path: Path) -> None:
     report = run("claude-code", path, server)
     assert server.contents(log.session_id) == [
         ("user", "Read a.txt please"),
+        ("assistant", "**thinking**\n\nhmm"),
         ("assistant", "Reading it."),
-        ("assistant", call("Read", '{"file_path": "a.txt"}')),
-        ("tool", "hello"),
+        ("assistant", call("Read", '{"file_path": "a.txt"}', "tu_1")),
+        ("tool", result("hello", "tu_1")),
         ("assistant", "It says hello."),
         ("user", "Now copy it"),
-        ("assistant", call("Bash", '{"command": "cp a b"}')),
-        ("tool", "copied"),
+        ("assistant", call("Bash", '{"command": "cp a b"}', "tu_2")),
+        ("tool", result("copied", "tu_2")),
         ("assistant", "Copied."),
+        ("system", "**compaction summary**\n\nThis session is being continued…"),
         ("user", "And after that?\n[image]"),
         ("assistant", "Nothing else."),
     ]
@@ -570,8 +578,8 @@ def test_claude_code_rewind_compaction_merge_and_meta(tmp_path: Path) -> None:
         "model": "claude-sonnet-4-5",
     }
     assert [p.line for p in report.errors] == [4]
-    # meta, compact summary, the abandoned branch's two messages
-    assert report.skipped == 4
+    # meta, the abandoned branch's two messages
+    assert report.skipped == 3
     assert run("claude-code", path, server).messages == 0
 
 
@@ -658,13 +666,16 @@ def test_hermes_older_schema_without_flags(tmp_path: Path) -> None:
     assert list(server.files) == ["s1", "s2"]  # by started_at
     assert server.contents("s1") == [
         ("user", "list files"),
-        ("assistant", call("terminal", '{"cmd": "ls"}')),
-        ("tool", "a.txt"),
+        ("assistant", call("terminal", '{"cmd": "ls"}', "c1")),
+        ("tool", result("a.txt", "c1")),
         ("assistant", "One file."),
     ]
     assert server.files["s1"][2]["tool_name"] == "terminal"
     assert server.files["s1"][0]["ts"] == "2026-08-03T11:18:07Z"
-    assert server.metadata["s1"] == {"importer": "hermes-db", "source": "telegram", "model": "m"}
+    assert server.metadata["s1"] == {"importer": "hermes", "source": "telegram", "model": "m"}
+    # the provider's key for the same turn: numbered by its user message, hashed without times
+    first = [m for _, k in server.bodies if k.startswith("hermes:s1:1:") for m in [k]]
+    assert first == [convention.hermes_key("s1", 1, server.files["s1"])]
     assert server.metadata["s2"]["parent_session"] == "s1"
     # s2 has not ended and its last turn has no answer yet
     assert server.contents("s2") == [("user", "hello"), ("assistant", "hi")]
@@ -691,8 +702,8 @@ def test_hermes_inactive_rows(tmp_path: Path) -> None:
     assert server.contents("s1") == [("user", "Summary of earlier turns"), ("assistant", "ok")]
     assert server.contents("s1#compacted") == [
         ("user", "list files"),
-        ("assistant", call("terminal", '{"cmd": "ls"}')),
-        ("tool", "a.txt"),
+        ("assistant", call("terminal", '{"cmd": "ls"}', "c1")),
+        ("tool", result("a.txt", "c1")),
         ("assistant", "One file."),
     ]
     assert server.metadata["s1#compacted"]["compacted_from"] == "s1"
