@@ -15,10 +15,15 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import TYPE_CHECKING
 
 from pipeline import errors
 from pipeline.cli.context import EXIT_ERROR, EXIT_PROBLEMS, Command, Context
-from pipeline.runtime import Workers
+
+if TYPE_CHECKING:
+    # Only named here: ``sgme capture`` runs inside an agent's hook, with a budget of about a
+    # second, and must not pay for the runtime (the index, the service) at start.
+    from pipeline.runtime import Workers
 
 __all__ = ["EXIT_ERROR", "EXIT_PROBLEMS", "build_parser", "main"]
 
@@ -26,6 +31,7 @@ __all__ = ["EXIT_ERROR", "EXIT_PROBLEMS", "build_parser", "main"]
 def build_parser() -> argparse.ArgumentParser:
     """The ``sgme`` argument parser."""
     from pipeline.cli import (
+        capture,
         files,
         hermes,
         imports,
@@ -36,23 +42,27 @@ def build_parser() -> argparse.ArgumentParser:
         tokens,
     )
 
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--data-dir", help="data directory (env SGME_DATA_DIR, default ./data)")
-    common.add_argument(
+    common_options = argparse.ArgumentParser(add_help=False)
+    common_options.add_argument(
+        "--data-dir", help="data directory (env SGME_DATA_DIR, default ./data)"
+    )
+    common_options.add_argument(
         "--database-url",
         help="index database URL (env SGME_DATABASE_URL, default SQLite in the data dir)",
     )
-    common.add_argument("--config", help="YAML settings file (env SGME_CONFIG)")
+    common_options.add_argument("--config", help="YAML settings file (env SGME_CONFIG)")
 
     parser = argparse.ArgumentParser(prog="sgme", description="SGME L0: the raw layer.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def add(name: str, func: Command, text: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, parents=[common], help=text, description=text)
+    def add(name: str, func: Command, text: str, *, common: bool = True) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, parents=[common_options] if common else [], help=text)
+        p.description = text
         p.set_defaults(func=func)
         return p
 
-    for module in (processes, files, searching, imports, hermes, maintenance, privacy, tokens):
+    modules = (processes, files, searching, imports, hermes, capture, maintenance, privacy)
+    for module in (*modules, tokens):
         module.register(add)
     return parser
 
@@ -60,6 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None, *, workers: Workers | None = None) -> int:
     """Entry point of the ``sgme`` console script; ``workers`` replaces the task queue
     backend the entry point names (tests hand one in)."""
+    if (sys.argv[1:] if argv is None else argv)[:1] == ["capture"]:
+        # a hook's run: no other command's modules are imported (see the TYPE_CHECKING note)
+        from pipeline.cli import capture
+
+        return capture.main((sys.argv[1:] if argv is None else argv)[1:])
     args = build_parser().parse_args(argv)
     level = str(getattr(args, "log_level", "info")).upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -8,17 +8,28 @@ import contextlib
 import json
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from pipeline.runtime import Runtime, Workers
-from pipeline.service import Queue, Service
-from pipeline.settings import Settings
+if TYPE_CHECKING:
+    # Imported where they are used: ``sgme capture`` runs inside an agent's hook, with a
+    # budget of about a second, and must not pay for the runtime (the index, the service).
+    from pipeline.runtime import Runtime, Workers
+    from pipeline.service import Queue, Service
+    from pipeline.settings import Settings
 
 EXIT_PROBLEMS = 1
 EXIT_ERROR = 2
 
 Command = Callable[["Context"], int]
-Add = Callable[[str, Command, str], argparse.ArgumentParser]
+
+
+class Add(Protocol):
+    """Declares a subcommand; ``common=False`` leaves out ``--data-dir``, ``--database-url``
+    and ``--config`` (a command that works on neither the data directory nor the index)."""
+
+    def __call__(
+        self, name: str, func: Command, text: str, *, common: bool = True
+    ) -> argparse.ArgumentParser: ...
 
 
 class Context:
@@ -31,6 +42,8 @@ class Context:
 
     def settings(self, **extra: Any) -> Settings:
         """Settings from the config file, the environment and the common flags."""
+        from pipeline.settings import Settings
+
         a = self.args
         return Settings.load(
             getattr(a, "config", None),
@@ -43,6 +56,8 @@ class Context:
         """The runtime over ``settings`` (:meth:`Runtime.open`): with ``migrate`` the store is
         created or brought up to date; otherwise it must exist at the schema the code needs
         (nothing is created, and the error says where it looked and what to run)."""
+        from pipeline.runtime import Runtime
+
         runtime = Runtime.open(settings, migrate=migrate, workers=self._workers)
         self._runtimes.append(runtime)
         return runtime

@@ -18,6 +18,8 @@ from typing import Any
 
 from conftest import unavailable
 
+from pipeline.cli import hermes
+
 ROOT = Path(__file__).resolve().parents[2]
 # The end-to-end helpers (tests/e2e/harness.py) start the sgme children these tests talk to.
 sys.path.insert(0, str(ROOT / "tests" / "e2e"))
@@ -44,10 +46,9 @@ def hermes_env(home: Path, **extra: str) -> dict[str, str]:
 
 
 def make_home(home: Path) -> Path:
-    """A Hermes home with the provider installed as ``sgme hermes install`` will, and enabled
-    in config.yaml."""
-    (home / "plugins").mkdir(parents=True, exist_ok=True)
-    shutil.copytree(PLUGIN, home / "plugins" / "sgme", ignore=shutil.ignore_patterns("__pycache__"))
+    """A Hermes home with the provider installed by ``sgme hermes install``'s own function,
+    and enabled in config.yaml."""
+    hermes.install(home)
     (home / "config.yaml").write_text("memory:\n  provider: sgme\n", encoding="utf-8")
     return home
 

@@ -1,6 +1,8 @@
-"""``sgme hermes install``: the provider copied into a temporary Hermes home is found and loaded
-by Hermes' own plugin loader (hermes-agent 0.19.0 in .venv-hermes); ``$HERMES_HOME`` is the
-default home; a second install replaces the first whole; and a built package carries its own
+"""``sgme hermes install``: the provider copied into a temporary Hermes home, with this
+package's own convention and spool modules beside it (one implementation, not a copy to keep in
+step), is found and loaded by Hermes' own plugin loader (hermes-agent 0.19.0 in .venv-hermes);
+``$HERMES_HOME`` is the default home; a second install replaces the first whole, but files that
+are not the provider's are not deleted without asking; and a built package carries its own
 copy of the provider, so the command works without a checkout."""
 
 from __future__ import annotations
@@ -15,10 +17,13 @@ import pytest
 from conftest import Run
 
 from pipeline import cli
+from pipeline.capture import spool
+from pipeline.importers import convention
 
 ROOT = hermes_env.ROOT
 SOURCE = hermes_env.PLUGIN
 PROVIDER_FILES = sorted(p.name for p in SOURCE.iterdir() if p.suffix in (".py", ".yaml"))
+SHARED = {"convention.py": Path(convention.__file__), "spool.py": Path(spool.__file__)}
 
 
 def install(
@@ -49,7 +54,10 @@ def installed(home: Path) -> dict[str, bytes]:
 
 
 def sources() -> dict[str, bytes]:
-    return {name: (SOURCE / name).read_bytes() for name in PROVIDER_FILES}
+    """The provider's files, and this package's modules byte for byte."""
+    found = {name: (SOURCE / name).read_bytes() for name in PROVIDER_FILES}
+    found.update({name: path.read_bytes() for name, path in SHARED.items()})
+    return dict(sorted(found.items()))
 
 
 def test_install_into_a_temporary_home_and_hermes_loads_it(
@@ -60,10 +68,11 @@ def test_install_into_a_temporary_home_and_hermes_loads_it(
     run = install(capsysbinary, monkeypatch, "--hermes-home", str(home))
     assert run.code == 0, run.err
     assert installed(home) == sources()
+    assert not set(SHARED) & set(PROVIDER_FILES)  # no second copy in the provider's source
     text = run.out.decode("utf-8")
     assert f"Installed the SGME memory provider in {home / 'plugins' / 'sgme'}" in text
     for needle in (
-        "hermes config set memory.provider sgme",
+        f"HERMES_HOME={home} hermes config set memory.provider sgme",
         "provider: sgme",
         "SGME_URL=http://127.0.0.1:8765",
         "SGME_AGENT_ID=hermes",
@@ -91,14 +100,42 @@ def test_hermes_home_is_the_default_and_a_reinstall_replaces_the_old_one_whole(
 ) -> None:
     home = tmp_path / "from-env"
     plugin = home / "plugins" / "sgme"
-    plugin.mkdir(parents=True)
+    (plugin / "__pycache__").mkdir(parents=True)
     (plugin / "__init__.py").write_text("# an old provider: MemoryProvider\n")
-    (plugin / "stale.py").write_text("raise RuntimeError('left from an old install')\n")
+    (plugin / "messages.py").write_text("# an old provider's module\n")
     monkeypatch.setenv("HERMES_HOME", str(home))
     run = install(capsysbinary, monkeypatch)
     assert run.code == 0, run.err
-    assert installed(home) == sources()  # no stale.py, the new __init__.py
+    assert installed(home) == sources()  # the new __init__.py and messages.py, no __pycache__
     assert sorted(p.name for p in (home / "plugins").iterdir()) == ["sgme"]  # nothing half-made
+    assert "HERMES_HOME=" not in run.out.decode()  # hermes finds this home by itself
+
+
+def test_files_that_are_not_the_providers_are_not_deleted_without_asking(
+    tmp_path: Path, capsysbinary: pytest.CaptureFixture[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "home"
+    plugin = home / "plugins" / "sgme"
+    plugin.mkdir(parents=True)
+    (plugin / "__init__.py").write_text("# someone's own plugin named sgme: MemoryProvider\n")
+    (plugin / "notes.md").write_text("mine\n")
+    run = install(capsysbinary, monkeypatch, "--hermes-home", str(home))
+    assert run.code == 2
+    assert "'notes.md'" in run.err and "--force" in run.err
+    assert sorted(p.name for p in plugin.iterdir()) == ["__init__.py", "notes.md"]  # untouched
+    forced = install(capsysbinary, monkeypatch, "--hermes-home", str(home), "--force")
+    assert forced.code == 0, forced.err
+    assert installed(home) == sources()
+
+
+def test_help_leaves_out_the_data_options(
+    capsysbinary: pytest.CaptureFixture[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["hermes", "--help"])
+    text = capsysbinary.readouterr().out.decode()
+    assert "--hermes-home" in text and "--force" in text
+    assert "--data-dir" not in text and "--database-url" not in text
 
 
 def test_a_built_package_carries_the_provider(tmp_path: Path) -> None:

@@ -99,10 +99,10 @@ def wait_for(
 TURN_1 = [
     ("user", "question 1", None),
     ("assistant", "Looking.", None),
-    ("assistant", convention.call_body("terminal", '{"command": "ls"}'), None),
-    ("assistant", convention.call_body("read_file", '{"path": "a.txt"}'), None),
-    ("tool", "a.txt", "terminal"),
-    ("tool", "hi", "read_file"),
+    ("assistant", convention.call_body("terminal", '{"command": "ls"}', "call_a"), "terminal"),
+    ("assistant", convention.call_body("read_file", '{"path": "a.txt"}', "call_b"), "read_file"),
+    ("tool", convention.result_body("a.txt", "call_a"), "terminal"),
+    ("tool", convention.result_body("hi", "call_b"), "read_file"),
     ("assistant", "answer 1", None),
 ]
 

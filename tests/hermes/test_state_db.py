@@ -49,8 +49,8 @@ def test_import_a_state_db_made_by_hermes(tmp_path: Path) -> None:
     assert list(by_session) == ["s1", "s2", "s2#compacted"]
     assert by_session["s1"] == [
         ("user", "list files\n[image_url]", None),
-        ("assistant", convention.call_body("terminal", '{"command": "ls"}'), None),
-        ("tool", "a.txt", "terminal"),
+        ("assistant", convention.call_body("terminal", '{"command": "ls"}', "c1"), None),
+        ("tool", convention.result_body("a.txt", "c1"), "terminal"),
         ("assistant", "One file: a.txt", None),
         ("user", "copy it", None),
         ("assistant", "Copied.", None),
@@ -71,7 +71,7 @@ def test_import_a_state_db_made_by_hermes(tmp_path: Path) -> None:
     ]
     first = {body["session_key"]: body for body in reversed(bodies)}
     assert first["s1"]["metadata"] == {
-        "importer": "hermes-db",
+        "importer": "hermes",
         "source": "cli",
         "model": "model-a",
         "title": "Listing files",
@@ -82,7 +82,11 @@ def test_import_a_state_db_made_by_hermes(tmp_path: Path) -> None:
     assert first["s1"]["messages"][0]["ts"] == "2026-08-03T11:18:07Z"
     assert report.errors == []
     assert report.skipped == 3  # two rewound rows, and the question s2 has not answered yet
-    assert all(b["idempotency_key"].startswith(f"hermes-db:{b['session_key']}:") for b in bodies)
+    # the provider's keys: the turn numbered by its user message, hashed without times
+    assert [b["idempotency_key"].rsplit(":", 1)[0] for b in bodies if b["session_key"] == "s1"] == [
+        "hermes:s1:1",
+        "hermes:s1:2",
+    ]
 
     # for real: into a SQLite index, a flush per session, twice
     db = database.Database.from_url(f"sqlite:///{tmp_path / 'index.sqlite3'}")
@@ -111,7 +115,7 @@ def test_import_a_state_db_made_by_hermes(tmp_path: Path) -> None:
             texts[doc.header.session_key] = [(m.role, m.content) for m in doc.messages]
         assert texts["s1"][1] == (
             "assistant",
-            convention.call_body("terminal", '{"command": "ls"}'),
+            convention.call_body("terminal", '{"command": "ls"}', "c1"),
         )
         assert {k: len(v) for k, v in texts.items()} == {"s1": 6, "s2": 6, "s2#compacted": 4}
     finally:
@@ -124,7 +128,14 @@ def test_sgme_import_hermes_reads_a_hermes_home(sgme: Sgme, tmp_path: Path) -> N
     first = sgme("import", "hermes", str(home), "--json")
     assert first.code == 0, first.err
     report = json.loads(first.out.decode().splitlines()[-1])
-    assert report == {"files": 3, "messages": 16, "skipped": 3, "errors": [], "replayed": 0}
+    assert report == {
+        "files": 3,
+        "messages": 16,
+        "skipped": 3,
+        "empty": 0,
+        "errors": [],
+        "replayed": 0,
+    }
     listed = sgme("ls", "--agent-id", "hermes", "--json").json()
     assert sorted((r["session_key"], r["flushed_seq"]) for r in listed) == [
         ("s1", 6),

@@ -1,37 +1,25 @@
-"""The Hermes provider re-implements the convention (it runs without our package): for the
-same OpenAI-style messages it must produce exactly the messages the importers produce."""
+"""The Hermes provider's turns, as ``sgme hermes install`` lays the provider out (its own modules
+and this package's convention.py and spool.py beside them): the turn it takes from Hermes'
+transcript gets the key and the messages the state.db importer gives the same turn, so
+importing what the provider stored (or the reverse) writes nothing twice."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import sys
+import types
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-from hypothesis import given
-from hypothesis import strategies as st
+import pytest
 
-from pipeline.importers import convention, openai
+from pipeline.cli import hermes
+from pipeline.importers import convention, runner, source
 
-PLUGIN = Path(__file__).resolve().parents[2] / "integrations" / "hermes" / "sgme"
-
-
-def load_messages() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("sgme_plugin_messages", PLUGIN / "messages.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-plugin = load_messages()
 WHEN = "2026-08-03T11:18:06Z"
 
-HERMES_TURN: list[Any] = [
-    {"role": "system", "content": "You are Hermes."},
-    {"role": "user", "content": "Earlier question"},
+TRANSCRIPT: list[dict[str, Any]] = [
+    {"role": "user", "content": "Earlier question", "timestamp": 1785755800.0},
     {"role": "assistant", "content": "Earlier answer"},
     {"role": "user", "content": "List files", "timestamp": 1785755886.5},
     {
@@ -50,77 +38,69 @@ HERMES_TURN: list[Any] = [
         "role": "tool",
         "name": "terminal",
         "tool_name": "terminal",
-        "content": "a.txt\x00",
+        "content": "a.txt",
         "tool_call_id": "call_1",
     },
-    {"role": "tool", "content": "orphan", "tool_call_id": "call_1"},
-    {"role": "assistant", "content": [{"type": "text", "text": "One file."}, {"type": "image"}]},
-    {"role": "assistant", "content": "**tool call**: x"},
-    {"role": "developer", "content": "note"},
-    {"role": "session_meta", "content": "x"},
-    "not a message",
+    {"role": "assistant", "content": [{"type": "text", "text": "One file."}]},
 ]
 
 
-def test_same_messages_as_the_importers() -> None:
-    assert plugin.convert(HERMES_TURN, when=WHEN) == openai.convert(HERMES_TURN, when=WHEN)
-    converted, _ = plugin.convert(HERMES_TURN, when=WHEN)
-    assert converted[4]["content"] == convention.call_body("terminal", '{"command": "ls"}')
-    assert converted[3]["ts"] == "2026-08-03T11:18:06.5Z"
+@pytest.fixture(scope="module")
+def plugin(tmp_path_factory: pytest.TempPathFactory) -> types.ModuleType:
+    """The installed provider's ``messages`` module (its ``__init__`` needs Hermes itself)."""
+    home = tmp_path_factory.mktemp("hermes-home")
+    directory = hermes.install(home)
+    package = types.ModuleType("sgme_plugin_under_test")
+    package.__path__ = [str(directory)]
+    sys.modules[package.__name__] = package
+    try:
+        yield importlib.import_module(f"{package.__name__}.messages")
+    finally:
+        for name in [n for n in sys.modules if n.startswith(package.__name__)]:
+            del sys.modules[name]
 
 
-text = st.text(alphabet=st.characters(codec="utf-8") | st.sampled_from("\x00\n*#\\"))
-message = st.fixed_dictionaries(
-    {
-        "role": st.sampled_from(["system", "developer", "user", "assistant", "tool", "x"]),
-        "content": st.one_of(
-            st.none(),
-            text,
-            st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": text})),
+def test_the_installed_convention_is_this_package_s_file(plugin: types.ModuleType) -> None:
+    installed = Path(plugin.__file__).with_name("convention.py")
+    assert installed.read_bytes() == Path(convention.__file__).read_bytes()
+
+
+def test_the_provider_s_turn_has_the_importer_s_key(plugin: types.ModuleType) -> None:
+    found = plugin.current_turn(TRANSCRIPT, "One file.", when=WHEN)
+    assert found is not None
+    number, turn = found
+    assert number == 2
+    assert [m["role"] for m in turn] == ["user", "assistant", "tool", "assistant"]
+    assert turn[0]["ts"] == "2026-08-03T11:18:06.5Z" and turn[1]["ts"] == WHEN
+    key, bodies = plugin.bodies("s1", number, turn, agent_id="hermes", metadata={"a": "b"})
+    assert [b["idempotency_key"] for b in bodies] == [key]
+
+    # the importer on the same rows, as state.db holds them: other times, the same turns
+    rows = [{**m, "timestamp": 1785750000.0 + i} for i, m in enumerate(TRANSCRIPT)]
+    converted, _ = convention.convert_chat(rows)
+    session = source.Session(
+        source=convention.HERMES,
+        session_key="s1",
+        metadata={},
+        turns=tuple(
+            source.Turn(position=str(n), messages=tuple(t))
+            for n, t in convention.chat_turns(converted)
         ),
-    },
-    optional={
-        "tool_calls": st.lists(
-            st.fixed_dictionaries(
-                {
-                    "id": st.text(max_size=3),
-                    "function": st.fixed_dictionaries({"name": text, "arguments": text}),
-                }
-            ),
-            max_size=3,
-        ),
-        "tool_call_id": st.text(max_size=3),
-        "name": text,
-        "timestamp": st.one_of(st.floats(0, 4e9), st.integers(0, 4_000_000_000_000), text),
-    },
-)
+        origin="state.db",
+        times=False,
+    )
+    imported = [body for _, body in runner.bodies(session, agent_id="hermes")]
+    assert imported[1]["idempotency_key"] == key
+    assert [(m["role"], m["content"]) for m in imported[1]["messages"]] == [
+        (m["role"], m["content"]) for m in bodies[0]["messages"]
+    ]
 
 
-@given(st.lists(message, max_size=8))
-def test_same_messages_for_any_input(messages: list[dict[str, Any]]) -> None:
-    assert plugin.convert(messages, when=WHEN) == openai.convert(messages, when=WHEN)
-
-
-def test_helpers_agree() -> None:
-    for value in (None, 0, 1785755886.25, 1785755886250, "2026-08-03T13:18:06+02:00", "x", True):
-        assert plugin.ts(value) == convention.ts(value)
-    big = {"role": "tool", "tool_name": "t", "content": "é" * 5000}
-    assert plugin.split_large(big, limit=1000) == convention.split_large(big, limit=1000)
-
-
-def test_current_turn_is_the_last_exchange() -> None:
-    position, turn = plugin.current_turn(HERMES_TURN[:8], "List files", "One file.")
-    assert position == 3
-    assert [m["role"] for m in turn] == ["user", "assistant", "tool", "tool", "assistant"]
-    # without a text match: the last user message before the last assistant message
-    assert plugin.current_turn(HERMES_TURN[:8], "?", "?")[0] == 3
-    assert plugin.current_turn([{"role": "assistant", "content": "x"}], "u", "x") == (-1, [])
-
-
-def test_turn_keys_ignore_times_but_not_content() -> None:
-    one = [{"role": "user", "content": "hi", "ts": WHEN}]
-    later = [{"role": "user", "content": "hi", "ts": "2027-01-01T00:00:00Z"}]
-    assert plugin.turn_key("s", 3, one) == plugin.turn_key("s", 3, later)
-    assert plugin.turn_key("s", 3, one) != plugin.turn_key("s", 5, one)
-    assert plugin.turn_key("s", 3, one) != plugin.turn_key("s", 3, [{**one[0], "content": "ho"}])
-    assert len(plugin.turn_key("s" * 500, 10**9, one)) <= 200
+def test_the_answer_ends_the_turn_and_a_transcript_without_users_has_none(
+    plugin: types.ModuleType,
+) -> None:
+    number, turn = plugin.current_turn(TRANSCRIPT[:2], "Earlier answer", when=WHEN)
+    assert (number, [m["content"] for m in turn]) == (1, ["Earlier question", "Earlier answer"])
+    # no text match: the last turn as it is
+    assert plugin.current_turn(TRANSCRIPT, "?", when=WHEN)[0] == 2
+    assert plugin.current_turn([{"role": "assistant", "content": "x"}], "x", when=WHEN) is None

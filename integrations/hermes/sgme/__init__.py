@@ -10,16 +10,20 @@ Configuration (environment first, then ``$HERMES_HOME/sgme.json`` written by
 What it does:
 
 - ``sync_turn`` appends exactly that turn — the user message, each assistant tool call, each
-  tool result, the final assistant message, in SGME's tool-call convention — to the session
-  file whose session_key is Hermes' session id, with the messages' own times (the time the
-  turn completed for those that carry none). The idempotency key is derived from the session,
-  the turn's position in the transcript and a hash of its content, so a turn sent twice is
-  written once.
+  tool result, the final assistant message, in SGME's tool-call convention (``convention.py``,
+  the importers' own module) — to the session file whose session_key is Hermes' session id,
+  with the messages' own times (the time the turn completed for those that carry none). The
+  idempotency key is ``convention.hermes_key``: the session, the turn's number (its user
+  message's ordinal in the transcript) and a hash of what it says, without times — the key
+  ``sgme import hermes`` gives the same turn read from ``state.db``, so a turn sent twice, or
+  imported too, is written once.
 - It never blocks or breaks the agent: a turn is written to a local spool
-  (``$HERMES_HOME/sgme/spool/``) and a background thread sends it with short timeouts. What the
-  server could not take stays there, in order, and goes at the next turn, at
-  ``on_session_end`` and at ``shutdown``. A turn the server refuses as invalid is moved to
-  ``spool/rejected/`` for a person to look at; nothing is silently dropped.
+  (``$HERMES_HOME/sgme/spool/``, ``spool.py``: private, ordered, bounded by
+  ``SGME_SPOOL_MAX_BYTES``) and a background thread sends it with short timeouts
+  (``sender.py``). What the server could not take stays there, in order, and goes at the next
+  turn, at ``on_session_end`` and at ``shutdown``. A turn the server refuses for good
+  (invalid, too large, or 403: not this token's agent) is set aside in ``spool/rejected/`` for
+  a person to look at and the rest goes on; nothing is silently dropped.
 - No writes for ``agent_context`` ``cron``, ``flush`` or ``subagent`` (as Hermes' own
   providers do). ``on_session_switch`` starts a new session_key; the spool keeps what was
   queued for the old one.
@@ -49,8 +53,9 @@ from typing import Any
 
 from agent.memory_provider import MemoryProvider
 
-from . import messages as convention
-from . import recall
+from . import convention, recall, sender
+from . import messages as turns
+from . import spool as spooling
 
 try:
     import httpx
@@ -63,13 +68,7 @@ DEFAULT_URL = "http://127.0.0.1:8765"
 DEFAULT_AGENT_ID = "hermes"
 SKIP_CONTEXTS = ("cron", "flush", "subagent")
 CONFIG_FILE = "sgme.json"
-#: seconds: connecting, and the whole answer; a slow server costs a spooled turn, not the agent
-CONNECT_TIMEOUT = 2.0
-REQUEST_TIMEOUT = 5.0
-#: seconds on_session_end / shutdown spend delivering the spool at most
-DRAIN_TIMEOUT = 5.0
-#: answers after which a spooled turn is kept for a person, not retried
-REJECTED = (400, 413, 422)
+DRAIN_TIMEOUT = sender.DRAIN_TIMEOUT
 #: keys remembered as sent in this process (a replayed turn is not even spooled again)
 REMEMBERED_KEYS = 4096
 #: seconds the recall before a turn may take: Hermes waits for it before calling the model
@@ -83,8 +82,9 @@ RECENT_TURNS = 5
 RECENT_SESSIONS = 64  #: sessions whose latest turns are remembered (a gateway serves many)
 
 
-def load_config(hermes_home: Path) -> dict[str, str]:
-    """url, token and agent_id: environment, then ``sgme.json``, then defaults."""
+def load_config(hermes_home: Path) -> dict[str, Any]:
+    """url, token and agent_id: environment, then ``sgme.json``, then defaults; the spool's
+    bound from ``SGME_SPOOL_MAX_BYTES`` (bytes, default 256 MiB)."""
     stored: dict[str, Any] = {}
     with contextlib.suppress(OSError, ValueError):
         stored = json.loads((hermes_home / CONFIG_FILE).read_text(encoding="utf-8"))
@@ -95,144 +95,17 @@ def load_config(hermes_home: Path) -> dict[str, str]:
         "url": (env.get("SGME_URL") or stored.get("url") or DEFAULT_URL).rstrip("/"),
         "token": env.get("SGME_TOKEN") or stored.get("token") or "",
         "agent_id": env.get("SGME_AGENT_ID") or stored.get("agent_id") or DEFAULT_AGENT_ID,
+        "spool_max_bytes": _bytes(env.get("SGME_SPOOL_MAX_BYTES"), spooling.DEFAULT_MAX_BYTES),
     }
 
 
-class Spool:
-    """Append bodies waiting to be delivered, one JSON file each, oldest first."""
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self.rejected = directory / "rejected"
-        self._counter = 0
-        self._lock = threading.Lock()
-
-    def put(self, body: dict[str, Any]) -> Path:
-        """Store a body durably (write, fsync, rename) at the end of the queue."""
-        self.directory.mkdir(parents=True, exist_ok=True)
-        with self._lock:
-            self._counter += 1
-            name = f"{time.time_ns():020d}-{os.getpid()}-{self._counter:06d}.json"
-        path = self.directory / name
-        tmp = self.directory / ("." + name + ".tmp")
-        with open(tmp, "w", encoding="utf-8") as out:
-            json.dump(body, out, ensure_ascii=False)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-        return path
-
-    def pending(self) -> list[Path]:
-        """What waits, in order."""
-        try:
-            return sorted(p for p in self.directory.glob("*.json") if p.is_file())
-        except OSError:
-            return []
-
-    def reject(self, path: Path) -> None:
-        self.rejected.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(OSError):
-            os.replace(path, self.rejected / path.name)
-
-
-class Sender:
-    """Delivers the spool in order from a background thread, or on demand with a deadline."""
-
-    def __init__(self, config: dict[str, str], spool: Spool) -> None:
-        self.config = config
-        self.spool = spool
-        self._deliver_lock = threading.Lock()
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="sgme-sender", daemon=True)
-        headers = {"Content-Type": "application/json"}
-        if config["token"]:
-            headers["Authorization"] = "Bearer " + config["token"]
-        self._client = httpx.Client(
-            base_url=config["url"],
-            headers=headers,
-            timeout=httpx.Timeout(REQUEST_TIMEOUT, connect=CONNECT_TIMEOUT),
-        )
-        self._down_logged = False
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def kick(self) -> None:
-        """Ask the background thread to deliver (returns at once)."""
-        self._wake.set()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self._wake.wait()
-            self._wake.clear()
-            if not self._stop.is_set():
-                self.deliver()
-
-    def deliver(self, deadline: float | None = None) -> bool:
-        """Send the spooled bodies in order until one cannot go; True when none is left."""
-        with self._deliver_lock:
-            for path in self.spool.pending():
-                if deadline is not None and time.monotonic() > deadline:
-                    return False
-                try:
-                    body = json.loads(path.read_text(encoding="utf-8"))
-                except FileNotFoundError:
-                    continue  # another Hermes process sharing this home delivered it
-                except (OSError, ValueError) as exc:
-                    logger.warning("sgme: unreadable spool file %s: %s", path, exc)
-                    self.spool.reject(path)
-                    continue
-                if not self._send(path, body):
-                    return False
-            return True
-
-    def _send(self, path: Path, body: dict[str, Any]) -> bool:
-        try:
-            answer = self._client.post("/v1/append", json=body)
-        except httpx.HTTPError as exc:
-            if not self._down_logged:
-                logger.warning(
-                    "sgme: %s unreachable (%s); turns wait in %s",
-                    self.config["url"],
-                    exc,
-                    self.spool.directory,
-                )
-                self._down_logged = True
-            return False
-        self._down_logged = False
-        status = answer.status_code
-        if status < 300 or status == 409:
-            # 409: the key is taken by this same turn sent earlier (its times differ): it is in
-            # SGME already.
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-            return True
-        if status in REJECTED:
-            logger.warning(
-                "sgme: %s refused turn %s (%s): kept in %s",
-                self.config["url"],
-                body.get("idempotency_key"),
-                answer.text[:500],
-                self.spool.rejected,
-            )
-            self.spool.reject(path)
-            return True
-        logger.warning(
-            "sgme: %s answered %s; turns wait in %s",
-            self.config["url"],
-            status,
-            self.spool.directory,
-        )
-        return False
-
-    def close(self, timeout: float = DRAIN_TIMEOUT) -> None:
-        """One last bounded delivery, then stop the thread."""
-        self.deliver(deadline=time.monotonic() + timeout)
-        self._stop.set()
-        self._wake.set()
-        self._thread.join(timeout=1.0)
-        self._client.close()
+def _bytes(value: str | None, default: int) -> int:
+    try:
+        found = int(value) if value else default
+    except ValueError:
+        logger.warning("sgme: SGME_SPOOL_MAX_BYTES=%r is not a number of bytes", value)
+        return default
+    return found if found > 0 else default
 
 
 class SgmeMemoryProvider(MemoryProvider):  # type: ignore[misc]  # Hermes' class, untyped here
@@ -240,11 +113,11 @@ class SgmeMemoryProvider(MemoryProvider):  # type: ignore[misc]  # Hermes' class
     docstring)."""
 
     def __init__(self) -> None:
-        self._config: dict[str, str] = {}
+        self._config: dict[str, Any] = {}
         self._session_id = ""
         self._writes = True
         self._metadata: dict[str, Any] = {}
-        self._sender: Sender | None = None
+        self._sender: sender.Sender | None = None
         self._reader: recall.Reader | None = None
         self._sent: OrderedDict[str, None] = OrderedDict()
         self._turns = 0
@@ -279,7 +152,10 @@ class SgmeMemoryProvider(MemoryProvider):  # type: ignore[misc]  # Hermes' class
             if isinstance(v, str) and v
         }
         if self._sender is None:
-            self._sender = Sender(self._config, Spool(home / "sgme" / "spool"))
+            spool = spooling.Spool(
+                home / "sgme" / "spool", max_bytes=self._config["spool_max_bytes"]
+            )
+            self._sender = sender.Sender(self._config, spool)
             self._sender.start()
             self._sender.kick()  # what an earlier run could not deliver
         if self._reader is None:
@@ -396,46 +272,33 @@ class SgmeMemoryProvider(MemoryProvider):  # type: ignore[misc]  # Hermes' class
         if not session:
             return
         completed = convention.ts(time.time())
-        position: int = -1
-        turn: list[dict[str, Any]] = []
+        found = None
         if messages:
-            position, turn = convention.current_turn(
-                list(messages), user_content or "", assistant_content or ""
-            )
-        if not turn:
-            position = self._turns
-            turn = [
+            found = turns.current_turn(messages, assistant_content or "", when=completed)
+        if found is None:
+            # no transcript (an older Hermes): this turn alone, numbered by this process
+            only = [
                 {"role": "user", "content": user_content},
                 {"role": "assistant", "content": assistant_content},
             ]
-        self._turns = position + 1
-        converted, _ = convention.convert(turn, when=completed)
-        converted = [part for m in converted for part in convention.split_large(m)]
-        if not converted:
+            converted, _ = convention.convert_chat(only, when=completed)
+            found = (self._turns + 1, converted)
+        number, turn = found
+        self._turns = number
+        if not turn:
             return
-        key = convention.turn_key(session, position, converted)
+        key, bodies = turns.bodies(
+            session, number, turn, agent_id=self._config["agent_id"], metadata=self._metadata
+        )
         if key in self._sent:
             return  # the same turn again: it is already on its way
-        self._sent[key] = None
-        self._remember_turn(session, converted)
-        while len(self._sent) > REMEMBERED_KEYS:
-            self._sent.popitem(last=False)
-        runs = list(convention.batches(converted))
-        for number, batch in enumerate(runs):
-            body: dict[str, Any] = {
-                "agent_id": self._config["agent_id"],
-                "session_key": session,
-                "source_type": "session",
-                "idempotency_key": key if len(runs) == 1 else f"{key}/{number}",
-                "messages": batch,
-            }
-            if self._metadata:
-                body["metadata"] = dict(self._metadata)
-            try:
-                self._sender.spool.put(body)
-            except OSError as exc:
-                logger.warning("sgme: cannot spool turn %s: %s", key, exc)
-                return
+        self._remember_turn(session, turn)
+        if self._sender.put(bodies):
+            # only a turn that is spooled or held is on its way; one that is not stays
+            # unsent, so a later sync of it is tried again
+            self._sent[key] = None
+            while len(self._sent) > REMEMBERED_KEYS:
+                self._sent.popitem(last=False)
         self._sender.kick()
 
     def on_session_end(self, messages: list[dict[str, Any]]) -> None:
