@@ -1,0 +1,295 @@
+"""Live capture played as the agents play it, against a real ``sgme serve``: the transcript
+grows between hook calls exactly as Claude Code and Codex write it (``agents.py``), each hook
+runs ``sgme capture`` as the agent would (the hook's JSON on stdin, or Codex's notification as
+the argument) and every run is checked message by message against what the file says; a
+final ``sgme import`` of the same files writes nothing. A server down for three turns: every
+hook exits 0 within its budget, the turns wait in the spool and land once, in order, when it
+is back."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import harness
+import httpx
+import pytest
+from agents import ClaudeTranscript, CodexRollout, Expected
+
+from pipeline import cli
+
+SGME = Path(sys.executable).with_name("sgme")
+BUDGET = 4.0  #: SGME_CAPTURE_SECONDS for these runs
+STARTUP = 4.0  #: seconds allowed on top of the budget for starting the process on a busy host
+
+
+def hook(
+    agent: str, env: dict[str, str], payload: dict[str, Any] | None = None, *args: str
+) -> float:
+    """Run ``sgme capture AGENT`` as a hook does; its wall time. It must exit 0, print nothing
+    on stdout and keep to its budget."""
+    started = time.monotonic()
+    done = subprocess.run(
+        [str(SGME), "capture", agent, *args],
+        input=json.dumps(payload) if payload is not None else "",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    took = time.monotonic() - started
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ""
+    assert took < BUDGET + STARTUP, f"the hook took {took:.1f} s"
+    return took
+
+
+@pytest.fixture
+def server(procs: Any, tmp_path: Path) -> Iterator[tuple[str, Path, httpx.Client]]:
+    """A ``sgme serve`` of the test's own: its URL, data dir and a client."""
+    data_dir = tmp_path / "data"
+    port = harness.free_port()
+    args = ["serve", "--data-dir", str(data_dir), "--port", str(port), "--log-level", "warning"]
+    proc = procs.start("serve", args, harness.clean_env())
+    url = f"http://127.0.0.1:{port}"
+    with httpx.Client(base_url=url, timeout=10) as client:
+        harness.wait_healthy(client, proc)
+        yield url, data_dir, client
+
+
+def sessions(client: httpx.Client, agent: str) -> dict[str, list[Expected]]:
+    """Every session of ``agent`` as /messages shows it."""
+    files = client.get("/v1/files", params={"agent_id": agent, "limit": 1000}).json()["files"]
+    out = {}
+    for row in files:
+        answer = client.get(f"/v1/files/{row['file_id']}/messages", params={"limit": 1000})
+        out[row["session_key"]] = [
+            (m["role"], m["content"], m["tool_name"]) for m in answer.json()["messages"]
+        ]
+    return out
+
+
+def settled(client: httpx.Client, agent: str, expected: dict[str, list[Expected]]) -> None:
+    """Wait until what is stored is ``expected`` (the server writes files in the background)."""
+    harness.wait_until(
+        lambda: sessions(client, agent) == expected,
+        timeout=30,
+        what=f"{agent}'s sessions to be {expected}",
+    )
+
+
+def imported(capsysbinary: pytest.CaptureFixture[bytes], *args: str) -> dict[str, Any]:
+    capsysbinary.readouterr()
+    assert cli.main(["import", *args, "--json"]) == 0
+    report: dict[str, Any] = json.loads(capsysbinary.readouterr().out.decode().splitlines()[-1])
+    return report
+
+
+def test_claude_code_turns_subagents_compaction_and_a_resumed_session(
+    server: tuple[str, Path, httpx.Client],
+    tmp_path: Path,
+    capsysbinary: pytest.CaptureFixture[bytes],
+) -> None:
+    url, data_dir, client = server
+    env = harness.clean_env(url=url, spool_dir=str(tmp_path / "spool"), capture_seconds=str(BUDGET))
+    project = tmp_path / "claude" / "projects" / "-src-app"
+    sid = "5b6c69aa-0000-4000-8000-000000000001"
+    main = ClaudeTranscript(project / f"{sid}.jsonl", sid)
+
+    def fire(event: str, transcript: ClaudeTranscript = main, **extra: Any) -> None:
+        payload = {
+            "session_id": transcript.session_id,
+            "transcript_path": str(transcript.path),
+            "cwd": "/src/app",
+            "hook_event_name": event,
+            **extra,
+        }
+        hook("claude-code", env, payload)
+
+    # Turn 1: thinking, text and a tool call in one message (a line per block), its result,
+    # the answer; the Stop hook runs.
+    main.user("Read notes.md")
+    main.assistant(
+        "msg_1",
+        {"type": "thinking", "thinking": "The user wants the file.", "signature": "c2ln"},
+        {"type": "text", "text": "Reading it."},
+        {"type": "tool_use", "id": "toolu_1", "name": "Read", "input": {"file_path": "notes.md"}},
+    )
+    main.result("toolu_1", "Read", "hi there")
+    main.assistant("msg_2", {"type": "text", "text": "It says hi there."})
+    fire("Stop", stop_hook_active=False)
+    settled(client, "claude-code", {sid: main.expected})
+
+    # Turn 2 asks a subagent: its transcript is its own session; the main turn is not over
+    # (and the main file's last line is being written when SubagentStop runs).
+    main.user("Ask a helper about X")
+    task = {"type": "tool_use", "id": "toolu_2", "name": "Task", "input": {"prompt": "X?"}}
+    main.assistant("msg_3", task)
+    helper = ClaudeTranscript(
+        project / sid / "subagents" / "agent-ab12.jsonl", sid, agent_id="ab12"
+    )
+    helper.user("X?")
+    helper.assistant("sub_1", {"type": "text", "text": "X is 42."})
+    answered = main.result_record("toolu_2", "X is 42.")
+    main.write(answered, partial=True)
+    stored = main.expected[:6]
+    fire("SubagentStop", agent_id="ab12", agent_transcript_path=str(helper.path))
+    settled(client, "claude-code", {sid: stored, f"{sid}/agent-ab12": helper.expected})
+    main.finish_partial(answered)
+    main.expect_result("toolu_2", "Task", "X is 42.")
+    main.assistant("msg_4", {"type": "text", "text": "The helper says 42."})
+    fire("Stop", stop_hook_active=False)
+    settled(client, "claude-code", {sid: main.expected, f"{sid}/agent-ab12": helper.expected})
+
+    # A manual compaction: PreCompact runs before it is written (nothing new), then the
+    # summary and turn 3; the summary is kept, marked as one.
+    fire("PreCompact", trigger="manual", custom_instructions="")
+    main.compact("Summary: read notes.md, asked a helper about X.")
+    main.user("And now?")
+    main.assistant("msg_5", {"type": "text", "text": "Done."})
+    fire("Stop", stop_hook_active=False)
+    settled(client, "claude-code", {sid: main.expected, f"{sid}/agent-ab12": helper.expected})
+
+    # `claude --resume`: a new file with a new id copies every line, then turn 4. The copied
+    # turns are the same turns (same keys): only turn 4 is new, in the same L0 session.
+    resumed_id = "9d0e1f2a-0000-4000-8000-000000000002"
+    resumed = main.resume(project / f"{resumed_id}.jsonl", resumed_id)
+    resumed.expected = list(main.expected)
+    resumed.user("One more thing")
+    resumed.assistant("msg_6", {"type": "text", "text": "Sure."})
+    fire("Stop", resumed, stop_hook_active=False)
+    expected = {sid: resumed.expected, f"{sid}/agent-ab12": helper.expected}
+    settled(client, "claude-code", expected)
+    took = hook(
+        "claude-code",
+        env,
+        {
+            "session_id": resumed_id,
+            "transcript_path": str(resumed.path),
+            "hook_event_name": "SessionEnd",
+            "reason": "exit",
+        },
+    )
+    assert took < 1.5 + STARTUP
+    settled(client, "claude-code", expected)
+    assert not list((tmp_path / "spool").glob("*.json"))
+
+    # The same files imported afterwards: every turn is already there.
+    report = imported(
+        capsysbinary,
+        "claude-code",
+        str(tmp_path / "claude" / "projects"),
+        "--data-dir",
+        str(data_dir),
+    )
+    assert (report["messages"], report["errors"]) == (0, [])
+    assert report["replayed"] == len(resumed.expected) + len(main.expected) + len(helper.expected)
+    settled(client, "claude-code", expected)
+
+
+def test_codex_with_the_server_down_for_three_turns(
+    procs: Any, tmp_path: Path, capsysbinary: pytest.CaptureFixture[bytes]
+) -> None:
+    data_dir = tmp_path / "data"
+    port = harness.free_port()
+    serve = ["serve", "--data-dir", str(data_dir), "--port", str(port), "--log-level", "warning"]
+    url = f"http://127.0.0.1:{port}"
+    home = tmp_path / "codex"
+    spool = tmp_path / "spool"
+    env = {
+        **harness.clean_env(url=url, spool_dir=str(spool), capture_seconds=str(BUDGET)),
+        "CODEX_HOME": str(home),
+    }
+    thread = "0199a213-81c0-7800-8aa1-bbab2a035a53"
+    rollout = CodexRollout(home, thread)
+    proc = procs.start("serve", serve, harness.clean_env())
+    with httpx.Client(base_url=url, timeout=10) as client:
+        harness.wait_healthy(client, proc)
+        # Turn 1 through the Stop hook, which runs before Codex records task_complete.
+        rollout.turn("t1", "list t1", complete=False)
+        stop = {
+            "session_id": thread,
+            "turn_id": "t1",
+            "transcript_path": str(rollout.path),
+            "cwd": "/src/app",
+            "hook_event_name": "Stop",
+            "model": "gpt-5-codex",
+            "permission_mode": "default",
+            "stop_hook_active": False,
+            "last_assistant_message": "Found t1.txt.",
+        }
+        hook("codex", env, stop)
+        settled(client, "codex", {thread: rollout.expected})
+        rollout.complete("t1", "Found t1.txt.")
+
+        # The server goes away for three turns, each told through `notify` (the rollout
+        # found by the thread id): every hook exits 0, quickly, and the turn waits.
+        proc.stop()
+        for n in (2, 3, 4):
+            rollout.turn(f"t{n}", f"list t{n}")
+            notification = {
+                "type": "agent-turn-complete",
+                "thread-id": thread,
+                "turn-id": f"t{n}",
+                "cwd": "/src/app",
+                "input-messages": [f"list t{n}"],
+                "last-assistant-message": f"Found t{n}.txt.",
+            }
+            hook("codex", env, None, json.dumps(notification))
+            assert len(list(spool.glob("*.json"))) == n - 1
+            assert (spool.stat().st_mode & 0o777, (spool / "state").stat().st_mode & 0o777) == (
+                0o700,
+                0o700,
+            )
+            assert all(p.stat().st_mode & 0o777 == 0o600 for p in spool.glob("*.json"))
+
+        # Back: the next turn's hook delivers the three first, in order, then its own.
+        proc = procs.start("serve-again", serve, harness.clean_env())
+        harness.wait_healthy(client, proc)
+        rollout.turn("t5", "list t5", complete=False)
+        hook("codex", env, {**stop, "turn_id": "t5", "last_assistant_message": "Found t5.txt."})
+        settled(client, "codex", {thread: rollout.expected})
+        assert list(spool.glob("*.json")) == []
+
+        report = imported(
+            capsysbinary, "codex", str(home / "sessions"), "--data-dir", str(data_dir)
+        )
+        assert report["messages"] == 0 and report["errors"] == []
+        settled(client, "codex", {thread: rollout.expected})
+
+
+def test_a_server_that_never_answers_costs_the_budget_and_nothing_is_lost(
+    tmp_path: Path,
+) -> None:
+    """A SessionEnd hook against a server that accepts and never answers: it ends within its
+    short budget, and the turn waits in the spool."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    try:
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        spool = tmp_path / "spool"
+        env = harness.clean_env(url=url, spool_dir=str(spool))  # the default 10 s budget
+        sid = "aaaaaaaa-0000-4000-8000-000000000003"
+        transcript = ClaudeTranscript(tmp_path / "p" / f"{sid}.jsonl", sid)
+        transcript.user("hello")
+        transcript.assistant("m1", {"type": "text", "text": "hi"})
+        payload = {
+            "session_id": sid,
+            "transcript_path": str(transcript.path),
+            "hook_event_name": "SessionEnd",
+            "reason": "logout",
+        }
+        took = hook("claude-code", env, payload)
+        assert took < 1.0 + STARTUP
+        pending = [json.loads(p.read_text()) for p in spool.glob("*.json")]
+        assert [[m["content"] for m in body["messages"]] for body in pending] == [["hello", "hi"]]
+    finally:
+        listener.close()
