@@ -83,8 +83,8 @@ def test_import_writes_each_file_once_and_reports_the_malformed_line(
     assert problem["detail"].startswith("not JSON")
 
     files = stored(sgme, data_dir)
-    assert set(files) == {"chat-1", "chat-2"}
-    row, data = files["chat-1"]
+    assert set(files) == {"chats.jsonl#chat-1", "chats.jsonl#chat-2"}
+    row, data = files["chats.jsonl#chat-1"]
     # written by the import itself (no worker runs here): flushed, nothing pending
     assert (row["flushed_seq"], row["pending_messages"], row["agent_id"]) == (4, 0, "openai")
     assert row["metadata"] == {
@@ -96,13 +96,14 @@ def test_import_writes_each_file_once_and_reports_the_malformed_line(
     doc = document.parse(data.decode("utf-8"), file_id=row["file_id"])
     assert [(m.role, m.content, m.tool_name) for m in doc.messages] == [
         ("user", "I prefer green tea.", None),
-        ("assistant", '**tool call**: note\n\n{"a": 1}', None),
-        ("tool", "noted", "note"),
+        ("assistant", '**tool call**: note\n**call id**: c1\n\n```json\n{"a": 1}\n```', None),
+        ("tool", "**call id**: c1\n\nnoted", "note"),
         ("assistant", "Noted.", None),
     ]
     assert doc.messages[0].ts == "2026-08-03T11:18:06Z"
     second_doc = document.parse(
-        files["chat-2"][1].decode("utf-8"), file_id=files["chat-2"][0]["file_id"]
+        files["chats.jsonl#chat-2"][1].decode("utf-8"),
+        file_id=files["chats.jsonl#chat-2"][0]["file_id"],
     )
     assert second_doc.messages[0].content == "# not a heading"
 
@@ -112,6 +113,7 @@ def test_import_writes_each_file_once_and_reports_the_malformed_line(
         "files": 2,
         "messages": 0,
         "skipped": 0,
+        "empty": 0,
         "replayed": 6,
     }
     assert stored(sgme, data_dir) == files  # not a byte more
@@ -122,15 +124,22 @@ def test_the_plain_summary_and_the_problems_on_stderr(sgme: Sgme, tmp_path: Path
     run = sgme("import", "openai", str(path), "--agent-id", "importer")
     assert run.code == 1
     assert run.out.decode("utf-8") == (
-        "imported 6 messages into 2 files (0 already imported, 0 skipped, 1 error)\n"
+        "imported 6 messages into 2 files (0 already imported, 0 skipped, 0 empty records, "
+        "1 error)\n"
     )
     assert f"sgme import: {path}:2: not JSON" in run.err
-    clean = write_chats(tmp_path / "clean.jsonl", CHATS, malformed=False)
+    (tmp_path / "other").mkdir()
+    clean = write_chats(tmp_path / "other" / "chats.jsonl", CHATS, malformed=False)
     assert sgme("import", "openai", str(clean), "--agent-id", "importer").out.decode() == (
-        "imported 0 messages into 2 files (6 already imported, 0 skipped, 0 errors)\n"
+        "imported 0 messages into 2 files (6 already imported, 0 skipped, 0 empty records, "
+        "0 errors)\n"
     )
     listed = sgme("ls", "--agent-id", "importer", "--json").json()
-    assert sorted(row["session_key"] for row in listed) == ["chat-1", "chat-2"]
+    # keyed by their file's name as well as their id: clean.jsonl's are other sessions
+    assert sorted(row["session_key"] for row in listed) == [
+        "chats.jsonl#chat-1",
+        "chats.jsonl#chat-2",
+    ]
 
 
 def test_a_session_whose_metadata_changed_is_already_imported(
@@ -144,9 +153,16 @@ def test_a_session_whose_metadata_changed_is_already_imported(
     # conflict, and that is "already imported", not an error.
     run = sgme("import", "openai", str(write_chats(path, renamed, malformed=False)), "--json")
     assert run.code == 0, run.err
-    assert summary(run) == {"files": 2, "messages": 0, "skipped": 0, "errors": [], "replayed": 6}
+    assert summary(run) == {
+        "files": 2,
+        "messages": 0,
+        "skipped": 0,
+        "empty": 0,
+        "errors": [],
+        "replayed": 6,
+    }
     assert stored(sgme, data_dir) == before
-    assert before["chat-1"][0]["metadata"]["model"] == "gpt-x"  # the first import's
+    assert before["chats.jsonl#chat-1"][0]["metadata"]["model"] == "gpt-x"  # the first import's
 
 
 def test_a_dry_run_reads_and_reports_but_sends_nothing(sgme: Sgme, tmp_path: Path) -> None:
@@ -176,13 +192,17 @@ def test_an_import_stopped_between_appends_and_flushes_is_completed_by_the_next_
         stopped = sgme("import", "openai", str(path))
     assert_one_line_error(stopped, "not acquired", "run the same import again to continue")
     [row] = sgme("ls", "--json").json()  # acknowledged, never written
-    assert (row["session_key"], row["pending_messages"], row["flushed_seq"]) == ("chat-1", 4, 0)
+    assert (row["session_key"], row["pending_messages"], row["flushed_seq"]) == (
+        "chats.jsonl#chat-1",
+        4,
+        0,
+    )
 
     again = sgme("import", "openai", str(path), "--json")
     assert again.code == 0, again.err
     assert summary(again)["messages"] == 2  # chat-2; chat-1's turns replay...
     files = stored(sgme, data_dir)
-    row, data = files["chat-1"]
+    row, data = files["chats.jsonl#chat-1"]
     assert (row["pending_messages"], row["flushed_seq"]) == (0, 4)  # ...and are written now
     assert data.count(b"I prefer green tea.") == 1
 
@@ -206,3 +226,29 @@ def test_bad_arguments_are_one_line_errors(sgme: Sgme, tmp_path: Path) -> None:
     assert_one_line_error(
         sgme("import", "openai", str(path), "--agent-id", "a b"), "agent_id must match"
     )
+
+
+def test_progress_in_records_and_empty_records_are_not_errors(
+    sgme: Sgme, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pipeline.cli import imports
+
+    monkeypatch.setattr(imports, "PLAIN_EVERY", 0.0)  # a line at every record (not a terminal)
+    chats = [*CHATS, *({"id": f"e{i}", "messages": []} for i in range(15))]
+    run = sgme(
+        "import", "openai", str(write_chats(tmp_path / "chats.jsonl", chats, malformed=False))
+    )
+    assert run.code == 0, run.err
+    assert "15 empty records, 0 errors" in run.out.decode()
+    lines = [line for line in run.err.splitlines() if line.startswith("sgme import openai: ")]
+    assert lines[0].startswith("sgme import openai: 1 records, 0/1 files")
+    assert lines[-1].startswith("sgme import openai: 17 records, 1/1 files, 6 messages new")
+
+
+def test_control_characters_in_file_names_are_escaped(sgme: Sgme, tmp_path: Path) -> None:
+    path = tmp_path / "evil\x1b]0;owned\x07\x1b[2J.jsonl"
+    write_chats(path, CHATS)
+    run = sgme("import", "openai", str(path))
+    assert run.code == 1
+    assert "\x1b" not in run.err and "\x07" not in run.err
+    assert "evil\\x1b]0;owned\\x07\\x1b[2J.jsonl:2: not JSON" in run.err

@@ -64,7 +64,7 @@ def test_import_into_sqlite_and_read_back(tmp_path: Path) -> None:
         assert (report.files, report.messages, report.errors) == (1, 4, [])
         [file_id] = file_ids
         doc = read_back(db, data_dir, file_id)
-        assert doc.header.session_key == "chat-1" and doc.header.agent_id == "importer"
+        assert doc.header.session_key == "chat.json#chat-1" and doc.header.agent_id == "importer"
         assert dict(doc.header.metadata) == {
             "importer": "openai",
             "file": "chat.json",
@@ -74,8 +74,8 @@ def test_import_into_sqlite_and_read_back(tmp_path: Path) -> None:
         got = [(m.role, m.content, m.tool_name) for m in doc.messages]
         assert got == [
             ("user", "# Display the results to the user", None),
-            ("assistant", convention.call_body("run", '{"a": 1}'), None),
-            ("tool", "done", "run"),
+            ("assistant", convention.call_body("run", '{"a": 1}', "c"), None),
+            ("tool", convention.result_body("done", "c"), "run"),
             ("assistant", "All done.", None),
         ]
         assert doc.messages[0].ts == "2026-08-03T11:18:06Z"
