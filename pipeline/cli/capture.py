@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -99,6 +100,7 @@ def _logger(spool_dir: Path) -> logging.Logger:
             path = spool_dir / "capture.log"
             if path.exists() and path.stat().st_size > LOG_BYTES:
                 path.replace(path.with_suffix(".log.1"))
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
             handler = logging.FileHandler(path, encoding="utf-8")
             handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
             log.addHandler(handler)

@@ -3,11 +3,13 @@ plugins, ``$HERMES_HOME/plugins/sgme/``, and say how to turn it on.
 
 The provider's files come with this package: an installed wheel carries a copy in
 ``pipeline/hermes-provider/`` (made by ``setup.py`` at build time); a checkout or an editable
-install reads ``integrations/hermes/sgme/`` itself. Two of its modules are this package's own,
-copied as they are rather than kept twice: the tool-call convention
-(``pipeline/importers/convention.py``, so the provider writes and keys turns exactly as the
-importer does) and the spool (``pipeline/capture/spool.py``). Both use the standard library
-only, because the provider runs inside Hermes' environment, where this package is not.
+install reads ``integrations/hermes/sgme/`` itself. Three of its modules are this package's
+own, copied as they are rather than kept twice: the tool-call convention and the conversion of
+OpenAI-style messages (``pipeline/importers/convention.py`` and ``chat.py``, so the provider
+writes and keys turns exactly as the importer does) and the spool
+(``pipeline/capture/spool.py``). They use the standard library only (``chat.py`` imports its
+sibling relatively), because the provider runs inside Hermes' environment, where this package
+is not.
 
 An existing ``plugins/sgme`` is replaced whole when it holds only the provider's files (of
 this version or an earlier one); anything else in it is not deleted without asking: the
@@ -35,7 +37,11 @@ PACKAGED = "hermes-provider"  #: the copy inside an installed ``pipeline`` packa
 CHECKOUT = Path(pipeline.__file__).resolve().parent.parent / "integrations" / "hermes" / "sgme"
 SUFFIXES = (".py", ".yaml")  #: the provider's files (setup.py copies the same)
 #: this package's modules the provider uses, copied beside its own files under these names
-SHARED = {"convention.py": "pipeline.importers", "spool.py": "pipeline.capture"}
+SHARED = {
+    "convention.py": "pipeline.importers",
+    "chat.py": "pipeline.importers",
+    "spool.py": "pipeline.capture",
+}
 #: what an install of this or an earlier version leaves in plugins/sgme (replaced freely)
 OURS = {"__init__.py", "messages.py", "recall.py", "sender.py", "plugin.yaml", *SHARED}
 OURS_DIRS = {"__pycache__"}

@@ -27,7 +27,8 @@ ordinary one can never be confused — the same mboxrd-style quoting the format 
 headings.
 
 Pure functions, standard library only: ``sgme hermes install`` copies this very file into the
-Hermes provider's directory, which runs inside Hermes without this package.
+Hermes provider's directory, which runs inside Hermes without this package. OpenAI-style chat
+messages (datasets, Hermes) are converted by :mod:`.chat` on top of these rules.
 """
 
 from __future__ import annotations
@@ -60,8 +61,6 @@ MAX_METADATA_DEPTH = 8  #: deeper metadata values are dropped (the server allows
 MAX_IDEMPOTENCY_KEY = 200
 #: metadata strings longer than this are cut: metadata describes a session, it is not content
 MAX_METADATA_STRING = 1000
-#: OpenAI-style roles and what L0 writes for them
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 _LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
@@ -392,80 +391,6 @@ def split_large(message: Message, *, limit: int = MAX_MESSAGE_BYTES) -> list[Mes
         parts.append({**message, "content": content[start:end]})
         start = end
     return parts
-
-
-# ---------------------------------------------------------------------------------------------
-# OpenAI-style chat messages (OpenAI datasets, Hermes' transcript and state.db rows)
-
-
-def chat_calls(message: Mapping[str, Any]) -> list[tuple[Any, Any, Any]]:
-    """``(name, arguments, id)`` of an assistant message's calls, in order."""
-    out: list[tuple[Any, Any, Any]] = []
-    calls = message.get("tool_calls")
-    for call in calls if isinstance(calls, list) else []:
-        if not isinstance(call, Mapping):
-            continue
-        function = call.get("function")
-        spec = function if isinstance(function, Mapping) else call
-        out.append((spec.get("name"), spec.get("arguments"), call.get("id")))
-    legacy = message.get("function_call")
-    if isinstance(legacy, Mapping):
-        out.append((legacy.get("name"), legacy.get("arguments"), None))
-    return out
-
-
-def convert_chat(messages: Sequence[Any], *, when: str | None = None) -> tuple[list[Message], int]:
-    """OpenAI-style messages in the convention, and how many were left out (not an object,
-    an unknown role, or empty). ``when`` stands in for messages without a time of their own."""
-    out: list[Message] = []
-    skipped = 0
-    names: dict[str, str] = {}  # tool_call_id -> tool name, for results that lack one
-    for message in messages:
-        if not isinstance(message, Mapping):
-            skipped += 1
-            continue
-        stamp = ts(message.get("timestamp", message.get("ts"))) or when
-        role = message.get("role")
-        if role == "assistant":
-            calls = chat_calls(message)
-            for name, _, identifier in calls:
-                if isinstance(identifier, str) and isinstance(name, str):
-                    names[identifier] = name
-            converted = assistant_turn(message.get("content"), calls, stamp)
-            if not converted:
-                skipped += 1
-            out.extend(converted)
-        elif role in ("tool", "function"):
-            identifier = message.get("tool_call_id")
-            name = message.get("tool_name") or message.get("name")
-            if not name:
-                name = names.get(str(identifier))
-            out.append(tool_result(name, message.get("content"), stamp, identifier))
-        elif role in ROLES:
-            text = text_message(ROLES[role], message.get("content"), stamp)
-            if text["content"].strip():
-                out.append(text)
-            else:
-                skipped += 1
-        else:
-            skipped += 1
-    return out, skipped
-
-
-def chat_turns(messages: Sequence[Message]) -> list[tuple[int, list[Message]]]:
-    """Messages cut into turns, each numbered by its user message: a turn starts at each user
-    message (the n-th one numbers its turn n); what comes before the first one, a system
-    prompt say, is turn 0."""
-    out: list[tuple[int, list[Message]]] = []
-    users = 0
-    for message in messages:
-        if message["role"] == "user":
-            users += 1
-            out.append((users, []))
-        elif not out:
-            out.append((0, []))
-        out[-1][1].append(message)
-    return out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ Sessions in the order they started; each session's messages by id (their inserti
 with their own timestamps. Message rows are OpenAI-style: ``content`` (structured content is
 stored as ``"\\x00json:"`` + JSON and decoded here), an assistant's ``tool_calls`` (JSON),
 a tool row's ``tool_name`` / ``tool_call_id`` — converted exactly as the Hermes provider converts
-Hermes' live transcript (:func:`convention.convert_chat`). Rows of role ``session_meta`` are
+Hermes' live transcript (:func:`chat.convert`). Rows of role ``session_meta`` are
 bookkeeping, not transcript. A row whose content or tool calls do not parse, or nest past
 :data:`source.MAX_DEPTH`, is reported and left out; the rest of the session goes on.
 
@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import errors
-from pipeline.importers import convention, source
+from pipeline.importers import chat, convention, source
 
 SOURCE = convention.HERMES
 JSON_PREFIX = "\x00json:"
@@ -148,7 +148,7 @@ def _rows(
 def _turns(messages: list[convention.Message], *, finished: bool) -> tuple[list[source.Turn], int]:
     """Turns numbered by their user message, and the messages of an unfinished last turn
     (left for a later run)."""
-    turns = convention.chat_turns(messages)
+    turns = chat.turns(messages)
     skipped = 0
     if turns and not finished:
         last = turns[-1][1][-1]
@@ -203,7 +203,7 @@ def _sessions(
     live = [r for r in rows if r["active"]]
     compacted = [r for r in rows if not r["active"] and r["compacted"]]
     rewound = len(rows) - len(live) - len(compacted)
-    messages, left_out = convention.convert_chat(live)
+    messages, left_out = chat.convert(live)
     turns, unfinished = _turns(messages, finished=session["ended_at"] is not None)
     yield source.Session(
         source=SOURCE,
@@ -215,7 +215,7 @@ def _sessions(
         times=False,
     )
     if compacted:
-        history, left_out = convention.convert_chat(compacted)
+        history, left_out = chat.convert(compacted)
         turns, _ = _turns(history, finished=True)
         yield source.Session(
             source=SOURCE,

@@ -4,7 +4,7 @@ Roles ``system``, ``developer`` (written as ``system``), ``user``, ``assistant``
 (legacy ``function`` too). An assistant message's ``tool_calls`` (``[{"id", "function":
 {"name", "arguments"}}]``, or the legacy ``function_call``) become tool-call messages after its
 text, with their ids; a tool message's name comes from ``name``/``tool_name`` or, failing
-those, from the call its ``tool_call_id`` answers (:func:`convention.convert_chat`).
+those, from the call its ``tool_call_id`` answers (:func:`chat.convert`).
 
 A record's session_key is the file's name and the record's ``id`` (or ``conversation_id``,
 ``session_id``) — ``train.json#1`` — so two files whose records share an id stay two sessions;
@@ -15,11 +15,11 @@ empty, not reported.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.importers import convention, source
+from pipeline.importers import chat, convention, source
 
 SOURCE = "openai"
 MAX_SESSION_KEY = 512
@@ -30,11 +30,9 @@ def files(path: Path) -> list[Path]:
     return source.walk(path, (".json", ".jsonl", ".json.zst", ".jsonl.zst"))
 
 
-def convert(
-    messages: Sequence[Any], *, when: str | None = None
-) -> tuple[list[convention.Message], int]:
-    """OpenAI-style messages in the convention (:func:`convention.convert_chat`)."""
-    return convention.convert_chat(messages, when=when)
+def convert(messages: Sequence[Any]) -> tuple[list[convention.Message], int]:
+    """OpenAI-style messages in the convention (:func:`chat.convert`)."""
+    return chat.convert(messages)
 
 
 def turns(messages: Sequence[convention.Message]) -> list[source.Turn]:
@@ -42,7 +40,7 @@ def turns(messages: Sequence[convention.Message]) -> list[source.Turn]:
     before the first user message, a system prompt say, is a turn of its own)."""
     return [
         source.Turn(position=str(number), messages=tuple(turn))
-        for number, (_, turn) in enumerate(convention.chat_turns(messages))
+        for number, (_, turn) in enumerate(chat.turns(messages))
     ]
 
 
@@ -63,55 +61,47 @@ def session_key(
     return f"{prefix}-{convention.digest(messages)[:24]}"
 
 
-def session(
-    *,
+def records(
     path: Path,
-    line: int | None,
-    number: int,
-    record: Mapping[str, Any],
-    messages: list[convention.Message],
-    skipped: int,
+    *,
     prefix: str,
-    model: Any = None,
-) -> source.Session | source.Empty:
-    """One chat record as a session (or an empty record), for this importer and ShareGPT's."""
-    if not messages:
-        return source.Empty(str(path), line)
-    return source.Session(
-        source=prefix,
-        session_key=session_key(record, messages, path=path, prefix=prefix),
-        metadata=convention.metadata(
-            {"importer": prefix, "file": path.name, "record": number, "model": model}
-        ),
-        turns=tuple(
-            source.Turn(position=turn.position, messages=turn.messages, line=line)
-            for turn in turns(messages)
-        ),
-        origin=str(path),
-        skipped=skipped,
-    )
-
-
-def read(path: Path) -> Iterator[source.Record]:
-    """Every conversation record of one file."""
+    field: str,
+    convert: Callable[[Sequence[Any]], tuple[list[convention.Message], int]],
+) -> Iterator[source.Record]:
+    """The chat records of one file — each a JSON object whose ``field`` lists its messages —
+    as sessions, empty records and problems; for this importer and ShareGPT's."""
     for item in source.json_records(path):
         if isinstance(item, source.Problem):
             yield item
             continue
         line, number, record = item
         if isinstance(record, list):
-            record = {"messages": record}
-        if not isinstance(record, Mapping) or not isinstance(record.get("messages"), list):
-            yield source.Problem(str(path), line, f"record {number}: no 'messages' list")
+            record = {field: record}
+        listed = record.get(field) if isinstance(record, Mapping) else None
+        if not isinstance(listed, list):
+            yield source.Problem(str(path), line, f"record {number}: no {field!r} list")
             continue
-        messages, skipped = convert(record["messages"])
-        yield session(
-            path=path,
-            line=line,
-            number=number,
-            record=record,
-            messages=messages,
+        assert isinstance(record, Mapping)
+        messages, skipped = convert(listed)
+        if not messages:
+            yield source.Empty(str(path), line)
+            continue
+        model = record.get("model")
+        yield source.Session(
+            source=prefix,
+            session_key=session_key(record, messages, path=path, prefix=prefix),
+            metadata=convention.metadata(
+                {"importer": prefix, "file": path.name, "record": number, "model": model}
+            ),
+            turns=tuple(
+                source.Turn(position=turn.position, messages=turn.messages, line=line)
+                for turn in turns(messages)
+            ),
+            origin=str(path),
             skipped=skipped,
-            prefix=SOURCE,
-            model=record.get("model"),
         )
+
+
+def read(path: Path) -> Iterator[source.Record]:
+    """Every conversation record of one file."""
+    return records(path, prefix=SOURCE, field="messages", convert=convert)

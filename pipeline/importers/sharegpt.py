@@ -78,23 +78,4 @@ def convert(conversation: Sequence[Any]) -> tuple[list[convention.Message], int]
 
 def read(path: Path) -> Iterator[source.Record]:
     """Every conversation record of one file."""
-    for item in source.json_records(path):
-        if isinstance(item, source.Problem):
-            yield item
-            continue
-        line, number, record = item
-        conversation = record.get("conversations") if isinstance(record, Mapping) else None
-        if not isinstance(conversation, list):
-            yield source.Problem(str(path), line, f"record {number}: no 'conversations' list")
-            continue
-        assert isinstance(record, Mapping)
-        messages, skipped = convert(conversation)
-        yield openai.session(
-            path=path,
-            line=line,
-            number=number,
-            record=record,
-            messages=messages,
-            skipped=skipped,
-            prefix=SOURCE,
-        )
+    return openai.records(path, prefix=SOURCE, field="conversations", convert=convert)

@@ -126,6 +126,10 @@ def test_claude_code_turns_subagents_compaction_and_a_resumed_session(
     main.assistant("msg_2", {"type": "text", "text": "It says hi there."})
     fire("Stop", stop_hook_active=False)
     settled(client, "claude-code", {sid: main.expected})
+    [row] = client.get("/v1/files", params={"agent_id": "claude-code"}).json()["files"]
+    ref = client.get(f"/v1/refs/{row['file_id']}:4", params={"context": 1}).json()
+    assert (ref["message"]["tool_name"], ref["before"][0]["tool_name"]) == ("Read", None)
+    assert ref["after"][0]["tool_name"] == "Read"  # the result
 
     # Turn 2 asks a subagent: its transcript is its own session; the main turn is not over
     # (and the main file's last line is being written when SubagentStop runs).

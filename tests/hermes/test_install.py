@@ -18,12 +18,16 @@ from conftest import Run
 
 from pipeline import cli
 from pipeline.capture import spool
-from pipeline.importers import convention
+from pipeline.importers import chat, convention
 
 ROOT = hermes_env.ROOT
 SOURCE = hermes_env.PLUGIN
 PROVIDER_FILES = sorted(p.name for p in SOURCE.iterdir() if p.suffix in (".py", ".yaml"))
-SHARED = {"convention.py": Path(convention.__file__), "spool.py": Path(spool.__file__)}
+SHARED = {
+    "convention.py": Path(convention.__file__),
+    "chat.py": Path(chat.__file__),
+    "spool.py": Path(spool.__file__),
+}
 
 
 def install(

@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.importers import convention
+from pipeline.importers import chat, convention
 
 
 def test_call_body_round_trips() -> None:
@@ -160,7 +160,7 @@ def test_chat_turns_are_numbered_by_their_user_message() -> None:
         {"role": "assistant", "content": "b"},
         {"role": "user", "content": "c"},
     ]
-    assert [(n, len(t)) for n, t in convention.chat_turns(messages)] == [(0, 1), (1, 2), (2, 1)]
+    assert [(n, len(t)) for n, t in chat.turns(messages)] == [(0, 1), (1, 2), (2, 1)]
 
 
 def test_tool_names_are_one_line() -> None:

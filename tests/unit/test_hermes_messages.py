@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from pipeline.cli import hermes
-from pipeline.importers import convention, runner, source
+from pipeline.importers import chat, convention, runner, source
 
 WHEN = "2026-08-03T11:18:06Z"
 
@@ -77,14 +77,13 @@ def test_the_provider_s_turn_has_the_importer_s_key(plugin: types.ModuleType) ->
 
     # the importer on the same rows, as state.db holds them: other times, the same turns
     rows = [{**m, "timestamp": 1785750000.0 + i} for i, m in enumerate(TRANSCRIPT)]
-    converted, _ = convention.convert_chat(rows)
+    converted, _ = chat.convert(rows)
     session = source.Session(
         source=convention.HERMES,
         session_key="s1",
         metadata={},
         turns=tuple(
-            source.Turn(position=str(n), messages=tuple(t))
-            for n, t in convention.chat_turns(converted)
+            source.Turn(position=str(n), messages=tuple(t)) for n, t in chat.turns(converted)
         ),
         origin="state.db",
         times=False,

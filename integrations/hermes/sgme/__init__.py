@@ -53,7 +53,7 @@ from typing import Any
 
 from agent.memory_provider import MemoryProvider
 
-from . import convention, recall, sender
+from . import chat, convention, recall, sender
 from . import messages as turns
 from . import spool as spooling
 
@@ -281,7 +281,7 @@ class SgmeMemoryProvider(MemoryProvider):  # type: ignore[misc]  # Hermes' class
                 {"role": "user", "content": user_content},
                 {"role": "assistant", "content": assistant_content},
             ]
-            converted, _ = convention.convert_chat(only, when=completed)
+            converted, _ = chat.convert(only, when=completed)
             found = (self._turns + 1, converted)
         number, turn = found
         self._turns = number

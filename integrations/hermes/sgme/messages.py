@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from . import convention
+from . import chat, convention
 
 Message = dict[str, Any]
 
@@ -23,8 +23,8 @@ def current_turn(
     (its user message's ordinal in the transcript): the last turn holding the final answer
     (matched by text, else the last turn with a user message), up to that answer. ``when``
     stands in for messages without a time of their own. None when there is no such turn."""
-    converted, _ = convention.convert_chat(list(messages), when=when)
-    turns = [(n, t) for n, t in convention.chat_turns(converted) if n > 0]
+    converted, _ = chat.convert(list(messages), when=when)
+    turns = [(n, t) for n, t in chat.turns(converted) if n > 0]
     if not turns:
         return None
     answer = assistant_content.strip()

@@ -124,9 +124,7 @@ class Sender:
                 if outcome is spooling.Outcome.LATER:
                     return False
                 if outcome is spooling.Outcome.REFUSED:
-                    logger.warning(
-                        "sgme: turn %s refused: %s", body.get("idempotency_key"), detail
-                    )
+                    logger.warning("sgme: turn %s refused: %s", body.get("idempotency_key"), detail)
                 with self._put_lock:
                     self._held.popleft()
                     self._held_bytes -= size
