@@ -34,6 +34,7 @@ continues the same L0 file and its copied turns replay; a subagent's is
 
 from __future__ import annotations
 
+import datetime as dt
 import enum
 import time
 from collections.abc import Iterator, Mapping
@@ -44,6 +45,7 @@ from pipeline.importers import convention, source
 
 SOURCE = "claude-code"
 MESSAGE_TYPES = ("user", "assistant")
+_NEVER = dt.datetime.min.replace(tzinfo=dt.UTC)
 #: seconds after which a transcript nobody writes to any more counts as finished
 SETTLED_SECONDS = 3600.0
 
@@ -62,11 +64,13 @@ def files(path: Path) -> list[Path]:
 
 
 def _latest(entries: list[tuple[int, Mapping[str, Any]]]) -> Mapping[str, Any] | None:
-    """The latest message record: by timestamp, then by position in the file."""
-    best: tuple[str, int] | None = None
+    """The latest message record: by timestamp (as a time: ``…06.5Z`` is before ``…06.51Z``,
+    though it sorts after it as text), then by position in the file."""
+    best: tuple[dt.datetime, int] | None = None
     found: Mapping[str, Any] | None = None
     for line, entry in entries:
-        rank = (convention.ts(entry.get("timestamp")) or "", line)
+        stamp = convention.ts(entry.get("timestamp"))
+        rank = (dt.datetime.fromisoformat(stamp) if stamp else _NEVER, line)
         if best is None or rank > best:
             best, found = rank, entry
     return found

@@ -262,3 +262,20 @@ def test_a_tool_call_message_carries_its_tool_name() -> None:
         is None
     )
     assert document.Message("user", body, "2026-08-03T11:18:06Z").to_json("f")["tool_name"] is None
+
+
+def test_the_latest_claude_code_record_is_the_latest_in_time_not_as_text(tmp_path: Path) -> None:
+    """``…06.5Z`` sorts after ``…06.51Z`` as text: the transcript's leaf is the later one."""
+    first = claude_line("u1", None, "user", "hi")
+    answer = {**claude_line("a1", "u1", "assistant", "yo"), "timestamp": "2026-08-03T11:18:06.500Z"}
+    more = {**claude_line("u2", "a1", "user", "more"), "timestamp": "2026-08-03T11:18:06.510Z"}
+    last = {**claude_line("a2", "u2", "assistant", "done"), "timestamp": "2026-08-03T11:18:06.512Z"}
+    path = write_jsonl(tmp_path / "s.jsonl", [first, answer, more, last])
+    server = FakeServer()
+    run("claude-code", path, server)
+    assert server.contents("s") == [
+        ("user", "hi"),
+        ("assistant", "yo"),
+        ("user", "more"),
+        ("assistant", "done"),
+    ]
