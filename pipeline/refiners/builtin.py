@@ -2,7 +2,10 @@
 
 It keeps what is cheap to recognise and worth remembering: statements users make about
 themselves, their preferences, decisions (from anyone), and a one-line summary of each tool
-result — in English and Chinese. Code blocks are skipped.
+result — in English and Chinese. Code blocks are skipped, and so are what the clients'
+convention marks as not conversation (docs/format.md, "Tool calls"): tool calls, the model's
+thinking and compaction summaries (which repeat what came before); a result's call id is not
+its output.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import re
 
 from pipeline import errors, refine
+from pipeline.importers import convention
 
 MAX_ITEM_CHARS = 300
 
@@ -82,8 +86,12 @@ class BuiltinRefiner:
         items: list[refine.Item] = []
         seen: set[tuple[str, str]] = set()
         for part in window.parts:
-            if part.role == "tool":
-                first = next(iter(_prose_lines(part.content)), "")
+            marked = convention.kind(part.role, part.content)
+            if marked in ("call", "thinking", "summary"):
+                continue
+            if marked == "result":
+                output = convention.parse_result(part.content)[1]
+                first = next(iter(_prose_lines(output)), "")
                 found = [("tool_result", f"{part.tool_name}: {_clip(first)}" if first else "")]
             else:
                 found = []

@@ -590,3 +590,19 @@ def test_item_digest_ignores_ref_order_but_not_kind_or_content() -> None:
     assert a.digest() != refine.Item("decision", "x", (ref(1), ref(2))).digest()
     assert a.digest() != refine.Item("fact", "y", (ref(1), ref(2))).digest()
     assert a.digest() != refine.Item("fact", "x", (ref(1),)).digest()
+
+
+def test_builtin_skips_calls_thinking_and_summaries_and_reads_a_result_s_output() -> None:
+    from pipeline.importers import convention
+
+    w = window(
+        ("assistant", convention.call_body("note", '{"text": "We decided to use X."}', "c1")),
+        ("assistant", "**thinking**\n\nWe decided to use X, I think."),
+        ("system", "**compaction summary**\n\nWe decided to use X."),
+        ("tool", convention.result_body("Saved the note.", "c1"), "note"),
+        ("assistant", "We decided to use Y."),
+    )
+    assert found(BuiltinRefiner().refine(w)) == [
+        ("tool_result", "note: Saved the note.", (ref(4),)),
+        ("decision", "We decided to use Y.", (ref(5),)),
+    ]
