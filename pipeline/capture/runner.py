@@ -83,6 +83,7 @@ class Run:
         self.state = states.State(config.spool_dir)
         self.summary = Summary()
         self._client: Any = None  # made when there is something to send (see _connect)
+        self._timeout = REQUEST_SECONDS
         self._clear = False  # nothing waits in the spool: turns may go straight
 
     def left(self) -> float:
@@ -91,14 +92,21 @@ class Run:
 
     def _connect(self) -> Any:
         """The HTTP client, made on first use: importing it (its answer models) costs a
-        good part of a SessionEnd hook's budget, and most such runs have nothing to send."""
+        good part of a SessionEnd hook's budget, and most such runs have nothing to send.
+        Made again with a shorter timeout once less than one request's is left of the budget,
+        so no request outlasts it."""
+        left = max(0.1, self.left() - RESERVE_SECONDS)
+        if self._client is not None and self._timeout > left:
+            self._client.close()
+            self._client = None
         if self._client is None:
             from pipeline import client
 
+            self._timeout = min(REQUEST_SECONDS, left)
             self._client = client.Client(
                 self.config.url,
                 token=self.config.token,
-                timeout=max(0.1, min(REQUEST_SECONDS, self.left())),
+                timeout=self._timeout,
                 retry=client.NO_RETRY,
             )
         return self._client
