@@ -125,7 +125,10 @@ def _backup(path: Path) -> Path:
 
 
 def _write(path: Path, text: str) -> Path | None:
-    """``text`` into ``path`` whole, mode kept; the backup of what was there."""
+    """``text`` into ``path`` whole, mode kept; the backup of what was there. A symlink (a
+    dotfiles repository's, say) stays one: its target is written."""
+    if path.is_symlink():
+        path = path.resolve()
     backup = _backup(path) if path.exists() else None
     mode = path.stat().st_mode & 0o777 if path.exists() else 0o600
     path.parent.mkdir(parents=True, exist_ok=True)

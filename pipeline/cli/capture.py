@@ -58,6 +58,9 @@ def run(args: argparse.Namespace) -> int:
         except errors.SgmeError as exc:
             print(f"sgme capture: {exc.detail}", file=sys.stderr)
             return 2
+        except OSError as exc:
+            print(f"sgme capture: {exc}", file=sys.stderr)
+            return 2
     with contextlib.suppress(Exception):
         _run(args.what, args.notification)
     return 0

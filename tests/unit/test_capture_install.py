@@ -167,3 +167,17 @@ def test_codex_notify_that_is_someone_else_s_is_left_alone(
     assert code == 0 and "left as it is" in out
     assert (home / "config.toml").read_text() == 'notify = ["notify-send", "Codex"]\n'
     assert json.loads((home / "hooks.json").read_text())["hooks"]["Stop"]
+
+
+def test_a_settings_file_that_is_a_symlink_stays_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dotfiles = tmp_path / "dotfiles" / "claude-settings.json"
+    dotfiles.parent.mkdir()
+    dotfiles.write_text('{"model": "opus"}')
+    link = tmp_path / ".claude" / "settings.json"
+    link.parent.mkdir()
+    link.symlink_to(dotfiles)
+    code, _, _ = run(capsys, "claude-code", "--project", str(tmp_path))
+    assert code == 0 and link.is_symlink()
+    assert set(json.loads(dotfiles.read_text())["hooks"]) == set(install.EVENTS["claude-code"])
