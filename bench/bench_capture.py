@@ -55,7 +55,8 @@ def free_port() -> int:
 
 class Transcript:
     def __init__(self, path: Path, session: str) -> None:
-        self.path, self.session, self.n, self.last = path, session, 0, None
+        self.path, self.session, self.n = path, session, 0
+        self.last: str | None = None
 
     def turn(self) -> None:
         lines = []

@@ -27,7 +27,7 @@ from pipeline import errors
 from pipeline.capture import config
 
 if TYPE_CHECKING:
-    from pipeline.cli import Add, Context
+    from pipeline.cli.context import Add, Context
 
 AGENTS = ("claude-code", "codex")
 MAX_PAYLOAD = 1024 * 1024  #: bytes of hook input read at most

@@ -234,7 +234,8 @@ def test_progress_in_records_and_empty_records_are_not_errors(
     from pipeline.cli import imports
 
     monkeypatch.setattr(imports, "PLAIN_EVERY", 0.0)  # a line at every record (not a terminal)
-    chats = [*CHATS, *({"id": f"e{i}", "messages": []} for i in range(15))]
+    empty: list[dict[str, Any]] = [{"id": f"e{i}", "messages": []} for i in range(15)]
+    chats = [*CHATS, *empty]
     run = sgme(
         "import", "openai", str(write_chats(tmp_path / "chats.jsonl", chats, malformed=False))
     )

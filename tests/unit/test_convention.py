@@ -4,6 +4,8 @@ bodies still read, keys stay the keys of earlier versions, batches respect the a
 
 from __future__ import annotations
 
+from typing import Any
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -124,15 +126,17 @@ def test_keys_hash_what_a_turn_says_as_earlier_versions_wrote_it() -> None:
     """A turn imported before fences, call ids and thinking keeps its key: the new body of the
     same turn is then a conflict on that key, which clients take as already stored."""
     when = "2026-08-03T11:18:06Z"
-    old = [
+    old: list[dict[str, Any]] = [
         {"role": "user", "content": "List files", "ts": when},
         {"role": "assistant", "content": '**tool call**: ls\n\n{"d": "."}', "ts": when},
         {"role": "tool", "content": "a.txt", "tool_name": "ls", "ts": when},
         {"role": "assistant", "content": "\\**tool call**: joke", "ts": when},
     ]
+    thought = convention.thinking("They want a listing.", when)
+    assert thought is not None
     new = [
         old[0],
-        convention.thinking("They want a listing.", when),
+        thought,
         convention.tool_call("ls", '{"d": "."}', when, "c1"),
         convention.tool_result("ls", "a.txt", when, "c1"),
         convention.text_message("assistant", "**tool call**: joke", when),

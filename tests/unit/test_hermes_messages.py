@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import sys
 import types
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,7 @@ TRANSCRIPT: list[dict[str, Any]] = [
 
 
 @pytest.fixture(scope="module")
-def plugin(tmp_path_factory: pytest.TempPathFactory) -> types.ModuleType:
+def plugin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[types.ModuleType]:
     """The installed provider's ``messages`` module (its ``__init__`` needs Hermes itself)."""
     home = tmp_path_factory.mktemp("hermes-home")
     directory = hermes.install(home)
@@ -61,6 +62,7 @@ def plugin(tmp_path_factory: pytest.TempPathFactory) -> types.ModuleType:
 
 
 def test_the_installed_convention_is_this_package_s_file(plugin: types.ModuleType) -> None:
+    assert plugin.__file__ is not None
     installed = Path(plugin.__file__).with_name("convention.py")
     assert installed.read_bytes() == Path(convention.__file__).read_bytes()
 

@@ -49,13 +49,21 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.memory_provider import MemoryProvider
 
-from . import chat, convention, recall, sender
 from . import messages as turns
-from . import spool as spooling
+from . import recall, sender
+
+if TYPE_CHECKING:
+    # ``sgme hermes install`` puts these modules of SGME's package beside this one: checked
+    # against them, imported from beside it (Hermes' environment has no SGME package).
+    from pipeline.capture import spool as spooling
+    from pipeline.importers import chat, convention
+else:
+    from . import chat, convention
+    from . import spool as spooling
 
 try:
     import httpx

@@ -9,9 +9,12 @@ and ``sgme import hermes`` write the same turn under the same key.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from . import chat, convention
+if TYPE_CHECKING:  # beside this module once installed (see __init__)
+    from pipeline.importers import chat, convention
+else:
+    from . import chat, convention
 
 Message = dict[str, Any]
 

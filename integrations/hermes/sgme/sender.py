@@ -16,9 +16,12 @@ import logging
 import threading
 import time
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from . import spool as spooling
+if TYPE_CHECKING:  # beside this module once installed (see __init__)
+    from pipeline.capture import spool as spooling
+else:
+    from . import spool as spooling
 
 try:
     import httpx
