@@ -95,13 +95,13 @@ class Run:
         good part of a SessionEnd hook's budget, and most such runs have nothing to send.
         Made again with a shorter timeout once less than one request's is left of the budget,
         so no request outlasts it."""
-        left = max(0.1, self.left() - RESERVE_SECONDS)
+        from pipeline import client
+
+        left = max(0.1, self.left() - RESERVE_SECONDS)  # after the import, which takes time
         if self._client is not None and self._timeout > left:
             self._client.close()
             self._client = None
         if self._client is None:
-            from pipeline import client
-
             self._timeout = min(REQUEST_SECONDS, left)
             self._client = client.Client(
                 self.config.url,

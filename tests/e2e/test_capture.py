@@ -26,14 +26,30 @@ from pipeline import cli
 
 SGME = Path(sys.executable).with_name("sgme")
 BUDGET = 4.0  #: SGME_CAPTURE_SECONDS for these runs
-STARTUP = 4.0  #: seconds allowed on top of the budget for starting the process on a busy host
+
+
+def startup(env: dict[str, str]) -> float:
+    """What a run may take on top of its budget on this host now: three times the time a run
+    with nothing to do takes (starting the process; a spool of its own, so it delivers
+    nothing of the test's), and a second."""
+    scratch = {**env, "SGME_SPOOL_DIR": env["SGME_SPOOL_DIR"] + "-probe"}
+    started = time.monotonic()
+    subprocess.run(
+        [str(SGME), "capture", "claude-code"], input="{}", text=True, env=scratch, timeout=60
+    )
+    return 3 * (time.monotonic() - started) + 1.0
 
 
 def hook(
-    agent: str, env: dict[str, str], payload: dict[str, Any] | None = None, *args: str
+    agent: str,
+    env: dict[str, str],
+    payload: dict[str, Any] | None = None,
+    *args: str,
+    budget: float = BUDGET,
 ) -> float:
     """Run ``sgme capture AGENT`` as a hook does; its wall time. It must exit 0, print nothing
-    on stdout and keep to its budget."""
+    on stdout and keep to its budget (with the host's start-up time on top)."""
+    slack = startup(env)
     started = time.monotonic()
     done = subprocess.run(
         [str(SGME), "capture", agent, *args],
@@ -47,7 +63,7 @@ def hook(
     took = time.monotonic() - started
     assert done.returncode == 0, done.stderr
     assert done.stdout == ""
-    assert took < BUDGET + STARTUP, f"the hook took {took:.1f} s"
+    assert took < budget + slack, f"the hook took {took:.1f} s (budget {budget} + {slack:.1f} s)"
     return took
 
 
@@ -158,7 +174,29 @@ def test_claude_code_turns_subagents_compaction_and_a_resumed_session(
     main.compact("Summary: read notes.md, asked a helper about X.")
     main.user("And now?")
     main.assistant("msg_5", {"type": "text", "text": "Done."})
-    fire("Stop", stop_hook_active=False)
+    # two hooks at once (Stop and a late SubagentStop): they take turns, the turn lands once
+    payload = {"session_id": sid, "transcript_path": str(main.path), "cwd": "/src/app"}
+    both = [
+        subprocess.Popen(
+            [str(SGME), "capture", "claude-code"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    for proc, event in zip(both, ("Stop", "SubagentStop"), strict=True):
+        assert proc.stdin is not None
+        proc.stdin.write(json.dumps({**payload, "hook_event_name": event}))
+        proc.stdin.close()
+    for proc in both:
+        assert proc.stdout is not None and proc.stderr is not None
+        out, err = proc.stdout.read(), proc.stderr.read()
+        assert (proc.wait(60), out) == (0, ""), err
+        proc.stdout.close()
+        proc.stderr.close()
     settled(client, "claude-code", {sid: main.expected, f"{sid}/agent-ab12": helper.expected})
 
     # `claude --resume`: a new file with a new id copies every line, then turn 4. The copied
@@ -171,7 +209,7 @@ def test_claude_code_turns_subagents_compaction_and_a_resumed_session(
     fire("Stop", resumed, stop_hook_active=False)
     expected = {sid: resumed.expected, f"{sid}/agent-ab12": helper.expected}
     settled(client, "claude-code", expected)
-    took = hook(
+    hook(
         "claude-code",
         env,
         {
@@ -180,8 +218,8 @@ def test_claude_code_turns_subagents_compaction_and_a_resumed_session(
             "hook_event_name": "SessionEnd",
             "reason": "exit",
         },
+        budget=1.0,
     )
-    assert took < 1.5 + STARTUP
     settled(client, "claude-code", expected)
     assert not list((tmp_path / "spool").glob("*.json"))
 
@@ -291,8 +329,7 @@ def test_a_server_that_never_answers_costs_the_budget_and_nothing_is_lost(
             "hook_event_name": "SessionEnd",
             "reason": "logout",
         }
-        took = hook("claude-code", env, payload)
-        assert took < 1.0 + STARTUP
+        hook("claude-code", env, payload, budget=1.0)
         pending = [json.loads(p.read_text()) for p in spool.glob("*.json")]
         assert [[m["content"] for m in body["messages"]] for body in pending] == [["hello", "hi"]]
     finally:
