@@ -169,20 +169,23 @@ class Spool:
             os.close(fd)
 
 
-def write_file(tmp: Path, data: bytes, path: Path) -> None:
-    """``data`` at ``path``, whole or not at all: a private temporary file, fsynced, renamed,
-    the directory fsynced."""
+def write_file(tmp: Path, data: bytes, path: Path, *, durable: bool = True) -> None:
+    """``data`` at ``path``, whole or not at all: a private temporary file renamed into place;
+    ``durable``: the file and its directory fsynced too (what must survive a power cut)."""
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         with os.fdopen(fd, "wb") as out:
             out.write(data)
             out.flush()
-            os.fsync(out.fileno())
+            if durable:
+                os.fsync(out.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    if not durable:
+        return
     with contextlib.suppress(OSError):
         directory = os.open(path.parent, os.O_RDONLY)
         try:

@@ -8,9 +8,10 @@
   last turn) of the last read that took everything it could, so a hook that finds the file
   unchanged returns without reading it.
 
-Files are written whole (temporary file, fsync, rename) and private (0600 in a 0700
-directory). A lost or damaged state only costs requests: the server's idempotency keys still
-make every turn land once.
+Files are written whole (temporary file, rename) and private (0600 in a 0700 directory), not
+fsynced: a state is written only after what it records is delivered or durably spooled, and a
+lost or damaged one only costs requests (the server's idempotency keys still make every turn
+land once). Each fsync may cost a busy disk a second, and a hook has about one.
 """
 
 from __future__ import annotations
@@ -58,7 +59,9 @@ class State:
         """Note that everything ``transcript`` held under ``signature`` is taken care of."""
         self._make()
         path = self._signature_path(transcript)
-        spooling.write_file(path.with_suffix(".tmp"), signature.encode("utf-8"), path)
+        spooling.write_file(
+            path.with_suffix(".tmp"), signature.encode("utf-8"), path, durable=False
+        )
 
     # -- delivered keys ----------------------------------------------------------------------
 
@@ -106,5 +109,5 @@ class Keys:
             {"agent_id": self.agent_id, "session_key": self.session_key, "keys": list(self._keys)},
             ensure_ascii=False,
         ).encode("utf-8", "surrogatepass")
-        spooling.write_file(self.path.with_suffix(".tmp"), data, self.path)
+        spooling.write_file(self.path.with_suffix(".tmp"), data, self.path, durable=False)
         self._changed = False

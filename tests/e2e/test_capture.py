@@ -29,13 +29,24 @@ BUDGET = 4.0  #: SGME_CAPTURE_SECONDS for these runs
 
 
 def startup(env: dict[str, str]) -> float:
-    """What a run may take on top of its budget on this host now: three times the time a run
-    with nothing to do takes (starting the process; a spool of its own, so it delivers
-    nothing of the test's), and a second."""
-    scratch = {**env, "SGME_SPOOL_DIR": env["SGME_SPOOL_DIR"] + "-probe"}
+    """What a run may take on top of its budget on this host now: three times what a run of
+    one turn with the server down takes (the process's start, the client's import, a spooled
+    turn's fsync — on a busy shared disk that alone can take seconds; in a directory of its
+    own, so it touches nothing of the test's), and a second."""
+    probe = Path(env["SGME_SPOOL_DIR"] + "-probe")
+    transcript = ClaudeTranscript(probe / f"{time.monotonic_ns()}.jsonl", "probe-session")
+    transcript.user("probe")
+    transcript.assistant("probe", {"type": "text", "text": "probe"})
+    payload = {"transcript_path": str(transcript.path), "hook_event_name": "Stop"}
+    scratch = {**env, "SGME_SPOOL_DIR": str(probe / "spool"), "SGME_URL": "http://127.0.0.1:9"}
     started = time.monotonic()
     subprocess.run(
-        [str(SGME), "capture", "claude-code"], input="{}", text=True, env=scratch, timeout=60
+        [str(SGME), "capture", "claude-code"],
+        input=json.dumps(payload),
+        text=True,
+        env=scratch,
+        timeout=60,
+        check=True,
     )
     return 3 * (time.monotonic() - started) + 1.0
 
