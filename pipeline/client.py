@@ -60,6 +60,7 @@ Transport = TypeVar("Transport", httpx.BaseTransport, httpx.AsyncBaseTransport)
 DEFAULT_TIMEOUT = 10.0  #: seconds to connect, and for each read or write of one request
 DEFAULT_PAGE_SIZE = 100  #: items per page the ``iter_*`` helpers ask for (the API takes ≤ 1000)
 DEFAULT_SEARCH_LIMIT = 20  #: hits ``search`` asks for (the API takes ≤ 100)
+DEFAULT_SESSIONS = 20  #: sessions ``sessions`` asks for (the API takes ≤ 200)
 USER_AGENT = "sgme-client/0.1.0"
 # The retry policies, for ``Client(…, retry=…)`` (they live with the retry logic).
 Retry = exchange.Retry
@@ -230,6 +231,29 @@ def _iter_files(
         return None if found.next_cursor is None else page(found.next_cursor)
 
     return exchange.Pages(page(None), lambda found: found.files, following)
+
+
+def _sessions(
+    *,
+    agent_id: str | None = None,
+    source_type: str | None = None,
+    since: dt.datetime | str | None = None,
+    until: dt.datetime | str | None = None,
+    limit: int = DEFAULT_SESSIONS,
+    offset: int = 0,
+) -> exchange.Call[models.Sessions]:
+    """One page of sessions, newest first, each with its title, time span and message count;
+    ``total`` counts all that match, ``next_offset`` asks for the next page. ``since`` keeps
+    sessions active at or after it, ``until`` those begun at or before it."""
+    params = _query(
+        agent_id=agent_id,
+        source_type=source_type,
+        since=_time(since),
+        until=_time(until),
+        limit=limit,
+        offset=offset,
+    )
+    return exchange.Call("GET", "/v1/sessions", exchange.model_reader(models.Sessions), params)
 
 
 def _file(file_id: str) -> exchange.Call[models.File]:
@@ -411,6 +435,7 @@ class Operations(Generic[Transport]):
     upload = Endpoint(_upload)
     files = Endpoint(_files)
     iter_files = Paged(_iter_files)
+    sessions = Endpoint(_sessions)
     file = Endpoint(_file)
     raw = Endpoint(_raw)
     messages = Endpoint(_messages)

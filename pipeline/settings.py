@@ -296,6 +296,30 @@ def hermes_home(environ: Mapping[str, str] | None = None) -> Path:
     return Path.home() / ".hermes"
 
 
+DEFAULT_URL = "http://127.0.0.1:8765"  #: the server a client command talks to by default
+
+
+@dataclasses.dataclass(frozen=True)
+class Remote:
+    """How a command that is a client of the HTTP API (``sgme mcp``) reaches its server:
+    ``SGME_URL`` (default :data:`DEFAULT_URL`), ``SGME_TOKEN`` and ``SGME_AGENT_ID``. Not
+    settings of a server: they name the server and who the client is."""
+
+    url: str
+    token: str | None
+    agent_id: str
+
+    @classmethod
+    def load(cls, *, agent_id: str, environ: Mapping[str, str] | None = None) -> Remote:
+        """From the environment; ``agent_id`` is the default when ``SGME_AGENT_ID`` is unset."""
+        env = os.environ if environ is None else environ
+        return cls(
+            url=env.get("SGME_URL", "").strip() or DEFAULT_URL,
+            token=env.get("SGME_TOKEN", "").strip() or None,
+            agent_id=env.get("SGME_AGENT_ID", "").strip() or agent_id,
+        )
+
+
 _TOP = {f.name for f in dataclasses.fields(Settings)} - {a for a, _ in GROUPS.values()}
 
 

@@ -90,6 +90,11 @@ raw_files = sa.Table(
 )
 sa.Index("ix_raw_files_status", raw_files.c.status)
 sa.Index("ix_raw_files_agent", raw_files.c.agent_id, raw_files.c.file_id)
+# the sessions listing (pipeline.sessions): newest first, for every agent or one
+sa.Index("ix_raw_files_recent", raw_files.c.ended_at, raw_files.c.file_id)
+sa.Index(
+    "ix_raw_files_agent_recent", raw_files.c.agent_id, raw_files.c.ended_at, raw_files.c.file_id
+)
 
 append_journal = sa.Table(
     "append_journal",

@@ -14,9 +14,20 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pipeline import errors, validation
-from pipeline.api import appends, files, models, ops, refine, removal, searching, security
+from pipeline.api import (
+    appends,
+    files,
+    models,
+    ops,
+    refine,
+    removal,
+    searching,
+    security,
+    sessions,
+)
 from pipeline.api.deps import problem
 from pipeline.api.server import BodyLimit
+from pipeline.mcp import http as mcp_http
 from pipeline.service import Service
 
 log = logging.getLogger(__name__)
@@ -53,8 +64,10 @@ def create_app(service: Service) -> FastAPI:
     app.add_middleware(
         security.HostAllowlist, allowed=security.allowed_hosts(settings), refuse=answer
     )
-    for module in (appends, files, searching, refine, removal, ops):
+    for module in (appends, files, sessions, searching, refine, removal, ops):
         app.include_router(module.router)
+
+    mcp_http.mount(app, refuse=answer)
 
     @app.exception_handler(errors.SgmeError)
     async def _sgme_error(_request: Request, exc: errors.SgmeError) -> JSONResponse:

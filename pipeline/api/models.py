@@ -116,6 +116,36 @@ class Files(Model):
     next_cursor: str | None
 
 
+class Session(Model):
+    """One session of ``GET /v1/sessions``."""
+
+    file_id: str = Field(pattern=validation.FILE_ID_PATTERN, json_schema_extra={"format": "uuid"})
+    agent_id: str
+    source_type: Literal["session", "upload", "external"]
+    session_key: str
+    title: str = Field(
+        description="the source's title (or an upload's file name), else the first words of "
+        "the first user message"
+    )
+    started_at: str
+    ended_at: str | None
+    message_count: int
+    status: Literal["pending", "new", "refined", "error", "archived"]
+    origin: str | None = Field(None, description="what wrote it: an importer, a client")
+    cwd: str | None = Field(None, description="the agent's working directory, when recorded")
+
+
+class Sessions(Model):
+    """A page of sessions, newest first: ``offset + 1`` to ``offset + len(sessions)`` of
+    ``total``; pass ``next_offset`` back as ``offset`` for the next (null on the last)."""
+
+    sessions: list[Session]
+    total: int
+    offset: int
+    limit: int
+    next_offset: int | None
+
+
 class Message(Model):
     """One stored message (``document.Message.to_json``)."""
 

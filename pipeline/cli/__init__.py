@@ -31,6 +31,7 @@ __all__ = ["EXIT_ERROR", "EXIT_PROBLEMS", "build_parser", "main"]
 def build_parser() -> argparse.ArgumentParser:
     """The ``sgme`` argument parser."""
     from pipeline.cli import (
+        agents,
         capture,
         files,
         hermes,
@@ -62,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     modules = (processes, files, searching, imports, hermes, capture, maintenance, privacy)
-    for module in (*modules, tokens):
+    for module in (*modules, tokens, agents):
         module.register(add)
     return parser
 

@@ -1,0 +1,55 @@
+"""``GET /v1/sessions``: sessions newest first, with titles, time spans and message counts."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Query
+
+from pipeline import sessions, validation
+from pipeline.api import models
+from pipeline.api.deps import ServiceDep, problems
+from pipeline.api.searching import Time
+from pipeline.api.security import Reader
+
+router = APIRouter(tags=["files"])
+SourceType = Literal["session", "upload", "external"]
+
+
+def utc(value: dt.datetime | None) -> dt.datetime | None:
+    """A time parameter as the index stores times (naive UTC; a naive one is taken as UTC)."""
+    if value is None or value.tzinfo is None:
+        return value
+    return value.astimezone(dt.UTC).replace(tzinfo=None)
+
+
+@router.get("/v1/sessions", response_model=models.Sessions, responses=problems(422, 503))
+def list_sessions(
+    service: ServiceDep,
+    caller: Reader,
+    agent_id: Annotated[str | None, Query(pattern=validation.AGENT_ID_PATTERN)] = None,
+    source_type: SourceType | None = None,
+    since: Annotated[
+        Time, Query(description="sessions whose latest message is at or after (RFC 3339)")
+    ] = None,
+    until: Annotated[
+        Time, Query(description="sessions whose first message is at or before (RFC 3339)")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=sessions.MAX_LIMIT)] = sessions.DEFAULT_LIMIT,
+    offset: Annotated[int, Query(ge=0, le=sessions.MAX_OFFSET)] = 0,
+) -> dict[str, Any]:
+    """Sessions (files with at least one message) newest first — by their latest message —
+    each with its title (the source's, or the first words of its first user message), time
+    span and message count, and ``total``, the number of sessions that match; page with
+    ``offset = next_offset``. Only the token's agents' sessions are listed."""
+    filters = sessions.Filters(
+        agents=caller.listing(agent_id),
+        source_type=source_type,
+        since=utc(since),
+        until=utc(until),
+    )
+    page = sessions.list_sessions(
+        service.engine, service.settings.data_dir, filters, offset=offset, limit=limit
+    )
+    return page.to_json()

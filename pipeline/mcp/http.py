@@ -1,0 +1,151 @@
+"""The MCP server on the API, at ``/mcp`` (streamable HTTP), with the API's own bearer tokens.
+
+* **Auth.** A request to ``/mcp`` presents the same token as ``/v1`` (``Authorization:
+  Bearer sgme_…``) and is checked by the same verifier before the MCP SDK sees it: while auth
+  is on, no token (or a bad one) is the API's 401 with its ``WWW-Authenticate: Bearer``
+  challenge. While it is off (no token made, loopback only), ``/mcp`` is open as ``/v1`` is.
+* **Scopes and agents, per tool.** Each tool calls the API's own ``/v1`` routes in process
+  (an ASGI transport: no socket, no second server) with the caller's token, so ``read`` and
+  ``append`` are checked per call exactly as they are for a client, and another agent's data
+  answers as if it did not exist.
+* **Stateless.** Every POST is answered on its own (JSON, no session to keep): ``sgme api
+  --workers N`` runs several processes behind one port, and an MCP session kept in one of them
+  would be unknown to the next.
+* **Cross-site requests** from a browser (``Sec-Fetch-Site: cross-site``, or an ``Origin``
+  that is not the server's own) are refused: a web page must not save memories through a
+  visitor's loopback server.
+
+``save_memory`` appends as the agent the request names in ``X-SGME-Agent-Id``, else the
+token's only agent, else :data:`DEFAULT_AGENT`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+from fastapi import FastAPI
+from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
+from mcp.server.transport_security import TransportSecuritySettings
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from pipeline import auth, client, errors, validation
+from pipeline.api import security
+from pipeline.mcp import tools
+
+PATH = "/mcp"
+AGENT_HEADER = "x-sgme-agent-id"
+DEFAULT_AGENT = "mcp"  #: the agent a saved memory belongs to when nothing names one
+_CALLER = "sgme_caller"  #: where the verified caller waits in the request's state
+
+
+def cross_site(headers: Any, host: str) -> bool:
+    """Whether a browser sent this request from another site: ``Sec-Fetch-Site:
+    cross-site``, or an ``Origin`` whose host is not the one the request was sent to."""
+    if headers.get("sec-fetch-site", "").lower() == "cross-site":
+        return True
+    origin = headers.get("origin")
+    if origin is None:
+        return False
+    scheme, _, rest = origin.partition("://")
+    return not rest or rest.lower() != host.lower() or scheme not in ("http", "https")
+
+
+class Guard:
+    """ASGI: the API's bearer token checked (and the caller kept for the tools) before the
+    MCP transport answers; cross-site browser requests refused."""
+
+    def __init__(self, app: ASGIApp, refuse: Callable[[errors.SgmeError], Response]) -> None:
+        self.app = app
+        self.refuse = refuse
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive)
+        try:
+            if cross_site(request.headers, request.headers.get("host", "")):
+                raise errors.Forbidden("cross-site requests to /mcp are refused")
+            caller = await security.caller(request)
+        except errors.SgmeError as exc:
+            await self.refuse(exc)(scope, receive, send)
+            return
+        scope.setdefault("state", {})[_CALLER] = caller
+        await self.app(scope, receive, send)
+
+
+class InProcess:
+    """The tools' :class:`tools.Link` on the API: calls to the app's own ``/v1`` routes, in
+    process, as the caller of the MCP request."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.transport = httpx.ASGITransport(app=app)
+
+    @staticmethod
+    def _request(ctx: Context) -> Request:
+        request = ctx.request_context.request
+        assert isinstance(request, Request), "the /mcp tools run only over HTTP"
+        return request
+
+    @contextlib.asynccontextmanager
+    async def connect(self, ctx: Context) -> AsyncIterator[client.AsyncClient]:
+        """A client of ``/v1`` with this request's token, sent to this request's Host (which
+        the allowlist already let in)."""
+        request = self._request(ctx)
+        scheme, _, secret = request.headers.get("authorization", "").partition(" ")
+        token = secret.strip() if scheme.lower() == "bearer" else None
+        base = f"http://{request.headers.get('host', '127.0.0.1')}"
+        async with client.AsyncClient(
+            base, token=token or None, retry=client.NO_RETRY, transport=self.transport
+        ) as sgme:
+            yield sgme
+
+    def agent_id(self, ctx: Context) -> str:
+        """``X-SGME-Agent-Id``, else the token's only agent, else :data:`DEFAULT_AGENT`."""
+        request = self._request(ctx)
+        named = request.headers.get(AGENT_HEADER)
+        if named:
+            try:
+                validation.check_agent_id(named)
+            except errors.InvalidInput as exc:
+                raise ToolError(f"{AGENT_HEADER}: {exc.detail}") from None
+            return named
+        caller: auth.Caller | None = getattr(request.state, _CALLER, None)
+        if caller is not None and caller.agents is not None and len(caller.agents) == 1:
+            return next(iter(caller.agents))
+        return DEFAULT_AGENT
+
+
+def mount(app: FastAPI, refuse: Callable[[errors.SgmeError], Response]) -> None:
+    """Serve the MCP server at ``/mcp`` on ``app``, its session manager run by the app's
+    lifespan (a new one each time the app starts)."""
+    server = tools.build(InProcess(app))
+
+    def transport() -> None:
+        # The SDK's own Host/Origin check is off: the API's Host allowlist covers /mcp, and
+        # Guard refuses cross-site browser requests.
+        server.streamable_http_app(
+            streamable_http_path=PATH,
+            stateless_http=True,
+            json_response=True,
+            transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+        )
+
+    async def handle(scope: Scope, receive: Receive, send: Send) -> None:
+        await StreamableHTTPASGIApp(server.session_manager)(scope, receive, send)
+
+    app.router.routes.append(Route(PATH, endpoint=Guard(handle, refuse), methods=None))
+    previous = app.router.lifespan_context
+
+    @contextlib.asynccontextmanager
+    async def lifespan(started: Any) -> AsyncIterator[Any]:
+        transport()
+        async with server.session_manager.run(), previous(started) as state:
+            yield state
+
+    app.router.lifespan_context = lifespan

@@ -1,0 +1,289 @@
+"""The MCP tools and the resource an agent reads and writes its memory with (DESIGN §6), over
+either transport: each tool is a call of :class:`pipeline.client.AsyncClient`, through a
+:class:`Link` that says which server, which token and which agent (``sgme mcp`` on stdio: the
+configured server; ``/mcp`` on the API: the API itself, in process, with the caller's token).
+
+So the rules of the HTTP API — scopes, another agent's data answering 404, every limit — are
+the tools' rules too, by construction. Every answer is bounded (the ``MAX_*`` constants): an
+LLM's context is small, and a message may be 8 MiB. A refused call is a tool error whose text
+says what to do (``is_error`` in the result), never a crash of the session.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Annotated, Any, Literal, Protocol
+
+from mcp.server import MCPServer
+from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
+from pydantic import Field
+
+from pipeline import client, errors
+
+NAME = "sgme"
+MAX_SEARCH_LIMIT = 50  #: hits one ``search_memory`` answers at most
+MAX_CONTEXT = 10  #: neighbours a side ``open_memory`` shows at most
+MAX_SESSIONS = 100  #: sessions one ``list_sessions`` answers at most
+MAX_PAGE = 200  #: messages one ``read_session`` asks for at most
+MESSAGE_CHARS = 20_000  #: characters of the message ``open_memory`` opens
+NEIGHBOUR_CHARS = 2_000  #: characters of each neighbour it shows
+PAGE_MESSAGE_CHARS = 4_000  #: characters of each message of a ``read_session`` page
+PAGE_CHARS = 60_000  #: characters of one ``read_session`` page (at least one message)
+RESOURCE_BYTES = 4 * 1024 * 1024  #: bytes of a file the resource gives (the rest: read_session)
+
+INSTRUCTIONS = """\
+SGME keeps every conversation turn this agent (and the others the token may read) ever had, \
+word for word, in append-only session files. Use it to remember: search_memory finds earlier \
+messages by words or phrases (any language) and gives each hit's source_ref \
+("file_id:seq"); open_memory shows one message whole with its neighbours; list_sessions and \
+read_session browse whole conversations; save_memory keeps a note for later. Times are UTC."""
+
+
+class Link(Protocol):
+    """Where the tools' calls go: a client for the current request, and the agent a saved
+    memory belongs to."""
+
+    def connect(self, ctx: Context) -> AbstractAsyncContextManager[client.AsyncClient]:
+        """A client of the HTTP API acting for this request's caller."""
+        ...
+
+    def agent_id(self, ctx: Context) -> str:
+        """The agent_id ``save_memory`` appends as."""
+        ...
+
+
+def refusal(exc: errors.SgmeError) -> str:
+    """What the model reads when a call is refused: what happened and what to do."""
+    if isinstance(exc, errors.NotFound):
+        return f"not found: {exc.detail}"
+    if isinstance(exc, errors.Unauthorized | errors.Forbidden):
+        return f"not allowed: {exc.detail}"
+    if isinstance(exc, errors.TransientError):
+        return f"SGME cannot answer right now ({exc.detail}); try again in a moment"
+    return exc.detail
+
+
+def cut(text: str, limit: int) -> tuple[str, int]:
+    """``text`` cut to ``limit`` characters, and how many were left out."""
+    if len(text) <= limit:
+        return text, 0
+    return text[:limit], len(text) - limit
+
+
+def _message(message: Any, limit: int) -> dict[str, Any]:
+    content, left = cut(message.content, limit)
+    shown: dict[str, Any] = {
+        "source_ref": message.source_ref,
+        "seq": message.seq,
+        "ts": message.ts,
+        "role": message.role,
+        "content": content,
+    }
+    if message.tool_name:
+        shown["tool_name"] = message.tool_name
+    if left:
+        shown["truncated_chars"] = left
+    return shown
+
+
+def build(link: Link) -> MCPServer[Any]:
+    """The MCP server: five tools and one resource template, each call through ``link``."""
+    server: MCPServer[Any] = MCPServer(NAME, instructions=INSTRUCTIONS, version="0.1.0")
+
+    async def calling(ctx: Context, call: Callable[[client.AsyncClient], Any]) -> Any:
+        try:
+            async with link.connect(ctx) as sgme:
+                return await call(sgme)
+        except errors.SgmeError as exc:
+            raise ToolError(refusal(exc)) from None
+
+    @server.tool()
+    async def search_memory(
+        query: Annotated[
+            str,
+            Field(
+                description='words or "quoted phrases", in any language; every word must occur '
+                "in a message (fewer words find more)"
+            ),
+        ],
+        ctx: Context,
+        session_key: Annotated[
+            str | None, Field(description="only this session (a session_key a hit showed)")
+        ] = None,
+        since: Annotated[
+            str | None, Field(description="only messages at or after this time (RFC 3339)")
+        ] = None,
+        until: Annotated[
+            str | None, Field(description="only messages at or before this time (RFC 3339)")
+        ] = None,
+        limit: Annotated[int, Field(ge=1, le=MAX_SEARCH_LIMIT)] = 10,
+    ) -> dict[str, Any]:
+        """Search every earlier conversation for messages about something: what was decided,
+        said, tried or preferred before. Use it whenever the user refers to earlier work, or
+        when knowing what was said before would help. Returns the best hits first, each
+        with its source_ref ("file_id:seq"), time (UTC), role, session_key and a snippet of
+        the message; open_memory with a source_ref shows the message whole, with what was
+        said around it."""
+        found = await calling(
+            ctx,
+            lambda sgme: sgme.search(
+                query, session_key=session_key, since=since, until=until, limit=limit
+            ),
+        )
+        hits = [
+            {
+                "source_ref": h.source_ref,
+                "ts": h.ts,
+                "role": h.role,
+                "session_key": h.session_key,
+                "agent_id": h.agent_id,
+                "snippet": h.snippet,
+            }
+            for h in found.hits
+        ]
+        return {"hits": hits, "count": len(hits)}
+
+    @server.tool()
+    async def open_memory(
+        source_ref: Annotated[
+            str, Field(description='a message\'s "file_id:seq", as a search hit gives it')
+        ],
+        ctx: Context,
+        context: Annotated[
+            int, Field(ge=0, le=MAX_CONTEXT, description="messages to show on each side")
+        ] = 2,
+    ) -> dict[str, Any]:
+        """Open one remembered message whole (up to 20,000 characters), with the messages
+        just before and after it in its conversation (up to 2,000 characters each), to read
+        a search hit in context. Returns the session it belongs to and the messages in order,
+        the opened one marked; read_session pages through the whole conversation."""
+        found = await calling(ctx, lambda sgme: sgme.ref(source_ref, context=context))
+        return {
+            "file_id": found.file_id,
+            "session_key": found.session_key,
+            "agent_id": found.agent_id,
+            "message": _message(found.message, MESSAGE_CHARS),
+            "before": [_message(m, NEIGHBOUR_CHARS) for m in found.before],
+            "after": [_message(m, NEIGHBOUR_CHARS) for m in found.after],
+        }
+
+    @server.tool()
+    async def list_sessions(
+        ctx: Context,
+        agent_id: Annotated[
+            str | None, Field(description="only this agent's sessions (default: all you may read)")
+        ] = None,
+        since: Annotated[
+            str | None,
+            Field(description="only sessions active at or after this time (RFC 3339)"),
+        ] = None,
+        limit: Annotated[int, Field(ge=1, le=MAX_SESSIONS)] = 20,
+    ) -> dict[str, Any]:
+        """List conversations, newest first: to see what was worked on recently, or to find
+        a session to read. Each has its file_id (for read_session), session_key, title (the
+        source's title or its first words), first and last message times (UTC) and message
+        count; "total" says how many match."""
+        page = await calling(
+            ctx, lambda sgme: sgme.sessions(agent_id=agent_id, since=since, limit=limit)
+        )
+        listed = [
+            {
+                "file_id": s.file_id,
+                "session_key": s.session_key,
+                "title": s.title,
+                "agent_id": s.agent_id,
+                "source_type": s.source_type,
+                "started_at": s.started_at,
+                "ended_at": s.ended_at,
+                "message_count": s.message_count,
+            }
+            for s in page.sessions
+        ]
+        return {"sessions": listed, "total": page.total}
+
+    @server.tool()
+    async def read_session(
+        file_id: Annotated[str, Field(description="a session's file_id (list_sessions gives it)")],
+        ctx: Context,
+        after_seq: Annotated[
+            int, Field(ge=0, description="start after this message number (0: the beginning)")
+        ] = 0,
+        limit: Annotated[int, Field(ge=1, le=MAX_PAGE)] = 50,
+    ) -> dict[str, Any]:
+        """Read a conversation in order, a page at a time: the messages after after_seq, each
+        with its source_ref, time, role and text (long ones cut at 4,000 characters; a page
+        holds about 60,000 characters at most). Pass next_after_seq back as after_seq for the
+        next page; it is null at the end."""
+
+        async def read(sgme: client.AsyncClient) -> tuple[Any, Any]:
+            page = await sgme.messages(file_id, after_seq=after_seq, limit=limit)
+            return page, await sgme.file(file_id)
+
+        page, file = await calling(ctx, read)
+        shown: list[dict[str, Any]] = []
+        used = 0
+        for message in page.messages:
+            item = _message(message, PAGE_MESSAGE_CHARS)
+            used += len(item["content"])
+            if shown and used > PAGE_CHARS:
+                break
+            shown.append(item)
+        last = shown[-1]["seq"] if shown else None
+        more = last is not None and last < file.message_count
+        return {
+            "file_id": file_id,
+            "session_key": file.session_key,
+            "message_count": file.message_count,
+            "messages": shown,
+            "next_after_seq": last if more else None,
+        }
+
+    @server.tool()
+    async def save_memory(
+        content: Annotated[str, Field(description="what to remember, in plain words")],
+        ctx: Context,
+        session_key: Annotated[
+            str | None,
+            Field(description="the session to add it to (default: one session per day of notes)"),
+        ] = None,
+        role: Literal["user", "assistant", "system"] = "user",
+    ) -> dict[str, Any]:
+        """Keep something for later — a decision, a preference, a fact learned — as a message
+        in a session of saved memories, stored for good and found by search_memory from then
+        on. Returns its source_ref."""
+        key = session_key or f"saved-{dt.datetime.now(dt.UTC):%Y-%m-%d}"
+        agent_id = link.agent_id(ctx)
+        done = await calling(
+            ctx,
+            lambda sgme: sgme.append(
+                agent_id=agent_id,
+                session_key=key,
+                messages=[{"role": role, "content": content}],
+            ),
+        )
+        return {"source_ref": done.source_refs[0], "session_key": key, "agent_id": agent_id}
+
+    @server.resource(
+        "sgme://files/{file_id}",
+        name="session file",
+        description="A session's file: the raw Markdown, exactly as stored (the first 4 MiB).",
+        mime_type="text/markdown",
+    )
+    async def session_file(file_id: str, ctx: Context) -> str:
+        try:
+            async with link.connect(ctx) as sgme:
+                data = await sgme.raw(file_id)
+        except errors.NotFound as exc:
+            raise ResourceNotFoundError(refusal(exc)) from None
+        except errors.SgmeError as exc:
+            raise ResourceError(refusal(exc)) from None
+        if len(data) <= RESOURCE_BYTES:
+            return data.decode("utf-8", "replace")
+        shown = data[:RESOURCE_BYTES].decode("utf-8", "ignore")
+        left = len(data) - RESOURCE_BYTES
+        return f"{shown}\n\n<!-- cut: {left} more bytes; read_session pages through all of it -->\n"
+
+    return server

@@ -1,0 +1,259 @@
+"""The sessions listing a person and an agent browse: newest first, each with a title, its time
+span and message count, filtered by agent, source and time, paged as "N of M".
+
+A session here is a file that holds at least one flushed message (an upload is one too; an
+acknowledged session whose first flush has not happened yet is not listed until it has).
+"Newest" is the time of its latest message (``ended_at``), ties broken by file_id, so the order
+is total and a page boundary never repeats or skips a row. The time filter keeps the sessions
+whose span meets it: ``since`` the latest message is at or after it, ``until`` the first at or
+before it.
+
+A session's title is the one its source gave (``metadata.title``: a Claude Code summary, a
+Hermes title; an upload's file name), or else the first words of its first user message (the
+first message when no user spoke), read from the file through the catalog: a page costs one
+catalog query and one short read per session, however large the store or the sessions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import re
+from collections.abc import Collection
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from pipeline import database, errors, reader, tables
+
+DEFAULT_LIMIT = 20
+MAX_LIMIT = 200
+MAX_OFFSET = 10_000_000
+TITLE_WORDS = 12  #: words of the first message a title is made of, at most
+TITLE_CHARS = 90  #: characters of a title, at most
+_TITLE_READ = 2048  #: bytes of the first message read to make a title
+_SPACE = re.compile(r"\s+")
+
+_R = tables.raw_files.c
+_M = tables.messages.c
+
+
+@dataclasses.dataclass(frozen=True)
+class Filters:
+    """What a listing shows: the caller's ``agents`` (None: every agent), narrowed by the
+    other fields when given."""
+
+    agents: Collection[str] | None = None
+    agent_id: str | None = None
+    source_type: str | None = None
+    since: dt.datetime | None = None  #: naive UTC
+    until: dt.datetime | None = None  #: naive UTC
+    session_key: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Session:
+    """One session as a listing shows it."""
+
+    file_id: str
+    agent_id: str
+    source_type: str
+    session_key: str
+    title: str
+    started_at: dt.datetime
+    ended_at: dt.datetime | None
+    message_count: int
+    status: str
+    metadata: dict[str, Any]
+
+    @property
+    def origin(self) -> str | None:
+        """What wrote it, when its metadata says (an importer, the Hermes provider, …)."""
+        for key in ("importer", "client", "source"):
+            value = self.metadata.get(key)
+            if isinstance(value, str) and value:
+                return value
+        return None
+
+    @property
+    def cwd(self) -> str | None:
+        """The working directory the agent ran in, when its source recorded one."""
+        value = self.metadata.get("cwd")
+        return value if isinstance(value, str) and value else None
+
+    def to_json(self) -> dict[str, Any]:
+        """As ``GET /v1/sessions`` shows it."""
+        return {
+            "file_id": self.file_id,
+            "agent_id": self.agent_id,
+            "source_type": self.source_type,
+            "session_key": self.session_key,
+            "title": self.title,
+            "started_at": tables.iso(self.started_at),
+            "ended_at": self.ended_at and tables.iso(self.ended_at),
+            "message_count": self.message_count,
+            "status": self.status,
+            "origin": self.origin,
+            "cwd": self.cwd,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class Page:
+    """Sessions ``offset + 1 … offset + len(sessions)`` of ``total``."""
+
+    sessions: list[Session]
+    total: int
+    offset: int
+    limit: int
+
+    @property
+    def next_offset(self) -> int | None:
+        """The offset of the next page, None on the last."""
+        following = self.offset + len(self.sessions)
+        return following if following < self.total else None
+
+    def to_json(self) -> dict[str, Any]:
+        """As ``GET /v1/sessions`` answers."""
+        return {
+            "sessions": [s.to_json() for s in self.sessions],
+            "total": self.total,
+            "offset": self.offset,
+            "limit": self.limit,
+            "next_offset": self.next_offset,
+        }
+
+
+def _where(filters: Filters) -> list[sa.ColumnElement[bool]]:
+    where: list[sa.ColumnElement[bool]] = [_R.flushed_seq > 0]
+    if filters.agents is not None:
+        where.append(_R.agent_id.in_(sorted(filters.agents)))
+    if filters.agent_id is not None:
+        where.append(_R.agent_id == filters.agent_id)
+    if filters.source_type is not None:
+        where.append(_R.source_type == filters.source_type)
+    if filters.session_key is not None:
+        where.append(_R.session_key == filters.session_key)
+    if filters.since is not None:
+        where.append(_R.ended_at >= filters.since)
+    if filters.until is not None:
+        where.append(_R.started_at <= filters.until)
+    return where
+
+
+def list_sessions(
+    engine: sa.Engine,
+    data_dir: Path,
+    filters: Filters = Filters(),
+    *,
+    offset: int = 0,
+    limit: int = DEFAULT_LIMIT,
+) -> Page:
+    """One page of sessions, newest first, with the count of all that match."""
+    if not 1 <= limit <= MAX_LIMIT:
+        raise errors.InvalidInput(f"limit must be 1..{MAX_LIMIT}, got {limit}")
+    if not 0 <= offset <= MAX_OFFSET:
+        raise errors.InvalidInput(f"offset must be 0..{MAX_OFFSET}, got {offset}")
+    if filters.agents is not None and not filters.agents:
+        return Page([], 0, offset, limit)
+    where = _where(filters)
+    query = (
+        sa.select(tables.raw_files)
+        .where(*where)
+        .order_by(_R.ended_at.desc(), _R.file_id.desc())
+        .offset(offset)
+        .limit(limit)
+    )
+    count = sa.select(sa.func.count()).select_from(tables.raw_files).where(*where)
+    with database.reading(engine) as conn:
+        rows = [tables.FileRow.from_row(r) for r in conn.execute(query)]
+        total = int(conn.execute(count).scalar_one())
+        firsts = _first_messages(conn, [r.file_id for r in rows if not _given_title(r)])
+    sessions = [
+        Session(
+            file_id=row.file_id,
+            agent_id=row.agent_id,
+            source_type=row.source_type,
+            session_key=row.session_key,
+            title=_given_title(row) or _first_words(engine, data_dir, row, firsts.get(row.file_id)),
+            started_at=row.started_at,
+            ended_at=row.ended_at,
+            message_count=row.flushed_seq,
+            status=row.status,
+            metadata=row.metadata,
+        )
+        for row in rows
+    ]
+    return Page(sessions, total, offset, limit)
+
+
+def _given_title(row: tables.FileRow) -> str:
+    """The title the session's source gave it, one line; "" when none."""
+    metadata = row.metadata
+    for key in ("title", "filename"):
+        value = metadata.get(key)
+        if isinstance(value, str) and value.strip():
+            return shorten(value, words=64)
+    return ""
+
+
+def _first_messages(conn: sa.Connection, file_ids: list[str]) -> dict[str, tables.MessageRow]:
+    """The catalog row of each file's first user message (or, without one, its first)."""
+    if not file_ids:
+        return {}
+    user = (
+        sa.select(_M.file_id, sa.func.min(_M.seq).label("seq"))
+        .where(_M.file_id.in_(file_ids), _M.role == "user")
+        .group_by(_M.file_id)
+    )
+    wanted = {file_id: 1 for file_id in file_ids}
+    wanted.update({file_id: int(seq) for file_id, seq in conn.execute(user)})
+    pairs = [sa.and_(_M.file_id == f, _M.seq == s) for f, s in wanted.items()]
+    found = conn.execute(sa.select(tables.messages).where(sa.or_(*pairs)))
+    return {row.file_id: tables.MessageRow.from_row(row) for row in found}
+
+
+def _first_words(
+    engine: sa.Engine, data_dir: Path, row: tables.FileRow, first: tables.MessageRow | None
+) -> str:
+    """A title from the first words of a message; "" when the file cannot be read (the
+    listing still shows the session: ``fsck`` names the file)."""
+    if first is None:
+        return ""
+    try:
+        text = reader.message_text(engine, data_dir, row, first, cap=_TITLE_READ)
+    except errors.SgmeError:
+        return ""
+    return shorten(_without_call_line(text))
+
+
+def _without_call_line(text: str) -> str:
+    """The text of a message without the tool-call line of the clients' convention (so a
+    session that opens with a call is titled by the call's name and arguments)."""
+    prefix = "**tool call**: "
+    return text[len(prefix) :] if text.startswith(prefix) else text
+
+
+def shorten(text: str, *, words: int = TITLE_WORDS, chars: int = TITLE_CHARS) -> str:
+    """``text`` on one line: its first ``words`` words and at most ``chars`` characters,
+    with "…" when something was left out."""
+    parts = _SPACE.split(text.strip())
+    short = " ".join(parts[:words])
+    cut = len(parts) > words
+    if len(short) > chars:
+        short = short[: chars - 1].rstrip()
+        cut = True
+    return short + "…" if cut and short else short
+
+
+def span(session: Session) -> str:
+    """The session's time span for a person: ``2026-08-03 11:18 – 11:42`` (UTC)."""
+    start = session.started_at
+    end = session.ended_at or start
+    first = f"{start:%Y-%m-%d %H:%M}"
+    if end.date() != start.date():
+        return f"{first} – {end:%Y-%m-%d %H:%M}"
+    if f"{end:%H:%M}" == f"{start:%H:%M}":
+        return first
+    return f"{first} – {end:%H:%M}"

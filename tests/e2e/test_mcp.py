@@ -1,0 +1,259 @@
+"""The MCP server driven by the SDK's own client session, against a running ``sgme serve``
+with tokens: streamable HTTP at ``/mcp`` (the API's tokens, scopes per tool, another agent's
+data invisible) and ``sgme mcp`` on stdio (a client of the same server's HTTP API). Each of
+the five tools and the resource is called on each transport; a refused call is a tool error
+(``is_error``) or, for the resource, a JSON-RPC error."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import harness
+import httpx
+import httpx2
+import pytest
+from mcp import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+
+TOOLS = {"search_memory", "open_memory", "list_sessions", "read_session", "save_memory"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Server:
+    """A running ``sgme serve`` with tokens, and what was stored in it."""
+
+    url: str
+    tokens: dict[str, str]  #: admin, alpha_read, alpha_write, beta_read
+    alpha_file: str
+    beta_file: str
+
+
+def _token(procs: harness.Procs, data_dir: Path, agent: str, scope: str) -> str:
+    out = procs.run(
+        ["token", "create", "--data-dir", str(data_dir), "--agent-id", agent, "--scope", scope],
+        harness.clean_env(),
+    )
+    return out.strip().splitlines()[-1]
+
+
+def _append(client: httpx.Client, token: str, agent: str, key: str, *texts: str) -> str:
+    r = client.post(
+        "/v1/append",
+        params={"wait": "flushed"},
+        headers={"Authorization": f"Bearer {token}"},
+        json={
+            "agent_id": agent,
+            "session_key": key,
+            "metadata": {"title": f"{agent} talk"},
+            "messages": [
+                {"role": "user" if i % 2 == 0 else "assistant", "content": t}
+                for i, t in enumerate(texts)
+            ],
+        },
+    )
+    assert r.status_code == 200, r.text
+    return str(r.json()["file_id"])
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    root = tmp_path_factory.mktemp("mcp")
+    data_dir = root / "data"
+    procs = harness.Procs(root / "logs")
+    try:
+        procs.run(["migrate", "--data-dir", str(data_dir)], harness.clean_env())
+        tokens = {
+            "admin": _token(procs, data_dir, "*", "admin"),
+            "alpha_read": _token(procs, data_dir, "alpha", "read"),
+            "alpha_write": _token(procs, data_dir, "alpha", "append,read"),
+            "beta_read": _token(procs, data_dir, "beta", "read"),
+        }
+        port = harness.free_port()
+        argv = ["serve", "--data-dir", str(data_dir), "--port", str(port), "--log-level", "warning"]
+        proc = procs.start("serve", argv, harness.clean_env())
+        url = f"http://127.0.0.1:{port}"
+        with httpx.Client(base_url=url, timeout=10.0) as client:
+            harness.wait_healthy(client, proc, timeout=60)
+            alpha = _append(
+                client,
+                tokens["admin"],
+                "alpha",
+                "alpha-1",
+                "Which database should the audit log use?",
+                "Postgres, with the audit table partitioned by month.",
+                "And the retention?",
+                "Seven years, then archived.",
+            )
+            beta = _append(
+                client, tokens["admin"], "beta", "beta-1", "The beta audit secret is 4711."
+            )
+        yield Server(url, tokens, alpha, beta)
+    finally:
+        procs.close()
+
+
+@contextlib.asynccontextmanager
+async def over_http(server: Server, token: str | None) -> AsyncIterator[ClientSession]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=30.0) as http,
+        streamable_http_client(f"{server.url}/mcp", http_client=http) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        yield session
+
+
+@contextlib.asynccontextmanager
+async def over_stdio(server: Server, token: str, tmp: Path) -> AsyncIterator[ClientSession]:
+    env = harness.clean_env()
+    env.update({"SGME_URL": server.url, "SGME_TOKEN": token, "SGME_AGENT_ID": "alpha"})
+    params = StdioServerParameters(
+        command=sys.executable, args=["-m", "pipeline.cli", "mcp"], env=env, cwd=harness.ROOT
+    )
+    with (tmp / "mcp-stderr.log").open("w") as errlog:
+        async with (
+            stdio_client(params, errlog=errlog) as (read, write),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            yield session
+
+
+async def call(session: ClientSession, tool: str, **arguments: Any) -> dict[str, Any]:
+    """A tool's structured answer; fails on a tool error."""
+    result = await session.call_tool(tool, arguments)
+    assert not result.is_error, result.content
+    assert result.structured_content is not None
+    # the text the model reads is the same answer
+    text = result.content[0]
+    assert json.loads(getattr(text, "text", "")) == result.structured_content
+    return result.structured_content
+
+
+async def refused(session: ClientSession, tool: str, **arguments: Any) -> str:
+    """The text of a tool error."""
+    result = await session.call_tool(tool, arguments)
+    assert result.is_error, result
+    return str(getattr(result.content[0], "text", ""))
+
+
+async def every_tool(session: ClientSession, server: Server, colour: str) -> None:
+    """Each tool and the resource, as the token of agent alpha (append and read) sees them;
+    the memory it saves names ``colour`` (each run its own)."""
+    listed = await session.list_tools()
+    assert {t.name for t in listed.tools} == TOOLS
+    for tool in listed.tools:
+        assert tool.description and len(tool.description) > 80, tool.name
+    search = next(t for t in listed.tools if t.name == "search_memory")
+    assert set(search.input_schema["properties"]) == {
+        "query",
+        "session_key",
+        "since",
+        "until",
+        "limit",
+    }
+
+    found = await call(session, "search_memory", query="audit Postgres")
+    refs = [h["source_ref"] for h in found["hits"]]
+    assert refs == [f"{server.alpha_file}:2"], found  # beta's "audit" is not alpha's to see
+    hit = found["hits"][0]
+    assert (hit["role"], hit["session_key"]) == ("assistant", "alpha-1")
+    assert "Postgres" in hit["snippet"] and hit["ts"].endswith("Z")
+    none = await call(session, "search_memory", query="audit", session_key="nope")
+    assert none == {"hits": [], "count": 0}
+
+    opened = await call(session, "open_memory", source_ref=refs[0], context=1)
+    assert opened["message"]["content"] == "Postgres, with the audit table partitioned by month."
+    assert [m["seq"] for m in opened["before"]] == [1]
+    assert [m["seq"] for m in opened["after"]] == [3]
+
+    listing = await call(session, "list_sessions")
+    assert {s["agent_id"] for s in listing["sessions"]} == {"alpha"}
+    assert listing["total"] == len(listing["sessions"])
+    talk = [s for s in listing["sessions"] if s["file_id"] == server.alpha_file]
+    assert [(s["title"], s["message_count"]) for s in talk] == [("alpha talk", 4)]
+
+    page = await call(session, "read_session", file_id=server.alpha_file, limit=3)
+    assert [m["seq"] for m in page["messages"]] == [1, 2, 3]
+    assert page["next_after_seq"] == 3
+    rest = await call(session, "read_session", file_id=server.alpha_file, after_seq=3)
+    assert [m["content"] for m in rest["messages"]] == ["Seven years, then archived."]
+    assert rest["next_after_seq"] is None
+
+    saved = await call(session, "save_memory", content=f"The team's mug is {colour}.")
+    assert saved["agent_id"] == "alpha" and saved["session_key"].startswith("saved-")
+    again = await call(session, "search_memory", query=f"mug {colour}")
+    assert [h["source_ref"] for h in again["hits"]] == [saved["source_ref"]]
+
+    raw = await session.read_resource(f"sgme://files/{server.alpha_file}")
+    text = getattr(raw.contents[0], "text", "")
+    assert text.startswith("---\nformat_version: 1\n") and "partitioned by month" in text
+
+    # another agent's data is as absent as data that does not exist
+    beta_ref = f"{server.beta_file}:1"
+    assert await refused(session, "open_memory", source_ref=beta_ref) == (
+        f"Error executing tool open_memory: not found: no file {server.beta_file}"
+    )
+    assert "not found" in await refused(session, "read_session", file_id=server.beta_file)
+    with pytest.raises(MCPError, match="not found"):
+        await session.read_resource(f"sgme://files/{server.beta_file}")
+    # bad input is the API's own message
+    assert "source_ref" in await refused(session, "open_memory", source_ref="nonsense")
+
+
+def test_http_tools_scopes_and_isolation(server: Server, tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with over_http(server, server.tokens["alpha_write"]) as session:
+            await every_tool(session, server, "blue")
+        async with over_http(server, server.tokens["alpha_read"]) as session:
+            text = await refused(session, "save_memory", content="not allowed")
+            assert "lacks the append scope" in text
+            found = await call(session, "search_memory", query="audit")
+            assert {h["agent_id"] for h in found["hits"]} == {"alpha"}
+        async with over_http(server, server.tokens["beta_read"]) as session:
+            found = await call(session, "search_memory", query="audit")
+            assert [h["source_ref"] for h in found["hits"]] == [f"{server.beta_file}:1"]
+            listing = await call(session, "list_sessions", agent_id="alpha")
+            assert listing == {"sessions": [], "total": 0}
+
+    anyio.run(scenario)
+
+
+def test_http_refuses_without_a_token_and_cross_site(server: Server) -> None:
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+    headers = {"Accept": "application/json, text/event-stream"}
+    with httpx.Client(base_url=server.url, timeout=10.0) as client:
+        r = client.post("/mcp", json=body, headers=headers)
+        assert r.status_code == 401, r.text
+        assert r.headers["www-authenticate"] == 'Bearer realm="sgme"'
+        assert r.headers["content-type"] == "application/problem+json"
+        r = client.post("/mcp", json=body, headers={**headers, "Authorization": "Bearer sgme_x"})
+        assert r.status_code == 401
+        assert 'error="invalid_token"' in r.headers["www-authenticate"]
+        ok = {**headers, "Authorization": f"Bearer {server.tokens['alpha_read']}"}
+        hostile = {**ok, "Origin": "https://evil.example", "Sec-Fetch-Site": "cross-site"}
+        r = client.post("/mcp", json=body, headers=hostile)
+        assert r.status_code == 403, r.text
+        r = client.post("/mcp", json=body, headers=ok)
+        assert r.status_code == 200, r.text
+        assert {t["name"] for t in r.json()["result"]["tools"]} == TOOLS
+
+
+def test_stdio_is_a_client_of_the_api(server: Server, tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with over_stdio(server, server.tokens["alpha_write"], tmp_path) as session:
+            await every_tool(session, server, "green")
+        async with over_stdio(server, server.tokens["alpha_read"], tmp_path) as session:
+            assert "lacks the append scope" in await refused(session, "save_memory", content="x")
+
+    anyio.run(scenario)
