@@ -25,7 +25,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from pipeline import database, errors, reader, tables
+from pipeline import database, errors, l1, reader, tables
 
 DEFAULT_LIMIT = 20
 MAX_LIMIT = 200
@@ -170,22 +170,47 @@ def list_sessions(
         rows = [tables.FileRow.from_row(r) for r in conn.execute(query)]
         total = int(conn.execute(count).scalar_one())
         firsts = _first_messages(conn, [r.file_id for r in rows if not _given_title(r)])
-    sessions = [
-        Session(
-            file_id=row.file_id,
-            agent_id=row.agent_id,
-            source_type=row.source_type,
-            session_key=row.session_key,
-            title=_given_title(row) or _first_words(engine, data_dir, row, firsts.get(row.file_id)),
-            started_at=row.started_at,
-            ended_at=row.ended_at,
-            message_count=row.flushed_seq,
-            status=row.status,
-            metadata=row.metadata,
-        )
-        for row in rows
-    ]
+    sessions = [_session(engine, data_dir, row, firsts.get(row.file_id)) for row in rows]
     return Page(sessions, total, offset, limit)
+
+
+def describe(engine: sa.Engine, data_dir: Path, row: tables.FileRow) -> Session:
+    """One file as a listing would show it (its title made the same way)."""
+    if _given_title(row):
+        return _session(engine, data_dir, row, None)
+    with database.reading(engine) as conn:
+        first = _first_messages(conn, [row.file_id]).get(row.file_id)
+    return _session(engine, data_dir, row, first)
+
+
+def l1_items(
+    engine: sa.Engine,
+    file_id: str,
+    *,
+    agents: Collection[str] | None = None,
+    limit: int = 500,
+) -> list[tables.L1Item]:
+    """The first ``limit`` L1 items refined from a file, oldest first (none of a file of an
+    agent not among ``agents``)."""
+    with database.reading(engine) as conn:
+        return l1.list_items(conn, file_id=file_id, agents=agents, limit=limit)
+
+
+def _session(
+    engine: sa.Engine, data_dir: Path, row: tables.FileRow, first: tables.MessageRow | None
+) -> Session:
+    return Session(
+        file_id=row.file_id,
+        agent_id=row.agent_id,
+        source_type=row.source_type,
+        session_key=row.session_key,
+        title=_given_title(row) or _first_words(engine, data_dir, row, first),
+        started_at=row.started_at,
+        ended_at=row.ended_at,
+        message_count=row.flushed_seq,
+        status=row.status,
+        metadata=row.metadata,
+    )
 
 
 def _given_title(row: tables.FileRow) -> str:

@@ -13,18 +13,8 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from pipeline import errors, validation
-from pipeline.api import (
-    appends,
-    files,
-    models,
-    ops,
-    refine,
-    removal,
-    searching,
-    security,
-    sessions,
-)
+from pipeline import errors, ui, validation
+from pipeline.api import appends, files, models, ops, refine, removal, searching, security, sessions
 from pipeline.api.deps import problem
 from pipeline.api.server import BodyLimit
 from pipeline.mcp import http as mcp_http
@@ -68,6 +58,7 @@ def create_app(service: Service) -> FastAPI:
         app.include_router(module.router)
 
     mcp_http.mount(app, refuse=answer)
+    ui.mount(app)
 
     @app.exception_handler(errors.SgmeError)
     async def _sgme_error(_request: Request, exc: errors.SgmeError) -> JSONResponse:

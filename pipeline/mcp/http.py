@@ -37,25 +37,13 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from pipeline import auth, client, errors, validation
-from pipeline.api import security
+from pipeline.api import sameorigin, security
 from pipeline.mcp import tools
 
 PATH = "/mcp"
 AGENT_HEADER = "x-sgme-agent-id"
 DEFAULT_AGENT = "mcp"  #: the agent a saved memory belongs to when nothing names one
 _CALLER = "sgme_caller"  #: where the verified caller waits in the request's state
-
-
-def cross_site(headers: Any, host: str) -> bool:
-    """Whether a browser sent this request from another site: ``Sec-Fetch-Site:
-    cross-site``, or an ``Origin`` whose host is not the one the request was sent to."""
-    if headers.get("sec-fetch-site", "").lower() == "cross-site":
-        return True
-    origin = headers.get("origin")
-    if origin is None:
-        return False
-    scheme, _, rest = origin.partition("://")
-    return not rest or rest.lower() != host.lower() or scheme not in ("http", "https")
 
 
 class Guard:
@@ -69,7 +57,7 @@ class Guard:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive)
         try:
-            if cross_site(request.headers, request.headers.get("host", "")):
+            if sameorigin.cross_site(request.headers, request.headers.get("host", "")):
                 raise errors.Forbidden("cross-site requests to /mcp are refused")
             caller = await security.caller(request)
         except errors.SgmeError as exc:

@@ -1,0 +1,61 @@
+"""What an operator checks first, in one read: the journal's backlog, the appends held for
+their predecessor, files by status, the refinement lag, and the latest anomalies — the web
+view's status page (``/ui/status``) and the numbers ``/metrics`` also exports."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+
+import sqlalchemy as sa
+
+from pipeline import database, index, ledger, tables
+
+RECENT_ANOMALIES = 50  #: anomalies the overview lists, newest first
+
+
+@dataclasses.dataclass(frozen=True)
+class Overview:
+    """The state of the store at one moment."""
+
+    journal_rows: int
+    journal_messages: int
+    journal_bytes: int
+    held_appends: int
+    files_by_status: dict[str, int]
+    lag_messages: int  #: flushed messages not yet refined, over every refinable file
+    lag_worst: int  #: the most any one file waits with
+    oldest_unrefined: dt.datetime | None  #: flush time of the longest-waiting unrefined file
+    anomalies_by_kind: dict[str, int]
+    recent_anomalies: list[tables.Anomaly]
+
+
+def read(engine: sa.Engine, *, recent: int = RECENT_ANOMALIES) -> Overview:
+    """The overview, from one read-only snapshot of the index."""
+    r = tables.raw_files.c
+    waiting = sa.select(sa.func.min(r.flushed_at)).where(
+        r.flushed_seq > r.last_refined_seq, r.status.in_(tables.REFINABLE)
+    )
+    latest = (
+        sa.select(tables.anomalies)
+        .order_by(
+            sa.func.coalesce(tables.anomalies.c.last_seen_at, tables.anomalies.c.created_at).desc()
+        )
+        .limit(recent)
+    )
+    with database.reading(engine) as conn:
+        rows, messages, size = ledger.journal_backlog(conn)
+        held, _ = ledger.waiting_backlog(conn)
+        lag, worst = index.refinement_lag(conn)
+        return Overview(
+            journal_rows=rows,
+            journal_messages=messages,
+            journal_bytes=size,
+            held_appends=held,
+            files_by_status=index.count_files_by_status(conn),
+            lag_messages=lag,
+            lag_worst=worst,
+            oldest_unrefined=conn.execute(waiting).scalar_one(),
+            anomalies_by_kind=index.count_anomalies_by_kind(conn),
+            recent_anomalies=[tables.Anomaly.from_row(a) for a in conn.execute(latest)],
+        )

@@ -1,0 +1,134 @@
+"""Messages as the web view shows them: Markdown rendered with every piece of HTML in the text
+escaped (messages hold HTML, scripts and Markdown, and all of it must show as text), code
+highlighted by Pygments with CSS classes (no inline style: the Content-Security-Policy allows
+none), and each message sorted into what it is — text, a tool call, a tool result, thinking —
+so calls, results and thinking can be folded.
+
+The clients' convention (docs/format.md): a tool call is an assistant message whose first line
+is ``**tool call**: NAME`` followed by the arguments; a tool result is a message of role
+``tool`` with its ``tool_name``; thinking is a message whose first line is ``**thinking**``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Literal
+
+from markdown_it import MarkdownIt
+from markupsafe import Markup, escape
+from pygments import highlight
+from pygments.formatters import HtmlFormatter
+from pygments.lexers import get_lexer_by_name
+from pygments.util import ClassNotFound
+
+from pipeline import document
+
+CALL_PREFIX = "**tool call**: "
+THINKING_PREFIX = "**thinking**"
+RENDER_CHARS = 200_000  #: characters of one message rendered as Markdown; the rest as text
+Kind = Literal["text", "call", "result", "thinking"]
+
+_FORMATTER = HtmlFormatter(cssclass="highlight", nowrap=True)
+
+
+def pygments_css() -> str:
+    """The stylesheet of the highlighted code (served as a static file)."""
+    return str(_FORMATTER.get_style_defs(".highlight"))  # type: ignore[no-untyped-call]
+
+
+def _highlight(code: str, lang: str, _attrs: str) -> str:
+    """A fenced block's code as highlighted HTML; "" (markdown-it's own escaped ``<pre>``)
+    when the language is unknown."""
+    if not lang:
+        return ""
+    try:
+        lexer = get_lexer_by_name(lang.split()[0], stripnl=False)
+    except ClassNotFound:
+        return ""
+    # starts with "<pre": markdown-it then uses it as it is
+    return f'<pre class="highlight"><code>{highlight(code, lexer, _FORMATTER)}</code></pre>\n'
+
+
+@functools.cache
+def _markdown() -> MarkdownIt:
+    # "html": False is what keeps a message's own HTML from ever reaching the page as markup:
+    # markdown-it escapes it like any other text. Links keep markdown-it's scheme check
+    # (no javascript:, vbscript:, file:, data: other than images).
+    md = MarkdownIt("commonmark", {"html": False, "linkify": False, "highlight": _highlight})
+    md.enable("table").enable("strikethrough")
+
+    def link_open(renderer: Any, tokens: Any, idx: int, options: Any, env: Any) -> str:
+        tokens[idx].attrSet("rel", "noopener noreferrer nofollow")
+        return str(renderer.renderToken(tokens, idx, options, env))
+
+    md.add_render_rule("link_open", link_open)
+    return md
+
+
+def markdown(text: str) -> Markup:
+    """``text`` as HTML: Markdown rendered, every HTML tag in it escaped. A very long text is
+    rendered in part, the rest shown as plain (escaped) text."""
+    head, tail = text[:RENDER_CHARS], text[RENDER_CHARS:]
+    html = _markdown().render(head)
+    if tail:
+        html += f'<pre class="rest">{escape(tail)}</pre>'
+    return Markup(html)
+
+
+@dataclasses.dataclass(frozen=True)
+class Shown:
+    """One message, ready for the template."""
+
+    seq: int
+    source_ref: str
+    ts: str
+    role: str
+    kind: Kind
+    name: str | None  #: the tool's name, for a call or a result
+    body: Markup  #: rendered: Markdown for text and thinking, a code block for a call or result
+    lines: int  #: lines of the content (a folded message says how long it is)
+
+
+def classify(message: document.Message) -> tuple[Kind, str | None, str]:
+    """What a message is, the tool's name (a call's or a result's), and the text to show."""
+    content = message.content
+    if message.role == "tool":
+        return "result", message.tool_name, content
+    if message.role == "assistant" and content.startswith(CALL_PREFIX):
+        first, _, rest = content.partition("\n")
+        return "call", first[len(CALL_PREFIX) :].strip(), rest.strip("\n")
+    if content.startswith(THINKING_PREFIX):
+        first, _, rest = content.partition("\n")
+        after = first[len(THINKING_PREFIX) :].lstrip(":").strip()
+        return "thinking", None, f"{after}\n{rest}".strip("\n")
+    return "text", None, content
+
+
+def _code(text: str, lang: str = "") -> Markup:
+    if lang:
+        done = _highlight(text, lang, "")
+        if done:
+            return Markup(done)
+    return Markup('<pre class="code"><code>{}</code></pre>').format(text)
+
+
+def show(message: document.Message, file_id: str) -> Shown:
+    """A message as the session page shows it."""
+    kind, name, text = classify(message)
+    if kind == "call":
+        body = _code(text, "json" if text.lstrip().startswith(("{", "[")) else "")
+    elif kind == "result":
+        body = _code(text)
+    else:
+        body = markdown(text)
+    return Shown(
+        seq=message.seq,
+        source_ref=f"{file_id}:{message.seq}",
+        ts=message.ts,
+        role=message.role,
+        kind=kind,
+        name=name,
+        body=body,
+        lines=text.count("\n") + 1 if text else 0,
+    )
