@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs, urlencode
@@ -469,15 +469,24 @@ async def logout(request: Request) -> Response:
 # ---------------------------------------------------------------------------------------------
 # the stylesheets (package data; the highlighting's generated once)
 
-_STATIC = {
-    "ui.css": lambda: resources.files("pipeline.ui").joinpath("static/ui.css").read_text("utf-8"),
-    "pygments.css": render.pygments_css,
-    "icon.svg": lambda: _ICON,
-}
 _ICON = (
     '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 16 16">'
     '<rect width="16" height="16" rx="3" fill="#2457a6"/></svg>'
 )
+
+
+def _packaged(name: str) -> Callable[[], str]:
+    def read() -> str:
+        return resources.files("pipeline.ui").joinpath("static", name).read_text("utf-8")
+
+    return read
+
+
+_STATIC: dict[str, Callable[[], str]] = {
+    "ui.css": _packaged("ui.css"),
+    "pygments.css": render.pygments_css,
+    "icon.svg": lambda: _ICON,
+}
 _TYPES = {".css": "text/css; charset=utf-8", ".svg": "image/svg+xml"}
 _CACHED: dict[str, str] = {}
 
