@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install hermes-env run test lint unit integration bench chaos clean
+.PHONY: install hermes-env browser ui-test run test lint unit integration bench chaos clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python >= 3.11 is required"'
@@ -32,6 +32,16 @@ $(HERMES_STAMP): $(HERMES_REQUIREMENTS)
 	@touch $@
 
 hermes-env: $(HERMES_STAMP)
+
+## make browser: Debian's headless Chromium for the web view's browser tests (Playwright drives
+## /usr/bin/chromium; no browser is downloaded). Needs root (apt-get).
+browser:
+	@command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+## make ui-test: the web view in the browser; screenshots go to $(SCREENSHOTS)
+SCREENSHOTS ?= screenshots
+ui-test: $(STAMP) browser
+	SGME_UI_SCREENSHOTS=$(abspath $(SCREENSHOTS)) $(BIN)/pytest -q tests/e2e/test_ui_browser.py
 
 ## make run: the embedded service (SQLite + ./data + in-process flusher) on 127.0.0.1:8765
 run: $(STAMP)

@@ -67,7 +67,7 @@ CSP = (
 HEADERS = {
     "Content-Security-Policy": CSP,
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    "Referrer-Policy": "same-origin",  # no-referrer would make a form's Origin "null"
     "X-Frame-Options": "DENY",
     "Cache-Control": "no-store",
 }
