@@ -10,7 +10,9 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python >= 3.11 is required"'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	@# setuptools tells every editable install of a flat layout to "be careful with folders
+	@# named like the package": true of any checkout, and it made installs look broken
+	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install --quiet -e '.[dev]'
 	@touch $@
 
 install: $(STAMP)

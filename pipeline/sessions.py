@@ -47,6 +47,7 @@ class Filters:
     agents: Collection[str] | None = None
     agent_id: str | None = None
     source_type: str | None = None
+    status: str | None = None
     since: dt.datetime | None = None  #: naive UTC
     until: dt.datetime | None = None  #: naive UTC
     session_key: str | None = None
@@ -54,24 +55,50 @@ class Filters:
 
 @dataclasses.dataclass(frozen=True)
 class Session:
-    """One session as a listing shows it."""
+    """One session as a listing shows it: its file's index row and its title."""
 
-    file_id: str
-    agent_id: str
-    source_type: str
-    session_key: str
+    file: tables.FileRow
     title: str
-    started_at: dt.datetime
-    ended_at: dt.datetime | None
-    message_count: int
-    status: str
-    metadata: dict[str, Any]
+
+    @property
+    def file_id(self) -> str:
+        return self.file.file_id
+
+    @property
+    def agent_id(self) -> str:
+        return self.file.agent_id
+
+    @property
+    def source_type(self) -> str:
+        return self.file.source_type
+
+    @property
+    def session_key(self) -> str:
+        return self.file.session_key
+
+    @property
+    def started_at(self) -> dt.datetime:
+        return self.file.started_at
+
+    @property
+    def ended_at(self) -> dt.datetime | None:
+        return self.file.ended_at
+
+    @property
+    def message_count(self) -> int:
+        """Messages in the file (flushed)."""
+        return self.file.flushed_seq
+
+    @property
+    def status(self) -> str:
+        return self.file.status
 
     @property
     def origin(self) -> str | None:
         """What wrote it, when its metadata says (an importer, the Hermes provider, …)."""
+        metadata = self.file.metadata
         for key in ("importer", "client", "source"):
-            value = self.metadata.get(key)
+            value = metadata.get(key)
             if isinstance(value, str) and value:
                 return value
         return None
@@ -79,7 +106,7 @@ class Session:
     @property
     def cwd(self) -> str | None:
         """The working directory the agent ran in, when its source recorded one."""
-        value = self.metadata.get("cwd")
+        value = self.file.metadata.get("cwd")
         return value if isinstance(value, str) and value else None
 
     def to_json(self) -> dict[str, Any]:
@@ -133,6 +160,8 @@ def _where(filters: Filters) -> list[sa.ColumnElement[bool]]:
         where.append(_R.agent_id == filters.agent_id)
     if filters.source_type is not None:
         where.append(_R.source_type == filters.source_type)
+    if filters.status is not None:
+        where.append(_R.status == filters.status)
     if filters.session_key is not None:
         where.append(_R.session_key == filters.session_key)
     if filters.since is not None:
@@ -185,32 +214,22 @@ def describe(engine: sa.Engine, data_dir: Path, row: tables.FileRow) -> Session:
 
 def l1_items(
     engine: sa.Engine,
-    file_id: str,
+    file_id: str | None = None,
     *,
     agents: Collection[str] | None = None,
+    after: int = 0,
     limit: int = 500,
 ) -> list[tables.L1Item]:
-    """The first ``limit`` L1 items refined from a file, oldest first (none of a file of an
-    agent not among ``agents``)."""
+    """L1 items oldest first, after the id ``after``: of one file, or of every file of
+    ``agents`` (None: all)."""
     with database.reading(engine) as conn:
-        return l1.list_items(conn, file_id=file_id, agents=agents, limit=limit)
+        return l1.list_items(conn, file_id=file_id, agents=agents, after=after, limit=limit)
 
 
 def _session(
     engine: sa.Engine, data_dir: Path, row: tables.FileRow, first: tables.MessageRow | None
 ) -> Session:
-    return Session(
-        file_id=row.file_id,
-        agent_id=row.agent_id,
-        source_type=row.source_type,
-        session_key=row.session_key,
-        title=_given_title(row) or _first_words(engine, data_dir, row, first),
-        started_at=row.started_at,
-        ended_at=row.ended_at,
-        message_count=row.flushed_seq,
-        status=row.status,
-        metadata=row.metadata,
-    )
+    return Session(row, _given_title(row) or _first_words(engine, data_dir, row, first))
 
 
 def _given_title(row: tables.FileRow) -> str:

@@ -93,12 +93,17 @@ def create(runtime: Runtime, *, flush_threads_count: int = 0) -> tuple[Celery, S
     deployment = runtime.deployment
     app = Celery("sgme", set_as_current=False)
     memory = settings.broker_url.startswith("memory://")
+    broker_url = settings.broker_url
     transport: dict[str, Any] = {"visibility_timeout": VISIBILITY_TIMEOUT}
     if memory:
         # The virtual transport polls; its 1 s default caps an embedded worker at ~2 tasks/s.
         transport["polling_interval"] = 0.005
+        # kombu warns "No hostname was supplied" for memory:// on every connection it makes;
+        # the in-memory transport has no host, so name the one it would assume.
+        if broker_url.rstrip("/") == "memory:":
+            broker_url = "memory://localhost/"
     app.conf.update(
-        broker_url=settings.broker_url,
+        broker_url=broker_url,
         broker_transport_options=transport,
         broker_connection_retry_on_startup=True,
         task_acks_late=True,

@@ -32,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``sgme`` argument parser."""
     from pipeline.cli import (
         agents,
+        browse,
         capture,
         files,
         hermes,
@@ -62,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func)
         return p
 
-    modules = (processes, files, searching, imports, hermes, capture, maintenance, privacy)
+    modules = (processes, files, browse, searching, imports, hermes, capture, maintenance, privacy)
     for module in (*modules, tokens, agents):
         module.register(add)
     return parser

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
-from pipeline import errors, store, tables, validation
+from pipeline import errors, sessions, store, tables, validation
 from pipeline.cli.context import Add, Context, print_json
 
 
@@ -47,35 +50,41 @@ def cmd_upload(ctx: Context) -> int:
 
 
 def cmd_ls(ctx: Context) -> int:
-    """List files."""
+    """List sessions newest first, with titles, and say how many there are in all."""
     a = ctx.args
     settings = ctx.settings()
-    rows = ctx.service(settings).list_files(
-        agents=None if a.agent_id is None else [a.agent_id],
-        status=a.status,
-        source_type=a.source_type,
-        limit=a.limit,
-    )
+    service = ctx.service(settings)
+    filters = sessions.Filters(agent_id=a.agent_id, source_type=a.source_type, status=a.status)
+    limit = sessions.MAX_LIMIT if a.all else a.limit
+    page = service.sessions(filters, offset=a.offset, limit=limit)
+    found = list(page.sessions)
+    while a.all and page.next_offset is not None:
+        page = service.sessions(filters, offset=page.next_offset, limit=limit)
+        found += page.sessions
     if a.json:
-        print_json([row.to_json() for row in rows])
+        print_json([{**s.file.to_json(), "title": s.title} for s in found])
         return 0
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
-    table = Table("agent", "type", "session_key", "msgs", "status", "ended_at")
+    table = Table("when (UTC)", "agent", "title", "session_key", "msgs", box=None)
     table.add_column("file_id", no_wrap=True, min_width=36)  # whole: scripts copy it
-    for row in rows:
-        ended = row.ended_at.strftime("%Y-%m-%d %H:%M:%S") if row.ended_at else ""
-        # Text, not markup: a session_key like "[/bold]" or "[link=…]" is shown as sent.
-        cells = (row.agent_id, row.source_type, row.session_key[:40])
-        table.add_row(
-            *(Text(c) for c in cells), str(row.flushed_seq), row.status, ended, row.file_id
-        )
-    console = Console()
+    for s in found:
+        # Text, not markup: a title like "[/bold]" or "[link=…]" is shown as sent.
+        cells = (sessions.span(s), s.agent_id, printable(s.title), printable(s.session_key)[:40])
+        table.add_row(*(Text(c) for c in cells), str(s.message_count), s.file_id)
+    console = Console(highlight=False)
     if not console.is_terminal:
-        console = Console(width=160)  # a pipe has no width: don't squeeze the columns
+        console = Console(width=160, highlight=False)  # a pipe has no width
     console.print(table)
+    first = a.offset + 1 if found else 0
+    more = "" if a.all or a.offset + len(found) >= page.total else " (--all for every one)"
+    noun = "session" if page.total == 1 else "sessions"
+    console.print(
+        Text(f"{first}–{a.offset + len(found)} of {page.total} {noun}, newest first{more}"),
+        style="dim",
+    )
     return 0
 
 
@@ -106,9 +115,9 @@ def cmd_ref(ctx: Context) -> int:
         return 0
     for m in (*found.before, found.message, *found.after):
         mark = ">" if m.seq == found.message.seq else " "
-        tool = f" ({m.tool_name})" if m.tool_name else ""
+        tool = f" ({printable(m.tool_name)})" if m.tool_name else ""
         print(f"{mark} {file_id}:{m.seq} {m.ts} {m.role}{tool}")
-        print("  " + m.content.replace("\n", "\n  "))
+        print("  " + printable(m.content).replace("\n", "\n  "))
     return 0
 
 
@@ -116,18 +125,48 @@ def register(add: Add) -> None:
     """Declare the file commands."""
     add("append", cmd_append, "append messages: an /v1/append JSON body on stdin")
     p = add("upload", cmd_upload, "store a UTF-8 text file as an upload")
-    p.add_argument("file")
-    p.add_argument("--agent-id", required=True)
+    p.add_argument("file", help="the text file to store")
+    p.add_argument("--agent-id", required=True, help="the agent the upload belongs to")
     p.add_argument("--filename", help="name to record (default: the file's name)")
-    p = add("ls", cmd_ls, "list files")
-    p.add_argument("--agent-id")
-    p.add_argument("--status", choices=tables.STATUSES)
-    p.add_argument("--source-type", choices=tuple(store.SUBDIRS))
-    p.add_argument("--limit", type=int, default=100)
-    p.add_argument("--json", action="store_true")
+    p = add("ls", cmd_ls, "list sessions newest first, with titles and message counts")
+    p.add_argument("--agent-id", help="only this agent's sessions")
+    p.add_argument("--status", choices=tables.STATUSES, help="only files in this status")
+    p.add_argument(
+        "--source-type", choices=tuple(store.SUBDIRS), help="only sessions, uploads or external"
+    )
+    p.add_argument(
+        "--limit",
+        type=_count(sessions.MAX_LIMIT),
+        default=sessions.DEFAULT_LIMIT,
+        help=f"sessions to show (default {sessions.DEFAULT_LIMIT}, at most {sessions.MAX_LIMIT})",
+    )
+    p.add_argument("--offset", type=_count(sessions.MAX_OFFSET, low=0), default=0,
+                   help="skip this many of the newest (the next page)")  # fmt: skip
+    p.add_argument("--all", action="store_true", help="every session, not one page")
+    p.add_argument("--json", action="store_true", help="print JSON: the file rows with titles")
     p = add("cat", cmd_cat, "print a file's raw bytes")
-    p.add_argument("file_id")
+    p.add_argument("file_id", help="the file's id (sgme ls shows it)")
     p = add("ref", cmd_ref, "show the message a source_ref (FILE_ID:SEQ) names")
-    p.add_argument("ref")
-    p.add_argument("--context", type=int, default=1)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("ref", help="FILE_ID:SEQ, as search hits and L1 items give it")
+    p.add_argument("--context", type=int, default=1, help="neighbours to show on each side")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _count(high: int, *, low: int = 1) -> Callable[[str], int]:
+    """An argparse type: a whole number ``low..high``."""
+
+    def parse(text: str) -> int:
+        if not text.isascii() or not text.isdigit() or not low <= int(text) <= high:
+            raise argparse.ArgumentTypeError(f"a whole number {low}..{high}, got {text!r}")
+        return int(text)
+
+    return parse
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """``text`` safe for a terminal: control characters (escape sequences that would move
+    the cursor, retitle the window or hide text) shown as ``\\xNN`` instead of sent raw."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)

@@ -26,12 +26,16 @@ def cmd_refine(ctx: Context) -> int:
     before = _count_items(service, a.file_id)
     service.refine_now(a.file_id, full=a.full)
     row = service.get_file(a.file_id)
+    now = _count_items(service, a.file_id)
+    # "items" is what the file has now; "new_items" what this run made (0 when the background
+    # refiner had already refined everything: the file's items are still "items")
     print_json(
         {
             "file_id": row.file_id,
             "status": row.status,
             "last_refined_seq": row.last_refined_seq,
-            "items": _count_items(service, a.file_id) - (0 if a.full else before),
+            "items": now,
+            "new_items": now if a.full else now - before,
         }
     )
     return 0
@@ -144,7 +148,7 @@ def cmd_reindex(ctx: Context) -> int:
 def register(add: Add) -> None:
     """Declare the maintenance commands."""
     p = add("refine", cmd_refine, "refine a file's unrefined messages now (in this process)")
-    p.add_argument("file_id")
+    p.add_argument("file_id", help="the file to refine")
     p.add_argument(
         "--full", action="store_true", help="re-refine from seq 1, replacing its L1 items"
     )
@@ -157,10 +161,10 @@ def register(add: Add) -> None:
         help="days unchanged (default: archive_after_days, 90)",
     )
     p.add_argument("--dry-run", action="store_true", help="only say what would be archived")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
     p = add("restore", cmd_restore, "move an archived file back to its live place")
-    p.add_argument("file_id")
+    p.add_argument("file_id", help="the archived file")
     p = add("fsck", cmd_fsck, "check every file against the index (exit 1 on problems)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the problems as JSON")
     p = add("reindex", cmd_reindex, "rebuild the index from the files")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")

@@ -151,7 +151,7 @@ def register(add: Add) -> None:
         p.add_argument("--host", help="address to bind (default 127.0.0.1)")
         p.add_argument("--port", type=int, help="port (default 8765)")
         p.add_argument("--broker-url", help="Celery broker (env SGME_BROKER_URL)")
-        p.add_argument("--log-level", default="info")
+        p.add_argument("--log-level", default="info", help=_LOG_LEVEL)
         if name == "serve":
             p.add_argument("--concurrency", type=int, default=4, help="worker threads")
         else:
@@ -164,10 +164,22 @@ def register(add: Add) -> None:
             )
     p = add("worker", cmd_worker, "run a Celery worker (production)")
     p.add_argument("--broker-url", help="Celery broker (env SGME_BROKER_URL)")
-    p.add_argument("--queues", default="append,refine,archive")
-    p.add_argument("--concurrency", type=int, default=2)
-    p.add_argument("--pool", default="prefork", choices=["prefork", "threads", "solo"])
-    p.add_argument("--log-level", default="info")
+    p.add_argument(
+        "--queues",
+        default="append,refine,archive",
+        help="comma-separated queues to consume (default all: append,refine,archive)",
+    )
+    p.add_argument("--concurrency", type=int, default=2, help="worker processes (default 2)")
+    p.add_argument(
+        "--pool",
+        default="prefork",
+        choices=["prefork", "threads", "solo"],
+        help="Celery's execution pool (default prefork)",
+    )
+    p.add_argument("--log-level", default="info", help=_LOG_LEVEL)
     p = add("beat", cmd_beat, "run the Celery beat scheduler (exactly one per deployment)")
     p.add_argument("--broker-url", help="Celery broker (env SGME_BROKER_URL)")
-    p.add_argument("--log-level", default="info")
+    p.add_argument("--log-level", default="info", help=_LOG_LEVEL)
+
+
+_LOG_LEVEL = "debug, info (default), warning or error"

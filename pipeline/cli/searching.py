@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
+import datetime as dt
+
 from pipeline import catalog, search
 from pipeline.cli.context import Add, Context, print_json
 
@@ -10,8 +13,16 @@ def cmd_search(ctx: Context) -> int:
     """Print the messages that best match a query, each with its source_ref."""
     a = ctx.args
     settings = ctx.settings()
-    filters = catalog.Filters(agent_id=a.agent_id, session_key=a.session_key, role=a.role)
-    found = ctx.service(settings).search(a.query, filters, limit=a.limit)
+    filters = catalog.Filters(
+        agent_id=a.agent_id,
+        session_key=a.session_key,
+        file_id=a.file_id,
+        role=a.role,
+        since=a.since,
+        until=a.until,
+    )
+    query = " ".join(a.query)
+    found = ctx.service(settings).search(query, filters, limit=a.limit)
     if a.json:
         print_json(search.hits_of(found))
         return 0
@@ -34,9 +45,31 @@ def cmd_search(ctx: Context) -> int:
 def register(add: Add) -> None:
     """Declare ``sgme search``."""
     p = add("search", cmd_search, "find messages by words and quoted phrases (any language)")
-    p.add_argument("query", help='words (all must occur) and "quoted phrases"')
-    p.add_argument("--agent-id")
-    p.add_argument("--session-key")
-    p.add_argument("--role", choices=("user", "assistant", "tool", "system"))
-    p.add_argument("--limit", type=int, default=search.DEFAULT_LIMIT)
-    p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "query",
+        nargs="+",
+        metavar="WORD",
+        help='words and "quoted phrases" (quote a phrase for the shell too: \'"green tea"\')',
+    )
+    p.add_argument("--agent-id", help="only this agent's messages")
+    p.add_argument("--session-key", help="only this session's messages")
+    p.add_argument("--file-id", help="only this file's messages")
+    p.add_argument("--role", choices=("user", "assistant", "tool", "system"), help="only this role")
+    p.add_argument("--since", type=_time, help="only messages at or after (ISO 8601; UTC if bare)")
+    p.add_argument("--until", type=_time, help="only messages at or before (ISO 8601)")
+    p.add_argument(
+        "--limit",
+        type=int,
+        default=search.DEFAULT_LIMIT,
+        help=f"hits to show (default {search.DEFAULT_LIMIT}, at most {search.MAX_LIMIT})",
+    )
+    p.add_argument("--json", action="store_true", help="print the hits as JSON")
+
+
+def _time(text: str) -> dt.datetime:
+    """An argparse type: an ISO 8601 date or time, as the naive UTC the index keeps."""
+    try:
+        when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an ISO 8601 date or time: {text!r}") from None
+    return when.astimezone(dt.UTC).replace(tzinfo=None) if when.tzinfo else when

@@ -48,6 +48,7 @@ def cmd_ls(ctx: Context) -> int:
         return 0
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     table = Table("token_id", "name", "agent_ids", "scopes", "created", "last used", "revoked")
 
@@ -57,7 +58,7 @@ def cmd_ls(ctx: Context) -> int:
     for token in found:
         table.add_row(
             token.token_id,
-            token.name,
+            Text(token.name),  # as given, never Rich markup: "[red]x" shows as "[red]x"
             ",".join(token.agent_ids),
             ",".join(token.scopes),
             when(token.created_at),
@@ -108,4 +109,4 @@ def register(add: Add) -> None:
     q = action("ls", cmd_ls, "list tokens (never their secrets)")
     q.add_argument("--json", action="store_true", help="print JSON")
     q = action("revoke", cmd_revoke, "revoke a token (running servers refuse it within seconds)")
-    q.add_argument("token_id")
+    q.add_argument("token_id", help="the token's id (token ls shows it)")

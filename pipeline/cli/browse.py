@@ -1,0 +1,139 @@
+"""Reading the memory in a terminal: ``sgme show`` (a session as a conversation) and ``sgme l1``
+(what refinement made of it, each item with the messages it stands on)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pipeline import errors, reader, sessions, validation
+from pipeline.cli import Add, Context, print_json
+from pipeline.cli.files import printable
+from pipeline.ui import render
+
+PAGE = 500  #: messages read at a time
+FOLDED_CHARS = 100  #: characters of a folded call, result or thinking shown on its line
+
+
+def _find(ctx: Context, engine: Any, settings: Any, given: str) -> sessions.Session:
+    """The session a file_id or a session_key names (``--agent-id`` picks among agents)."""
+    a = ctx.args
+    if re.fullmatch(validation.FILE_ID_PATTERN, given):
+        return sessions.describe(engine, settings.data_dir, reader.get_file(engine, given))
+    filters = sessions.Filters(agent_id=a.agent_id, session_key=given)
+    page = sessions.list_sessions(engine, settings.data_dir, filters, limit=20)
+    if not page.sessions:
+        raise errors.NotFound(f"no session with file_id or session_key {given!r}")
+    if page.total > 1:
+        which = ", ".join(f"{s.agent_id}/{s.source_type} {s.file_id}" for s in page.sessions)
+        raise errors.InvalidInput(
+            f"session_key {given!r} names {page.total} sessions ({which}): give the file_id, "
+            "or --agent-id"
+        )
+    return page.sessions[0]
+
+
+def cmd_show(ctx: Context) -> int:
+    """Print a session as a conversation: tool calls, results and thinking folded to one
+    line each unless ``--full``."""
+    a = ctx.args
+    settings = ctx.settings()
+    engine = ctx.engine(settings)
+    session = _find(ctx, engine, settings, a.session)
+    if a.json:
+        listed = reader.messages(
+            engine, settings.data_dir, session.file_id, after_seq=a.after, limit=min(a.limit, PAGE)
+        )
+        print_json({**session.to_json(), "messages": [m.to_json(session.file_id) for m in listed]})
+        return 0
+    from rich.console import Console
+    from rich.rule import Rule
+    from rich.text import Text
+
+    console = Console(highlight=False)
+    if not console.is_terminal:
+        console = Console(highlight=False, width=120)
+    console.print(Text(printable(session.title or "(untitled)"), style="bold"))
+    facts = (
+        f"{session.session_key} · {session.agent_id} · {session.source_type} · "
+        f"{sessions.span(session)} UTC · {session.message_count} messages · {session.file_id}"
+    )
+    console.print(Text(printable(facts), style="dim"))
+    after, left = a.after, a.limit
+    while left > 0:
+        found = reader.messages(
+            engine, settings.data_dir, session.file_id, after_seq=after, limit=min(PAGE, left)
+        )
+        if not found:
+            break
+        for message in found:
+            _print(console, Rule, Text, message, full=a.full)
+        after, left = found[-1].seq, left - len(found)
+    return 0
+
+
+def _print(console: Any, rule: Any, text: Any, message: Any, *, full: bool) -> None:
+    kind, name, body = render.classify(message)
+    label = {"call": "tool call", "result": "tool result", "thinking": "thinking"}.get(kind)
+    head = f"{message.seq} · {message.ts.replace('T', ' ')[:19]} · {message.role}"
+    if label:
+        head += f" · {label}" + (f" {name}" if name else "")
+    console.print(rule(text(printable(head)), align="left", style="dim"))
+    if label and not full:
+        lines = body.count("\n") + 1 if body else 0
+        line = " ".join(body.split())
+        if len(line) > FOLDED_CHARS:
+            line = line[: FOLDED_CHARS - 1] + "…"
+        note = f"  ({lines} lines; --full shows them)" if lines > 1 else ""
+        console.print(text(f"▸ {printable(line)}{note}", style="dim"))
+        return
+    console.print(text(printable(body)))
+
+
+def cmd_l1(ctx: Context) -> int:
+    """Print L1 items, oldest first, each with the source_refs it stands on."""
+    a = ctx.args
+    settings = ctx.settings()
+    engine = ctx.engine(settings)
+    agents = None if a.agent_id is None else [a.agent_id]
+    if a.file_id is not None:
+        validation.check_file_id(a.file_id)
+    items = sessions.l1_items(engine, a.file_id, agents=agents, after=a.after, limit=a.limit)
+    if a.json:
+        print_json([item.to_json() for item in items])
+        return 0
+    from rich.console import Console
+    from rich.text import Text
+
+    console = Console(highlight=False)
+    if not console.is_terminal:
+        console = Console(highlight=False, width=160)
+    for item in items:
+        shown = item.to_json()
+        line = Text(f"{shown['id']} ", style="dim")
+        line.append(Text(f"{item.kind}: ", style="bold"))
+        line.append(Text(printable(item.content)))
+        console.print(line)
+        console.print(Text("    from " + " ".join(shown["source_refs"]), style="dim"))
+    if not items:
+        console.print("no L1 items", style="dim")
+    elif len(items) == a.limit:
+        console.print(Text(f"more after --after {items[-1].id}"), style="dim")
+    return 0
+
+
+def register(add: Add) -> None:
+    """Declare ``sgme show`` and ``sgme l1``."""
+    p = add("show", cmd_show, "print a session as a conversation, tool calls folded")
+    p.add_argument("session", metavar="SESSION_OR_FILE", help="a file_id or a session_key")
+    p.add_argument("--agent-id", help="the agent whose session_key it is (when several have it)")
+    p.add_argument("--full", action="store_true", help="unfold tool calls, results and thinking")
+    p.add_argument("--after", type=int, default=0, help="start after this message number")
+    p.add_argument("--limit", type=int, default=10_000, help="messages to print at most")
+    p.add_argument("--json", action="store_true", help="print the session and messages as JSON")
+    p = add("l1", cmd_l1, "list L1 items (what refinement made), with their source_refs")
+    p.add_argument("--file-id", help="only the items of this file")
+    p.add_argument("--agent-id", help="only this agent's items")
+    p.add_argument("--after", type=int, default=0, help="items with an id above this")
+    p.add_argument("--limit", type=int, default=100, help="items to print at most")
+    p.add_argument("--json", action="store_true", help="print JSON")
