@@ -185,6 +185,10 @@ ENDPOINTS = [
     Endpoint(
         "search-in-a-file", "GET", lambda f: f"/v1/search?q=hi&file_id={f}", "read", "list", 200
     ),
+    Endpoint("sessions", "GET", lambda f: "/v1/sessions", "read", "list", 200),
+    Endpoint(
+        "sessions-of-alice", "GET", lambda f: f"/v1/sessions?agent_id={ALICE}", "read", "list", 200
+    ),
     Endpoint(
         "redact",
         "POST",
@@ -220,7 +224,7 @@ def call(w: World, e: Endpoint, headers: dict[str, str], file_id: str | None = N
 
 def listed(r: Any) -> list[dict[str, Any]]:
     data = r.json()
-    for key in ("files", "items", "hits", "records"):
+    for key in ("files", "items", "hits", "records", "sessions"):
         if key in data:
             return list(data[key])
     raise AssertionError(f"not a listing: {data}")
@@ -259,7 +263,7 @@ def check(w: World, e: Endpoint, case: str, headers: dict[str, str]) -> None:
             rows = listed(r)
             assert all(row["agent_id"] == BOB for row in rows), rows
             # bob's own are there
-            assert bool(rows) is (e.name in ("files", "l1", "search")), rows
+            assert bool(rows) is (e.name in ("files", "l1", "search", "sessions")), rows
         else:
             assert_indistinguishable(w, e, headers, r)
         return
@@ -270,7 +274,7 @@ def check(w: World, e: Endpoint, case: str, headers: dict[str, str]) -> None:
     if e.kind == "list":
         rows = listed(r)
         agents = {row["agent_id"] for row in rows}
-        everyone = case == "admin" and e.name in ("files", "l1", "search")
+        everyone = case == "admin" and e.name in ("files", "l1", "search", "sessions")
         if e.name == "audit":  # nothing was redacted or erased in this world
             assert rows == [], rows
             return
@@ -612,7 +616,7 @@ def test_openapi_declares_the_bearer_scheme_and_the_refusals(world: World) -> No
                 content = responses[status]["content"]["application/problem+json"]
                 assert content["schema"] == {"$ref": "#/components/schemas/Problem"}
             secured += 1
-    assert secured == 15  # every /v1 route but health, search and privacy included
+    assert secured == 16  # every /v1 route but health, search, sessions and privacy included
     refine = schema["paths"]["/v1/files/{file_id}/refine"]["post"]["responses"]
     assert "429" in refine
 

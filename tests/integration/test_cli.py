@@ -86,9 +86,8 @@ def test_append_then_ls_cat_and_ref(sgme: Sgme, data_dir: Path) -> None:
     assert rows[file_id]["flushed_bytes"] == path.stat().st_size
     assert rows[other]["session_key"] == "s2"
     assert sgme("ls", "--json", "--agent-id", "nobody").json() == []
-    assert [r["file_id"] for r in sgme("ls", "--json", "--limit", "1").json()] == [
-        min(file_id, other)
-    ]
+    # newest first: file_id's last message (TS2) is later than other's (TS1)
+    assert [r["file_id"] for r in sgme("ls", "--json", "--limit", "1").json()] == [file_id]
     table = sgme("ls")
     assert table.code == 0 and b"s2" in table.out
 
