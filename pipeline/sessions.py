@@ -51,6 +51,8 @@ class Filters:
     since: dt.datetime | None = None  #: naive UTC
     until: dt.datetime | None = None  #: naive UTC
     session_key: str | None = None
+    #: files with no message in them yet (acknowledged, not flushed) too, newest of all
+    unflushed: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,7 +155,7 @@ class Page:
 
 
 def _where(filters: Filters) -> list[sa.ColumnElement[bool]]:
-    where: list[sa.ColumnElement[bool]] = [_R.flushed_seq > 0]
+    where: list[sa.ColumnElement[bool]] = [] if filters.unflushed else [_R.flushed_seq > 0]
     if filters.agents is not None:
         where.append(_R.agent_id.in_(sorted(filters.agents)))
     if filters.agent_id is not None:
@@ -187,10 +189,12 @@ def list_sessions(
     if filters.agents is not None and not filters.agents:
         return Page([], 0, offset, limit)
     where = _where(filters)
+    # a file not flushed yet has no ended_at: it is the newest of all
+    newest = _R.ended_at.desc().nulls_first() if filters.unflushed else _R.ended_at.desc()
     query = (
         sa.select(tables.raw_files)
         .where(*where)
-        .order_by(_R.ended_at.desc(), _R.file_id.desc())
+        .order_by(newest, _R.file_id.desc())
         .offset(offset)
         .limit(limit)
     )

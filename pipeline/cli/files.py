@@ -54,7 +54,9 @@ def cmd_ls(ctx: Context) -> int:
     a = ctx.args
     settings = ctx.settings()
     service = ctx.service(settings)
-    filters = sessions.Filters(agent_id=a.agent_id, source_type=a.source_type, status=a.status)
+    filters = sessions.Filters(
+        agent_id=a.agent_id, source_type=a.source_type, status=a.status, unflushed=True
+    )
     limit = sessions.MAX_LIMIT if a.all else a.limit
     page = service.sessions(filters, offset=a.offset, limit=limit)
     found = list(page.sessions)
