@@ -149,6 +149,7 @@ def login(page: Any, site: Site, token: str) -> None:
     assert page.url.startswith(f"{site.url}/ui/login?next=%2Fui")
     page.fill("input[name=token]", token)
     page.click("button[type=submit]")
+    page.wait_for_load_state()  # the new page parsed before it is read
 
 
 def test_a_person_browses_follows_an_item_and_searches(page: Any, site: Site) -> None:
@@ -162,6 +163,7 @@ def test_a_person_browses_follows_an_item_and_searches(page: Any, site: Site) ->
     page.screenshot(path=str(site.screens / "1-sessions.png"), full_page=True)
 
     page.click("td.title a")
+    page.wait_for_load_state()  # the new page parsed before it is read
     assert page.url == f"{site.url}/ui/files/{site.session}"
     assert page.locator("article.message").count() == 6
     call = page.locator("#seq-2")
@@ -175,12 +177,14 @@ def test_a_person_browses_follows_an_item_and_searches(page: Any, site: Site) ->
     item = page.locator(".l1 .item", has_text="oak floors")
     assert item.count() == 1
     item.locator("a.source").first.click()
+    page.wait_for_load_state()  # the new page parsed before it is read
     assert page.url.endswith("#seq-4")
     assert page.locator("article:target").get_attribute("id") == "seq-4"
     assert "I prefer oak floors" in page.locator("article:target").inner_text()
 
     page.fill("header .quick input[name=q]", "tiles")
     page.press("header .quick input[name=q]", "Enter")
+    page.wait_for_load_state()  # the new page parsed before it is read
     assert page.url == f"{site.url}/ui/search?q=tiles"
     hits = page.locator("li.hit")
     assert hits.count() == 1
@@ -189,6 +193,7 @@ def test_a_person_browses_follows_an_item_and_searches(page: Any, site: Site) ->
     assert "walls: white" in hits.first.locator(".context").first.inner_text()
     page.screenshot(path=str(site.screens / "3-search.png"), full_page=True)
     hits.first.locator("a.open").click()
+    page.wait_for_load_state()  # the new page parsed before it is read
     assert page.url == f"{site.url}/ui/files/{site.session}#seq-4"
     assert page.locator("article:target").get_attribute("id") == "seq-4"
     assert page.errors == []
@@ -218,13 +223,16 @@ def test_token_flow(page: Any, site: Site) -> None:
     assert "/ui/login?next=" in page.url
     page.fill("input[name=token]", "sgme_" + "x" * 43)
     page.click("button[type=submit]")
+    page.wait_for_load_state()  # the new page parsed before it is read
     assert page.locator("p.error").inner_text() == "unknown, revoked or malformed token"
     page.fill("input[name=token]", site.appender)
     page.click("button[type=submit]")
+    page.wait_for_load_state()  # the new page parsed before it is read
     assert "lacks the read scope" in page.locator("p.error").inner_text()
     page.screenshot(path=str(site.screens / "5-login-refused.png"), full_page=True)
     page.fill("input[name=token]", site.reader)
     page.click("button[type=submit]")
+    page.wait_for_load_state()  # the new page parsed before it is read
     assert page.url == f"{site.url}/ui/files/{site.session}"  # back where it was asked from
     (cookie,) = page.context.cookies()
     assert (cookie["name"], cookie["value"]) == ("sgme_token", site.reader)
@@ -238,6 +246,7 @@ def test_token_flow(page: Any, site: Site) -> None:
     assert page.inner_text("p.error") == "no file 00000000-0000-4000-8000-000000000000"
     page.goto(f"{site.url}/ui")
     page.click("header form.out button")
+    page.wait_for_load_state()  # the new page parsed before it is read
     assert page.url == f"{site.url}/ui/login"
     assert page.context.cookies() == []
 
