@@ -1,7 +1,7 @@
 """raw_files indexes for the sessions listing: newest first, for all agents or one
 
 Revision ID: 0009
-Revises: 0007
+Revises: 0010
 Create Date: 2026-12-10 10:00:00
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from alembic import op
 
 revision = "0009"
-down_revision = "0007"
+down_revision = "0010"
 branch_labels = None
 depends_on = None
 
