@@ -9,7 +9,7 @@ import datetime as dt
 
 import sqlalchemy as sa
 
-from pipeline import database, index, ledger, tables
+from pipeline import anomalies, database, index, ledger, tables
 
 RECENT_ANOMALIES = 50  #: anomalies the overview lists, newest first
 
@@ -18,6 +18,7 @@ RECENT_ANOMALIES = 50  #: anomalies the overview lists, newest first
 class Overview:
     """The state of the store at one moment."""
 
+    at: dt.datetime  #: when it was read (naive UTC, the index's clock)
     journal_rows: int
     journal_messages: int
     journal_bytes: int
@@ -30,7 +31,7 @@ class Overview:
     recent_anomalies: list[tables.Anomaly]
 
 
-def read(engine: sa.Engine, *, recent: int = RECENT_ANOMALIES) -> Overview:
+def read(db: database.Database, *, recent: int = RECENT_ANOMALIES) -> Overview:
     """The overview, from one read-only snapshot of the index."""
     r = tables.raw_files.c
     waiting = sa.select(sa.func.min(r.flushed_at)).where(
@@ -43,11 +44,12 @@ def read(engine: sa.Engine, *, recent: int = RECENT_ANOMALIES) -> Overview:
         )
         .limit(recent)
     )
-    with database.reading(engine) as conn:
+    with db.reading() as conn:
         rows, messages, size = ledger.journal_backlog(conn)
         held, _ = ledger.waiting_backlog(conn)
         lag, worst = index.refinement_lag(conn)
         return Overview(
+            at=db.now(),
             journal_rows=rows,
             journal_messages=messages,
             journal_bytes=size,
@@ -56,6 +58,6 @@ def read(engine: sa.Engine, *, recent: int = RECENT_ANOMALIES) -> Overview:
             lag_messages=lag,
             lag_worst=worst,
             oldest_unrefined=conn.execute(waiting).scalar_one(),
-            anomalies_by_kind=index.count_anomalies_by_kind(conn),
+            anomalies_by_kind=anomalies.count_by_kind(conn),
             recent_anomalies=[tables.Anomaly.from_row(a) for a in conn.execute(latest)],
         )

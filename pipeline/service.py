@@ -47,6 +47,7 @@ from pipeline import (
 )
 from pipeline.settings import Settings
 from pipeline.tables import Kind
+from pipeline.views import Views
 
 log = logging.getLogger(__name__)
 
@@ -83,10 +84,11 @@ class Appended:
         return answer
 
 
-class Service:
+class Service(Views):
     """The use cases over one runtime's parts: its settings, index handle, per-file locks and
     refiner, and a queue (None: nothing is enqueued and nothing is claimed for refinement, as a
-    one-shot command must not strand a claim no worker will run)."""
+    one-shot command must not strand a claim no worker will run). The browsing reads (the
+    sessions listing, the store's overview) come from :class:`~pipeline.views.Views`."""
 
     def __init__(
         self,

@@ -25,7 +25,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from pipeline import database, errors, l1, reader, tables
+from pipeline import database, errors, reader, tables
 
 DEFAULT_LIMIT = 20
 MAX_LIMIT = 200
@@ -174,7 +174,7 @@ def _where(filters: Filters) -> list[sa.ColumnElement[bool]]:
 
 
 def list_sessions(
-    engine: sa.Engine,
+    db: database.Database,
     data_dir: Path,
     filters: Filters = Filters(),
     *,
@@ -199,41 +199,27 @@ def list_sessions(
         .limit(limit)
     )
     count = sa.select(sa.func.count()).select_from(tables.raw_files).where(*where)
-    with database.reading(engine) as conn:
+    with db.reading() as conn:
         rows = [tables.FileRow.from_row(r) for r in conn.execute(query)]
         total = int(conn.execute(count).scalar_one())
         firsts = _first_messages(conn, [r.file_id for r in rows if not _given_title(r)])
-    sessions = [_session(engine, data_dir, row, firsts.get(row.file_id)) for row in rows]
+    sessions = [_session(db, data_dir, row, firsts.get(row.file_id)) for row in rows]
     return Page(sessions, total, offset, limit)
 
 
-def describe(engine: sa.Engine, data_dir: Path, row: tables.FileRow) -> Session:
+def describe(db: database.Database, data_dir: Path, row: tables.FileRow) -> Session:
     """One file as a listing would show it (its title made the same way)."""
     if _given_title(row):
-        return _session(engine, data_dir, row, None)
-    with database.reading(engine) as conn:
+        return _session(db, data_dir, row, None)
+    with db.reading() as conn:
         first = _first_messages(conn, [row.file_id]).get(row.file_id)
-    return _session(engine, data_dir, row, first)
-
-
-def l1_items(
-    engine: sa.Engine,
-    file_id: str | None = None,
-    *,
-    agents: Collection[str] | None = None,
-    after: int = 0,
-    limit: int = 500,
-) -> list[tables.L1Item]:
-    """L1 items oldest first, after the id ``after``: of one file, or of every file of
-    ``agents`` (None: all)."""
-    with database.reading(engine) as conn:
-        return l1.list_items(conn, file_id=file_id, agents=agents, after=after, limit=limit)
+    return _session(db, data_dir, row, first)
 
 
 def _session(
-    engine: sa.Engine, data_dir: Path, row: tables.FileRow, first: tables.MessageRow | None
+    db: database.Database, data_dir: Path, row: tables.FileRow, first: tables.MessageRow | None
 ) -> Session:
-    return Session(row, _given_title(row) or _first_words(engine, data_dir, row, first))
+    return Session(row, _given_title(row) or _first_words(db, data_dir, row, first))
 
 
 def _given_title(row: tables.FileRow) -> str:
@@ -263,14 +249,14 @@ def _first_messages(conn: sa.Connection, file_ids: list[str]) -> dict[str, table
 
 
 def _first_words(
-    engine: sa.Engine, data_dir: Path, row: tables.FileRow, first: tables.MessageRow | None
+    db: database.Database, data_dir: Path, row: tables.FileRow, first: tables.MessageRow | None
 ) -> str:
     """A title from the first words of a message; "" when the file cannot be read (the
     listing still shows the session: ``fsck`` names the file)."""
     if first is None:
         return ""
     try:
-        text = reader.message_text(engine, data_dir, row, first, cap=_TITLE_READ)
+        text = reader.message_text(db, data_dir, row, first, cap=_TITLE_READ)
     except errors.SgmeError:
         return ""
     return shorten(_without_call_line(text))

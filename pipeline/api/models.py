@@ -119,7 +119,7 @@ class Files(Model):
 class Session(Model):
     """One session of ``GET /v1/sessions``."""
 
-    file_id: str = Field(pattern=validation.FILE_ID_PATTERN, json_schema_extra={"format": "uuid"})
+    file_id: str = Field(pattern=refs.FILE_ID_PATTERN, json_schema_extra={"format": "uuid"})
     agent_id: str
     source_type: Literal["session", "upload", "external"]
     session_key: str
@@ -130,7 +130,7 @@ class Session(Model):
     started_at: str
     ended_at: str | None
     message_count: int
-    status: Literal["pending", "new", "refined", "error", "archived"]
+    status: tables.Status
     origin: str | None = Field(None, description="what wrote it: an importer, a client")
     cwd: str | None = Field(None, description="the agent's working directory, when recorded")
 

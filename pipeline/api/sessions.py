@@ -49,7 +49,4 @@ def list_sessions(
         since=utc(since),
         until=utc(until),
     )
-    page = sessions.list_sessions(
-        service.engine, service.settings.data_dir, filters, offset=offset, limit=limit
-    )
-    return page.to_json()
+    return service.list_sessions(filters, offset=offset, limit=limit).to_json()

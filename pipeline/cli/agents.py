@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.cli import Add, Context
+from pipeline.cli.context import Add, Context
 
 
 def cmd_mcp(ctx: Context) -> int:

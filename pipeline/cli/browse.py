@@ -6,22 +6,23 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pipeline import errors, reader, sessions, validation
-from pipeline.cli import Add, Context, print_json
+from pipeline import errors, refs, sessions
+from pipeline.cli.context import Add, Context, print_json
 from pipeline.cli.files import printable
+from pipeline.service import Service
 from pipeline.ui import render
 
 PAGE = 500  #: messages read at a time
 FOLDED_CHARS = 100  #: characters of a folded call, result or thinking shown on its line
 
 
-def _find(ctx: Context, engine: Any, settings: Any, given: str) -> sessions.Session:
+def _find(ctx: Context, service: Service, given: str) -> sessions.Session:
     """The session a file_id or a session_key names (``--agent-id`` picks among agents)."""
     a = ctx.args
-    if re.fullmatch(validation.FILE_ID_PATTERN, given):
-        return sessions.describe(engine, settings.data_dir, reader.get_file(engine, given))
+    if re.fullmatch(refs.FILE_ID_PATTERN, given):
+        return service.get_session(given)
     filters = sessions.Filters(agent_id=a.agent_id, session_key=given)
-    page = sessions.list_sessions(engine, settings.data_dir, filters, limit=20)
+    page = service.list_sessions(filters, limit=20)
     if not page.sessions:
         raise errors.NotFound(f"no session with file_id or session_key {given!r}")
     if page.total > 1:
@@ -37,13 +38,10 @@ def cmd_show(ctx: Context) -> int:
     """Print a session as a conversation: tool calls, results and thinking folded to one
     line each unless ``--full``."""
     a = ctx.args
-    settings = ctx.settings()
-    engine = ctx.engine(settings)
-    session = _find(ctx, engine, settings, a.session)
+    service = ctx.service(ctx.settings())
+    session = _find(ctx, service, a.session)
     if a.json:
-        listed = reader.messages(
-            engine, settings.data_dir, session.file_id, after_seq=a.after, limit=min(a.limit, PAGE)
-        )
+        listed = service.messages(session.file_id, after_seq=a.after, limit=min(a.limit, PAGE))
         print_json({**session.to_json(), "messages": [m.to_json(session.file_id) for m in listed]})
         return 0
     from rich.console import Console
@@ -61,9 +59,7 @@ def cmd_show(ctx: Context) -> int:
     console.print(Text(printable(facts), style="dim"))
     after, left = a.after, a.limit
     while left > 0:
-        found = reader.messages(
-            engine, settings.data_dir, session.file_id, after_seq=after, limit=min(PAGE, left)
-        )
+        found = service.messages(session.file_id, after_seq=after, limit=min(PAGE, left))
         if not found:
             break
         for message in found:
@@ -93,12 +89,11 @@ def _print(console: Any, rule: Any, text: Any, message: Any, *, full: bool) -> N
 def cmd_l1(ctx: Context) -> int:
     """Print L1 items, oldest first, each with the source_refs it stands on."""
     a = ctx.args
-    settings = ctx.settings()
-    engine = ctx.engine(settings)
+    service = ctx.service(ctx.settings())
     agents = None if a.agent_id is None else [a.agent_id]
     if a.file_id is not None:
-        validation.check_file_id(a.file_id)
-    items = sessions.l1_items(engine, a.file_id, agents=agents, after=a.after, limit=a.limit)
+        refs.check_file_id(a.file_id)
+    items = service.l1_items(file_id=a.file_id, agents=agents, after=a.after, limit=a.limit)
     if a.json:
         print_json([item.to_json() for item in items])
         return 0

@@ -1,9 +1,8 @@
 """The web view's pages: sessions, one session, search, status, and the token login.
 
-Every page is read-only and server-rendered. A page reads through :mod:`pipeline` functions
-(:mod:`pipeline.sessions`, :mod:`pipeline.reader`, :mod:`pipeline.search`,
-:mod:`pipeline.overview`) with the viewer's agents, exactly as the API's routes do, so a token
-sees here what it sees through ``/v1`` and nothing more.
+Every page is read-only and server-rendered. A page reads through the
+:class:`~pipeline.service.Service` with the viewer's agents, exactly as the API's routes do,
+so a token sees here what it sees through ``/v1`` and nothing more.
 
 **Who is looking.** The token comes from the ``sgme_token`` cookie that the login form sets
 (or an ``Authorization: Bearer`` header) and is checked by the API's own verifier. While auth
@@ -31,18 +30,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from pipeline import (
-    auth,
-    catalog,
-    document,
-    errors,
-    overview,
-    reader,
-    search,
-    sessions,
-    tables,
-    validation,
-)
+from pipeline import auth, catalog, document, errors, refs, search, sessions, tables, validation
 from pipeline.api import sameorigin
 from pipeline.service import Service
 from pipeline.ui import render
@@ -53,6 +41,8 @@ COOKIE = "sgme_token"
 COOKIE_MAX_AGE = 7 * 24 * 3600  #: seconds a login lasts in the browser
 PAGE_SESSIONS = 50  #: sessions per page of the listing
 PAGE_MESSAGES = 200  #: messages per page of a session
+PAGE_ITEMS = 500  #: L1 items shown with a session
+PAGE_HITS = 20  #: search hits per page
 CONTEXT_CHARS = 300  #: characters of a search hit's neighbours shown around it
 MAX_FORM_BYTES = 4096  #: a login form body, at most
 ROLES = ("user", "assistant", "tool", "system")
@@ -240,9 +230,7 @@ def list_sessions(request: Request) -> Response:
             until=_time(params, "until", end_of_day=True),
         )
         offset = _int(params, "offset", default=0, high=sessions.MAX_OFFSET)
-        page = sessions.list_sessions(
-            service.engine, service.settings.data_dir, filters, offset=offset, limit=PAGE_SESSIONS
-        )
+        page = service.list_sessions(filters, offset=offset, limit=PAGE_SESSIONS)
         kept = {k: v for k, v in params.items() if k != "offset" and v}
 
         def at(offset: int) -> str:
@@ -265,23 +253,17 @@ def show_session(request: Request, file_id: str) -> Response:
     params = request.query_params
 
     def build(caller: auth.Caller) -> Response:
-        row = reader.get_file(service.engine, file_id, agents=caller.agents)
-        after = _int(params, "after", default=0, high=validation.MAX_SEQ)
-        found = reader.messages(
-            service.engine,
-            service.settings.data_dir,
-            file_id,
-            after_seq=after,
-            limit=PAGE_MESSAGES,
-            max_bytes=service.settings.http.max_page_bytes,
-            agents=caller.agents,
+        session = service.get_session(file_id, agents=caller.agents)
+        row = session.file
+        after = _int(params, "after", default=0, high=refs.MAX_SEQ)
+        found = service.messages(
+            file_id, after_seq=after, limit=PAGE_MESSAGES, agents=caller.agents
         )
         shown = [render.show(m, file_id) for m in found]
         last = found[-1].seq if found else after
-        items = sessions.l1_items(service.engine, file_id, agents=caller.agents)
+        items = service.l1_items(file_id=file_id, agents=caller.agents, limit=PAGE_ITEMS)
         return _page(
-            request, "session.html", caller=caller, file=row,
-            session=sessions.describe(service.engine, service.settings.data_dir, row),
+            request, "session.html", caller=caller, file=row, session=session,
             messages=shown, items=[_item(i) for i in items],
             earlier=f"/ui/files/{file_id}?after={max(0, after - PAGE_MESSAGES)}" if after else None,
             later=f"/ui/files/{file_id}?after={last}" if last < row.flushed_seq else None,
@@ -298,14 +280,14 @@ class _Item:
 
 
 def _item(item: tables.L1Item) -> _Item:
-    refs = []
+    links = []
     for ref in item.to_json()["source_refs"]:
         try:
-            file_id, seq = validation.parse_ref(ref)
+            file_id, seq = refs.parse(ref)
         except errors.InvalidInput:
             continue
-        refs.append((ref, message_url(file_id, seq)))
-    return _Item(kind=item.kind, content=item.content, refs=refs)
+        links.append((ref, message_url(file_id, seq)))
+    return _Item(kind=item.kind, content=item.content, refs=links)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -333,7 +315,7 @@ def search_page(request: Request) -> Response:
                 since=_time(params, "since", end_of_day=False),
                 until=_time(params, "until", end_of_day=True),
             )
-            found = search.search(service.engine, service.settings.data_dir, q, filters)
+            found = service.search(q, filters, limit=PAGE_HITS)
             hits = [_in_context(service, caller, h) for h in found]
         return _page(
             request, "search.html", caller=caller, q=q or "", hits=hits, form=dict(params),
@@ -347,13 +329,8 @@ def _in_context(service: Service, caller: auth.Caller, hit: search.Result) -> _H
     """A hit with the ends of the messages around it (none when they cannot be read)."""
     before = after = None
     try:
-        found = reader.resolve(
-            service.engine,
-            service.settings.data_dir,
-            hit.source_ref,
-            context=1,
-            max_bytes=64 * 1024,
-            agents=caller.agents,
+        found = service.resolve(
+            hit.source_ref, context=1, max_bytes=64 * 1024, agents=caller.agents
         )
     except errors.SgmeError:
         found = None
@@ -376,8 +353,8 @@ def status_page(request: Request) -> Response:
     service = _service(request)
 
     def build(caller: auth.Caller) -> Response:
-        found = overview.read(service.engine)
-        return _page(request, "status.html", caller=caller, o=found, now=tables.utcnow())
+        found = service.store_overview()
+        return _page(request, "status.html", caller=caller, o=found, now=found.at)
 
     return _view(request, "admin", build)
 

@@ -22,7 +22,7 @@ from pygments.formatters import HtmlFormatter
 from pygments.lexers import get_lexer_by_name
 from pygments.util import ClassNotFound
 
-from pipeline import document
+from pipeline import document, refs
 
 CALL_PREFIX = "**tool call**: "
 THINKING_PREFIX = "**thinking**"
@@ -124,7 +124,7 @@ def show(message: document.Message, file_id: str) -> Shown:
         body = markdown(text)
     return Shown(
         seq=message.seq,
-        source_ref=f"{file_id}:{message.seq}",
+        source_ref=refs.format(file_id, message.seq),
         ts=message.ts,
         role=message.role,
         kind=kind,

@@ -9,17 +9,24 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import helpers
 import pytest
-import sqlalchemy as sa
 from conftest import Sgme
+from starlette.exceptions import StarletteDeprecationWarning
 
-from pipeline import auth, cli, database, sessions
+from pipeline import cli, database, sessions
+from pipeline.api import app as api_app
 from pipeline.service import Service
 from pipeline.settings import Settings
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", StarletteDeprecationWarning)
+    from fastapi.testclient import TestClient
 
 
 def body(agent: str, key: str, *messages: tuple[str, ...], **extra: Any) -> str:
@@ -90,61 +97,53 @@ def store(sgme: Sgme) -> dict[str, str]:
     return made
 
 
-def listing(engine: sa.Engine, data_dir: Path, **filters: Any) -> sessions.Page:
-    return sessions.list_sessions(engine, data_dir, sessions.Filters(**filters), limit=200)
+def listing(db: database.Database, data_dir: Path, **filters: Any) -> sessions.Page:
+    return sessions.list_sessions(db, data_dir, sessions.Filters(**filters), limit=200)
 
 
 def test_sessions_newest_first_with_titles_filters_and_counts(
-    store: dict[str, str], data_dir: Path, database_url: str
+    store: dict[str, str], data_dir: Path, db: database.Database
 ) -> None:
-    engine = database.create_engine(database_url)
-    try:
-        page = listing(engine, data_dir)
-        assert [s.file_id for s in page.sessions] == [
-            store["calls"],
-            store["titled"],
-            store["beta"],
-            store["old"],
-        ]
-        assert page.total == 4 and page.next_offset is None
-        by = {s.file_id: s for s in page.sessions}
-        # the source's title; else the first user message's first words, on one line
-        assert by[store["titled"]].title == "Kitchen [bold]plan[/bold]"
-        assert by[store["old"]].title == "Which database for the audit log, Postgres or SQLite?"
-        assert by[store["calls"]].title.startswith('read_file {"path": "a.md"}')
-        assert (by[store["titled"]].cwd, by[store["titled"]].origin) == ("/home/ana", "codex")
-        old = by[store["old"]]
-        assert (old.message_count, old.started_at, old.ended_at) == (
-            3,
-            dt.datetime(2026, 1, 1, 9, 0),
-            dt.datetime(2026, 1, 1, 9, 5),
-        )
-        assert sessions.span(old) == "2026-01-01 09:00 – 09:05"
+    page = listing(db, data_dir)
+    assert [s.file_id for s in page.sessions] == [
+        store["calls"],
+        store["titled"],
+        store["beta"],
+        store["old"],
+    ]
+    assert page.total == 4 and page.next_offset is None
+    by = {s.file_id: s for s in page.sessions}
+    # the source's title; else the first user message's first words, on one line
+    assert by[store["titled"]].title == "Kitchen [bold]plan[/bold]"
+    assert by[store["old"]].title == "Which database for the audit log, Postgres or SQLite?"
+    assert by[store["calls"]].title.startswith('read_file {"path": "a.md"}')
+    assert (by[store["titled"]].cwd, by[store["titled"]].origin) == ("/home/ana", "codex")
+    old = by[store["old"]]
+    assert (old.message_count, old.started_at, old.ended_at) == (
+        3,
+        dt.datetime(2026, 1, 1, 9, 0),
+        dt.datetime(2026, 1, 1, 9, 5),
+    )
+    assert sessions.span(old) == "2026-01-01 09:00 – 09:05"
 
-        two = sessions.list_sessions(engine, data_dir, limit=2, offset=1)
-        assert [s.file_id for s in two.sessions] == [store["titled"], store["beta"]]
-        assert (two.total, two.next_offset) == (4, 3)
+    two = sessions.list_sessions(db, data_dir, limit=2, offset=1)
+    assert [s.file_id for s in two.sessions] == [store["titled"], store["beta"]]
+    assert (two.total, two.next_offset) == (4, 3)
 
-        alpha = listing(engine, data_dir, agents=frozenset({"alpha"}))
-        assert alpha.total == 3 and {s.agent_id for s in alpha.sessions} == {"alpha"}
-        assert listing(engine, data_dir, agents=frozenset()).total == 0
-        feb = listing(
-            engine, data_dir, since=dt.datetime(2026, 2, 1), until=dt.datetime(2026, 3, 31)
-        )
-        assert [s.file_id for s in feb.sessions] == [store["titled"], store["beta"]]
-        assert listing(engine, data_dir, source_type="upload").total == 0
-        assert listing(engine, data_dir, session_key="titled").total == 1
-    finally:
-        engine.dispose()
+    alpha = listing(db, data_dir, agents=frozenset({"alpha"}))
+    assert alpha.total == 3 and {s.agent_id for s in alpha.sessions} == {"alpha"}
+    assert listing(db, data_dir, agents=frozenset()).total == 0
+    feb = listing(db, data_dir, since=dt.datetime(2026, 2, 1), until=dt.datetime(2026, 3, 31))
+    assert [s.file_id for s in feb.sessions] == [store["titled"], store["beta"]]
+    assert listing(db, data_dir, source_type="upload").total == 0
+    assert listing(db, data_dir, session_key="titled").total == 1
 
 
 @pytest.fixture
-def api(store: dict[str, str], data_dir: Path, database_url: str) -> Iterator[Any]:
-    from fastapi.testclient import TestClient
-
-    from pipeline.api import app as api_app
-
-    engine = database.create_engine(database_url)
+def service(
+    store: dict[str, str], db: database.Database, data_dir: Path, database_url: str
+) -> Service:
+    """The service over the stored sessions, as a test client's server has it."""
     settings = Settings.load(
         environ={},
         data_dir=data_dir,
@@ -152,13 +151,16 @@ def api(store: dict[str, str], data_dir: Path, database_url: str) -> Iterator[An
         allowed_hosts=("testserver",),
         token_cache_seconds=0.0,
     )
-    with TestClient(api_app.create_app(Service(settings, engine, None))) as client:
-        client.engine = engine
+    return helpers.service(db, settings)
+
+
+@pytest.fixture
+def api(service: Service) -> Iterator[TestClient]:
+    with TestClient(api_app.create_app(service)) as client:
         yield client
-    engine.dispose()
 
 
-def test_the_api_and_the_view_without_tokens(api: Any, store: dict[str, str]) -> None:
+def test_the_api_and_the_view_without_tokens(api: TestClient, store: dict[str, str]) -> None:
     r = api.get("/v1/sessions", params={"limit": 2})
     assert r.status_code == 200
     page = r.json()
@@ -186,8 +188,10 @@ def test_the_api_and_the_view_without_tokens(api: Any, store: dict[str, str]) ->
     assert r.status_code == 415
 
 
-def test_the_api_and_the_view_with_tokens(api: Any, store: dict[str, str]) -> None:
-    reader = auth.create(api.engine, agent_ids=["alpha"], scopes=["read"]).secret
+def test_the_api_and_the_view_with_tokens(
+    api: TestClient, service: Service, store: dict[str, str]
+) -> None:
+    reader = service.create_token(agent_ids=["alpha"], scopes=["read"]).secret
     r = api.get("/v1/sessions")
     assert r.status_code == 401
     r = api.get("/v1/sessions", headers={"Authorization": f"Bearer {reader}"})
