@@ -11,9 +11,9 @@
 * **Stateless.** Every POST is answered on its own (JSON, no session to keep): ``sgme api
   --workers N`` runs several processes behind one port, and an MCP session kept in one of them
   would be unknown to the next.
-* **Cross-site requests** from a browser (``Sec-Fetch-Site: cross-site``, or an ``Origin``
-  that is not the server's own) are refused: a web page must not save memories through a
-  visitor's loopback server.
+* **Cross-site requests** from a browser are refused, and a body that is not JSON, by the
+  API's own :class:`pipeline.api.security.SameOrigin` (403, 415), before this module sees
+  them: a web page must not save memories through a visitor's loopback server.
 
 ``save_memory`` appends as the agent the request names in ``X-SGME-Agent-Id``, else the
 token's only agent, else :data:`DEFAULT_AGENT`.
@@ -37,7 +37,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from pipeline import auth, client, errors, validation
-from pipeline.api import sameorigin, security
+from pipeline.api import security
 from pipeline.mcp import tools
 
 PATH = "/mcp"
@@ -48,7 +48,7 @@ _CALLER = "sgme_caller"  #: where the verified caller waits in the request's sta
 
 class Guard:
     """ASGI: the API's bearer token checked (and the caller kept for the tools) before the
-    MCP transport answers; cross-site browser requests refused."""
+    MCP transport answers."""
 
     def __init__(self, app: ASGIApp, refuse: Callable[[errors.SgmeError], Response]) -> None:
         self.app = app
@@ -57,8 +57,6 @@ class Guard:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive)
         try:
-            if sameorigin.cross_site(request.headers, request.headers.get("host", "")):
-                raise errors.Forbidden("cross-site requests to /mcp are refused")
             caller = await security.caller(request)
         except errors.SgmeError as exc:
             await self.refuse(exc)(scope, receive, send)
@@ -115,8 +113,8 @@ def mount(app: FastAPI, refuse: Callable[[errors.SgmeError], Response]) -> None:
     server = tools.build(InProcess(app))
 
     def transport() -> None:
-        # The SDK's own Host/Origin check is off: the API's Host allowlist covers /mcp, and
-        # Guard refuses cross-site browser requests.
+        # The SDK's own Host/Origin check is off: the API's Host allowlist and its SameOrigin
+        # check cover /mcp.
         server.streamable_http_app(
             streamable_http_path=PATH,
             stateless_http=True,

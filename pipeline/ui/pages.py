@@ -10,9 +10,10 @@ is off (no token made: loopback only) every page is open, as ``/v1`` is. Pages n
 ``read`` scope; the status page ``admin`` (it counts every agent's files).
 
 **The one write.** ``POST /ui/login`` (and ``/ui/logout``) change nothing but the cookie. They
-take only a same-origin ``application/x-www-form-urlencoded`` body: a cross-site browser
-request (``Sec-Fetch-Site: cross-site``, or an ``Origin`` that is not this server) is refused,
-so another site cannot log a visitor in with a token of its choosing.
+take only a same-origin ``application/x-www-form-urlencoded`` body: the API's
+:class:`~pipeline.api.security.SameOrigin` refuses a cross-site browser request (403) and any
+other body type (415) before a page sees it, so another site cannot log a visitor in with a
+token of its choosing.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from pipeline import auth, catalog, document, errors, refs, search, sessions, tables, validation
-from pipeline.api import sameorigin
 from pipeline.service import Service
 from pipeline.ui import render
 
@@ -380,14 +380,8 @@ def login_form(request: Request) -> Response:
 
 
 async def _form(request: Request) -> dict[str, str]:
-    """A same-origin ``application/x-www-form-urlencoded`` body, small."""
-    if sameorigin.cross_site(request.headers, request.headers.get("host", "")):
-        raise errors.Forbidden("cross-site requests are refused")
-    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if kind != "application/x-www-form-urlencoded":
-        raise errors.UnsupportedMediaType(
-            "the login form is sent as application/x-www-form-urlencoded"
-        )
+    """The form's fields: a small ``application/x-www-form-urlencoded`` body, from this site
+    (:class:`~pipeline.api.security.SameOrigin` refused any other before this is called)."""
     body = b""
     async for chunk in request.stream():
         body += chunk

@@ -137,7 +137,7 @@ async def call(session: ClientSession, tool: str, **arguments: Any) -> dict[str,
     # the text the model reads is the same answer
     text = result.content[0]
     assert json.loads(getattr(text, "text", "")) == result.structured_content
-    return result.structured_content
+    return dict(result.structured_content)
 
 
 async def refused(session: ClientSession, tool: str, **arguments: Any) -> str:
@@ -241,12 +241,22 @@ def test_http_refuses_without_a_token_and_cross_site(server: Server) -> None:
         assert r.status_code == 401
         assert 'error="invalid_token"' in r.headers["www-authenticate"]
         ok = {**headers, "Authorization": f"Bearer {server.tokens['alpha_read']}"}
+        # the API's cross-site and body type checks hold at /mcp, token or not
         hostile = {**ok, "Origin": "https://evil.example", "Sec-Fetch-Site": "cross-site"}
         r = client.post("/mcp", json=body, headers=hostile)
         assert r.status_code == 403, r.text
+        assert r.json()["type"] == "urn:sgme:problem:cross-site-request"
+        typed = {**ok, "Content-Type": "text/plain"}
+        r = client.post("/mcp", content=json.dumps(body), headers=typed)
+        assert r.status_code == 415, r.text
+        assert r.json()["type"] == "urn:sgme:problem:unsupported-media-type"
         r = client.post("/mcp", json=body, headers=ok)
         assert r.status_code == 200, r.text
         assert {t["name"] for t in r.json()["result"]["tools"]} == TOOLS
+        # a page of the server itself may (its Origin is the server's)
+        own = {**ok, "Origin": server.url, "Sec-Fetch-Site": "same-origin"}
+        r = client.post("/mcp", json=body, headers=own)
+        assert r.status_code == 200, r.text
 
 
 def test_stdio_is_a_client_of_the_api(server: Server, tmp_path: Path) -> None:

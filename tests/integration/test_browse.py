@@ -183,9 +183,21 @@ def test_the_api_and_the_view_without_tokens(api: TestClient, store: dict[str, s
     assert api.get("/ui", params={"since": "soon"}).status_code == 422
     assert api.get("/ui/status").status_code == 200
     assert api.get("/ui/search", params={"q": "Postgres audit"}).text.count('class="hit"') == 3
-    # the login form's rules hold with auth off too
+    # the login form's rules hold with auth off too: the API's own checks of a write (its
+    # body type, its origin), then the form's size
     r = api.post("/ui/login", content="token=x", headers={"Content-Type": "text/plain"})
     assert r.status_code == 415
+    assert r.json()["type"] == "urn:sgme:problem:unsupported-media-type"
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    hostile = {**form, "Origin": "https://evil.example", "Sec-Fetch-Site": "cross-site"}
+    r = api.post("/ui/login", content="token=x", headers=hostile)
+    assert r.status_code == 403
+    assert r.json()["type"] == "urn:sgme:problem:cross-site-request"
+    r = api.post("/ui/login", content="token=" + "x" * 5000, headers=form)
+    assert r.status_code == 413 and "at most 4096 bytes" in r.text
+    own = {**form, "Origin": "http://testserver", "Sec-Fetch-Site": "same-origin"}
+    r = api.post("/ui/login", content="token=sgme_nope", headers=own)
+    assert r.status_code == 401 and "unknown, revoked or malformed token" in r.text
 
 
 def test_the_api_and_the_view_with_tokens(
