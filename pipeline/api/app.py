@@ -1,26 +1,41 @@
 """The FastAPI application: routers, the service dependency, and one mapping of every error
-to an RFC 9457 problem document (``application/problem+json``)."""
+to an RFC 9457 problem document (``application/problem+json``); the web view (``/ui``), and
+the plug-ins that serve more on the same app (entry point group :data:`PLUGINS`: the MCP
+server at ``/mcp``, which is a client of this API and so cannot be imported by it)."""
 
 from __future__ import annotations
 
 import logging
 import re
-from typing import Any
+from collections.abc import Callable
+from importlib import metadata as importlib_metadata
+from typing import Any, Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
 
 from pipeline import errors, ui, validation
 from pipeline.api import appends, files, models, ops, refine, removal, searching, security, sessions
 from pipeline.api.deps import problem
 from pipeline.api.server import BodyLimit
-from pipeline.mcp import http as mcp_http
 from pipeline.service import Service
 
 log = logging.getLogger(__name__)
+
+PLUGINS = "sgme.api"  #: entry point group: what else the API serves (``mcp``: ``/mcp``)
+
+
+class Plugin(Protocol):
+    """What an entry point of :data:`PLUGINS` names: adds its routes to the app (whose
+    ``state.service`` is set), answering its refusals with ``refuse``."""
+
+    def __call__(self, app: FastAPI, refuse: Callable[[errors.SgmeError], Response]) -> None:
+        """Serve the plug-in on ``app``."""
+        ...
 
 
 def answer(exc: errors.SgmeError) -> JSONResponse:
@@ -57,8 +72,10 @@ def create_app(service: Service) -> FastAPI:
     for module in (appends, files, sessions, searching, refine, removal, ops):
         app.include_router(module.router)
 
-    mcp_http.mount(app, refuse=answer)
     ui.mount(app)
+    for entry in sorted(importlib_metadata.entry_points(group=PLUGINS), key=lambda e: e.name):
+        plugin: Plugin = entry.load()
+        plugin(app, refuse=answer)
 
     @app.exception_handler(errors.SgmeError)
     async def _sgme_error(_request: Request, exc: errors.SgmeError) -> JSONResponse:

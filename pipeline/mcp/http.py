@@ -14,6 +14,9 @@
 * **Cross-site requests** from a browser are refused, and a body that is not JSON, by the
   API's own :class:`pipeline.api.security.SameOrigin` (403, 415), before this module sees
   them: a web page must not save memories through a visitor's loopback server.
+* **A plug-in of the API** (entry point group ``sgme.api``, :data:`pipeline.api.app.PLUGINS`):
+  the tools are a client of the API (:mod:`pipeline.client`, whose models are the API's), so
+  the API cannot import them; it loads :func:`mount` by name instead.
 
 ``save_memory`` appends as the agent the request names in ``X-SGME-Agent-Id``, else the
 token's only agent, else :data:`DEFAULT_AGENT`.
