@@ -123,10 +123,59 @@ class Archive:
     workers: int = 2  #: files compressed at once
 
 
+@dataclasses.dataclass(frozen=True)
+class Mcp:
+    """What one MCP tool call answers at most (``mcp_*``; docs/views.md): a model's context is
+    small, and one message may be 8 MiB. Each count is at most what the ``/v1`` route the
+    tool calls takes."""
+
+    max_search_hits: int = 50  #: hits one ``search_memory`` answers (≤ 100)
+    max_context: int = 10  #: neighbours a side ``open_memory`` shows (≤ 50)
+    max_sessions: int = 100  #: sessions one ``list_sessions`` answers (≤ 200)
+    max_page_messages: int = 200  #: messages one ``read_session`` asks for (≤ 1000)
+    message_chars: int = 20_000  #: characters of the message ``open_memory`` opens
+    neighbour_chars: int = 2_000  #: characters of each neighbour it shows
+    page_message_chars: int = 4_000  #: characters of each message of a ``read_session`` page
+    page_chars: int = 60_000  #: characters of one ``read_session`` page (one message at least)
+    #: bytes of a file the ``sgme://files/{file_id}`` resource gives (the rest: read_session)
+    resource_bytes: int = 4 * 1024 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class Ui:
+    """The web view's pages and its login (``ui_*``; docs/views.md)."""
+
+    page_sessions: int = 50  #: sessions per page of the listing (≤ 200)
+    page_messages: int = 200  #: messages per page of a session (≤ 1000)
+    page_items: int = 500  #: L1 items shown with a session, oldest first
+    page_hits: int = 20  #: search hits per page (≤ 100)
+    #: characters of a message rendered as Markdown; the rest is shown as plain text
+    render_chars: int = 200_000
+    context_chars: int = 300  #: characters of each neighbour shown around a search hit
+    context_bytes: int = 64 * 1024  #: bytes of a search hit's neighbours read, at most
+    status_anomalies: int = 50  #: anomalies the status page lists, newest first
+    max_form_bytes: int = 4096  #: a login form's body (413 past it)
+    login_seconds: int = 7 * 24 * 3600  #: how long a login lasts in the browser (its cookie)
+
+
+#: the most an ``mcp_*`` or ``ui_*`` count may be: what the /v1 route (or the listing) it
+#: pages through takes in one request
+AT_MOST = {
+    "mcp_max_search_hits": 100,  # GET /v1/search: limit
+    "mcp_max_context": 50,  # GET /v1/refs/{ref}: context
+    "mcp_max_sessions": 200,  # GET /v1/sessions: limit
+    "mcp_max_page_messages": 1000,  # GET /v1/files/{file_id}/messages: limit
+    "ui_page_sessions": 200,  # the sessions listing's page
+    "ui_page_messages": 1000,  # as /messages
+    "ui_page_hits": 100,  # as /v1/search
+}
+
 #: option groups: settings key prefix → (Settings field, the group's frozen dataclass)
 GROUPS: dict[str, tuple[str, type[Any]]] = {
     "refine": ("refine", Refine),
     "archive": ("archive", Archive),
+    "mcp": ("mcp", Mcp),
+    "ui": ("ui", Ui),
     "limits": ("limits", Limits),
     "http": ("http", Http),
     "backlog": ("backlog", Backlog),
@@ -187,6 +236,8 @@ class Settings:
     limits: Limits = Limits()
     http: Http = Http()
     backlog: Backlog = Backlog()
+    mcp: Mcp = Mcp()
+    ui: Ui = Ui()
 
     @property
     def index_url(self) -> str:
@@ -266,6 +317,11 @@ class Settings:
                 f"setting token_cache_seconds: must be between 0 and {MAX_CACHE_SECONDS:g}, "
                 f"got {self.token_cache_seconds!r}"
             )
+        for name, value in _numbers(self):
+            if name.startswith(("mcp_", "ui_")) and not 1 <= value <= AT_MOST.get(name, value):
+                most = AT_MOST.get(name)
+                within = f"between 1 and {most}" if most else "at least 1"
+                raise errors.InvalidInput(f"setting {name}: must be {within}, got {value!r}")
         if not self.file_locks and not _is_postgres_url(self.database_url):
             raise errors.InvalidInput(
                 "file_locks: false needs PostgreSQL (database_url): its advisory locks are "

@@ -14,7 +14,7 @@ def cmd_mcp(ctx: Context) -> int:
 
     # stderr is the agent's log: a line per HTTP call would drown what matters
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    stdio.run(Remote.load(agent_id=stdio.DEFAULT_AGENT))
+    stdio.run(Remote.load(agent_id=stdio.DEFAULT_AGENT), ctx.settings().mcp)
     return 0
 
 

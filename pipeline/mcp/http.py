@@ -42,6 +42,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from pipeline import auth, client, errors, validation
 from pipeline.api import security
 from pipeline.mcp import tools
+from pipeline.service import Service
 
 PATH = "/mcp"
 AGENT_HEADER = "x-sgme-agent-id"
@@ -111,9 +112,11 @@ class InProcess:
 
 
 def mount(app: FastAPI, refuse: Callable[[errors.SgmeError], Response]) -> None:
-    """Serve the MCP server at ``/mcp`` on ``app``, its session manager run by the app's
-    lifespan (a new one each time the app starts)."""
-    server = tools.build(InProcess(app))
+    """Serve the MCP server at ``/mcp`` on ``app`` (made by :func:`pipeline.api.app.create_app`,
+    its service in ``app.state``), its session manager run by the app's lifespan (a new one
+    each time the app starts)."""
+    service: Service = app.state.service
+    server = tools.build(InProcess(app), service.settings.mcp)
 
     def transport() -> None:
         # The SDK's own Host/Origin check is off: the API's Host allowlist and its SameOrigin

@@ -3,9 +3,9 @@
 (:mod:`pipeline.client`), so it works against a local ``make run`` and a remote deployment
 alike, and the server stays the one writer of the files.
 
-Configured by ``SGME_URL``, ``SGME_TOKEN`` and ``SGME_AGENT_ID`` (:class:`settings.Remote`);
-``save_memory`` appends as ``SGME_AGENT_ID``. Nothing but the protocol goes to stdout: logs
-go to stderr.
+Configured by ``SGME_URL``, ``SGME_TOKEN`` and ``SGME_AGENT_ID`` (:class:`settings.Remote`),
+its answers bounded by the ``mcp_*`` settings; ``save_memory`` appends as ``SGME_AGENT_ID``.
+Nothing but the protocol goes to stdout: logs go to stderr.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from mcp.server.mcpserver import Context
 
 from pipeline import client
 from pipeline.mcp import tools
-from pipeline.settings import Remote
+from pipeline.settings import Mcp, Remote
 
 DEFAULT_AGENT = "mcp"  #: ``SGME_AGENT_ID`` when unset
 
@@ -40,12 +40,12 @@ class Configured:
         return self.remote.agent_id
 
 
-async def serve(remote: Remote) -> None:
+async def serve(remote: Remote, bounds: Mcp) -> None:
     """Answer MCP on stdin/stdout until stdin closes."""
     async with client.AsyncClient(remote.url, token=remote.token) as sgme:
-        await tools.build(Configured(remote, sgme)).run_stdio_async()
+        await tools.build(Configured(remote, sgme), bounds).run_stdio_async()
 
 
-def run(remote: Remote) -> None:
+def run(remote: Remote, bounds: Mcp) -> None:
     """:func:`serve`, from synchronous code (the ``sgme mcp`` command)."""
-    anyio.run(serve, remote)
+    anyio.run(serve, remote, bounds)

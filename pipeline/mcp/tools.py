@@ -1,15 +1,19 @@
-"""The MCP tools and the resource an agent reads and writes its memory with (DESIGN §6), over
-either transport: each tool is a call of :class:`pipeline.client.AsyncClient`, through a
-:class:`Link` that says which server, which token and which agent (``sgme mcp`` on stdio: the
-configured server; ``/mcp`` on the API: the API itself, in process, with the caller's token).
+"""The MCP tools and the resource an agent reads and writes its memory with (docs/design.md
+§7, docs/views.md), over either transport: each tool is a call of
+:class:`pipeline.client.AsyncClient`, through a :class:`Link` that says which server, which
+token and which agent (``sgme mcp`` on stdio: the configured server; ``/mcp`` on the API: the
+API itself, in process, with the caller's token).
 
 So the rules of the HTTP API — scopes, another agent's data answering 404, every limit — are
-the tools' rules too, by construction. Every answer is bounded (the ``MAX_*`` constants): an
-LLM's context is small, and a message may be 8 MiB. A refused call is a tool error whose text
-says what to do (``is_error`` in the result), never a crash of the session.
+the tools' rules too, by construction. Every answer is bounded (the ``mcp_*`` settings,
+:class:`pipeline.settings.Mcp`): an LLM's context is small, and a message may be 8 MiB. A
+refused call is a tool error whose text says what to do (``is_error`` in the result), never a
+crash of the session.
 """
 
-from __future__ import annotations
+# No ``from __future__ import annotations`` here: the tools' parameters are bounded by the
+# settings given to :func:`build`, and the SDK reads a tool's annotations when it is declared
+# (a string annotation could not see those bounds).
 
 import datetime as dt
 from collections.abc import Callable
@@ -22,17 +26,9 @@ from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError
 from pydantic import Field
 
 from pipeline import client, errors
+from pipeline.settings import Mcp
 
 NAME = "sgme"
-MAX_SEARCH_LIMIT = 50  #: hits one ``search_memory`` answers at most
-MAX_CONTEXT = 10  #: neighbours a side ``open_memory`` shows at most
-MAX_SESSIONS = 100  #: sessions one ``list_sessions`` answers at most
-MAX_PAGE = 200  #: messages one ``read_session`` asks for at most
-MESSAGE_CHARS = 20_000  #: characters of the message ``open_memory`` opens
-NEIGHBOUR_CHARS = 2_000  #: characters of each neighbour it shows
-PAGE_MESSAGE_CHARS = 4_000  #: characters of each message of a ``read_session`` page
-PAGE_CHARS = 60_000  #: characters of one ``read_session`` page (at least one message)
-RESOURCE_BYTES = 4 * 1024 * 1024  #: bytes of a file the resource gives (the rest: read_session)
 
 INSTRUCTIONS = """\
 SGME keeps every conversation turn this agent (and the others the token may read) ever had, \
@@ -89,8 +85,9 @@ def _message(message: Any, limit: int) -> dict[str, Any]:
     return shown
 
 
-def build(link: Link) -> MCPServer[Any]:
-    """The MCP server: five tools and one resource template, each call through ``link``."""
+def build(link: Link, bounds: Mcp) -> MCPServer[Any]:
+    """The MCP server: five tools and one resource template, each call through ``link``, each
+    answer within ``bounds``."""
     server: MCPServer[Any] = MCPServer(NAME, instructions=INSTRUCTIONS, version="0.1.0")
 
     async def calling(ctx: Context, call: Callable[[client.AsyncClient], Any]) -> Any:
@@ -119,7 +116,7 @@ def build(link: Link) -> MCPServer[Any]:
         until: Annotated[
             str | None, Field(description="only messages at or before this time (RFC 3339)")
         ] = None,
-        limit: Annotated[int, Field(ge=1, le=MAX_SEARCH_LIMIT)] = 10,
+        limit: Annotated[int, Field(ge=1, le=bounds.max_search_hits)] = 10,
     ) -> dict[str, Any]:
         """Search every earlier conversation for messages about something: what was decided,
         said, tried or preferred before. Use it whenever the user refers to earlier work, or
@@ -146,28 +143,31 @@ def build(link: Link) -> MCPServer[Any]:
         ]
         return {"hits": hits, "count": len(hits)}
 
-    @server.tool()
+    @server.tool(
+        description=f"""Open one remembered message whole (up to {bounds.message_chars:,} \
+characters), with the messages just before and after it in its conversation (up to \
+{bounds.neighbour_chars:,} characters each), to read a search hit in context. Returns the \
+session it belongs to and the messages in order, the opened one marked; read_session pages \
+through the whole conversation."""
+    )
     async def open_memory(
         source_ref: Annotated[
             str, Field(description='a message\'s "file_id:seq", as a search hit gives it')
         ],
         ctx: Context,
         context: Annotated[
-            int, Field(ge=0, le=MAX_CONTEXT, description="messages to show on each side")
+            int, Field(ge=0, le=bounds.max_context, description="messages to show on each side")
         ] = 2,
     ) -> dict[str, Any]:
-        """Open one remembered message whole (up to 20,000 characters), with the messages
-        just before and after it in its conversation (up to 2,000 characters each), to read
-        a search hit in context. Returns the session it belongs to and the messages in order,
-        the opened one marked; read_session pages through the whole conversation."""
+        """Open one message with its neighbours (the description above is the model's)."""
         found = await calling(ctx, lambda sgme: sgme.ref(source_ref, context=context))
         return {
             "file_id": found.file_id,
             "session_key": found.session_key,
             "agent_id": found.agent_id,
-            "message": _message(found.message, MESSAGE_CHARS),
-            "before": [_message(m, NEIGHBOUR_CHARS) for m in found.before],
-            "after": [_message(m, NEIGHBOUR_CHARS) for m in found.after],
+            "message": _message(found.message, bounds.message_chars),
+            "before": [_message(m, bounds.neighbour_chars) for m in found.before],
+            "after": [_message(m, bounds.neighbour_chars) for m in found.after],
         }
 
     @server.tool()
@@ -180,7 +180,7 @@ def build(link: Link) -> MCPServer[Any]:
             str | None,
             Field(description="only sessions active at or after this time (RFC 3339)"),
         ] = None,
-        limit: Annotated[int, Field(ge=1, le=MAX_SESSIONS)] = 20,
+        limit: Annotated[int, Field(ge=1, le=bounds.max_sessions)] = 20,
     ) -> dict[str, Any]:
         """List conversations, newest first: to see what was worked on recently, or to find
         a session to read. Each has its file_id (for read_session), session_key, title (the
@@ -204,19 +204,21 @@ def build(link: Link) -> MCPServer[Any]:
         ]
         return {"sessions": listed, "total": page.total}
 
-    @server.tool()
+    @server.tool(
+        description=f"""Read a conversation in order, a page at a time: the messages after \
+after_seq, each with its source_ref, time, role and text (long ones cut at \
+{bounds.page_message_chars:,} characters; a page holds about {bounds.page_chars:,} characters \
+at most). Pass next_after_seq back as after_seq for the next page; it is null at the end."""
+    )
     async def read_session(
         file_id: Annotated[str, Field(description="a session's file_id (list_sessions gives it)")],
         ctx: Context,
         after_seq: Annotated[
             int, Field(ge=0, description="start after this message number (0: the beginning)")
         ] = 0,
-        limit: Annotated[int, Field(ge=1, le=MAX_PAGE)] = 50,
+        limit: Annotated[int, Field(ge=1, le=bounds.max_page_messages)] = 50,
     ) -> dict[str, Any]:
-        """Read a conversation in order, a page at a time: the messages after after_seq, each
-        with its source_ref, time, role and text (long ones cut at 4,000 characters; a page
-        holds about 60,000 characters at most). Pass next_after_seq back as after_seq for the
-        next page; it is null at the end."""
+        """Read a page of a conversation (the description above is the model's)."""
 
         async def read(sgme: client.AsyncClient) -> tuple[Any, Any]:
             page = await sgme.messages(file_id, after_seq=after_seq, limit=limit)
@@ -226,9 +228,9 @@ def build(link: Link) -> MCPServer[Any]:
         shown: list[dict[str, Any]] = []
         used = 0
         for message in page.messages:
-            item = _message(message, PAGE_MESSAGE_CHARS)
+            item = _message(message, bounds.page_message_chars)
             used += len(item["content"])
-            if shown and used > PAGE_CHARS:
+            if shown and used > bounds.page_chars:
                 break
             shown.append(item)
         last = shown[-1]["seq"] if shown else None
@@ -269,7 +271,8 @@ def build(link: Link) -> MCPServer[Any]:
     @server.resource(
         "sgme://files/{file_id}",
         name="session file",
-        description="A session's file: the raw Markdown, exactly as stored (the first 4 MiB).",
+        description="A session's file: the raw Markdown, exactly as stored (the first "
+        f"{bounds.resource_bytes:,} bytes).",
         mime_type="text/markdown",
     )
     async def session_file(file_id: str, ctx: Context) -> str:
@@ -280,10 +283,11 @@ def build(link: Link) -> MCPServer[Any]:
             raise ResourceNotFoundError(refusal(exc)) from None
         except errors.SgmeError as exc:
             raise ResourceError(refusal(exc)) from None
-        if len(data) <= RESOURCE_BYTES:
+        most = bounds.resource_bytes
+        if len(data) <= most:
             return data.decode("utf-8", "replace")
-        shown = data[:RESOURCE_BYTES].decode("utf-8", "ignore")
-        left = len(data) - RESOURCE_BYTES
+        shown = data[:most].decode("utf-8", "ignore")
+        left = len(data) - most
         return f"{shown}\n\n<!-- cut: {left} more bytes; read_session pages through all of it -->\n"
 
     return server

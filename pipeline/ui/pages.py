@@ -2,7 +2,8 @@
 
 Every page is read-only and server-rendered. A page reads through the
 :class:`~pipeline.service.Service` with the viewer's agents, exactly as the API's routes do,
-so a token sees here what it sees through ``/v1`` and nothing more.
+so a token sees here what it sees through ``/v1`` and nothing more. Page sizes and the login's
+bounds are the ``ui_*`` settings (:class:`pipeline.settings.Ui`).
 
 **Who is looking.** The token comes from the ``sgme_token`` cookie that the login form sets
 (or an ``Authorization: Bearer`` header) and is checked by the API's own verifier. While auth
@@ -33,18 +34,12 @@ from starlette.concurrency import run_in_threadpool
 
 from pipeline import auth, catalog, document, errors, refs, search, sessions, tables, validation
 from pipeline.service import Service
+from pipeline.settings import Ui
 from pipeline.ui import render
 
 router = APIRouter(include_in_schema=False)
 
 COOKIE = "sgme_token"
-COOKIE_MAX_AGE = 7 * 24 * 3600  #: seconds a login lasts in the browser
-PAGE_SESSIONS = 50  #: sessions per page of the listing
-PAGE_MESSAGES = 200  #: messages per page of a session
-PAGE_ITEMS = 500  #: L1 items shown with a session
-PAGE_HITS = 20  #: search hits per page
-CONTEXT_CHARS = 300  #: characters of a search hit's neighbours shown around it
-MAX_FORM_BYTES = 4096  #: a login form body, at most
 ROLES = ("user", "assistant", "tool", "system")
 SOURCES = ("session", "upload", "external")
 
@@ -78,6 +73,10 @@ class _LoginNeeded(Exception):
 def _service(request: Request) -> Service:
     service: Service = request.app.state.service
     return service
+
+
+def _ui(request: Request) -> Ui:
+    return _service(request).settings.ui
 
 
 def _secret(request: Request) -> str | None:
@@ -193,9 +192,10 @@ def _time(params: Mapping[str, str], name: str, *, end_of_day: bool) -> dt.datet
     return when.astimezone(dt.UTC).replace(tzinfo=None) if when.tzinfo else when
 
 
-def message_url(file_id: str, seq: int) -> str:
-    """The page of a session that shows message ``seq``, at its anchor."""
-    after = (seq - 1) // PAGE_MESSAGES * PAGE_MESSAGES
+def message_url(file_id: str, seq: int, *, page: int) -> str:
+    """The page of a session (``page`` messages a page) that shows message ``seq``, at its
+    anchor."""
+    after = (seq - 1) // page * page
     query = f"?after={after}" if after else ""
     return f"/ui/files/{file_id}{query}#seq-{seq}"
 
@@ -205,7 +205,6 @@ def when(ts: str) -> str:
     return ts.replace("T", " ")[:19]
 
 
-_templates.globals["message_url"] = message_url
 _templates.filters["when"] = when
 _templates.globals["span"] = sessions.span
 
@@ -219,6 +218,7 @@ def list_sessions(request: Request) -> Response:
     """Sessions newest first, filtered and paged."""
     service = _service(request)
     params = request.query_params
+    size = _ui(request).page_sessions
 
     def build(caller: auth.Caller) -> Response:
         agent_id = _agent(params)
@@ -230,14 +230,14 @@ def list_sessions(request: Request) -> Response:
             until=_time(params, "until", end_of_day=True),
         )
         offset = _int(params, "offset", default=0, high=sessions.MAX_OFFSET)
-        page = service.list_sessions(filters, offset=offset, limit=PAGE_SESSIONS)
+        page = service.list_sessions(filters, offset=offset, limit=size)
         kept = {k: v for k, v in params.items() if k != "offset" and v}
 
         def at(offset: int) -> str:
             return "/ui?" + urlencode({**kept, "offset": offset})
 
         earlier = at(page.next_offset) if page.next_offset is not None else None
-        later = at(max(0, offset - PAGE_SESSIONS)) if offset > 0 else None
+        later = at(max(0, offset - size)) if offset > 0 else None
         return _page(
             request, "sessions.html", caller=caller, page=page, form=dict(params),
             sources=SOURCES, earlier=earlier, later=later,
@@ -251,21 +251,21 @@ def show_session(request: Request, file_id: str) -> Response:
     """One session as a conversation, a page of messages at a time, with its L1 items."""
     service = _service(request)
     params = request.query_params
+    ui = _ui(request)
+    size = ui.page_messages
 
     def build(caller: auth.Caller) -> Response:
         session = service.get_session(file_id, agents=caller.agents)
         row = session.file
         after = _int(params, "after", default=0, high=refs.MAX_SEQ)
-        found = service.messages(
-            file_id, after_seq=after, limit=PAGE_MESSAGES, agents=caller.agents
-        )
-        shown = [render.show(m, file_id) for m in found]
+        found = service.messages(file_id, after_seq=after, limit=size, agents=caller.agents)
+        shown = [render.show(m, file_id, chars=ui.render_chars) for m in found]
         last = found[-1].seq if found else after
-        items = service.l1_items(file_id=file_id, agents=caller.agents, limit=PAGE_ITEMS)
+        items = service.l1_items(file_id=file_id, agents=caller.agents, limit=ui.page_items)
         return _page(
             request, "session.html", caller=caller, file=row, session=session,
-            messages=shown, items=[_item(i) for i in items],
-            earlier=f"/ui/files/{file_id}?after={max(0, after - PAGE_MESSAGES)}" if after else None,
+            messages=shown, items=[_item(i, size) for i in items],
+            earlier=f"/ui/files/{file_id}?after={max(0, after - size)}" if after else None,
             later=f"/ui/files/{file_id}?after={last}" if last < row.flushed_seq else None,
         )  # fmt: skip
 
@@ -279,14 +279,14 @@ class _Item:
     refs: list[tuple[str, str]]  #: (source_ref, the page's URL of it)
 
 
-def _item(item: tables.L1Item) -> _Item:
+def _item(item: tables.L1Item, page: int) -> _Item:
     links = []
     for ref in item.to_json()["source_refs"]:
         try:
             file_id, seq = refs.parse(ref)
         except errors.InvalidInput:
             continue
-        links.append((ref, message_url(file_id, seq)))
+        links.append((ref, message_url(file_id, seq, page=page)))
     return _Item(kind=item.kind, content=item.content, refs=links)
 
 
@@ -303,6 +303,7 @@ def search_page(request: Request) -> Response:
     """The search box, and the hits of a query in context."""
     service = _service(request)
     params = request.query_params
+    ui = _ui(request)
 
     def build(caller: auth.Caller) -> Response:
         q = _text(params, "q")
@@ -315,8 +316,8 @@ def search_page(request: Request) -> Response:
                 since=_time(params, "since", end_of_day=False),
                 until=_time(params, "until", end_of_day=True),
             )
-            found = service.search(q, filters, limit=PAGE_HITS)
-            hits = [_in_context(service, caller, h) for h in found]
+            found = service.search(q, filters, limit=ui.page_hits)
+            hits = [_in_context(service, ui, caller, h) for h in found]
         return _page(
             request, "search.html", caller=caller, q=q or "", hits=hits, form=dict(params),
             roles=ROLES,
@@ -325,35 +326,36 @@ def search_page(request: Request) -> Response:
     return _view(request, "read", build)
 
 
-def _in_context(service: Service, caller: auth.Caller, hit: search.Result) -> _Hit:
+def _in_context(service: Service, ui: Ui, caller: auth.Caller, hit: search.Result) -> _Hit:
     """A hit with the ends of the messages around it (none when they cannot be read)."""
     before = after = None
     try:
         found = service.resolve(
-            hit.source_ref, context=1, max_bytes=64 * 1024, agents=caller.agents
+            hit.source_ref, context=1, max_bytes=ui.context_bytes, agents=caller.agents
         )
     except errors.SgmeError:
         found = None
     if found is not None and found.before:
-        before = _excerpt(found.before[-1])
+        before = _excerpt(found.before[-1], ui.context_chars)
     if found is not None and found.after:
-        after = _excerpt(found.after[0])
-    return _Hit(hit, message_url(hit.file_id, hit.seq), before, after)
+        after = _excerpt(found.after[0], ui.context_chars)
+    return _Hit(hit, message_url(hit.file_id, hit.seq, page=ui.page_messages), before, after)
 
 
-def _excerpt(message: document.Message) -> str:
+def _excerpt(message: document.Message, chars: int) -> str:
     kind, name, text = render.classify(message)
     label = f"{message.role}" + (f" · {kind} {name}" if name else "")
-    return f"{label}: {sessions.shorten(text, words=60, chars=CONTEXT_CHARS)}"
+    return f"{label}: {sessions.shorten(text, words=60, chars=chars)}"
 
 
 @router.get("/ui/status")
 def status_page(request: Request) -> Response:
     """Backlog, refinement lag, files by status and the latest anomalies."""
     service = _service(request)
+    shown = _ui(request).status_anomalies
 
     def build(caller: auth.Caller) -> Response:
-        found = service.store_overview()
+        found = service.store_overview(anomalies=shown)
         return _page(request, "status.html", caller=caller, o=found, now=found.at)
 
     return _view(request, "admin", build)
@@ -382,11 +384,12 @@ def login_form(request: Request) -> Response:
 async def _form(request: Request) -> dict[str, str]:
     """The form's fields: a small ``application/x-www-form-urlencoded`` body, from this site
     (:class:`~pipeline.api.security.SameOrigin` refused any other before this is called)."""
+    most = _ui(request).max_form_bytes
     body = b""
     async for chunk in request.stream():
         body += chunk
-        if len(body) > MAX_FORM_BYTES:
-            raise errors.RequestTooLarge(f"a login form is at most {MAX_FORM_BYTES} bytes")
+        if len(body) > most:
+            raise errors.RequestTooLarge(f"a login form is at most {most} bytes")
     try:
         fields = parse_qs(body.decode("utf-8"), max_num_fields=10, strict_parsing=False)
     except (UnicodeDecodeError, ValueError):
@@ -415,7 +418,7 @@ async def login(request: Request) -> Response:
     response.set_cookie(
         COOKIE,
         secret,
-        max_age=COOKIE_MAX_AGE,
+        max_age=_ui(request).login_seconds,
         path="/ui",
         secure=request.url.scheme == "https",
         httponly=True,

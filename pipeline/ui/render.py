@@ -26,7 +26,6 @@ from pipeline import document, refs
 
 CALL_PREFIX = "**tool call**: "
 THINKING_PREFIX = "**thinking**"
-RENDER_CHARS = 200_000  #: characters of one message rendered as Markdown; the rest as text
 Kind = Literal["text", "call", "result", "thinking"]
 
 _FORMATTER = HtmlFormatter(cssclass="highlight", nowrap=True)
@@ -66,10 +65,10 @@ def _markdown() -> MarkdownIt:
     return md
 
 
-def markdown(text: str) -> Markup:
-    """``text`` as HTML: Markdown rendered, every HTML tag in it escaped. A very long text is
-    rendered in part, the rest shown as plain (escaped) text."""
-    head, tail = text[:RENDER_CHARS], text[RENDER_CHARS:]
+def markdown(text: str, *, chars: int) -> Markup:
+    """``text`` as HTML: Markdown rendered, every HTML tag in it escaped. Past ``chars``
+    characters (``ui_render_chars``) the rest is shown as plain (escaped) text."""
+    head, tail = text[:chars], text[chars:]
     html = _markdown().render(head)
     if tail:
         html += f'<pre class="rest">{escape(tail)}</pre>'
@@ -113,15 +112,15 @@ def _code(text: str, lang: str = "") -> Markup:
     return Markup('<pre class="code"><code>{}</code></pre>').format(text)
 
 
-def show(message: document.Message, file_id: str) -> Shown:
-    """A message as the session page shows it."""
+def show(message: document.Message, file_id: str, *, chars: int) -> Shown:
+    """A message as the session page shows it (Markdown rendered up to ``chars``)."""
     kind, name, text = classify(message)
     if kind == "call":
         body = _code(text, "json" if text.lstrip().startswith(("{", "[")) else "")
     elif kind == "result":
         body = _code(text)
     else:
-        body = markdown(text)
+        body = markdown(text, chars=chars)
     return Shown(
         seq=message.seq,
         source_ref=refs.format(file_id, message.seq),

@@ -150,6 +150,8 @@ def service(
         database_url=database_url,
         allowed_hosts=("testserver",),
         token_cache_seconds=0.0,
+        ui_page_sessions=3,
+        ui_page_messages=2,
     )
     return helpers.service(db, settings)
 
@@ -169,22 +171,26 @@ def test_the_api_and_the_view_without_tokens(api: TestClient, store: dict[str, s
     assert api.get("/v1/sessions", params={"limit": 0}).status_code == 422
     assert api.get("/v1/sessions", params={"since": "yesterday"}).status_code == 422
 
-    # loopback without tokens: the view is open, as the API is
+    # loopback without tokens: the view is open, as the API is; its pages as long as the
+    # ui_page_* settings say (3 sessions, 2 messages here)
     r = api.get("/ui")
     assert r.status_code == 200
     assert "default-src 'none'" in r.headers["content-security-policy"]
     assert r.headers["x-frame-options"] == "DENY" and r.headers["cache-control"] == "no-store"
-    assert "1–4 of 4 sessions" in r.text
+    assert "1–3 of 4 sessions" in r.text and store["old"] not in r.text
     assert "Kitchen [bold]plan[/bold]" in r.text
     assert "<script" not in r.text
+    assert "4–4 of 4 sessions" in api.get("/ui", params={"offset": 3}).text
     r = api.get(f"/ui/files/{store['calls']}")
-    assert r.status_code == 200 and 'id="seq-4"' in r.text
+    assert r.status_code == 200 and 'id="seq-2"' in r.text and 'id="seq-3"' not in r.text
     assert "<details>" in r.text and "tool call · read_file" in r.text
+    r = api.get(f"/ui/files/{store['calls']}", params={"after": 2})
+    assert 'id="seq-4"' in r.text and 'id="seq-2"' not in r.text
     assert api.get("/ui", params={"since": "soon"}).status_code == 422
     assert api.get("/ui/status").status_code == 200
     assert api.get("/ui/search", params={"q": "Postgres audit"}).text.count('class="hit"') == 3
     # the login form's rules hold with auth off too: the API's own checks of a write (its
-    # body type, its origin), then the form's size
+    # body type, its origin), then the form's size (ui_max_form_bytes)
     r = api.post("/ui/login", content="token=x", headers={"Content-Type": "text/plain"})
     assert r.status_code == 415
     assert r.json()["type"] == "urn:sgme:problem:unsupported-media-type"

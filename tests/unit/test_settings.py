@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import errors
+from pipeline import errors, search, sessions, settings
 from pipeline.settings import Limits, Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,6 +47,11 @@ def test_precedence_is_defaults_then_file_then_environment_then_overrides(tmp_pa
         ("SGME_TOKEN_CACHE_SECONDS", "61", "token_cache_seconds"),
         ("SGME_SQLITE_SYNCHRONOUS", "NORMAL", "power cut"),
         ("SGME_REFINER_OPTIONS", "[1, 2]", "not a mapping"),
+        ("SGME_MCP_MAX_SESSIONS", "201", "between 1 and 200"),
+        ("SGME_MCP_PAGE_CHARS", "0", "at least 1"),
+        ("SGME_UI_PAGE_SESSIONS", "0", "between 1 and 200"),
+        ("SGME_UI_PAGE_HITS", "101", "between 1 and 100"),
+        ("SGME_UI_LOGIN_SECONDS", "0", "at least 1"),
     ],
 )
 def test_a_bad_value_is_refused_with_the_setting_s_name(key: str, value: str, needle: str) -> None:
@@ -117,3 +122,17 @@ def test_file_locks_can_be_left_out_only_with_postgresql() -> None:
     )
     assert loaded.file_locks is False
     assert Settings.load(environ={}).file_locks is True
+
+
+def test_the_mcp_and_view_bounds_are_settings_within_what_their_routes_take() -> None:
+    loaded = Settings.load(
+        environ={"SGME_MCP_MAX_SEARCH_HITS": "7", "SGME_UI_PAGE_MESSAGES": "25"},
+        ui_max_form_bytes=1024,
+    )
+    assert (loaded.mcp.max_search_hits, loaded.ui.page_messages) == (7, 25)
+    assert loaded.ui.max_form_bytes == 1024
+    # the bounds the settings are checked against are the code's own
+    assert settings.AT_MOST["mcp_max_search_hits"] == search.MAX_LIMIT
+    assert settings.AT_MOST["ui_page_hits"] == search.MAX_LIMIT
+    assert settings.AT_MOST["mcp_max_sessions"] == sessions.MAX_LIMIT
+    assert settings.AT_MOST["ui_page_sessions"] == sessions.MAX_LIMIT
