@@ -151,20 +151,20 @@ def cmd_policy(ctx: Context) -> int:
 def register(add: Add) -> None:
     """Declare the privacy commands."""
     p = add("redact", cmd_redact, "redact messages (FILE_ID:SEQ ...): replace each by a tombstone")
-    p.add_argument("refs", nargs="+", metavar="REF")
+    p.add_argument("refs", nargs="+", metavar="REF", help="a message's FILE_ID:SEQ (several)")
     p.add_argument("--reason", required=True, help="why (kept in the tombstone and audit trail)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON")
     p = add("erase", cmd_erase, "erase a file, or every file of an agent or of one session")
-    p.add_argument("--file-id")
-    p.add_argument("--agent-id")
+    p.add_argument("--file-id", help="the file to erase")
+    p.add_argument("--agent-id", help="erase every file of this agent")
     p.add_argument("--session-key", help="with --agent-id: only this session's files")
     p.add_argument("--reason", help="why (kept in the audit trail)")
     p.add_argument("--yes", action="store_true", help="go ahead: erasing cannot be undone")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON")
     p = add("audit", cmd_audit, "list the audit trail of redactions and erasures")
-    p.add_argument("--file-id")
-    p.add_argument("--limit", type=int, default=1000)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--file-id", help="only this file's entries")
+    p.add_argument("--limit", type=int, default=1000, help="entries to list (default 1000)")
+    p.add_argument("--json", action="store_true", help="print JSON")
     p = add(
         "secrets",
         cmd_secrets,
@@ -172,10 +172,10 @@ def register(add: Add) -> None:
         "stdin); `secrets policy [AGENT_ID] [--redact on|off|default]` shows or sets an "
         "agent's policy",
     )
-    p.add_argument("action", choices=("scan", "policy"))
+    p.add_argument("action", choices=("scan", "policy"), help="scan a text, or show a policy")
     p.add_argument("target", nargs="?", help="scan: a text file or -; policy: an agent_id")
     p.add_argument("--redact", choices=("on", "off", "default"), help="policy: set it")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON")
 
 
 def cmd_secrets(ctx: Context) -> int:
