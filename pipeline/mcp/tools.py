@@ -264,6 +264,8 @@ at most). Pass next_after_seq back as after_seq for the next page; it is null at
                 agent_id=agent_id,
                 session_key=key,
                 messages=[{"role": role, "content": content}],
+                # answered once the note is in its file, so the model's next search finds it
+                wait=True,
             ),
         )
         return {"source_ref": done.source_refs[0], "session_key": key, "agent_id": agent_id}
