@@ -26,6 +26,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from pipeline import database, errors, reader, tables
+from pipeline.importers import convention
 
 DEFAULT_LIMIT = 20
 MAX_LIMIT = 200
@@ -259,14 +260,22 @@ def _first_words(
         text = reader.message_text(db, data_dir, row, first, cap=_TITLE_READ)
     except errors.SgmeError:
         return ""
-    return shorten(_without_call_line(text))
+    return shorten(_said(first.role, text))
 
 
-def _without_call_line(text: str) -> str:
-    """The text of a message without the tool-call line of the clients' convention (so a
-    session that opens with a call is titled by the call's name and arguments)."""
-    prefix = "**tool call**: "
-    return text[len(prefix) :] if text.startswith(prefix) else text
+def _said(role: str, text: str) -> str:
+    """What a message says, read by the clients' convention (docs/format.md): a call's name
+    and arguments (so a session that opens with a call is titled by it), a result's output,
+    the text of thinking or a summary without its marker line, a text without its escaping."""
+    kind = convention.kind(role, text)
+    call = convention.parse_call(text) if kind == "call" else None
+    if call is not None:
+        return f"{call.name} {call.arguments}"
+    if kind == "result":
+        return convention.parse_result(text)[1]
+    if kind in ("thinking", "summary"):
+        return convention.marked_text(text)
+    return convention.unescape_text(text, role)
 
 
 def shorten(text: str, *, words: int = TITLE_WORDS, chars: int = TITLE_CHARS) -> str:

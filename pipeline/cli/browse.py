@@ -14,6 +14,13 @@ from pipeline.ui import render
 
 PAGE = 500  #: messages read at a time
 FOLDED_CHARS = 100  #: characters of a folded call, result or thinking shown on its line
+#: what a folded message is called, by :func:`render.classify`'s kind (text is not folded)
+_LABELS = {
+    "call": "tool call",
+    "result": "tool result",
+    "thinking": "thinking",
+    "summary": "compaction summary",
+}
 
 
 def _find(ctx: Context, service: Service, given: str) -> sessions.Session:
@@ -70,7 +77,7 @@ def cmd_show(ctx: Context) -> int:
 
 def _print(console: Any, rule: Any, text: Any, message: Any, *, full: bool) -> None:
     kind, name, body = render.classify(message)
-    label = {"call": "tool call", "result": "tool result", "thinking": "thinking"}.get(kind)
+    label = _LABELS.get(kind)
     head = f"{message.seq} · {message.ts.replace('T', ' ')[:19]} · {message.role}"
     if label:
         head += f" · {label}" + (f" {name}" if name else "")

@@ -1,12 +1,13 @@
 """Messages as the web view shows them: Markdown rendered with every piece of HTML in the text
 escaped (messages hold HTML, scripts and Markdown, and all of it must show as text), code
 highlighted by Pygments with CSS classes (no inline style: the Content-Security-Policy allows
-none), and each message sorted into what it is — text, a tool call, a tool result, thinking —
-so calls, results and thinking can be folded.
+none), and each message sorted into what it is — text, a tool call, a tool result, thinking,
+a compaction summary — so all but the text can be folded.
 
-The clients' convention (docs/format.md): a tool call is an assistant message whose first line
-is ``**tool call**: NAME`` followed by the arguments; a tool result is a message of role
-``tool`` with its ``tool_name``; thinking is a message whose first line is ``**thinking**``.
+What a message is, is the clients' convention (docs/format.md, "Tool calls"), read back by
+:mod:`pipeline.importers.convention`: a call's name, call id and fenced arguments, a result's
+call id and output, the marker line of thinking and of a compaction summary, and the one
+backslash that keeps a text that looks like a marker from being one.
 """
 
 from __future__ import annotations
@@ -23,10 +24,9 @@ from pygments.lexers import get_lexer_by_name
 from pygments.util import ClassNotFound
 
 from pipeline import document, refs
+from pipeline.importers import convention
 
-CALL_PREFIX = "**tool call**: "
-THINKING_PREFIX = "**thinking**"
-Kind = Literal["text", "call", "result", "thinking"]
+Kind = Literal["text", "call", "result", "thinking", "summary"]
 
 _FORMATTER = HtmlFormatter(cssclass="highlight", nowrap=True)
 
@@ -90,18 +90,21 @@ class Shown:
 
 
 def classify(message: document.Message) -> tuple[Kind, str | None, str]:
-    """What a message is, the tool's name (a call's or a result's), and the text to show."""
-    content = message.content
-    if message.role == "tool":
-        return "result", message.tool_name, content
-    if message.role == "assistant" and content.startswith(CALL_PREFIX):
-        first, _, rest = content.partition("\n")
-        return "call", first[len(CALL_PREFIX) :].strip(), rest.strip("\n")
-    if content.startswith(THINKING_PREFIX):
-        first, _, rest = content.partition("\n")
-        after = first[len(THINKING_PREFIX) :].lstrip(":").strip()
-        return "thinking", None, f"{after}\n{rest}".strip("\n")
-    return "text", None, content
+    """What a message is, the tool's name (a call's or a result's), and the text to show: a
+    call's arguments out of their fence, a result's output without its call id, the text of
+    thinking or a summary without its marker line, a text without its escaping backslash."""
+    content, role = message.content, message.role
+    kind = convention.kind(role, content)
+    if kind == "result":
+        return "result", message.tool_name, convention.parse_result(content)[1]
+    call = convention.parse_call(content) if kind == "call" else None
+    if call is not None:
+        return "call", call.name, call.arguments
+    if kind == "thinking":
+        return "thinking", None, convention.marked_text(content)
+    if kind == "summary":
+        return "summary", None, convention.marked_text(content)
+    return "text", None, convention.unescape_text(content, role)
 
 
 def _code(text: str, lang: str = "") -> Markup:
