@@ -28,8 +28,9 @@ def record(
     key = key[:100]
     a = tables.anomalies.c
     if file_id is None and key:
-        # The unique index cannot cover a NULL file_id (NULLs are distinct): look it up. The
-        # caller holds the session's lock, so two of these cannot race.
+        # The unique index cannot cover a NULL file_id (NULLs are distinct): look it up, under
+        # a lock on the key, so that two transactions recording it at once count one row.
+        database.transaction_lock(conn, f"anomaly\x1f{kind}\x1f{key}")
         found = conn.execute(
             sa.update(tables.anomalies)
             .where(a.file_id.is_(None), a.kind == kind, a.key == key)
