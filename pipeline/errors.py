@@ -3,7 +3,8 @@
     SgmeError                        status  problem type (urn:sgme:problem:<type>)
      ├── PermanentError              4xx     never retried: fix the request
      │    ├── InvalidInput           422     invalid-input      bad body, parameter or setting
-     │    │    └── FormatError       422     format-error       text that is not the L0 format
+     │    │    ├── FormatError       422     format-error       text that is not the L0 format
+     │    │    └── RequestTooLarge   413     too-large          a body or content past its size
      │    ├── HostNotAllowed         400     host-not-allowed   Host not in allowed_hosts
      │    ├── Unauthorized           401     unauthorized       no token, or a bad or revoked one
      │    ├── Forbidden              403     forbidden          a token without the scope/agent
@@ -14,7 +15,6 @@
      │    │    ├── ConstraintViolation 409   conflict           a unique/foreign key refused it
      │    │    └── OutOfOrder        409     out-of-order       a sequence that is not the next one
      │    ├── FileDamaged            409     file-damaged       a file differs from its index
-     │    ├── RequestTooLarge        413     too-large          a body over max_request_bytes
      │    ├── UnsupportedMediaType   415     unsupported-media-type  not the declared body type
      │    └── RequestTimeout         408     request-timeout    a body that came too slowly
      ├── Throttled                   429     too-many-requests  repeat after retry_after seconds
@@ -198,8 +198,9 @@ class FileDamaged(PermanentError):
     first: bool = True
 
 
-class RequestTooLarge(PermanentError):
-    """A request body larger than the server takes (``max_request_bytes``)."""
+class RequestTooLarge(InvalidInput):
+    """A request larger than the server takes: its body past ``http_max_request_bytes``, or
+    its content past a size limit (a message, an append, a document)."""
 
     type = "too-large"
     status = 413

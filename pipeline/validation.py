@@ -184,13 +184,19 @@ class Upload:
     digest: str = ""
 
 
+class _TooLarge(ValueError):
+    """A size limit of content passed: the request is too large (413), not malformed."""
+
+
 def _check(func: Any) -> AfterValidator:
     """A pydantic validator from a function that raises ``InvalidInput`` (reported at the
-    field, as pydantic reports its own checks)."""
+    field, as pydantic reports its own checks; a :class:`errors.RequestTooLarge` stays one)."""
 
     def run(value: Any) -> Any:
         try:
             return func(value)
+        except errors.RequestTooLarge as exc:
+            raise _TooLarge(exc.detail) from None
         except errors.InvalidInput as exc:
             raise ValueError(exc.detail) from None
 
@@ -241,7 +247,7 @@ class Text(annotated_types.GroupedMetadata):
         if self.max_bytes is not None:
             size = len(value.encode("utf-8"))
             if size > self.max_bytes:
-                raise errors.InvalidInput(
+                raise errors.RequestTooLarge(
                     f"is {size} bytes of UTF-8; the limit is {self.max_bytes}"
                 )
         return value
@@ -372,7 +378,7 @@ def _schemas(limits: Limits) -> tuple[type[BaseModel], type[BaseModel]]:
         def _total(self) -> AppendBody:
             total = sum(len(m.content.encode("utf-8")) for m in self.messages)
             if total > limits.max_append_bytes:
-                raise ValueError(
+                raise _TooLarge(
                     f"an append holds at most {limits.max_append_bytes} bytes of content; "
                     f"got {total}"
                 )
@@ -497,9 +503,21 @@ def _validate(
     try:
         return model.model_validate(dict(body))
     except pydantic.ValidationError as exc:
+        found = exc.errors(include_url=False)
+        if all(_too_large(error) for error in found):
+            raise errors.RequestTooLarge(describe(exc)) from None
         raise errors.InvalidInput(describe(exc)) from None
     except RecursionError:
         raise errors.InvalidInput(f"{what} body is nested too deeply") from None
+
+
+def _too_large(error: Mapping[str, Any]) -> bool:
+    """Whether a validation error is content past a size limit (413) rather than a malformed
+    request (422): a message or a document longer than its limit, or an append's total."""
+    if isinstance((error.get("ctx") or {}).get("error"), _TooLarge):
+        return True
+    loc = tuple(error.get("loc") or ())
+    return error.get("type") == "string_too_long" and loc[-1:] == ("content",)
 
 
 def _digest(normalised: Mapping[str, Any]) -> str:

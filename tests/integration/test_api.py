@@ -602,13 +602,13 @@ BAD_APPENDS: list[tuple[str, Any, str, tuple[str, ...]]] = [
     (
         "oversized-message",
         body("s1", {"role": "user", "content": "x" * 65}),
-        "invalid-input",
+        "too-large",
         ("at most 64 characters", "got 65"),
     ),
     (
         "oversized-message-utf8",
         body("s1", {"role": "user", "content": "中" * 22}),
-        "invalid-input",
+        "too-large",
         ("66 bytes",),
     ),
     (
@@ -620,7 +620,7 @@ BAD_APPENDS: list[tuple[str, Any, str, tuple[str, ...]]] = [
     (
         "oversized-batch",
         body("s1", *[{"role": "user", "content": "x" * 60}] * 3),
-        "invalid-input",
+        "too-large",
         ("at most 150 bytes", "180"),
     ),
     ("nul", body("s1", {"role": "user", "content": "a\x00b"}), "invalid-input", ("NUL",)),
@@ -665,12 +665,30 @@ def test_bad_append_is_a_problem_and_writes_nothing(
             )
         else:
             r = small.client.post("/v1/append" + wait, json=payload)
-        problem = assert_problem(r, 422, kind, *needles)
+        # content past a size limit is too large (413), anything else malformed (422)
+        problem = assert_problem(r, 413 if kind == "too-large" else 422, kind, *needles)
         assert problem["detail"]
 
     assert snapshot(small.db, small.data_dir) == before
     assert small.kicks == kicks
     assert [m["seq"] for m in small.messages(existing)] == [1]
+
+
+def test_content_past_its_limit_is_too_large_chunked_or_not(small: Api) -> None:
+    """A body within http_max_request_bytes whose content is past the append limits is a
+    413, not a 422, however it is sent (here in chunks, without a Content-Length)."""
+    payload = json.dumps(body("s1", *[{"role": "user", "content": "x" * 60}] * 3)).encode()
+
+    def chunks() -> Iterator[bytes]:
+        yield payload[:40]
+        yield payload[40:]
+
+    r = small.client.post(
+        "/v1/append", content=chunks(), headers={"content-type": "application/json"}
+    )
+    assert "content-length" not in {k.lower() for k in r.request.headers}
+    assert_problem(r, 413, "too-large", "at most 150 bytes")
+    assert small.kicks == []
 
 
 def test_bad_uploads_are_problems_and_write_nothing(small: Api) -> None:
@@ -695,7 +713,10 @@ def test_bad_uploads_are_problems_and_write_nothing(small: Api) -> None:
             )
         else:
             r = small.client.post("/v1/uploads", json=payload)
-        assert_problem(r, 422, "invalid-input", *needles)
+        if "151" in needles:  # a document past its size limit: too large
+            assert_problem(r, 413, "too-large", *needles)
+        else:
+            assert_problem(r, 422, "invalid-input", *needles)
     assert snapshot(small.db, small.data_dir) == before
     assert small.kicks == []
 
