@@ -400,13 +400,16 @@ def _search(
     since: dt.datetime | str | None = None,
     until: dt.datetime | str | None = None,
     limit: int = DEFAULT_SEARCH_LIMIT,
+    match: str = "any",
 ) -> exchange.Call[models.Hits]:
-    """The messages that best match ``query`` (sent as ``q``: words, all of which must occur,
-    and ``"quoted phrases"``; any language), best first, each with its ``source_ref`` and a
-    snippet. The filters combine; ``since`` and ``until`` are datetimes (naive ones are UTC)
-    or RFC 3339 text. Only the token's agents are searched."""
+    """The messages that best match ``query`` (sent as ``q``: a question, words and
+    ``"quoted phrases"``; any language), best first, each with its ``source_ref`` and a
+    snippet. ``match="any"`` ranks by relevance (docs/search.md); ``match="all"`` finds only
+    messages holding every word and phrase. The filters combine; ``since`` and ``until`` are
+    datetimes (naive ones are UTC) or RFC 3339 text. Only the token's agents are searched."""
     params = _query(
         q=query,
+        match=match,
         agent_id=agent_id,
         session_key=session_key,
         file_id=file_id,

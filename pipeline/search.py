@@ -4,6 +4,11 @@ search index, each with a snippet cut from the file through the message's offset
 The text never leaves the files: the index holds terms (:mod:`pipeline.terms`), and a hit's
 snippet is read from the message's block (its first :data:`SNIPPET_READ` bytes, where
 every indexed term lies).
+
+Under ``match="any"`` (the default) the hits are ranked (docs/search.md): the
+:data:`CANDIDATES` best messages by BM25 (:func:`catalog.rank`), then each one's score raised
+by its neighbours' in the same file (:func:`converse`), which lifts the answer that follows
+the turn that shares the question's words.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pipeline import catalog, database, document, errors, index, reader, refs, tables, terms
 
@@ -20,6 +25,15 @@ MAX_LIMIT = 100
 #: bytes of a message's block read for its snippet: the indexed characters (at most 4 bytes
 #: each) and its heading
 SNIPPET_READ = terms.MAX_INDEXED_CHARS * 4 + 1024
+#: messages ranked by BM25 before the neighbours' scores are added
+CANDIDATES = 200
+#: how the neighbours count (docs/search.md has each option's recall): "none", "candidates"
+#: (a ranked message's score gains its ranked neighbours'), "next" (also the turn after each
+#: ranked message becomes a candidate, so an answer that shares no word is found)
+Neighbours = Literal["none", "candidates", "next"]
+NEIGHBOURS: Neighbours = "next"
+PREVIOUS_WEIGHT = 0.5  #: share of the turn before's score a message gains
+NEXT_WEIGHT = 0.2  #: share of the turn after's score a message gains
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,13 +62,20 @@ def search(
     filters: catalog.Filters = catalog.Filters(),  # noqa: B008 - a frozen value
     *,
     limit: int = DEFAULT_LIMIT,
+    match: terms.Match = "any",
+    neighbours: Neighbours = NEIGHBOURS,
 ) -> list[Result]:
-    """The best ``limit`` messages for query ``q`` within ``filters``, best first."""
+    """The best ``limit`` messages for query ``q`` within ``filters``, best first: ranked by
+    relevance (``match="any"``), or those holding every word and phrase (``"all"``)."""
     if not 1 <= limit <= MAX_LIMIT:
         raise errors.InvalidInput(f"limit must be 1..{MAX_LIMIT}, got {limit}")
-    query = terms.parse_query(q)
+    query = terms.parse_query(q, match=match)
     with db.reading() as conn:
-        hits = catalog.find(conn, query, filters, limit=limit)
+        if match == "all":
+            hits = catalog.find(conn, query, filters, limit=limit)
+        else:
+            ranked = catalog.rank(conn, query, filters, limit=max(limit, CANDIDATES))
+            hits = converse(conn, ranked, filters, neighbours)[:limit]
         files = {
             row.file_id: row
             for row in (index.get_file(conn, f) for f in {h.message.file_id for h in hits})
@@ -75,6 +96,34 @@ def search(
         for h in hits
         if h.message.file_id in files
     ]
+
+
+def converse(
+    conn: Any, ranked: list[catalog.Hit], filters: catalog.Filters, neighbours: Neighbours
+) -> list[catalog.Hit]:
+    """``ranked`` re-ranked with each message's neighbours in its file: its score plus
+    :data:`PREVIOUS_WEIGHT` of the turn before's and :data:`NEXT_WEIGHT` of the turn after's
+    (both their BM25 scores); under ``"next"`` the turn after each ranked message joins them
+    (score 0 of its own). Best first, ties in source_ref order."""
+    if neighbours == "none" or not ranked:
+        return ranked
+    by_key = {(h.message.file_id, h.message.seq): h for h in ranked}
+    if neighbours == "next":
+        after = {(f, s + 1) for f, s in by_key} - set(by_key)
+        for hit in catalog.at(conn, after, filters):
+            by_key[(hit.message.file_id, hit.message.seq)] = hit
+    own = {key: h.score for key, h in by_key.items()}
+    boosted = [
+        dataclasses.replace(
+            h,
+            score=own[(f, s)]
+            + PREVIOUS_WEIGHT * own.get((f, s - 1), 0.0)
+            + NEXT_WEIGHT * own.get((f, s + 1), 0.0),
+        )
+        for (f, s), h in by_key.items()
+    ]
+    boosted.sort(key=lambda h: (-h.score, h.message.file_id, h.message.seq))
+    return boosted
 
 
 def _snippet(

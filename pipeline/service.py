@@ -43,6 +43,7 @@ from pipeline import (
     search,
     store,
     tables,
+    terms,
     validation,
 )
 from pipeline.settings import Settings
@@ -401,9 +402,11 @@ class Service(Views):
         options.setdefault("max_bytes", self.settings.http.max_page_bytes)
         return reader.resolve(self.db, self.data_dir, ref, **options)
 
-    def search(self, q: str, filters: catalog.Filters, *, limit: int) -> list[search.Result]:
-        """Messages that match ``q`` within ``filters``, best first."""
-        return search.search(self.db, self.data_dir, q, filters, limit=limit)
+    def search(
+        self, q: str, filters: catalog.Filters, *, limit: int, match: terms.Match = "any"
+    ) -> list[search.Result]:
+        """Messages that match ``q`` within ``filters``, best first (docs/search.md)."""
+        return search.search(self.db, self.data_dir, q, filters, limit=limit, match=match)
 
     def health(self) -> dict[str, Any]:
         """Whether the index answers and the data directory is writable (``status`` ok or

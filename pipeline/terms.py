@@ -2,12 +2,17 @@
 I/O.
 
 A text becomes a sequence of terms in reading order: each run of letters and digits is one
-term (NFKC-normalised and case-folded), and each run of Chinese, Japanese or Korean characters
-becomes its overlapping bigrams (a run of one character, that character) — so any substring
-of two or more CJK characters is a phrase of adjacent bigrams, found wherever it occurs,
-without a dictionary. A query is a list of phrases, all of which must match: a quoted phrase,
-a word, or a word that splits into several terms (``e-mail``, a CJK run), each matched as
-adjacent terms.
+term (NFKC-normalised, case-folded, and an English word reduced to its Snowball stem, so
+"decided", "decides" and "deciding" are one term), and each run of Chinese, Japanese or Korean
+characters becomes its overlapping bigrams (a run of one character, that character) — so any
+substring of two or more CJK characters is a phrase of adjacent bigrams, found wherever it
+occurs, without a dictionary. Stop words stay in the index (a quoted phrase with "the" in it
+still matches); a ranked query leaves them out.
+
+A query is a list of phrases: a quoted phrase, a word, or a word that splits into several
+terms (``e-mail``, a CJK run), each matched as adjacent terms. Under ``match=all`` every phrase
+must match; under ``match=any`` (docs/search.md) a message matches any phrase that is not a
+stop word, and ranking does the rest.
 """
 
 from __future__ import annotations
@@ -17,8 +22,14 @@ import functools
 import hashlib
 import re
 import unicodedata
+from typing import Literal
+
+import Stemmer
 
 from pipeline import errors
+
+Match = Literal["any", "all"]
+MATCHES: tuple[Match, ...] = ("any", "all")
 
 #: characters of the scripts written without spaces between words: kana, CJK ideographs
 #: (with extensions and compatibility forms), Hangul, half-width kana
@@ -36,6 +47,26 @@ MAX_INDEXED_CHARS = 100_000
 
 _HAS_CJK = re.compile(f"[{_CJK}]")
 _WORD = re.compile(rf"[^\W_{_CJK}]+")
+#: words the stemmer is given: English letters only (a word with digits or other scripts is
+#: kept as it is, so "v2", "zoë" and "данные" are their own terms on both databases)
+_ENGLISH = re.compile(r"[a-z]+")
+_STEMMER = Stemmer.Stemmer("english")
+#: stems already computed: the write path stems every word of every message, and a store's
+#: vocabulary is mostly a few thousand words (cleared past :data:`_STEMS_MAX`, so a stream of
+#: unique tokens cannot grow it without bound)
+_STEMS: dict[str, str] = {}
+_STEMS_MAX = 200_000
+
+
+def stem(word: str) -> str:
+    """The index term of one folded word: its English Snowball stem, or the word itself."""
+    found = _STEMS.get(word)
+    if found is None:
+        found = _STEMMER.stemWord(word) if _ENGLISH.fullmatch(word) else word
+        if len(_STEMS) >= _STEMS_MAX:
+            _STEMS.clear()
+        _STEMS[word] = found
+    return found
 
 
 def _runs(text: str) -> list[tuple[str, bool]]:
@@ -48,7 +79,9 @@ def _runs(text: str) -> list[tuple[str, bool]]:
 
 
 def _split(run: str, cjk: bool) -> list[str]:
-    if not cjk or len(run) == 1:
+    if not cjk:
+        return [stem(run)]
+    if len(run) == 1:
         return [run]
     return [run[i : i + 2] for i in range(len(run) - 1)]
 
@@ -58,37 +91,68 @@ def terms(text: str) -> list[str]:
     text = text[:MAX_INDEXED_CHARS]
     folded = unicodedata.normalize("NFKC", text).casefold()
     if not _HAS_CJK.search(folded):  # the common case: words only
-        return [w[:MAX_TERM] if len(w) > MAX_TERM else w for w in _WORD.findall(folded)]
+        return [stem(w[:MAX_TERM] if len(w) > MAX_TERM else w) for w in _WORD.findall(folded)]
     found: list[str] = []
     for run, cjk in _runs(text):
         found.extend(_split(run, cjk))
     return found
 
 
+#: English words a ranked query leaves out (they say how a question is asked, not what about);
+#: the index keeps them, so a quoted phrase may hold them
+STOP_WORDS = frozenset(
+    """a about above after again against all am an and any are as at be because been before
+    being below between both but by can could did do does doing down during each few for from
+    further had has have having he her here hers herself him himself his how i if in into is it
+    its itself just me more most my myself no nor not now of off on once only or other our ours
+    ourselves out over own same she should so some such than that the their theirs them
+    themselves then there these they this those through to too under until up very was we were
+    what when where which while who whom why will with would you your yours yourself yourselves
+    s t don ll re ve d m o y""".split()  # noqa: SIM905 - a list to read, not to diff
+)
+
+
+@functools.lru_cache(maxsize=1)
+def _stop_terms() -> frozenset[str]:
+    return frozenset(stem(w) for w in STOP_WORDS)
+
+
 @dataclasses.dataclass(frozen=True)
 class Query:
-    """Phrases that must all match (each a sequence of adjacent terms)."""
+    """Phrases (each a sequence of adjacent terms) that must all match (``match="all"``) or
+    of which any may (``match="any"``: the stop words left out, ranking does the rest)."""
 
     phrases: tuple[tuple[str, ...], ...]
     #: what to look for in a message's text to cut its snippet, case-folded
     needles: tuple[str, ...]
+    match: Match = "all"
 
 
-def parse_query(q: str) -> Query:
-    """A user's query: ``"quoted phrases"`` and words, every one required. InvalidInput when
-    nothing in it can be searched for."""
+def parse_query(q: str, *, match: Match = "all") -> Query:
+    """A user's query: ``"quoted phrases"`` and words. InvalidInput when nothing in it can be
+    searched for. Under ``match="any"``, a word (not a quoted phrase) whose terms are all stop
+    words is left out — unless every word of the query is one."""
+    if match not in MATCHES:
+        raise errors.InvalidInput(f"match must be 'any' or 'all', got {match!r}")
     phrases: list[tuple[str, ...]] = []
     needles: list[str] = []
-    for match in _QUERY_PART.finditer(q):
-        quoted, word = match.groups()
+    stops: list[bool] = []
+    stop_terms = _stop_terms()
+    for found_match in _QUERY_PART.finditer(q):
+        quoted, word = found_match.groups()
         part = quoted if quoted is not None else word
         found = tuple(terms(part))
         if found and found not in phrases:
             phrases.append(found)
             needles.append(unicodedata.normalize("NFKC", part).casefold().strip())
+            stops.append(quoted is None and all(t in stop_terms for t in found))
     if not phrases:
         raise errors.InvalidInput(f"q has no word to search for: {q[:80]!r}")
-    return Query(tuple(phrases), tuple(needles))
+    if match == "any" and not all(stops):
+        kept = [i for i, stop in enumerate(stops) if not stop]
+        phrases = [phrases[i] for i in kept]
+        needles = [needles[i] for i in kept]
+    return Query(tuple(phrases), tuple(needles), match)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -107,9 +171,12 @@ def _fts_phrase(phrase: tuple[str, ...]) -> str:
 
 
 def fts5_match(query: Query, *, tags: list[list[str]]) -> str:
-    """An FTS5 MATCH expression: every phrase in the ``terms`` column, and for each group of
-    ``tags`` one of them in the ``tags`` column."""
-    parts = [f"terms : {_fts_phrase(p)}" for p in query.phrases]
+    """An FTS5 MATCH expression: every phrase (``match="any"``: one of them) in the ``terms``
+    column, and for each group of ``tags`` one of them in the ``tags`` column."""
+    if query.match == "any":
+        parts = ["terms : (" + " OR ".join(_fts_phrase(p) for p in query.phrases) + ")"]
+    else:
+        parts = [f"terms : {_fts_phrase(p)}" for p in query.phrases]
     for group in tags:
         parts.append("(" + " OR ".join(f'tags : "{t}"' for t in group) + ")")
     return " AND ".join(parts)
@@ -120,8 +187,20 @@ def _lexeme(term: str) -> str:
 
 
 def tsquery(query: Query) -> str:
-    """A PostgreSQL tsquery literal: phrases joined by ``&``, a phrase's terms by ``<->``."""
-    return " & ".join("(" + " <-> ".join(_lexeme(t) for t in p) + ")" for p in query.phrases)
+    """A PostgreSQL tsquery literal: phrases joined by ``&`` (``match="any"``: by ``|``), a
+    phrase's terms by ``<->``."""
+    join = " | " if query.match == "any" else " & "
+    return join.join(phrase_tsquery(p) for p in query.phrases)
+
+
+def phrase_tsquery(phrase: tuple[str, ...]) -> str:
+    """The tsquery literal of one phrase: its terms adjacent, in order."""
+    return "(" + " <-> ".join(_lexeme(t) for t in phrase) + ")"
+
+
+def phrase_fts5(phrase: tuple[str, ...]) -> str:
+    """The FTS5 MATCH expression of one phrase in the ``terms`` column."""
+    return f"terms : {_fts_phrase(phrase)}"
 
 
 def tsvector(found: list[str]) -> str:
@@ -133,6 +212,30 @@ def tsvector(found: list[str]) -> str:
     return " ".join(
         f"{_lexeme(term)}:{','.join(map(str, sorted(set(ps))))}" for term, ps in positions.items()
     )
+
+
+_TSV_ENTRY = re.compile(r"'((?:[^'\\]|''|\\.)*)'(?::([0-9A-D,]+))?")
+_UNESCAPE = re.compile(r"''|\\(.)")
+
+
+def parse_tsvector(text: str) -> dict[str, list[int]]:
+    """The terms and positions of a tsvector as PostgreSQL prints it (``'term':1,4 …``)."""
+    found: dict[str, list[int]] = {}
+    for entry in _TSV_ENTRY.finditer(text):
+        term = _UNESCAPE.sub(lambda m: m.group(1) or "'", entry.group(1))
+        found[term] = [int(p.rstrip("ABCD")) for p in (entry.group(2) or "").split(",") if p]
+    return found
+
+
+def phrase_count(positions: dict[str, list[int]], phrase: tuple[str, ...]) -> int:
+    """How many times ``phrase`` occurs, its terms adjacent, in a message's term positions."""
+    first = positions.get(phrase[0])
+    if not first:
+        return 0
+    if len(phrase) == 1:
+        return len(first)
+    rest = [set(positions.get(t, ())) for t in phrase[1:]]
+    return sum(1 for p in first if all(p + k in s for k, s in enumerate(rest, 1)))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query
 from pydantic import BeforeValidator
 
-from pipeline import catalog, refs, search, validation
+from pipeline import catalog, refs, search, terms, validation
 from pipeline.api import models
 from pipeline.api.deps import ServiceDep, problems
 from pipeline.api.security import Reader
@@ -46,9 +46,16 @@ def search_messages(
             min_length=1,
             max_length=1000,
             pattern=r"^[^\x00]*[^\W_][^\x00]*$",
-            description='words (all must occur) and "quoted phrases"; any language, CJK too',
+            description='a question, words and "quoted phrases"; any language, CJK too',
         ),
     ],
+    match: Annotated[
+        terms.Match,
+        Query(
+            description="any: ranked by relevance, a message need not hold every word "
+            "(docs/search.md); all: only messages holding every word and phrase"
+        ),
+    ] = "any",
     agent_id: Annotated[str | None, Query(pattern=validation.AGENT_ID_PATTERN)] = None,
     session_key: Annotated[
         str | None, Query(min_length=1, max_length=512, pattern="^[^\\x00-\\x1f\\x7f]*$")
@@ -62,7 +69,9 @@ def search_messages(
     limit: Annotated[int, Query(ge=1, le=search.MAX_LIMIT)] = search.DEFAULT_LIMIT,
 ) -> dict[str, Any]:
     """The messages that best match ``q``, best first, each with its ``source_ref`` and a
-    snippet; filters combine. Only the caller's agents are searched."""
+    snippet; filters combine. Only the caller's agents are searched. ``match=any`` ranks by
+    relevance (BM25 with stemming, and the turns around a match); ``match=all`` finds the
+    messages that hold every word and phrase."""
     filters = catalog.Filters(
         agents=caller.agents,
         agent_id=agent_id,
@@ -72,5 +81,5 @@ def search_messages(
         since=_utc(since),
         until=_utc(until),
     )
-    found = service.search(q, filters, limit=limit)
+    found = service.search(q, filters, limit=limit, match=match)
     return search.hits_of(found)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import re
 
-from pipeline import catalog, search
+from pipeline import catalog, search, terms
 from pipeline.cli.context import Add, Context, print_json
 
 
@@ -22,7 +23,8 @@ def cmd_search(ctx: Context) -> int:
         until=a.until,
     )
     query = " ".join(a.query)
-    found = ctx.service(settings).search(query, filters, limit=a.limit)
+    match: terms.Match = "all" if a.all else "any"
+    found = ctx.service(settings).search(query, filters, limit=a.limit, match=match)
     if a.json:
         print_json(search.hits_of(found))
         return 0
@@ -34,22 +36,38 @@ def cmd_search(ctx: Context) -> int:
         console = Console(highlight=False, width=160)  # a pipe has no width
     for hit in found:
         head = Text(f"{hit.source_ref}  {hit.ts}  {hit.role}  ", style="bold")
-        head.append(Text(f"{hit.agent_id}/{hit.session_key}", style="dim"))
+        head.append(Text(visible(f"{hit.agent_id}/{hit.session_key}"), style="dim"))
         console.print(head)
-        console.print(Text("  " + hit.snippet))  # user text, never markup
+        console.print(Text("  " + visible(hit.snippet)))  # user text, never markup
     if not found:
         console.print("no message matches", style="dim")
     return 0
 
 
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def visible(text: str) -> str:
+    """``text`` with its control characters escaped (``\x1b``): a message may hold terminal
+    escape sequences, which must not move the cursor or recolour the terminal of the person
+    reading the hits."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+
+
 def register(add: Add) -> None:
     """Declare ``sgme search``."""
-    p = add("search", cmd_search, "find messages by words and quoted phrases (any language)")
+    p = add("search", cmd_search, "find the messages that answer a question (any language)")
     p.add_argument(
         "query",
         nargs="+",
         metavar="WORD",
-        help='words and "quoted phrases" (quote a phrase for the shell too: \'"green tea"\')',
+        help='a question, words and "quoted phrases" (quote a phrase for the shell too: '
+        "'\"green tea\"')",
+    )
+    p.add_argument(
+        "--all",
+        action="store_true",
+        help="only messages holding every word and phrase (default: ranked by relevance)",
     )
     p.add_argument("--agent-id", help="only this agent's messages")
     p.add_argument("--session-key", help="only this session's messages")

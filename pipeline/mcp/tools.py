@@ -102,8 +102,8 @@ def build(link: Link, bounds: Mcp) -> MCPServer[Any]:
         query: Annotated[
             str,
             Field(
-                description='words or "quoted phrases", in any language; every word must occur '
-                "in a message (fewer words find more)"
+                description='a question, words or "quoted phrases", in any language; the '
+                "messages that best answer it come first (they need not hold every word)"
             ),
         ],
         ctx: Context,

@@ -117,7 +117,7 @@ def test_search_finds_phrases_words_and_cjk_among_thousands(
     file_id = session(db, data_dir, "big", filler)
 
     def refs(q: str, **filters: Any) -> list[str]:
-        found = search.search(db, data_dir, q, catalog.Filters(**filters), limit=10)
+        found = search.search(db, data_dir, q, catalog.Filters(**filters), limit=10, match="all")
         return [r.source_ref for r in found]
 
     assert refs('"green tea over coffee"') == [f"{file_id}:1235"]
@@ -130,7 +130,7 @@ def test_search_finds_phrases_words_and_cjk_among_thousands(
     assert refs("postgresql 索引") == [f"{file_id}:2346"]
     nominal = refs("nominal", file_id=file_id)
     assert len(nominal) == 10 and all(r.startswith(file_id) for r in nominal)
-    hit = search.search(db, data_dir, "green tea", limit=1)[0]
+    hit = search.search(db, data_dir, "green tea", limit=1, match="all")[0]
     assert "prefer green tea" in hit.snippet
     assert (hit.seq, hit.role, hit.agent_id, hit.session_key) == (1235, "user", "hermes", "big")
     assert hit.ts == ts(1234).replace(".000000", "")
@@ -146,7 +146,7 @@ def test_filters_combine_and_nobody_sees_another_agents_messages(
     c = session(db, data_dir, "s-c", ["launch notes"], agent="bob", role="tool", start=120)
 
     def found(q: str = "launch", **filters: Any) -> set[str]:
-        hits = search.search(db, data_dir, q, catalog.Filters(**filters), limit=50)
+        hits = search.search(db, data_dir, q, catalog.Filters(**filters), limit=50, match="all")
         return {h.file_id for h in hits}
 
     assert found() == {a, b, c}
@@ -211,7 +211,7 @@ def test_archived_files_stay_searchable_and_readable(
     c = refine.claim(db, file_id, lease_seconds=60)
     assert c is not None and refine.commit(db, c, [], refiner="test")
     assert archive.compress(db, file_locks, data_dir, file_id) is not None
-    hits = search.search(db, data_dir, '"fact number 42"')
+    hits = search.search(db, data_dir, '"fact number 42"', match="all")
     assert [(h.source_ref, h.snippet) for h in hits] == [
         (f"{file_id}:43", "archived fact number 42")
     ]
@@ -251,7 +251,7 @@ def test_sqlite_and_postgres_find_the_same_messages(tmp_path: Path, postgres_url
         "tool output: exit code 0",
     ] * 3
     queries = ["api", "数据库", "连接失败", "パスワード", "e-mail", "café", "zoë", '"exit code"']
-    answers = []
+    answers, ranked = [], []
     for url in (f"sqlite:///{tmp_path / 'index.sqlite3'}", postgres_url):
         db = database.Database.from_url(url)
         database.migrate(db.engine)
@@ -262,9 +262,19 @@ def test_sqlite_and_postgres_find_the_same_messages(tmp_path: Path, postgres_url
         data_dir = tmp_path / f"data-{db.dialect.name}"
         session(db, data_dir, "mixed", corpus)
         answers.append(
-            [sorted(h.seq for h in search.search(db, data_dir, q, limit=50)) for q in queries]
+            [
+                sorted(h.seq for h in search.search(db, data_dir, q, limit=50, match="all"))
+                for q in queries
+            ]
+        )
+        ranked.append(
+            [
+                [(h.seq, round(h.score, 4)) for h in search.search(db, data_dir, q, limit=50)]
+                for q in [*queries, "which workers deployed the API gateway?"]
+            ]
         )
         db.dispose()
     sqlite, postgres = answers
     assert sqlite == postgres
     assert [len(a) for a in sqlite] == [6, 6, 3, 3, 3, 3, 3, 3]
+    assert ranked[0] == ranked[1]  # the same BM25 scores, in the same order

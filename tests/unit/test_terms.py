@@ -30,7 +30,7 @@ def test_fast_path_matches_the_general_one(text: str) -> None:
 def test_words_are_folded_and_cut() -> None:
     long = "x" * 100
     assert terms.terms(f"Straße ﬁle_name {long} 3.14") == [
-        "strasse",
+        "strass",  # folded, then stemmed
         "file",
         "name",
         "x" * terms.MAX_TERM,
@@ -42,3 +42,42 @@ def test_words_are_folded_and_cut() -> None:
 def test_cjk_runs_become_bigrams() -> None:
     assert terms.terms("数据库 ok") == ["数据", "据库", "ok"]
     assert terms.terms("字") == ["字"]
+
+
+def test_english_words_are_stemmed_others_kept() -> None:
+    assert terms.terms("Deciding decided DECIDES the supports v2 zoë") == [
+        "decid",
+        "decid",
+        "decid",
+        "the",  # stop words stay in the index: a quoted phrase may hold them
+        "support",
+        "v2",
+        "zoë",
+    ]
+
+
+def test_a_ranked_query_leaves_stop_words_out_unless_quoted() -> None:
+    q = terms.parse_query('When did Caroline go to "the support group"?', match="any")
+    assert q.phrases == (("carolin",), ("go",), ("the", "support", "group"))
+    assert terms.tsquery(q) == "('carolin') | ('go') | ('the' <-> 'support' <-> 'group')"
+    assert terms.fts5_match(q, tags=[["t1", "t2"]]) == (
+        'terms : ("carolin" OR "go" OR "the support group") AND (tags : "t1" OR tags : "t2")'
+    )
+    # every word a stop word: they are searched for after all
+    assert terms.parse_query("what was it", match="any").phrases == (("what",), ("was",), ("it",))
+    # match=all keeps every word, as before
+    assert terms.parse_query("when did it", match="all").phrases == (
+        ("when",),
+        ("did",),
+        ("it",),
+    )
+
+
+def test_tsvector_round_trips_terms_and_counts_phrases() -> None:
+    found = ["it's", "a\\b", "x", "y", "x", "y", "x"]
+    positions = terms.parse_tsvector(terms.tsvector(found))
+    assert positions == {"it's": [1], "a\\b": [2], "x": [3, 5, 7], "y": [4, 6]}
+    assert terms.phrase_count(positions, ("x", "y")) == 2
+    assert terms.phrase_count(positions, ("y", "x")) == 2
+    assert terms.phrase_count(positions, ("x",)) == 3
+    assert terms.phrase_count(positions, ("z",)) == 0
