@@ -142,10 +142,15 @@ def parse_query(q: str, *, match: Match = "all") -> Query:
         quoted, word = found_match.groups()
         part = quoted if quoted is not None else word
         found = tuple(terms(part))
-        if found and found not in phrases:
-            phrases.append(found)
-            needles.append(unicodedata.normalize("NFKC", part).casefold().strip())
-            stops.append(quoted is None and all(t in stop_terms for t in found))
+        needle = unicodedata.normalize("NFKC", part).casefold().strip()
+        # ranked, an unquoted CJK run is its bigrams, each on its own: a question's run holds
+        # its question words too ("叫什么"), which the answer does not
+        split = match == "any" and quoted is None and len(found) > 1 and _HAS_CJK.search(part)
+        for phrase in [(t,) for t in found] if split else [found]:
+            if phrase and phrase not in phrases:
+                phrases.append(phrase)
+                needles.append(phrase[0] if split else needle)
+                stops.append(quoted is None and all(t in stop_terms for t in phrase))
     if not phrases:
         raise errors.InvalidInput(f"q has no word to search for: {q[:80]!r}")
     if match == "any" and not all(stops):

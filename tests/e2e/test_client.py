@@ -177,11 +177,11 @@ def test_search_finds_what_was_appended_within_the_tokens_agents(server: Server)
             messages=[{"role": "user", "content": f"bob's {word} jam is red"}],
             wait=True,
         )
-        everyone = admin.search(f"{word} jam")
+        everyone = admin.search(f"{word} jam", match="all")
         assert isinstance(everyone, models.Hits)
         found = {h.source_ref for h in everyone.hits}
         assert found == {*alices.source_refs[:2], bobs.source_refs[0]}
-        phrase = admin.search(f'"blue jar" {word}', agent_id="alice", role="user")
+        phrase = admin.search(f'"blue jar" {word}', agent_id="alice", role="user", match="all")
         assert [(h.source_ref, h.role, h.agent_id, h.session_key) for h in phrase.hits] == [
             (alices.source_refs[0], "user", "alice", key)
         ]
@@ -190,8 +190,11 @@ def test_search_finds_what_was_appended_within_the_tokens_agents(server: Server)
         with pytest.raises(errors.InvalidInput):
             admin.search("!!")
     with client.Client(server.url, server.reader) as reader:  # alice's only
-        mine = reader.search(word)
+        mine = reader.search(word, match="all")
         assert {h.agent_id for h in mine.hits} == {"alice"} and len(mine.hits) == 2
+        ranked = reader.search(f"where do I keep the {word} jams?")  # the default: ranked
+        assert {h.agent_id for h in ranked.hits} == {"alice"}
+        assert ranked.hits[0].source_ref in alices.source_refs[:2]
         assert reader.search(word, agent_id="bob").hits == []
     with client.Client(server.url, server.appender) as appender, pytest.raises(errors.Forbidden):
         appender.search(word)  # searching needs the read scope

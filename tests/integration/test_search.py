@@ -278,3 +278,143 @@ def test_sqlite_and_postgres_find_the_same_messages(tmp_path: Path, postgres_url
     assert sqlite == postgres
     assert [len(a) for a in sqlite] == [6, 6, 3, 3, 3, 3, 3, 3]
     assert ranked[0] == ranked[1]  # the same BM25 scores, in the same order
+
+
+# ---------------------------------------------------------------------------------------------
+# ranked search (match=any, the default; docs/search.md)
+
+
+def ranked(db: database.Database, data_dir: Path, q: str, **filters: Any) -> list[str]:
+    found = search.search(db, data_dir, q, catalog.Filters(**filters), limit=10)
+    return [r.source_ref for r in found]
+
+
+def test_a_question_finds_its_answer_through_stems_not_word_forms(
+    db: database.Database, data_dir: Path
+) -> None:
+    file_id = session(
+        db,
+        data_dir,
+        "policy",
+        [
+            "Let's talk about the deploy pipeline.",
+            "We decided that failed uploads are retried three times, backing off exponentially.",
+            "Lunch is at noon.",
+        ],
+    )
+    question = "What did we decide about retrying a failed upload?"
+    assert ranked(db, data_dir, question)[0] == f"{file_id}:2"
+    assert search.search(db, data_dir, question, match="all") == []  # not every word is there
+    hit = search.search(db, data_dir, question, limit=1)[0]
+    assert "decided" in hit.snippet and hit.score > 0
+
+
+def test_an_old_answer_is_found_behind_ten_thousand_newer_messages_with_a_common_word(
+    db: database.Database, data_dir: Path
+) -> None:
+    old = session(
+        db, data_dir, "old", ["The launch password for the staging cluster is heliotrope."]
+    )
+    newer = [f"launch status report {i}: the launch went fine" for i in range(10_000)]
+    session(db, data_dir, "newer", newer, start=60)
+    found = ranked(db, data_dir, "what was the launch password again?")
+    assert found[0] == f"{old}:1"
+
+
+def test_the_turn_after_the_one_that_shares_the_words_is_found(
+    db: database.Database, data_dir: Path
+) -> None:
+    file_id = session(
+        db,
+        data_dir,
+        "talk",
+        [
+            "Which restaurant did you book for Friday?",
+            "Tavola, the little Sardinian place on Elm Street.",
+            "Great, thanks.",
+        ],
+    )
+    found = search.search(db, data_dir, "which restaurant was booked?", limit=3)
+    assert [h.source_ref for h in found[:2]] == [f"{file_id}:1", f"{file_id}:2"]
+    none = search.search(db, data_dir, "which restaurant was booked?", neighbours="none")
+    assert [h.source_ref for h in none] == [f"{file_id}:1"]
+
+
+def test_the_token_scope_and_filters_hold_for_ranked_search(
+    db: database.Database, data_dir: Path
+) -> None:
+    a = session(db, data_dir, "s-a", ["what is the launch code?", "it is blue"], agent="alice")
+    b = session(db, data_dir, "s-b", ["what is the launch code?"], agent="bob", start=60)
+    c = session(db, data_dir, "s-c", ["launch notes", "tool says red"], agent="bob", role="tool")
+
+    def found(q: str = "the launch code", **filters: Any) -> set[str]:
+        hits = search.search(db, data_dir, q, catalog.Filters(**filters), limit=50)
+        return {h.source_ref for h in hits}
+
+    assert found() == {f"{a}:1", f"{a}:2", f"{b}:1", f"{c}:1", f"{c}:2"}
+    assert found(agents={"alice"}) == {f"{a}:1", f"{a}:2"}
+    assert found(agents={"alice"}, agent_id="bob") == set()
+    assert found(agents=set()) == set()
+    assert found(agent_id="bob") == {f"{b}:1", f"{c}:1", f"{c}:2"}
+    assert found(session_key="s-b") == {f"{b}:1"}
+    assert found(role="tool") == {f"{c}:1", f"{c}:2"}
+    mixed = journal.ingest(
+        db,
+        {
+            "agent_id": "carol",
+            "session_key": "s-d",
+            "messages": [
+                {"role": "user", "content": "the launch code?", "ts": ts(200)},
+                {"role": "assistant", "content": "green", "ts": ts(201)},
+            ],
+        },
+    ).file_id
+    journal.flush(db, data_dir, mixed)
+    assert found(agent_id="carol") == {f"{mixed}:1", f"{mixed}:2"}  # the answer follows
+    assert found(agent_id="carol", role="user") == {f"{mixed}:1"}  # but not in another role
+    assert found(agent_id="carol", role="assistant") == set()
+    assert found(file_id=a) == {f"{a}:1", f"{a}:2"}
+    assert found(since=(TS + dt.timedelta(minutes=30)).replace(tzinfo=None)) == {
+        f"{b}:1",
+        f"{mixed}:1",
+        f"{mixed}:2",
+    }
+    assert found(until=(TS + dt.timedelta(seconds=30)).replace(tzinfo=None)) == {
+        f"{a}:1",
+        f"{c}:1",
+    }
+
+
+def test_cjk_questions_find_their_answers(db: database.Database, data_dir: Path) -> None:
+    filler = [f"今天的会议记录第{i}号，没有新的决定。" for i in range(300)]
+    filler[17] = "我上次说的那家餐厅叫小南国，在静安寺旁边。"
+    filler[230] = "来週の打ち合わせは金曜日の午後三時からに決まりました。"
+    file_id = session(db, data_dir, "cjk", filler)
+    assert ranked(db, data_dir, "我上次说的那家餐厅叫什么")[0] == f"{file_id}:18"
+    assert ranked(db, data_dir, "打ち合わせはいつに決まった？")[0] == f"{file_id}:231"
+
+
+def test_reindex_rebuilds_the_same_rankings(
+    db: database.Database, data_dir: Path, file_locks: locks.FileLocks
+) -> None:
+    session(db, data_dir, "one", [f"we deployed release {i} of the gateway" for i in range(60)])
+    session(db, data_dir, "two", ["which gateway release failed?", "release 7 failed"])
+    queries = ["which release of the gateway failed?", "deploying gateways", "失败"]
+
+    def results() -> list[list[tuple[str, float]]]:
+        return [
+            [(r.source_ref, r.score) for r in search.search(db, data_dir, q, limit=50)]
+            for q in queries
+        ]
+
+    before = results()
+    assert before[0] and before[1]
+    with db.transaction() as conn:
+        catalog.clear(conn)
+    integrity.reindex(db, file_locks, data_dir)
+    assert results() == before
+
+
+def test_a_bad_match_is_refused(db: database.Database, data_dir: Path) -> None:
+    with pytest.raises(errors.InvalidInput, match="match must be"):
+        search.search(db, data_dir, "tea", match="some")  # type: ignore[arg-type]

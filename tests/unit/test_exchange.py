@@ -447,7 +447,7 @@ def test_search_sends_the_query_and_filters_and_answers_typed_hits() -> None:
             until=dt.datetime(2026, 8, 4),
             limit=5,
         )
-        assert sgme.search("tea", since="2026-08-03T11:00:00+02:00").hits == []
+        assert sgme.search("tea", since="2026-08-03T11:00:00+02:00", match="all").hits == []
     assert isinstance(found, models.Hits)
     assert all(isinstance(h, models.Hit) for h in found.hits)
     assert [(h.source_ref, h.seq, h.snippet, h.score) for h in found.hits] == [
@@ -465,11 +465,13 @@ def test_search_sends_the_query_and_filters_and_answers_typed_hits() -> None:
         "since": "2026-08-03T11:00:00Z",  # an aware time, in UTC
         "until": "2026-08-04T00:00:00Z",  # a naive one is UTC already
         "limit": "5",
+        "match": "any",  # ranked, the default
     }
     assert dict(other.url.params) == {
         "q": "tea",
         "since": "2026-08-03T11:00:00+02:00",  # text goes as given
         "limit": str(client.DEFAULT_SEARCH_LIMIT),
+        "match": "all",
     }
 
 
@@ -502,7 +504,12 @@ def test_the_async_client_retries_pages_and_maps_errors_like_the_sync_one() -> N
     ack, seqs, found = asyncio.run(scenario())
     assert ack.file_id == FILE_ID and seqs == [1]
     assert [h.source_ref for h in found.hits] == [f"{FILE_ID}:1"]
-    assert dict(server.requests[-1].url.params) == {"q": "tea", "agent_id": "a", "limit": "20"}
+    assert dict(server.requests[-1].url.params) == {
+        "q": "tea",
+        "agent_id": "a",
+        "limit": "20",
+        "match": "any",
+    }
     first, second = server.bodies()[:2]
     assert first == second and first["idempotency_key"].startswith("client:")
     assert dict(server.requests[0].url.params) == {"wait": "flushed"}
