@@ -414,6 +414,27 @@ def test_search_times_are_rfc_3339_as_the_schema_says(app: Api) -> None:
         assert r.status_code == 200 and len(r.json()["hits"]) == hits, r.text
 
 
+def test_search_ranks_by_default_and_match_is_any_or_all(app: Api) -> None:
+    app.append(
+        body(
+            "s1",
+            {"role": "user", "content": "which tea do you like?", "ts": TS1},
+            {"role": "assistant", "content": "Sencha, always.", "ts": TS1},
+        ),
+        wait=True,
+    )
+    q = {"q": "what teas does the user like best?"}
+    ranked = app.client.get("/v1/search", params=q).json()["hits"]
+    assert [h["seq"] for h in ranked] == [1, 2]  # the answer after the matching turn too
+    assert app.client.get("/v1/search", params={**q, "match": "any"}).json()["hits"] == ranked
+    assert app.client.get("/v1/search", params={**q, "match": "all"}).json()["hits"] == []
+    every = app.client.get("/v1/search", params={"q": "tea like", "match": "all"}).json()
+    assert [h["seq"] for h in every["hits"]] == [1]
+    for bad in ("some", "ALL", ""):
+        r = app.client.get("/v1/search", params={"q": "tea", "match": bad})
+        assert_problem(r, 422, "invalid-input", "match")
+
+
 def test_file_row_shows_index_state(app: Api) -> None:
     ack = app.append(body("s1", metadata={"n": 1, "nested": {"a": [1, 2]}}), wait=True)
     app.append(body("s1"))

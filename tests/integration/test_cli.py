@@ -416,3 +416,26 @@ def test_the_server_engine_fsyncs_every_commit(tmp_path: Path) -> None:
     with extra.connect() as conn:
         assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 3
     extra.dispose()
+
+
+def test_search_ranks_by_default_all_with_all_and_escapes_control_characters(
+    sgme: Sgme,
+) -> None:
+    sgme(
+        "append",
+        stdin=append_body(
+            "s1",
+            {"role": "user", "content": "which colour is the \x1b[2Jmug?", "ts": TS1},
+            {"role": "assistant", "content": "Blue.\x07\x1b]0;owned\x07", "ts": TS2},
+        ),
+    )
+    text = sgme("search", "what", "colour", "was", "the", "mugs")
+    assert text.code == 0
+    assert b"\x1b" not in text.out and b"\x07" not in text.out  # nothing reaches the terminal
+    assert b"\\x1b[2Jmug?" in text.out and b"Blue.\\x07\\x1b]0;owned\\x07" in text.out
+    ranked = sgme("search", "--json", "what colour was the mugs").json()["hits"]
+    assert [h["seq"] for h in ranked] == [1, 2]
+    assert ranked[0]["snippet"] == "which colour is the \x1b[2Jmug?"  # JSON keeps the text
+    assert sgme("search", "--json", "--all", "what colour was the mugs").json() == {"hits": []}
+    every = sgme("search", "--json", "--all", "which", "colour").json()["hits"]
+    assert [h["seq"] for h in every] == [1]
