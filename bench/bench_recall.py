@@ -1,0 +1,206 @@
+"""Recall of ``GET /v1/search`` for an agent's memory questions (issue 18), measured.
+
+The evaluation set is bench/recall_set.py's (multi-session conversations between two friends
+and questions about them, generated from templates with a fixed seed). Each conversation is
+one agent's memory: its sessions are appended and flushed as that agent's sessions, and each
+question is asked as it is, with the conversation's ``agent_id`` and ``limit=10``, as an
+agent's memory tool would. A question is found at k when one of its evidence turns is among
+the first k hits (recall@k); MRR is the mean of 1/rank of the first evidence turn in the top
+10 (0 when none).
+
+Compared in one run:
+
+* baseline — the naive search the issue names: Python's sqlite3 FTS5 over the same turns,
+  tokenizer ``porter unicode61``, the question's words OR-ed, ranked by bm25, filtered to the
+  conversation;
+* SGME ``match=all`` — the search as it was (every word must occur);
+* SGME ranked (``match=any``) on SQLite with each way of counting the neighbours
+  (``search.Neighbours``: none, candidates, next), and on PostgreSQL with the default.
+
+Target: SGME's recall@10 at least 1.2x the baseline's overall, and not below it on any kind.
+
+    .venv/bin/python bench/bench_recall.py [--no-postgres]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import re
+import sqlite3
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT), str(ROOT / "bench")]
+
+import recall_set  # noqa: E402
+from conftest import scratch_database  # noqa: E402
+
+from pipeline import catalog, database, journal, search  # noqa: E402
+
+LIMIT = 10
+KINDS = ("single", "multi", "temporal", "cjk")
+Key = tuple[int, int, int]  #: conversation, session, turn index
+Ranker = Callable[[recall_set.Question], list[Key]]
+
+
+def baseline(conversations: list[recall_set.Conversation]) -> Ranker:
+    """The naive FTS5 search: porter unicode61, the question's words OR-ed, bm25."""
+    conn = sqlite3.connect(":memory:")
+    conn.execute(
+        "CREATE VIRTUAL TABLE t USING fts5(text, conv UNINDEXED, session UNINDEXED, "
+        "turn UNINDEXED, tokenize='porter unicode61')"
+    )
+    for c, conversation in enumerate(conversations):
+        for s, turns in enumerate(conversation.sessions):
+            conn.executemany(
+                "INSERT INTO t VALUES (?, ?, ?, ?)",
+                [(turn.text, c, s, i) for i, turn in enumerate(turns)],
+            )
+
+    def rank(question: recall_set.Question) -> list[Key]:
+        words = re.findall(r"\w+", question.text)
+        match = " OR ".join('"' + w.replace('"', '""') + '"' for w in words)
+        rows = conn.execute(
+            "SELECT conv, session, turn FROM t WHERE t MATCH ? AND conv = ? "
+            "ORDER BY bm25(t) LIMIT ?",
+            (match, question.conversation, LIMIT),
+        )
+        return [(int(c), int(s), int(i)) for c, s, i in rows]
+
+    return rank
+
+
+@contextlib.contextmanager
+def sgme_store(url: str, conversations: list[recall_set.Conversation]) -> Iterator[
+    tuple[database.Database, Path, dict[str, Key]]
+]:
+    """An SGME store of the conversations (each one agent's); where each turn landed."""
+    db = database.Database.from_url(url)
+    database.migrate(db.engine)
+    with tempfile.TemporaryDirectory(prefix="sgme-recall-") as tmp:
+        data_dir = Path(tmp)
+        where: dict[str, Key] = {}
+        for c, conversation in enumerate(conversations):
+            for s, (turns, date) in enumerate(
+                zip(conversation.sessions, conversation.dates, strict=True)
+            ):
+                start = dt.datetime.combine(date, dt.time(18, 0), tzinfo=dt.UTC)
+                messages = [
+                    {
+                        "role": turn.role,
+                        "content": turn.text,
+                        "ts": (start + dt.timedelta(minutes=i)).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                    }
+                    for i, turn in enumerate(turns)
+                ]
+                body = {"agent_id": f"conv{c}", "session_key": f"s{s}", "messages": messages}
+                file_id = journal.ingest(db, body).file_id
+                journal.flush(db, data_dir, file_id)
+                for i in range(len(turns)):
+                    where[f"{file_id}:{i + 1}"] = (c, s, i)
+        try:
+            yield db, data_dir, where
+        finally:
+            db.dispose()
+
+
+def sgme_ranker(
+    db: database.Database,
+    data_dir: Path,
+    where: dict[str, Key],
+    *,
+    match: str = "any",
+    neighbours: search.Neighbours = search.NEIGHBOURS,
+) -> Ranker:
+    def rank(question: recall_set.Question) -> list[Key]:
+        filters = catalog.Filters(agent_id=f"conv{question.conversation}")
+        found = search.search(
+            db,
+            data_dir,
+            question.text,
+            filters,
+            limit=LIMIT,
+            match="all" if match == "all" else "any",
+            neighbours=neighbours,
+        )
+        return [where[h.source_ref] for h in found]
+
+    return rank
+
+
+def score(rank: Ranker, questions: list[recall_set.Question]) -> dict[str, tuple[float, ...]]:
+    """recall@5, recall@10, MRR and ms per question, by kind and overall."""
+    rows: dict[str, list[tuple[float, float, float]]] = {k: [] for k in (*KINDS, "all")}
+    started = time.perf_counter()
+    for q in questions:
+        found = rank(q)
+        evidence = {(q.conversation, s, i) for s, i in q.evidence}
+        first = next((n for n, key in enumerate(found, 1) if key in evidence), None)
+        row = (
+            float(first is not None and first <= 5),
+            float(first is not None and first <= 10),
+            1 / first if first else 0.0,
+        )
+        rows[q.kind].append(row)
+        rows["all"].append(row)
+    ms = 1000 * (time.perf_counter() - started) / len(questions)
+    return {
+        kind: (*(sum(col) / len(got) for col in zip(*got, strict=True)), ms)
+        for kind, got in rows.items()
+        if got
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--no-postgres", action="store_true", help="SQLite only")
+    args = parser.parse_args()
+    conversations, questions = recall_set.build()
+    turns = sum(len(t) for c in conversations for t in c.sessions)
+    counts = {k: sum(q.kind == k for q in questions) for k in KINDS}
+    print(
+        f"{len(conversations)} conversations, {sum(len(c.sessions) for c in conversations)} "
+        f"sessions, {turns} turns (at least {min(sum(map(len, c.sessions)) for c in conversations)}"
+        f" a conversation); {len(questions)} questions: "
+        + ", ".join(f"{k} {n}" for k, n in counts.items())
+    )
+    results: list[tuple[str, dict[str, tuple[float, ...]]]] = []
+    results.append(("baseline: FTS5 porter, words OR-ed, bm25", score(baseline(conversations), questions)))
+    with tempfile.TemporaryDirectory() as tmp:
+        url = f"sqlite:///{Path(tmp) / 'index.sqlite3'}"
+        with sgme_store(url, conversations) as (db, data_dir, where):
+            results.append(
+                ("SGME SQLite, match=all", score(sgme_ranker(db, data_dir, where, match="all"), questions))
+            )
+            for mode in ("none", "candidates", "next"):
+                ranker = sgme_ranker(db, data_dir, where, neighbours=mode)  # type: ignore[arg-type]
+                results.append((f"SGME SQLite, ranked, neighbours={mode}", score(ranker, questions)))
+    if not args.no_postgres:
+        with scratch_database("bench_recall") as pg, sgme_store(pg, conversations) as store:
+            for mode in ("none", "next"):
+                ranker = sgme_ranker(*store, neighbours=mode)  # type: ignore[arg-type]
+                results.append((f"SGME PostgreSQL, ranked, neighbours={mode}", score(ranker, questions)))
+    print()
+    print("| search | kind | recall@5 | recall@10 | MRR | ms/question |")
+    print("|---|---|---:|---:|---:|---:|")
+    for name, by_kind in results:
+        for kind in ("all", *KINDS):
+            if kind in by_kind:
+                r5, r10, mrr, ms = by_kind[kind]
+                print(f"| {name} | {kind} | {r5:.3f} | {r10:.3f} | {mrr:.3f} | {ms:.1f} |")
+    base = results[0][1]
+    best = results[-1][1] if args.no_postgres else dict(results)["SGME SQLite, ranked, neighbours=next"]
+    print()
+    for kind in ("all", *KINDS):
+        ratio = best[kind][1] / base[kind][1] if base[kind][1] else float("inf")
+        print(f"recall@10 {kind}: SGME (default) / baseline = {ratio:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
