@@ -77,9 +77,9 @@ def baseline(conversations: list[recall_set.Conversation]) -> Ranker:
 
 
 @contextlib.contextmanager
-def sgme_store(url: str, conversations: list[recall_set.Conversation]) -> Iterator[
-    tuple[database.Database, Path, dict[str, Key]]
-]:
+def sgme_store(
+    url: str, conversations: list[recall_set.Conversation]
+) -> Iterator[tuple[database.Database, Path, dict[str, Key]]]:
     """An SGME store of the conversations (each one agent's); where each turn landed."""
     db = database.Database.from_url(url)
     database.migrate(db.engine)
@@ -171,21 +171,30 @@ def main() -> None:
         + ", ".join(f"{k} {n}" for k, n in counts.items())
     )
     results: list[tuple[str, dict[str, tuple[float, ...]]]] = []
-    results.append(("baseline: FTS5 porter, words OR-ed, bm25", score(baseline(conversations), questions)))
+    results.append(
+        ("baseline: FTS5 porter, words OR-ed, bm25", score(baseline(conversations), questions))
+    )
     with tempfile.TemporaryDirectory() as tmp:
         url = f"sqlite:///{Path(tmp) / 'index.sqlite3'}"
         with sgme_store(url, conversations) as (db, data_dir, where):
             results.append(
-                ("SGME SQLite, match=all", score(sgme_ranker(db, data_dir, where, match="all"), questions))
+                (
+                    "SGME SQLite, match=all",
+                    score(sgme_ranker(db, data_dir, where, match="all"), questions),
+                )
             )
             for mode in ("none", "candidates", "next"):
-                ranker = sgme_ranker(db, data_dir, where, neighbours=mode)  # type: ignore[arg-type]
-                results.append((f"SGME SQLite, ranked, neighbours={mode}", score(ranker, questions)))
+                ranker = sgme_ranker(db, data_dir, where, neighbours=mode)
+                results.append(
+                    (f"SGME SQLite, ranked, neighbours={mode}", score(ranker, questions))
+                )
     if not args.no_postgres:
         with scratch_database("bench_recall") as pg, sgme_store(pg, conversations) as store:
             for mode in ("none", "next"):
                 ranker = sgme_ranker(*store, neighbours=mode)  # type: ignore[arg-type]
-                results.append((f"SGME PostgreSQL, ranked, neighbours={mode}", score(ranker, questions)))
+                results.append(
+                    (f"SGME PostgreSQL, ranked, neighbours={mode}", score(ranker, questions))
+                )
     print()
     print("| search | kind | recall@5 | recall@10 | MRR | ms/question |")
     print("|---|---|---:|---:|---:|---:|")
@@ -195,7 +204,11 @@ def main() -> None:
                 r5, r10, mrr, ms = by_kind[kind]
                 print(f"| {name} | {kind} | {r5:.3f} | {r10:.3f} | {mrr:.3f} | {ms:.1f} |")
     base = results[0][1]
-    best = results[-1][1] if args.no_postgres else dict(results)["SGME SQLite, ranked, neighbours=next"]
+    best = (
+        results[-1][1]
+        if args.no_postgres
+        else dict(results)["SGME SQLite, ranked, neighbours=next"]
+    )
     print()
     for kind in ("all", *KINDS):
         ratio = best[kind][1] / base[kind][1] if base[kind][1] else float("inf")
