@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import math
+import time
 from collections.abc import Collection, Sequence
 from typing import Any
 
@@ -483,7 +484,7 @@ def _pg_rows(conn: sa.Connection) -> int:
     estimate = conn.execute(
         sa.text("SELECT reltuples::bigint FROM pg_class WHERE oid = 'message_terms'::regclass")
     ).scalar_one()
-    if estimate is not None and estimate >= 100_000:
+    if estimate is not None and estimate >= 10_000:
         return int(estimate)
     return int(conn.execute(sa.text("SELECT count(*) FROM message_terms")).scalar_one())
 
@@ -498,9 +499,35 @@ def _pg_matches(conn: sa.Connection, phrase: tuple[str, ...]) -> int:
     return int(conn.execute(sa.text(sql), params).scalar_one())
 
 
+#: seconds an estimate of PostgreSQL's average message length is used (while the number of
+#: messages stays within a tenth of what it was)
+PG_LENGTH_SECONDS = 60.0
+_lengths: dict[str, tuple[float, int, float]] = {}  # database URL -> (when, rows, length)
+
+
 def _pg_average_length(conn: sa.Connection, rows: int) -> float:
     """A message's average length in terms (with its tags, as FTS5 counts it): exact for a
-    small index, else from a sample of :data:`PG_LENGTH_SAMPLE` rows."""
+    small index (measured again when its number of messages changes), else from a sample of
+    :data:`PG_LENGTH_SAMPLE` rows kept :data:`PG_LENGTH_SECONDS` (it moves slowly, and
+    sampling costs more than a search)."""
+    key = conn.engine.url.render_as_string(hide_password=True)
+    now = time.monotonic()
+    known = _lengths.get(key)
+    if known is not None and (
+        known[1] == rows  # a small index is measured again whenever it changes
+        or (
+            rows > PG_LENGTH_SAMPLE
+            and now - known[0] < PG_LENGTH_SECONDS
+            and abs(rows - known[1]) <= known[1] / 10
+        )
+    ):
+        return known[2]
+    length = _pg_measure_length(conn, rows)
+    _lengths[key] = (now, rows, length)
+    return length
+
+
+def _pg_measure_length(conn: sa.Connection, rows: int) -> float:
     sample = "" if rows <= PG_LENGTH_SAMPLE else f" TABLESAMPLE SYSTEM ({_sample_percent(rows)})"
     sql = (
         "SELECT avg(coalesce((SELECT max(p) FROM unnest(tsv) AS u, unnest(u.positions) AS p), 0))"
