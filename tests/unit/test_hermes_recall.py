@@ -1,5 +1,5 @@
-"""The Hermes provider's recall without a server: which words of a user's message it searches
-for, and how it ranks the hits of those searches (``integrations/hermes/sgme/recall.py``, which
+"""The Hermes provider's recall without a server: one ranked search of the user's message
+(``integrations/hermes/sgme/recall.py``, which
 runs in Hermes' environment on httpx and the standard library; ``tests/hermes/test_recall.py``
 runs it inside the real hermes-agent against a real server)."""
 
@@ -8,11 +8,11 @@ from __future__ import annotations
 import datetime as dt
 import importlib.util
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
-from pipeline import terms
+import httpx
 
 PLUGIN = Path(__file__).resolve().parents[2] / "integrations" / "hermes" / "sgme"
 
@@ -29,43 +29,32 @@ def load_recall() -> ModuleType:
 recall = load_recall()
 
 
-def test_keywords_leave_out_stop_words_and_put_the_longest_first() -> None:
-    assert recall.keywords("What kind of tea do I like?") == ["kind", "like", "tea"]
-    assert recall.keywords("Do you remember what I told you?") == []
-    assert recall.keywords("PostgreSQL, postgresql and Ｐｏｓｔｇｒｅｓ") == [
-        "postgresql",
-        "postgres",
-    ]  # case-folded, NFKC, each once
-    many = recall.keywords("alpha bravo charlie delta echo foxtrot golf hotel")
-    assert len(many) == recall.MAX_KEYWORDS
-
-
-def test_a_cjk_run_becomes_its_pairs_as_the_server_indexes_them() -> None:
-    assert recall.keywords("我喜欢什么茶") == ["我喜", "喜欢", "欢什", "么茶"]  # 什么: a stop word
-    assert recall.keywords("茶") == ["茶"]
-    # every pair is a term the server's index holds for the same text
-    assert set(recall.keywords("数据库迁移")) <= set(terms.terms("数据库迁移"))
-
-
-def hit(ref: str) -> dict[str, Any]:
-    return {"source_ref": ref, "snippet": ref}
-
-
-def test_rank_puts_hits_with_every_word_first_then_the_most_specific() -> None:
-    together = [hit("f:9")]
-    alone = [
-        [hit("f:1"), hit("f:2"), hit("f:3"), hit("f:9")],  # a common word: each weighs 1/4
-        [hit("f:3")],  # a rare one: 1
-        [hit("f:2"), hit("f:9")],  # 1/2
+def test_recall_is_one_ranked_search_of_the_message_as_it_is() -> None:
+    asked: list[httpx.Request] = []
+    hits = [
+        {"source_ref": f"f:{i}", "session_key": "s", "ts": "2026-08-03T11:18:06Z"} for i in range(9)
     ]
-    ranked = recall.rank(together, alone)
-    assert [(h["source_ref"], h["partial"]) for h in ranked] == [
-        ("f:9", False),
-        ("f:3", True),  # 1/4 + 1
-        ("f:2", True),  # 1/4 + 1/2
-        ("f:1", True),  # 1/4
-    ]
-    assert recall.rank([], []) == []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        asked.append(request)
+        return httpx.Response(200, json={"hits": hits})
+
+    reader = recall.Reader({"agent_id": "hermes", "token": "t", "url": "http://sgme"})
+    reader._client = httpx.Client(base_url="http://sgme", transport=httpx.MockTransport(answer))
+    question = 'What kind of "green tea" do I like? 我喜欢什么茶'
+    found = reader.recall(
+        question, limit=3, deadline=time.monotonic() + 5, keep=lambda h: h["source_ref"] != "f:0"
+    )
+    assert [h["source_ref"] for h in found] == ["f:1", "f:2", "f:3"]
+    [request] = asked  # one request, not one per keyword
+    assert dict(request.url.params) == {
+        "q": question,
+        "agent_id": "hermes",
+        "limit": str(3 * recall.OVERFETCH),
+        "match": "any",
+    }
+    assert reader.recall("   ", limit=3, deadline=time.monotonic() + 5) == []
+    assert len(asked) == 1
 
 
 def test_timestamps_parse_as_l0_writes_them() -> None:

@@ -28,13 +28,14 @@ What it does:
   providers do). ``on_session_switch`` starts a new session_key; the spool keeps what was
   queued for the old one.
 - Recall: before each turn ``prefetch`` searches this agent's messages in SGME for the
-  user's words (``GET /v1/search``, at most :data:`PREFETCH_TIMEOUT` seconds) and returns the
-  best few hits, each with its ``source_ref``, leaving out the current session's latest
-  turns (Hermes has them in context); ``queue_prefetch``, which Hermes runs after a turn on
-  its background worker, searches for that turn's words for the next one. When SGME is down,
-  slow or refuses (a token without the ``read`` scope), the answer is empty: recall never
-  holds up or breaks a turn. The ``sgme_search`` tool searches on the model's request and
-  ``sgme_open`` shows a source_ref with the messages around it (``GET /v1/refs``).
+  user's message, ranked (one ``GET /v1/search``, at most :data:`PREFETCH_TIMEOUT` seconds)
+  and returns the best few hits, each with its ``source_ref``, leaving out the current
+  session's latest turns (Hermes has them in context); ``queue_prefetch``, which Hermes runs
+  after a turn on its background worker, searches for that turn's words for the next one.
+  When SGME is down, slow or refuses (a token without the ``read`` scope), the answer is
+  empty: recall never holds up or breaks a turn. The ``sgme_search`` tool searches on the
+  model's request and ``sgme_open`` shows a source_ref with the messages around it
+  (``GET /v1/refs``).
 """
 
 from __future__ import annotations

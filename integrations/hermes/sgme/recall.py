@@ -3,12 +3,9 @@ source_refs (``GET /v1/refs/{file_id}:{seq}``), each bounded by a deadline, so t
 absent server costs the agent that much time at most, and never an exception it did not ask
 for. httpx and the standard library only (the provider runs in Hermes' environment).
 
-SGME's search finds the messages that contain *every* word of a query. A user's message
-rarely shares all its words with what was said before ("What tea do I like?" against "I
-prefer green tea"), so :meth:`Reader.recall` searches for a query's keywords together first,
-then for each keyword alone, and ranks what it found: the messages that matched every
-keyword first, then the ones that matched the most specific keywords (a keyword that found
-few messages weighs more than one that found many).
+SGME's search ranks the messages by how well they answer the query (``match=any``, its
+default: stemmed words, BM25, the turn after a match; SGME's docs/search.md), so a recall is one
+request: the user's message as it is.
 
 What the agent sees of it is here too: the block recalled before a turn (:func:`render`) and
 the ``sgme_search`` and ``sgme_open`` tools (their schemas and answers).
@@ -18,11 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import re
 import time
-import unicodedata
 import urllib.parse
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -31,33 +26,9 @@ import httpx
 CONNECT_TIMEOUT = 0.5
 MAX_QUERY = 1000  #: characters of ``q`` the server takes
 MAX_LIMIT = 100  #: hits one search may ask for
-MAX_KEYWORDS = 6  #: keywords searched alone, at most (each is one request)
 #: hits asked for per wanted hit: some may be left out afterwards (the current session's
-#: latest turns), and the keyword searches need room to overlap
+#: latest turns)
 OVERFETCH = 3
-
-# Scripts written without spaces between words (SGME's pipeline.terms uses the same ranges):
-# the server finds any two adjacent characters of them, so a run becomes its pairs.
-_CJK = (
-    "\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
-    "\uac00-\ud7af\u1100-\u11ff\u3130-\u318f\uff66-\uff9f\U00020000-\U0003134f"
-)
-_TOKEN = re.compile(rf"([{_CJK}]+)|([^\W_{_CJK}]+)")
-#: words that say nothing about what a message was about
-_STOPWORDS = """
-    a about above after again against all also am an and any are as at be because been
-    before being below between both but by can could did do does doing done down during
-    each else ever few for from further get got had has have having he her here hers
-    herself him himself his how i if in into is it its itself just let me more most my
-    myself no nor not now of off on once only or other our ours ourselves out over own
-    please same she should so some such than that the their theirs them themselves then
-    there these they this those through to too under until up us very was we were what
-    when where which while who whom why will with would you your yours yourself
-    yourselves tell told say said know remember recall think thought want wanted need
-    one ones thing things something anything earlier last time
-    什么 怎么 为什 我们 你们 他们 一个 这个 那个 是不 不是 可以 没有 记得 之前 以前
-"""
-STOPWORDS = frozenset(_STOPWORDS.split())
 
 
 class Unavailable(Exception):
@@ -66,49 +37,6 @@ class Unavailable(Exception):
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
-
-
-def keywords(text: str) -> list[str]:
-    """The words of ``text`` worth searching for, the longest first: no stop words and no
-    one-letter words; a run of CJK characters gives its two-character pieces."""
-    found: dict[str, None] = {}
-    for match in _TOKEN.finditer(unicodedata.normalize("NFKC", text).casefold()):
-        cjk, word = match.groups()
-        if cjk:
-            pieces = [cjk] if len(cjk) == 1 else [cjk[i : i + 2] for i in range(len(cjk) - 1)]
-        else:
-            pieces = [word] if len(word) > 1 else []
-        for piece in pieces:
-            if piece not in STOPWORDS:
-                found.setdefault(piece, None)
-    return sorted(found, key=len, reverse=True)[:MAX_KEYWORDS]
-
-
-def rank(together: list[dict[str, Any]], alone: Iterable[list[dict[str, Any]]]) -> list[Any]:
-    """One list from the hits of the search for every keyword (``together``) and of each
-    keyword's own search (``alone``): ``together``'s first, in order; then by the summed
-    weight of the keywords that found a hit (1 / how many hits the keyword found), then by
-    its best place in a keyword's list. Each hit once, with ``partial`` set on the second
-    kind."""
-    seen: dict[str, dict[str, Any]] = {}
-    for hit in together:
-        seen.setdefault(hit["source_ref"], dict(hit, partial=False))
-    weight: dict[str, float] = {}
-    place: dict[str, int] = {}
-    for hits in alone:
-        for n, hit in enumerate(hits):
-            ref = hit["source_ref"]
-            if ref in seen and not seen[ref]["partial"]:
-                continue
-            seen.setdefault(ref, dict(hit, partial=True))
-            weight[ref] = weight.get(ref, 0.0) + 1.0 / len(hits)
-            place[ref] = min(place.get(ref, n), n)
-    first = [hit for hit in seen.values() if not hit["partial"]]
-    rest = sorted(
-        (hit for hit in seen.values() if hit["partial"]),
-        key=lambda hit: (-weight[hit["source_ref"]], place[hit["source_ref"]]),
-    )
-    return first + rest
 
 
 def parse_ts(text: Any) -> dt.datetime | None:
@@ -174,27 +102,15 @@ class Reader:
         limit: int,
         deadline: float,
         keep: Callable[[dict[str, Any]], bool] = lambda hit: True,
-        exact: bool = False,
         **filters: Any,
     ) -> list[Any]:
-        """Up to ``limit`` hits for ``query`` that ``keep`` accepts, ranked as the module
-        docstring says. ``exact``: search for ``query`` as written first (its quoted phrases
-        stay phrases), else for its keywords. The first search's failure is raised; when a
-        later one fails (the deadline), what was found so far is the answer."""
-        words = keywords(query)
-        first = query if exact else " ".join(words)
-        if not first.strip():
+        """Up to ``limit`` hits for ``query`` that ``keep`` accepts, best first: one ranked
+        search (its failure is raised)."""
+        if not query.strip():
             return []
         fetch = min(MAX_LIMIT, limit * OVERFETCH)
-        together = self.search(first, limit=fetch, deadline=deadline, **filters)
-        alone: list[list[dict[str, Any]]] = []
-        if len([h for h in together if keep(h)]) < limit and len(words) > 1:
-            for word in words:
-                try:
-                    alone.append(self.search(word, limit=fetch, deadline=deadline, **filters))
-                except Unavailable:
-                    break
-        return [hit for hit in rank(together, alone) if keep(hit)][:limit]
+        found = self.search(query, limit=fetch, deadline=deadline, match="any", **filters)
+        return [hit for hit in found if keep(hit)][:limit]
 
     def open(self, source_ref: str, *, context: int, deadline: float) -> Any:
         """The message ``source_ref`` names with ``context`` neighbours a side (``Ref``)."""
@@ -230,9 +146,8 @@ SEARCH_TOOL: dict[str, Any] = {
             "query": {
                 "type": "string",
                 "description": (
-                    'A few distinctive words (any language) or a "quoted phrase". Messages '
-                    "with all of them come first; when there are few, messages with some of "
-                    "them follow, marked partial."
+                    'A question, a few words (any language) or a "quoted phrase". The '
+                    "messages that best answer it come first; they need not hold every word."
                 ),
             },
             "session": {"type": "string", "description": "Only this session (a hit's session)."},
@@ -311,7 +226,7 @@ def _shown(message: dict[str, Any]) -> dict[str, Any]:
 
 def search_tool(reader: Reader, args: dict[str, Any]) -> dict[str, Any]:
     """The answer of an ``sgme_search`` call: the hits, each with its source_ref, time, role,
-    session and snippet (``partial`` when it lacks some of the words)."""
+    session and snippet."""
     query = str(args.get("query") or "").strip()
     if not query:
         return {"error": "query is required: a few words to look for"}
@@ -319,7 +234,6 @@ def search_tool(reader: Reader, args: dict[str, Any]) -> dict[str, Any]:
         query,
         limit=_bounded(args.get("limit"), SEARCH_HITS, 1, MAX_SEARCH_HITS),
         deadline=time.monotonic() + TOOL_TIMEOUT,
-        exact=True,
         session_key=args.get("session"),
         role=args.get("role"),
         since=args.get("since"),
@@ -332,7 +246,6 @@ def search_tool(reader: Reader, args: dict[str, Any]) -> dict[str, Any]:
             "role": hit.get("role"),
             "session": hit.get("session_key"),
             "snippet": hit.get("snippet", ""),
-            **({"partial": True} if hit.get("partial") else {}),
         }
         for hit in hits
     ]
