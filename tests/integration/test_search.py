@@ -418,3 +418,22 @@ def test_reindex_rebuilds_the_same_rankings(
 def test_a_bad_match_is_refused(db: database.Database, data_dir: Path) -> None:
     with pytest.raises(errors.InvalidInput, match="match must be"):
         search.search(db, data_dir, "tea", match="some")  # type: ignore[arg-type]
+
+
+def test_the_migration_to_stemmed_terms_indexes_every_message_again(
+    db: database.Database, data_dir: Path
+) -> None:
+    """A store from before stemming (schema 0009): migrating makes its terms again."""
+    from alembic import command
+
+    file_id = session(db, data_dir, "pre", ["we decided on retries", "数据 in old files"])
+    with db.engine.begin() as conn:
+        config = schema.alembic_config()
+        config.attributes["connection"] = conn
+        command.downgrade(config, "0009")
+        catalog.clear(conn)  # as good as terms the stemmed queries do not find
+    assert search.search(db, data_dir, "deciding") == []
+    database.migrate(db.engine, data_dir=data_dir)
+    found = search.search(db, data_dir, "deciding", match="all")
+    assert [h.source_ref for h in found] == [f"{file_id}:1"]
+    assert integrity.fsck(db, data_dir) == []
