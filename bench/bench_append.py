@@ -42,7 +42,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from pipeline import database, document, journal, locks
+from pipeline import database, document, journal, locks, terms
 from pipeline import flush as flushing
 
 DEFAULT_POSTGRES = os.environ.get(
@@ -225,6 +225,27 @@ def cases_for(
     return cases
 
 
+def unstemmed(cases: list[Case]) -> list[Case]:
+    """The ingest+flush cases run with every word its own term (``terms.stem`` the identity)."""
+
+    def plain(run: Callable[[], float]) -> Callable[[], float]:
+        def timed() -> float:
+            stem = terms.stem
+            terms.stem = lambda word: word
+            try:
+                return run()
+            finally:
+                terms.stem = stem
+
+        return timed
+
+    return [
+        (f"{backend} (unstemmed)", name, batch, calls, plain(run))
+        for backend, name, batch, calls, run in cases
+        if name == "ingest+flush"
+    ]
+
+
 def measure(cases: list[Case], rounds: int) -> list[Result]:
     """Interleaved rounds; the best round of each case."""
     best: dict[tuple[str, str, int], Result] = {}
@@ -308,6 +329,12 @@ def main() -> None:
     parser.add_argument("--no-postgres", action="store_true", help="skip PostgreSQL")
     parser.add_argument("--dir", type=Path, default=None, help="where to put files (a temp dir)")
     parser.add_argument("--profile", choices=["sqlite-1", "sqlite-100"], default=None)
+    parser.add_argument(
+        "--unstemmed",
+        action="store_true",
+        help="also each database's ingest+flush with the search terms not stemmed (as before "
+        "issue 18), interleaved with the stemmed rounds: the stemmer's cost to appends",
+    )
     args = parser.parse_args()
 
     plan = {1: 300, 100: 20} if args.quick else {1: 2000, 100: 100}  #: calls per batch size
@@ -332,10 +359,14 @@ def main() -> None:
             ]
             sqlite = stack.enter_context(sqlite_engine(root))
             cases += cases_for("sqlite", sqlite, root / "data-sqlite", plan)
+            if args.unstemmed:
+                cases += unstemmed(cases_for("sqlite", sqlite, root / "data-sqlite-u", plan))
             if not args.no_postgres:
                 try:
                     pg = stack.enter_context(postgres_engine(args.postgres))
                     cases += cases_for("postgres", pg, root / "data-pg", plan)
+                    if args.unstemmed:
+                        cases += unstemmed(cases_for("postgres", pg, root / "data-pg-u", plan))
                 except sa.exc.OperationalError as exc:
                     note = f"PostgreSQL skipped: not reachable at {args.postgres} ({exc.orig})"
             results = measure(cases, rounds)
