@@ -12,17 +12,18 @@ on PostgreSQL a ``tsvector`` with a GIN index (filters are ordinary SQL). The te
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import math
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
-from pipeline import database, document, tables, terms
+from pipeline import database, document, errors, tables, terms
 
 _M = tables.messages.c
 _INSERT_ROWS = sa.insert(tables.messages).returning(_M.id, sort_by_parameter_order=True)
@@ -343,18 +344,54 @@ def _tag_groups(f: Filters) -> list[list[str]]:
     return tags
 
 
-def rank(conn: sa.Connection, query: terms.Query, filters: Filters, *, limit: int) -> list[Hit]:
+def rank(
+    conn: sa.Connection,
+    query: terms.Query,
+    filters: Filters,
+    *,
+    limit: int,
+    common: int = COMMON_MATCHES,
+    timeout: float | None = None,
+) -> list[Hit]:
     """The ``limit`` messages within ``filters`` that match any phrase of ``query`` with the
     highest BM25 score (FTS5's formula on both databases), best first; equal scores in
-    source_ref order. Every match is scored, however old (PostgreSQL: every match of a rare
-    phrase; see :data:`COMMON_MATCHES`)."""
+    source_ref order. Every match is scored, however old (PostgreSQL: every match of a phrase
+    in fewer than ``common`` messages; see :data:`COMMON_MATCHES`). QueryTooCostly when the
+    database works on it past ``timeout`` seconds (PostgreSQL: any one of its statements)."""
     if filters.agents is not None and not filters.agents:
         return []
-    if database.is_postgres(conn):
-        scored = _rank_postgres(conn, query, filters, limit)
-    else:
-        scored = _rank_sqlite(conn, query, filters, limit)
+    try:
+        if database.is_postgres(conn):
+            if timeout is not None:
+                conn.exec_driver_sql(f"SET LOCAL statement_timeout = {max(1, int(timeout * 1000))}")
+            scored = _rank_postgres(conn, query, filters, limit, common)
+        else:
+            with _interrupted_after(conn, timeout):
+                scored = _rank_sqlite(conn, query, filters, limit)
+    except sa.exc.OperationalError as exc:
+        code = getattr(exc.orig, "sqlstate", None)
+        if code != "57014" and "interrupted" not in str(exc.orig):
+            raise
+        raise errors.QueryTooCostly(
+            f"the search took longer than {timeout:g} s (search_timeout) and was stopped: "
+            "leave out its most common words or narrow it with a filter"
+        ) from None
     return hits_by_id(conn, scored)
+
+
+@contextlib.contextmanager
+def _interrupted_after(conn: sa.Connection, timeout: float | None) -> Iterator[None]:
+    """SQLite stops the statement it runs once ``timeout`` seconds passed ("interrupted")."""
+    if timeout is None:
+        yield
+        return
+    raw: Any = conn.connection.driver_connection
+    deadline = time.monotonic() + timeout
+    raw.set_progress_handler(lambda: int(time.monotonic() > deadline), 10_000)
+    try:
+        yield
+    finally:
+        raw.set_progress_handler(None, 0)
 
 
 def hits_by_id(conn: sa.Connection, scored: Sequence[tuple[int, float]]) -> list[Hit]:
@@ -409,13 +446,13 @@ def _rank_sqlite(
 
 
 def _rank_postgres(
-    conn: sa.Connection, query: terms.Query, f: Filters, limit: int
+    conn: sa.Connection, query: terms.Query, f: Filters, limit: int, common: int
 ) -> list[tuple[int, float]]:
     conn.exec_driver_sql("SET LOCAL plan_cache_mode = force_custom_plan")
     rows = _pg_rows(conn)
-    df = [_pg_matches(conn, p) for p in query.phrases]
+    df = [_pg_matches(conn, p, common) for p in query.phrases]
     idf = [_idf(rows, n) for n in df]
-    rare = [i for i, n in enumerate(df) if n < COMMON_MATCHES]
+    rare = [i for i, n in enumerate(df) if n < common]
     if not rare:  # only common words: the newest matches of all of them are ranked
         rare = list(range(len(query.phrases)))
     t = sa.table("message_terms", sa.column("id"), sa.column("tsv"))
@@ -489,13 +526,13 @@ def _pg_rows(conn: sa.Connection) -> int:
     return int(conn.execute(sa.text("SELECT count(*) FROM message_terms")).scalar_one())
 
 
-def _pg_matches(conn: sa.Connection, phrase: tuple[str, ...]) -> int:
-    """Messages that hold ``phrase``, counted up to :data:`COMMON_MATCHES`."""
+def _pg_matches(conn: sa.Connection, phrase: tuple[str, ...], common: int) -> int:
+    """Messages that hold ``phrase``, counted up to ``common``."""
     sql = (
         "SELECT count(*) FROM (SELECT 1 FROM message_terms "
         "WHERE tsv @@ CAST(:q AS tsquery) LIMIT :cap) AS s"
     )
-    params = {"q": terms.phrase_tsquery(phrase), "cap": COMMON_MATCHES}
+    params = {"q": terms.phrase_tsquery(phrase), "cap": common}
     return int(conn.execute(sa.text(sql), params).scalar_one())
 
 

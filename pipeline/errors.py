@@ -4,6 +4,7 @@
      ├── PermanentError              4xx     never retried: fix the request
      │    ├── InvalidInput           422     invalid-input      bad body, parameter or setting
      │    │    ├── FormatError       422     format-error       text that is not the L0 format
+     │    │    ├── QueryTooCostly    422     query-too-costly   a search past search_timeout
      │    │    └── RequestTooLarge   413     too-large          a body or content past its size
      │    ├── HostNotAllowed         400     host-not-allowed   Host not in allowed_hosts
      │    ├── Unauthorized           401     unauthorized       no token, or a bad or revoked one
@@ -100,6 +101,13 @@ class FormatError(InvalidInput):
     """Text that does not follow the L0 file format."""
 
     type = "format-error"
+
+
+class QueryTooCostly(InvalidInput):
+    """A search that took longer than ``search_timeout`` and was stopped: narrow it (fewer
+    common words, a filter) rather than repeat it."""
+
+    type = "query-too-costly"
 
 
 class HostNotAllowed(PermanentError):

@@ -64,9 +64,13 @@ def search(
     limit: int = DEFAULT_LIMIT,
     match: terms.Match = "any",
     neighbours: Neighbours = NEIGHBOURS,
+    candidates: int = CANDIDATES,
+    common: int = catalog.COMMON_MATCHES,
+    timeout: float | None = None,
 ) -> list[Result]:
     """The best ``limit`` messages for query ``q`` within ``filters``, best first: ranked by
-    relevance (``match="any"``), or those holding every word and phrase (``"all"``)."""
+    relevance (``match="any"``; ``candidates``, ``common`` and ``timeout`` are the
+    ``search_*`` settings), or those holding every word and phrase (``"all"``)."""
     if not 1 <= limit <= MAX_LIMIT:
         raise errors.InvalidInput(f"limit must be 1..{MAX_LIMIT}, got {limit}")
     query = terms.parse_query(q, match=match)
@@ -74,7 +78,14 @@ def search(
         if match == "all":
             hits = catalog.find(conn, query, filters, limit=limit)
         else:
-            ranked = catalog.rank(conn, query, filters, limit=max(limit, CANDIDATES))
+            ranked = catalog.rank(
+                conn,
+                query,
+                filters,
+                limit=max(limit, candidates),
+                common=common,
+                timeout=timeout,
+            )
             hits = converse(conn, ranked, filters, neighbours)[:limit]
         files = {
             row.file_id: row

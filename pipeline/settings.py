@@ -124,6 +124,19 @@ class Archive:
 
 
 @dataclasses.dataclass(frozen=True)
+class Search:
+    """How ``GET /v1/search`` ranks and what one ranked search may cost (``search_*``;
+    docs/search.md)."""
+
+    #: seconds one ranked search may take in the database; past it: 422 query-too-costly
+    timeout: float = 5.0
+    candidates: int = 200  #: messages ranked by BM25 before the neighbours' scores are added
+    #: messages a word may be in and still count as rare (PostgreSQL): a more common word only
+    #: adds to the score of messages the query's rarer words found
+    common_matches: int = 20_000
+
+
+@dataclasses.dataclass(frozen=True)
 class Mcp:
     """What one MCP tool call answers at most (``mcp_*``; docs/views.md): a model's context is
     small, and one message may be 8 MiB. Each count is at most what the ``/v1`` route the
@@ -174,6 +187,7 @@ AT_MOST = {
 GROUPS: dict[str, tuple[str, type[Any]]] = {
     "refine": ("refine", Refine),
     "archive": ("archive", Archive),
+    "search": ("search", Search),
     "mcp": ("mcp", Mcp),
     "ui": ("ui", Ui),
     "limits": ("limits", Limits),
@@ -231,6 +245,7 @@ class Settings:
     #: refiner options, e.g. {base_url, model, api_key, timeout} for openai, {url} for webhook
     refiner_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     archive: Archive = Archive()
+    search: Search = Search()
     #: worker side: expose Prometheus metrics on this port (0: off)
     worker_metrics_port: int = 0
     limits: Limits = Limits()
@@ -322,6 +337,9 @@ class Settings:
                 most = AT_MOST.get(name)
                 within = f"between 1 and {most}" if most else "at least 1"
                 raise errors.InvalidInput(f"setting {name}: must be {within}, got {value!r}")
+        for name, value in _numbers(self):
+            if name.startswith("search_") and not value > 0:
+                raise errors.InvalidInput(f"setting {name}: must be above 0, got {value!r}")
         if not self.file_locks and not _is_postgres_url(self.database_url):
             raise errors.InvalidInput(
                 "file_locks: false needs PostgreSQL (database_url): its advisory locks are "
