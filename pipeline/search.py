@@ -37,6 +37,16 @@ NEXT_WEIGHT = 0.2  #: share of the turn after's score a message gains
 
 
 @dataclasses.dataclass(frozen=True)
+class Ranking:
+    """What a ranked search may do: the ``search_*`` settings (docs/search.md)."""
+
+    timeout: float | None = None  #: seconds in the database at most (None: no bound)
+    candidates: int = CANDIDATES  #: BM25 hits the neighbours' scores may reorder
+    #: (PostgreSQL) messages a phrase may be in and still find candidates
+    common_matches: int = catalog.COMMON_MATCHES
+
+
+@dataclasses.dataclass(frozen=True)
 class Result:
     """One hit, as ``GET /v1/search`` and ``sgme search`` show it."""
 
@@ -64,13 +74,11 @@ def search(
     limit: int = DEFAULT_LIMIT,
     match: terms.Match = "any",
     neighbours: Neighbours = NEIGHBOURS,
-    candidates: int = CANDIDATES,
-    common: int = catalog.COMMON_MATCHES,
-    timeout: float | None = None,
+    how: Ranking = Ranking(),
 ) -> list[Result]:
     """The best ``limit`` messages for query ``q`` within ``filters``, best first: ranked by
-    relevance (``match="any"``; ``candidates``, ``common`` and ``timeout`` are the
-    ``search_*`` settings), or those holding every word and phrase (``"all"``)."""
+    relevance (``match="any"``, as ``how`` says), or those holding every word and phrase
+    (``"all"``)."""
     if not 1 <= limit <= MAX_LIMIT:
         raise errors.InvalidInput(f"limit must be 1..{MAX_LIMIT}, got {limit}")
     query = terms.parse_query(q, match=match)
@@ -82,9 +90,9 @@ def search(
                 conn,
                 query,
                 filters,
-                limit=max(limit, candidates),
-                common=common,
-                timeout=timeout,
+                limit=max(limit, how.candidates),
+                common=how.common_matches,
+                timeout=how.timeout,
             )
             hits = converse(conn, ranked, filters, neighbours)[:limit]
         files = {

@@ -406,18 +406,8 @@ class Service(Views):
         self, q: str, filters: catalog.Filters, *, limit: int, match: terms.Match = "any"
     ) -> list[search.Result]:
         """Messages that match ``q`` within ``filters``, best first (docs/search.md)."""
-        s = self.settings.search
-        return search.search(
-            self.db,
-            self.data_dir,
-            q,
-            filters,
-            limit=limit,
-            match=match,
-            candidates=s.candidates,
-            common=s.common_matches,
-            timeout=s.timeout,
-        )
+        how = search.Ranking(**dataclasses.asdict(self.settings.search))
+        return search.search(self.db, self.data_dir, q, filters, limit=limit, match=match, how=how)
 
     def health(self) -> dict[str, Any]:
         """Whether the index answers and the data directory is writable (``status`` ok or

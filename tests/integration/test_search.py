@@ -321,8 +321,8 @@ def test_an_old_answer_is_found_behind_ten_thousand_newer_messages_with_a_common
     assert found[0] == f"{old}:1"
     # a search that runs past its time is stopped, and says why
     with pytest.raises(errors.QueryTooCostly, match="search_timeout"):
-        search.search(db, data_dir, "launch report", timeout=0.001)
-    assert len(search.search(db, data_dir, "launch report", timeout=30)) == 20
+        search.search(db, data_dir, "launch report", how=search.Ranking(timeout=0.001))
+    assert len(search.search(db, data_dir, "launch report", how=search.Ranking(timeout=30))) == 20
 
 
 def test_the_turn_after_the_one_that_shares_the_words_is_found(
