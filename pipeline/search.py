@@ -6,7 +6,7 @@ snippet is read from the message's block (its first :data:`SNIPPET_READ` bytes, 
 every indexed term lies).
 
 Under ``match="any"`` (the default) the hits are ranked (docs/search.md): the
-:data:`CANDIDATES` best messages by BM25 (:func:`catalog.rank`), then each one's score raised
+:data:`CANDIDATES` best messages by BM25 (:func:`ranking.rank`), then each one's score raised
 by its neighbours' in the same file (:func:`converse`), which lifts the answer that follows
 the turn that shares the question's words.
 """
@@ -18,7 +18,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pipeline import catalog, database, document, errors, index, reader, refs, tables, terms
+from pipeline import (
+    catalog,
+    database,
+    document,
+    errors,
+    index,
+    ranking,
+    reader,
+    refs,
+    tables,
+    terms,
+)
 
 DEFAULT_LIMIT = 20
 MAX_LIMIT = 100
@@ -43,7 +54,7 @@ class Ranking:
     timeout: float | None = None  #: seconds in the database at most (None: no bound)
     candidates: int = CANDIDATES  #: BM25 hits the neighbours' scores may reorder
     #: (PostgreSQL) messages a phrase may be in and still find candidates
-    common_matches: int = catalog.COMMON_MATCHES
+    common_matches: int = ranking.COMMON_MATCHES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,7 +97,7 @@ def search(
         if match == "all":
             hits = catalog.find(conn, query, filters, limit=limit)
         else:
-            ranked = catalog.rank(
+            ranked = ranking.rank(
                 conn,
                 query,
                 filters,
@@ -129,7 +140,7 @@ def converse(
     by_key = {(h.message.file_id, h.message.seq): h for h in ranked}
     if neighbours == "next":
         after = {(f, s + 1) for f, s in by_key} - set(by_key)
-        for hit in catalog.at(conn, after, filters):
+        for hit in ranking.at(conn, after, filters):
             by_key[(hit.message.file_id, hit.message.seq)] = hit
     own = {key: h.score for key, h in by_key.items()}
     boosted = [

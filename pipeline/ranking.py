@@ -1,0 +1,315 @@
+"""Ranked search (docs/search.md): the messages that best answer a question, by BM25 over the
+catalog's search terms (:mod:`pipeline.terms`) — FTS5's own ``bm25()`` on SQLite, the same
+formula computed from the ``tsvector``s on PostgreSQL — every match scored, however old. A
+phrase most messages hold is left out of a query with rarer ones (:data:`COMMON_MATCHES`).
+No file access here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import time
+from collections.abc import Collection, Iterator, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+
+from pipeline import catalog, database, errors, tables, terms
+
+#: BM25's parameters, FTS5's own (its bm25() has them built in; PostgreSQL's score uses them)
+K1 = 1.2
+B = 0.75
+#: messages a phrase may be in and still count: a phrase in more is common, and left out of a
+#: query that has rarer ones (scoring every message of a word half the store holds would grow
+#: with the store, and such a word says little about which message answers)
+COMMON_MATCHES = 20_000
+#: messages ranked by PostgreSQL's first pass (idf-weighted ts_rank of each phrase), whose exact
+#: BM25 is then computed from their tsvectors
+PG_FIRST_PASS = 1_000
+#: rows PostgreSQL's average message length is estimated from (exact below it)
+PG_LENGTH_SAMPLE = 2_000
+#: tags every message has in SQLite's second column: FTS5 counts them in a message's length
+_TAGS_PER_MESSAGE = 4
+
+
+def _tag_groups(f: catalog.Filters) -> list[list[str]]:
+    tags: list[list[str]] = []
+    if f.agents is not None:
+        tags.append([terms.tag("a", a) for a in sorted(f.agents)])
+    for kind, value in (("a", f.agent_id), ("s", f.session_key), ("f", f.file_id), ("r", f.role)):
+        if value is not None:
+            tags.append([terms.tag(kind, value)])
+    return tags
+
+
+def rank(
+    conn: sa.Connection,
+    query: terms.Query,
+    filters: catalog.Filters,
+    *,
+    limit: int,
+    common: int = COMMON_MATCHES,
+    timeout: float | None = None,
+) -> list[catalog.Hit]:
+    """The ``limit`` messages within ``filters`` that match any phrase of ``query`` with the
+    highest BM25 score (FTS5's formula on both databases), best first; equal scores in
+    source_ref order. Every match is scored, however old; a phrase in ``common`` messages or
+    more is left out when the query has rarer ones. QueryTooCostly when the database works on
+    it past ``timeout`` seconds (PostgreSQL: any one of its statements)."""
+    if filters.agents is not None and not filters.agents:
+        return []
+    postgres = database.is_postgres(conn)
+    try:
+        if postgres and timeout is not None:
+            conn.exec_driver_sql(f"SET LOCAL statement_timeout = {max(1, int(timeout * 1000))}")
+        with _interrupted_after(conn, None if postgres else timeout):
+            query, counts = _uncommon(conn, query, common)
+            if postgres:
+                scored = _rank_postgres(conn, query, counts, filters, limit)
+            else:
+                scored = _rank_sqlite(conn, query, filters, limit)
+    except sa.exc.OperationalError as exc:
+        code = getattr(exc.orig, "sqlstate", None)
+        if code != "57014" and "interrupted" not in str(exc.orig):
+            raise
+        raise errors.QueryTooCostly(
+            f"the search took longer than {timeout:g} s (search_timeout) and was stopped: "
+            "leave out its most common words or narrow it with a filter"
+        ) from None
+    return hits_by_id(conn, scored)
+
+
+@contextlib.contextmanager
+def _interrupted_after(conn: sa.Connection, timeout: float | None) -> Iterator[None]:
+    """SQLite stops the statement it runs once ``timeout`` seconds passed ("interrupted")."""
+    if timeout is None:
+        yield
+        return
+    raw: Any = conn.connection.driver_connection
+    deadline = time.monotonic() + timeout
+    raw.set_progress_handler(lambda: int(time.monotonic() > deadline), 10_000)
+    try:
+        yield
+    finally:
+        raw.set_progress_handler(None, 0)
+
+
+def hits_by_id(conn: sa.Connection, scored: Sequence[tuple[int, float]]) -> list[catalog.Hit]:
+    """The hits of message ids with their scores, best first (ties in source_ref order)."""
+    if not scored:
+        return []
+    score = dict(scored)
+    m, files = tables.messages.c, tables.raw_files.c
+    found: list[catalog.Hit] = []
+    ids = list(score)
+    for lo in range(0, len(ids), 500):  # SQLite's bound parameters are few
+        stmt = (
+            sa.select(*catalog.HIT_COLUMNS, sa.literal(0.0).label("score"))
+            .select_from(tables.messages)
+            .join(tables.raw_files, files.file_id == m.file_id)
+            .where(m.id.in_(ids[lo : lo + 500]))
+        )
+        for row in conn.execute(stmt):
+            hit = catalog.hit_of(row)
+            found.append(dataclasses.replace(hit, score=score[hit.message.id]))
+    found.sort(key=lambda h: (-h.score, h.message.file_id, h.message.seq))
+    return found
+
+
+def _rank_sqlite(
+    conn: sa.Connection, query: terms.Query, f: catalog.Filters, limit: int
+) -> list[tuple[int, float]]:
+    match = terms.fts5_match(query, tags=_tag_groups(f))
+    # weights: the terms column 1, the tags column 0 (a filter, not a relevance signal)
+    if f.since is None and f.until is None:
+        sql = (
+            "SELECT rowid, bm25(message_terms, 1.0, 0.0) AS r FROM message_terms "
+            "WHERE message_terms MATCH :match ORDER BY r, rowid LIMIT :limit"
+        )
+        params: dict[str, Any] = {"match": match, "limit": limit}
+    else:
+        clauses = []
+        params = {"match": match, "limit": limit}
+        if f.since is not None:
+            clauses.append("m.ts >= :since")
+            params["since"] = f.since
+        if f.until is not None:
+            clauses.append("m.ts <= :until")
+            params["until"] = f.until
+        sql = (
+            "SELECT t.rowid, bm25(message_terms, 1.0, 0.0) AS r FROM message_terms t "
+            "JOIN messages m ON m.id = t.rowid WHERE message_terms MATCH :match AND "
+            + " AND ".join(clauses)
+            + " ORDER BY r, t.rowid LIMIT :limit"
+        )
+    return [(int(i), -float(r)) for i, r in conn.execute(sa.text(sql), params)]
+
+
+def _uncommon(
+    conn: sa.Connection, query: terms.Query, common: int
+) -> tuple[terms.Query, list[int]]:
+    """``query`` without its phrases in ``common`` messages or more (all of them when every
+    one is), and how many messages hold each phrase it keeps (counted up to ``common``;
+    SQLite counts only when there is a choice, its bm25() counts for itself)."""
+    postgres = database.is_postgres(conn)
+    if len(query.phrases) < 2 and not postgres:
+        return query, []
+    counts = [_matches(conn, p, common, postgres) for p in query.phrases]
+    kept = [i for i, n in enumerate(counts) if n < common] or list(range(len(counts)))
+    phrases = tuple(query.phrases[i] for i in kept)
+    return dataclasses.replace(query, phrases=phrases), [counts[i] for i in kept]
+
+
+def _matches(conn: sa.Connection, phrase: tuple[str, ...], common: int, postgres: bool) -> int:
+    """Messages that hold ``phrase``, counted up to ``common`` (through the index: the count
+    stops there, so a common word costs no more than that)."""
+    if postgres:
+        where, q = "tsv @@ CAST(:q AS tsquery)", terms.phrase_tsquery(phrase)
+    else:
+        where, q = "message_terms MATCH :q", terms.phrase_fts5(phrase)
+    sql = f"SELECT count(*) FROM (SELECT 1 FROM message_terms WHERE {where} LIMIT :cap) AS s"
+    return int(conn.execute(sa.text(sql), {"q": q, "cap": common}).scalar_one())
+
+
+def _rank_postgres(
+    conn: sa.Connection, query: terms.Query, df: list[int], f: catalog.Filters, limit: int
+) -> list[tuple[int, float]]:
+    conn.exec_driver_sql("SET LOCAL plan_cache_mode = force_custom_plan")
+    rows = _pg_rows(conn)
+    idf = [_idf(rows, n) for n in df]
+    t = sa.table("message_terms", sa.column("id"), sa.column("tsv"))
+    m, files = tables.messages.c, tables.raw_files.c
+
+    def tsq(text: str) -> Any:
+        return sa.cast(sa.literal(text, sa.Text), postgresql.TSQUERY)
+
+    found = terms.tsquery(query)
+    where = [t.c.tsv.op("@@")(tsq(found)), *catalog.time_window(f)]
+    if f.agents is not None:
+        where.append(files.agent_id.in_(sorted(f.agents)))
+    for column, value in (
+        (files.agent_id, f.agent_id),
+        (files.session_key, f.session_key),
+        (m.file_id, f.file_id),
+        (m.role, f.role),
+    ):
+        if value is not None:
+            where.append(column == value)
+    # first pass, in the database: each phrase's ts_rank (a saturating term frequency over
+    # the log of the length) weighted by its idf, for every match
+    first: Any = sum(
+        (
+            sa.func.ts_rank(t.c.tsv, tsq(terms.phrase_tsquery(p)), 1) * idf[i]
+            for i, p in enumerate(query.phrases)
+        ),
+        sa.literal(0.0),
+    )
+    stmt: Any = sa.select(t.c.id).select_from(t)
+    if len(where) > 1:
+        stmt = stmt.join(tables.messages, m.id == t.c.id).join(
+            tables.raw_files, files.file_id == m.file_id
+        )
+    stmt = stmt.where(*where).order_by(first.desc(), t.c.id).limit(max(PG_FIRST_PASS, limit))
+    ids = list(conn.execute(stmt).scalars())
+    if not ids:
+        return []
+    # second pass: FTS5's BM25 exactly, from the candidates' terms and positions
+    vectors = conn.execute(
+        sa.text("SELECT id, tsv::text FROM message_terms WHERE id = ANY(:ids)"), {"ids": ids}
+    )
+    avgdl = _pg_average_length(conn, rows)
+    scored = []
+    for i, text in vectors:
+        positions = terms.parse_tsvector(text)
+        length = max((max(ps) for ps in positions.values()), default=0) + _TAGS_PER_MESSAGE
+        score = 0.0
+        for p, weight in zip(query.phrases, idf, strict=True):
+            tf = terms.phrase_count(positions, p)
+            if tf:
+                score += weight * tf * (K1 + 1) / (tf + K1 * (1 - B + B * length / avgdl))
+        scored.append((int(i), score))
+    scored.sort(key=lambda s: (-s[1], s[0]))
+    return scored[:limit]
+
+
+def _idf(rows: int, matches: int) -> float:
+    """FTS5's idf (never zero or less, so a word in most messages still counts a little)."""
+    value = math.log((rows - matches + 0.5) / (matches + 0.5))
+    return value if value > 0 else 1e-6
+
+
+def _pg_rows(conn: sa.Connection) -> int:
+    """Messages in the index: PostgreSQL's estimate when large (counting is slow), else exact."""
+    estimate = conn.execute(
+        sa.text("SELECT reltuples::bigint FROM pg_class WHERE oid = 'message_terms'::regclass")
+    ).scalar_one()
+    if estimate is not None and estimate >= 10_000:
+        return int(estimate)
+    return int(conn.execute(sa.text("SELECT count(*) FROM message_terms")).scalar_one())
+
+
+#: seconds an estimate of PostgreSQL's average message length is used (while the number of
+#: messages stays within a tenth of what it was)
+PG_LENGTH_SECONDS = 60.0
+_lengths: dict[str, tuple[float, int, float]] = {}  # database URL -> (when, rows, length)
+
+
+def _pg_average_length(conn: sa.Connection, rows: int) -> float:
+    """A message's average length in terms (with its tags, as FTS5 counts it): exact for a
+    small index (measured again when its number of messages changes), else from a sample of
+    :data:`PG_LENGTH_SAMPLE` rows kept :data:`PG_LENGTH_SECONDS` (it moves slowly, and
+    sampling costs more than a search)."""
+    key = conn.engine.url.render_as_string(hide_password=True)
+    now = time.monotonic()
+    known = _lengths.get(key)
+    if known is not None and (
+        known[1] == rows  # a small index is measured again whenever it changes
+        or (
+            rows > PG_LENGTH_SAMPLE
+            and now - known[0] < PG_LENGTH_SECONDS
+            and abs(rows - known[1]) <= known[1] / 10
+        )
+    ):
+        return known[2]
+    length = _pg_measure_length(conn, rows)
+    _lengths[key] = (now, rows, length)
+    return length
+
+
+def _pg_measure_length(conn: sa.Connection, rows: int) -> float:
+    sample = "" if rows <= PG_LENGTH_SAMPLE else f" TABLESAMPLE SYSTEM ({_sample_percent(rows)})"
+    sql = (
+        "SELECT avg(coalesce((SELECT max(p) FROM unnest(tsv) AS u, unnest(u.positions) AS p), 0))"
+        f" FROM message_terms{sample}"
+    )
+    value = conn.execute(sa.text(sql)).scalar_one()
+    return float(value or 0) + _TAGS_PER_MESSAGE
+
+
+def _sample_percent(rows: int) -> float:
+    return min(100.0, max(0.01, 100.0 * PG_LENGTH_SAMPLE / rows))
+
+
+def at(
+    conn: sa.Connection, keys: Collection[tuple[str, int]], filters: catalog.Filters
+) -> list[catalog.Hit]:
+    """The hits (score 0) of the messages at ``(file_id, seq)`` in ``keys`` that are within
+    ``filters``: a ranked hit's neighbours, which share its file (so its agent and session)."""
+    m, files = tables.messages.c, tables.raw_files.c
+    where: list[Any] = [*catalog.time_window(filters)]
+    if filters.role is not None:
+        where.append(m.role == filters.role)
+    found: list[catalog.Hit] = []
+    wanted = sorted(keys)
+    for lo in range(0, len(wanted), 200):
+        stmt = (
+            sa.select(*catalog.HIT_COLUMNS, sa.literal(0.0).label("score"))
+            .select_from(tables.messages)
+            .join(tables.raw_files, files.file_id == m.file_id)
+            .where(sa.tuple_(m.file_id, m.seq).in_(wanted[lo : lo + 200]), *where)
+        )
+        found.extend(catalog.hit_of(row) for row in conn.execute(stmt))
+    return found
