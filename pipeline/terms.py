@@ -91,7 +91,12 @@ def terms(text: str) -> list[str]:
     text = text[:MAX_INDEXED_CHARS]
     folded = unicodedata.normalize("NFKC", text).casefold()
     if not _HAS_CJK.search(folded):  # the common case: words only
-        return [stem(w[:MAX_TERM] if len(w) > MAX_TERM else w) for w in _WORD.findall(folded)]
+        # the cache looked up inline: a call per word costs as much as the rest of this
+        cached = _STEMS.get
+        return [
+            cached(w) or stem(w[:MAX_TERM] if len(w) > MAX_TERM else w)
+            for w in _WORD.findall(folded)
+        ]
     found: list[str] = []
     for run, cjk in _runs(text):
         found.extend(_split(run, cjk))
