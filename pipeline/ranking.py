@@ -293,23 +293,43 @@ def _sample_percent(rows: int) -> float:
     return min(100.0, max(0.01, 100.0 * PG_LENGTH_SAMPLE / rows))
 
 
+_AT_COLUMNS = [sa.column(c.name, c.type) for c in tables.messages.columns] + [
+    sa.column("agent_id", sa.String),
+    sa.column("session_key", sa.String),
+    sa.column("score", sa.Float),
+]
+_AT_SELECT = ", ".join(f"m.{c.name}" for c in tables.messages.columns)
+
+
 def at(
     conn: sa.Connection, keys: Collection[tuple[str, int]], filters: catalog.Filters
 ) -> list[catalog.Hit]:
     """The hits (score 0) of the messages at ``(file_id, seq)`` in ``keys`` that are within
     ``filters``: a ranked hit's neighbours, which share its file (so its agent and session)."""
-    m, files = tables.messages.c, tables.raw_files.c
-    where: list[Any] = [*catalog.time_window(filters)]
+    where, params = "", dict[str, Any]()
     if filters.role is not None:
-        where.append(m.role == filters.role)
+        where, params["role"] = where + " AND m.role = :role", filters.role
+    if filters.since is not None:
+        where, params["since"] = where + " AND m.ts >= :since", filters.since
+    if filters.until is not None:
+        where, params["until"] = where + " AND m.ts <= :until", filters.until
     found: list[catalog.Hit] = []
     wanted = sorted(keys)
     for lo in range(0, len(wanted), 200):
-        stmt = (
-            sa.select(*catalog.HIT_COLUMNS, sa.literal(0.0).label("score"))
-            .select_from(tables.messages)
-            .join(tables.raw_files, files.file_id == m.file_id)
-            .where(sa.tuple_(m.file_id, m.seq).in_(wanted[lo : lo + 200]), *where)
+        # the keys as a table joined to the catalog's (file_id, seq) index: a row-value IN
+        # made SQLite scan the catalog, and an OR of 200 expressions costs more to build
+        batch = wanted[lo : lo + 200]
+        rows = ", ".join(f"(:f{i}, :s{i})" for i in range(len(batch)))
+        values: dict[str, Any] = {f"f{i}": f for i, (f, _) in enumerate(batch)}
+        values |= {f"s{i}": q for i, (_, q) in enumerate(batch)}
+        sql = (
+            f"WITH k(file_id, seq) AS (VALUES {rows}) "
+            f"SELECT {_AT_SELECT}, f.agent_id, f.session_key, 0.0 AS score FROM k "
+            "JOIN messages m ON m.file_id = k.file_id AND m.seq = k.seq "
+            f"JOIN raw_files f ON f.file_id = m.file_id WHERE 1 = 1{where}"
         )
-        found.extend(catalog.hit_of(row) for row in conn.execute(stmt))
+        # typed, so a time compares with the catalog's as SQLAlchemy stores it
+        times = [sa.bindparam(n, type_=sa.DateTime) for n in ("since", "until") if n in params]
+        stmt = sa.text(sql).bindparams(*times).columns(*_AT_COLUMNS)
+        found.extend(catalog.hit_of(row) for row in conn.execute(stmt, values | params))
     return found
