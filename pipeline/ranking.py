@@ -12,7 +12,7 @@ import dataclasses
 import math
 import time
 from collections.abc import Collection, Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
@@ -53,7 +53,7 @@ def rank(
     limit: int,
     common: int = COMMON_MATCHES,
     timeout: float | None = None,
-) -> list[catalog.Hit]:
+) -> list[Scored]:
     """The ``limit`` messages within ``filters`` that match any phrase of ``query`` with the
     highest BM25 score (FTS5's formula on both databases), best first; equal scores in
     source_ref order. Every match is scored, however old; a phrase in ``common`` messages or
@@ -79,7 +79,31 @@ def rank(
             f"the search took longer than {timeout:g} s (search_timeout) and was stopped: "
             "leave out its most common words or narrow it with a filter"
         ) from None
-    return hits_by_id(conn, scored)
+    score = dict(scored)
+    found = [Scored(i, f, s, score[i]) for i, f, s in _keys(conn, list(score))]
+    found.sort(key=lambda h: (-h.score, h.file_id, h.seq))
+    return found
+
+
+class Scored(NamedTuple):
+    """A ranked message, without what a hit shows of it (:func:`hits_by_id` has that)."""
+
+    id: int
+    file_id: str
+    seq: int
+    score: float
+
+
+_KEYS = sa.select(tables.messages.c.id, tables.messages.c.file_id, tables.messages.c.seq).where(
+    tables.messages.c.id.in_(sa.bindparam("ids", expanding=True))
+)
+
+
+def _keys(conn: sa.Connection, ids: list[int]) -> list[tuple[int, str, int]]:
+    found: list[tuple[int, str, int]] = []
+    for lo in range(0, len(ids), 500):  # SQLite's bound parameters are few
+        found.extend((i, f, s) for i, f, s in conn.execute(_KEYS, {"ids": ids[lo : lo + 500]}))
+    return found
 
 
 @contextlib.contextmanager
@@ -303,8 +327,8 @@ _AT_SELECT = ", ".join(f"m.{c.name}" for c in tables.messages.columns)
 
 def at(
     conn: sa.Connection, keys: Collection[tuple[str, int]], filters: catalog.Filters
-) -> list[catalog.Hit]:
-    """The hits (score 0) of the messages at ``(file_id, seq)`` in ``keys`` that are within
+) -> list[tuple[int, str, int]]:
+    """``(id, file_id, seq)`` of the messages at ``(file_id, seq)`` in ``keys`` that are within
     ``filters``: a ranked hit's neighbours, which share its file (so its agent and session)."""
     where, params = "", dict[str, Any]()
     if filters.role is not None:
@@ -313,7 +337,7 @@ def at(
         where, params["since"] = where + " AND m.ts >= :since", filters.since
     if filters.until is not None:
         where, params["until"] = where + " AND m.ts <= :until", filters.until
-    found: list[catalog.Hit] = []
+    found: list[tuple[int, str, int]] = []
     wanted = sorted(keys)
     for lo in range(0, len(wanted), 200):
         # the keys as a table joined to the catalog's (file_id, seq) index: a row-value IN
@@ -323,13 +347,11 @@ def at(
         values: dict[str, Any] = {f"f{i}": f for i, (f, _) in enumerate(batch)}
         values |= {f"s{i}": q for i, (_, q) in enumerate(batch)}
         sql = (
-            f"WITH k(file_id, seq) AS (VALUES {rows}) "
-            f"SELECT {_AT_SELECT}, f.agent_id, f.session_key, 0.0 AS score FROM k "
-            "JOIN messages m ON m.file_id = k.file_id AND m.seq = k.seq "
-            f"JOIN raw_files f ON f.file_id = m.file_id WHERE 1 = 1{where}"
+            f"WITH k(file_id, seq) AS (VALUES {rows}) SELECT m.id, m.file_id, m.seq FROM k "
+            f"JOIN messages m ON m.file_id = k.file_id AND m.seq = k.seq WHERE 1 = 1{where}"
         )
         # typed, so a time compares with the catalog's as SQLAlchemy stores it
         times = [sa.bindparam(n, type_=sa.DateTime) for n in ("since", "until") if n in params]
-        stmt = sa.text(sql).bindparams(*times).columns(*_AT_COLUMNS)
-        found.extend(catalog.hit_of(row) for row in conn.execute(stmt, values | params))
+        stmt = sa.text(sql).bindparams(*times)
+        found.extend((i, f, s) for i, f, s in conn.execute(stmt, values | params))
     return found

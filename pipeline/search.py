@@ -105,7 +105,8 @@ def search(
                 common=how.common_matches,
                 timeout=how.timeout,
             )
-            hits = converse(conn, ranked, filters, neighbours)[:limit]
+            best = converse(conn, ranked, filters, neighbours)[:limit]
+            hits = ranking.hits_by_id(conn, [(h.id, h.score) for h in best])
         files = {
             row.file_id: row
             for row in (index.get_file(conn, f) for f in {h.message.file_id for h in hits})
@@ -129,30 +130,29 @@ def search(
 
 
 def converse(
-    conn: Any, ranked: list[catalog.Hit], filters: catalog.Filters, neighbours: Neighbours
-) -> list[catalog.Hit]:
+    conn: Any, ranked: list[ranking.Scored], filters: catalog.Filters, neighbours: Neighbours
+) -> list[ranking.Scored]:
     """``ranked`` re-ranked with each message's neighbours in its file: its score plus
     :data:`PREVIOUS_WEIGHT` of the turn before's and :data:`NEXT_WEIGHT` of the turn after's
     (both their BM25 scores); under ``"next"`` the turn after each ranked message joins them
     (score 0 of its own). Best first, ties in source_ref order."""
     if neighbours == "none" or not ranked:
         return ranked
-    by_key = {(h.message.file_id, h.message.seq): h for h in ranked}
+    by_key = {(h.file_id, h.seq): h for h in ranked}
     if neighbours == "next":
         after = {(f, s + 1) for f, s in by_key} - set(by_key)
-        for hit in ranking.at(conn, after, filters):
-            by_key[(hit.message.file_id, hit.message.seq)] = hit
+        for i, f, s in ranking.at(conn, after, filters):
+            by_key[(f, s)] = ranking.Scored(i, f, s, 0.0)
     own = {key: h.score for key, h in by_key.items()}
     boosted = [
-        dataclasses.replace(
-            h,
+        h._replace(
             score=own[(f, s)]
             + PREVIOUS_WEIGHT * own.get((f, s - 1), 0.0)
             + NEXT_WEIGHT * own.get((f, s + 1), 0.0),
         )
         for (f, s), h in by_key.items()
     ]
-    boosted.sort(key=lambda h: (-h.score, h.message.file_id, h.message.seq))
+    boosted.sort(key=lambda h: (-h.score, h.file_id, h.seq))
     return boosted
 
 
