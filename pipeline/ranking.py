@@ -25,7 +25,7 @@ B = 0.75
 #: messages a phrase may be in and still count: a phrase in more is common, and left out of a
 #: query that has rarer ones (scoring every message of a word half the store holds would grow
 #: with the store, and such a word says little about which message answers)
-COMMON_MATCHES = 20_000
+COMMON_MATCHES = 5_000
 #: messages ranked by PostgreSQL's first pass (idf-weighted ts_rank of each phrase), whose exact
 #: BM25 is then computed from their tsvectors
 PG_FIRST_PASS = 1_000

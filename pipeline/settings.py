@@ -131,9 +131,9 @@ class Search:
     #: seconds one ranked search may take in the database; past it: 422 query-too-costly
     timeout: float = 5.0
     candidates: int = 200  #: messages ranked by BM25 before the neighbours' scores are added
-    #: messages a word may be in and still count as rare (PostgreSQL): a more common word only
-    #: adds to the score of messages the query's rarer words found
-    common_matches: int = 20_000
+    #: messages a word may be in and still count: a word in more is left out of a query that
+    #: has rarer ones (its matches would cost more to score than they tell)
+    common_matches: int = 5_000
 
 
 @dataclasses.dataclass(frozen=True)
