@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import math
 import time
 from collections.abc import Collection, Iterator, Sequence
@@ -28,7 +29,7 @@ B = 0.75
 COMMON_MATCHES = 5_000
 #: messages ranked by PostgreSQL's first pass (idf-weighted ts_rank of each phrase), whose exact
 #: BM25 is then computed from their tsvectors
-PG_FIRST_PASS = 1_000
+PG_FIRST_PASS = 300
 #: rows PostgreSQL's average message length is estimated from (exact below it)
 PG_LENGTH_SAMPLE = 2_000
 #: tags every message has in SQLite's second column: FTS5 counts them in a message's length
@@ -192,6 +193,14 @@ def _matches(conn: sa.Connection, phrase: tuple[str, ...], common: int, postgres
     stops there, so a common word costs no more than that)."""
     if postgres:
         where, q = "tsv @@ CAST(:q AS tsquery)", terms.phrase_tsquery(phrase)
+        # PostgreSQL's own estimate first: counting a common word's thousands of matches
+        # visits as many heap rows, an estimate from its statistics costs a plan
+        plan = conn.execute(
+            sa.text(f"EXPLAIN (FORMAT JSON) SELECT 1 FROM message_terms WHERE {where}"), {"q": q}
+        ).scalar_one()
+        plan = json.loads(plan) if isinstance(plan, str) else plan
+        if plan[0]["Plan"]["Plan Rows"] >= common:
+            return common
     else:
         where, q = "message_terms MATCH :q", terms.phrase_fts5(phrase)
     sql = f"SELECT count(*) FROM (SELECT 1 FROM message_terms WHERE {where} LIMIT :cap) AS s"
@@ -240,15 +249,17 @@ def _rank_postgres(
     ids = list(conn.execute(stmt).scalars())
     if not ids:
         return []
-    # second pass: FTS5's BM25 exactly, from the candidates' terms and positions
-    vectors = conn.execute(
-        sa.text("SELECT id, tsv::text FROM message_terms WHERE id = ANY(:ids)"), {"ids": ids}
-    )
+    # second pass: FTS5's BM25 exactly, from the candidates' lengths and the positions of the
+    # query's terms (unnested in the database: parsing whole tsvectors costs more)
+    lengths: dict[int, int | None] = {i: n for i, n in conn.execute(_PG_LENGTHS, {"ids": ids})}
+    positions_of: dict[int, dict[str, list[int]]] = {i: {} for i in lengths}
+    lexemes = sorted({t for p in query.phrases for t in p})
+    for i, lexeme, at_ in conn.execute(_PG_POSITIONS, {"ids": ids, "lexemes": lexemes}):
+        positions_of[i][lexeme] = list(at_)
     avgdl = _pg_average_length(conn, rows)
     scored = []
-    for i, text in vectors:
-        positions = terms.parse_tsvector(text)
-        length = max((max(ps) for ps in positions.values()), default=0) + _TAGS_PER_MESSAGE
+    for i, positions in positions_of.items():
+        length = (lengths[i] or 0) + _TAGS_PER_MESSAGE
         score = 0.0
         for p, weight in zip(query.phrases, idf, strict=True):
             tf = terms.phrase_count(positions, p)
@@ -257,6 +268,16 @@ def _rank_postgres(
         scored.append((int(i), score))
     scored.sort(key=lambda s: (-s[1], s[0]))
     return scored[:limit]
+
+
+_PG_LENGTHS = sa.text(
+    "SELECT t.id, (SELECT max(p) FROM unnest(t.tsv) AS v, unnest(v.positions) AS p) "
+    "FROM message_terms t WHERE t.id = ANY(:ids)"
+)
+_PG_POSITIONS = sa.text(
+    "SELECT t.id, u.lexeme, u.positions FROM message_terms t, unnest(t.tsv) AS u "
+    "WHERE t.id = ANY(:ids) AND u.lexeme = ANY(:lexemes)"
+)
 
 
 def _idf(rows: int, matches: int) -> float:

@@ -224,19 +224,6 @@ def tsvector(found: list[str]) -> str:
     )
 
 
-_TSV_ENTRY = re.compile(r"'((?:[^'\\]|''|\\.)*)'(?::([0-9A-D,]+))?")
-_UNESCAPE = re.compile(r"''|\\(.)")
-
-
-def parse_tsvector(text: str) -> dict[str, list[int]]:
-    """The terms and positions of a tsvector as PostgreSQL prints it (``'term':1,4 …``)."""
-    found: dict[str, list[int]] = {}
-    for entry in _TSV_ENTRY.finditer(text):
-        term = _UNESCAPE.sub(lambda m: m.group(1) or "'", entry.group(1))
-        found[term] = [int(p.rstrip("ABCD")) for p in (entry.group(2) or "").split(",") if p]
-    return found
-
-
 def phrase_count(positions: dict[str, list[int]], phrase: tuple[str, ...]) -> int:
     """How many times ``phrase`` occurs, its terms adjacent, in a message's term positions."""
     first = positions.get(phrase[0])

@@ -73,10 +73,8 @@ def test_a_ranked_query_leaves_stop_words_out_unless_quoted() -> None:
     )
 
 
-def test_tsvector_round_trips_terms_and_counts_phrases() -> None:
-    found = ["it's", "a\\b", "x", "y", "x", "y", "x"]
-    positions = terms.parse_tsvector(terms.tsvector(found))
-    assert positions == {"it's": [1], "a\\b": [2], "x": [3, 5, 7], "y": [4, 6]}
+def test_phrases_are_counted_from_term_positions() -> None:
+    positions = {"x": [3, 5, 7], "y": [4, 6]}
     assert terms.phrase_count(positions, ("x", "y")) == 2
     assert terms.phrase_count(positions, ("y", "x")) == 2
     assert terms.phrase_count(positions, ("x",)) == 3
