@@ -170,7 +170,10 @@ def _rank_sqlite(
             + " AND ".join(clauses)
             + " ORDER BY r, t.rowid LIMIT :limit"
         )
-    return [(int(i), -float(r)) for i, r in conn.execute(sa.text(sql), params)]
+    # typed, so a time compares with the catalog's as SQLAlchemy stores it
+    times = [sa.bindparam(n, type_=sa.DateTime) for n in ("since", "until") if n in params]
+    stmt = sa.text(sql).bindparams(*times)
+    return [(int(i), -float(r)) for i, r in conn.execute(stmt, params)]
 
 
 def _uncommon(

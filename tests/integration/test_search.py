@@ -383,6 +383,7 @@ def test_the_token_scope_and_filters_hold_for_ranked_search(
         f"{mixed}:1",
         f"{mixed}:2",
     }
+    assert found(until=TS.replace(tzinfo=None)) == {f"{a}:1", f"{c}:1"}  # at its very time
     assert found(until=(TS + dt.timedelta(seconds=30)).replace(tzinfo=None)) == {
         f"{a}:1",
         f"{c}:1",
