@@ -115,7 +115,7 @@ def flush(
         # and its index row may be one step apart until then: pipeline.rewrite).
         rewrite.settle_locked(db, data_dir, file_id)
         started = time.perf_counter()
-        with db.reading() as conn:
+        with db.reading(held=True) as conn:
             row = index.get_file(conn, file_id)
             if row is None:
                 raise errors.NotFound(f"no file {file_id}")
@@ -149,7 +149,7 @@ def flush(
                 metrics.ACK_TO_FLUSH_SECONDS.observe((now - entry.created_at).total_seconds())
             if row.flushed_seq >= upto:
                 break
-            with db.reading() as conn:
+            with db.reading(held=True) as conn:
                 batch = ledger.journal_batch(conn, file_id, row.flushed_seq, chunk_bytes, upto=upto)
         metrics.FLUSH_SECONDS.observe(time.perf_counter() - started)
         messages, size = row.flushed_seq - first_seq, row.flushed_bytes - first_bytes

@@ -165,9 +165,9 @@ def test_a_group_that_deadlocks_every_time_goes_one_piece_at_a_time(
 
     class Deadlocking:
         @contextlib.contextmanager
-        def transaction(self, *, durable: bool = True) -> Iterator[sa.Connection]:
+        def committing(self, *, durable: bool = True) -> Iterator[sa.Connection]:
             pieces.clear()
-            with db.transaction(durable=durable) as conn:
+            with db.committing(durable=durable) as conn:
                 yield conn
                 if len(pieces) > 1:
                     raise errors.Deadlock("deadlock detected (two pieces in one transaction)")
