@@ -126,7 +126,9 @@ def acknowledged(messages: int, threads: int, size: int) -> dict[str, float]:
         rt = runtime.Runtime.open(conf, migrate=True)
         queue = flush_threads.FlushThreads(_NoJobs(), threads=FLUSH_THREADS)  # type: ignore[arg-type]
         service = rt.service(queue)
-        queue.start(service.flush)
+        # as workers/app.py starts the embedded service's flushes (rounds, where the code has them)
+        flush_round = getattr(service, "flush_round", None)
+        queue.start(service.flush, *([flush_round] if flush_round else []))
 
         def append(key: str) -> None:
             body = {

@@ -45,6 +45,7 @@ from pipeline import (
     tables,
     validation,
 )
+from pipeline.flush import FlushResult, Runner
 from pipeline.settings import Settings
 from pipeline.tables import Kind
 from pipeline.views import Views
@@ -213,32 +214,40 @@ class Service(Views):
         counted in its anomaly, however often the sweeper comes back to it."""
         s = self.settings
         try:
-            result = flush.flush(
-                self.db,
-                self.file_locks,
-                s.data_dir,
-                file_id,
-                chunk_bytes=s.backlog.flush_chunk_bytes,
-            )
+            chunk = s.backlog.flush_chunk_bytes
+            result = flush.flush(self.db, self.file_locks, s.data_dir, file_id, chunk_bytes=chunk)
         except errors.FileDamaged as exc:
             (log.error if exc.first else log.debug)("flush of %s refused: %s", file_id, exc.detail)
             raise
-        if result.more:  # appends acknowledged during this flush: their ingest did not kick
-            self.kick(file_id)
-        r = s.refine
-        leased = result.leased_until is not None and result.leased_until > self.db.now()
-        if (
-            result.messages == 0
-            or leased  # a job is running; it dispatches the file again when it commits
-            or (result.unrefined < r.min_messages and r.idle_seconds > 0)
-        ):
-            # Not due by count; due by idleness only later, which the beat's dispatch finds.
-            return result
-        try:
-            self.dispatch([file_id])
-        except errors.SgmeError as exc:  # the flush stands; the beat dispatch catches up
-            log.warning("dispatch after the flush of %s failed: %s", file_id, exc.detail)
+        self._after_flushes([result])
         return result
+
+    def flush_round(self, file_ids: list[str], *, run: Runner | None = None) -> list[str]:
+        """A batched flush (:func:`flush.flush_many`, the syncs through ``run``), then what
+        :meth:`flush` does after one; the files to flush on their own (:meth:`flush`)."""
+        s = self.settings
+        done = flush.flush_many(
+            self.db,
+            self.file_locks,
+            s.data_dir,
+            file_ids,
+            chunk_bytes=s.backlog.flush_chunk_bytes,
+            run=run or flush.serially,
+        )
+        for file_id in done.later:
+            self.kick(file_id)
+        self._after_flushes(list(done.results.values()))
+        return done.alone
+
+    def _after_flushes(self, results: list[FlushResult]) -> None:
+        again, due = flush.follow_up(results, refine=self.settings.refine, now=self.db.now())
+        for file_id in again:
+            self.kick(file_id)
+        if due:
+            try:
+                self.dispatch(due)
+            except errors.SgmeError as exc:  # the flush stands; the beat dispatch catches up
+                log.warning("dispatch after the flush of %s failed: %s", due, exc.detail)
 
     def sweep(self, age: float | None = None) -> list[str]:
         """Re-kick flushes of journal rows older than ``age`` seconds (default ``sweep_age``):

@@ -90,8 +90,12 @@ class Backlog:
     #: backlog and the append fit in the free space above this (507 otherwise)
     min_free_bytes: int = 64 * 1024 * 1024
     retry_after: float = 5.0  #: seconds a refused client is told to wait
-    #: bytes a flush writes, fsyncs and commits at a time (one journal row at least)
+    #: bytes a flush writes, fsyncs and commits at a time (one journal row at least); a
+    #: flush round of the embedded service reads this much over all its files
     flush_chunk_bytes: int = 8 * 1024 * 1024
+    #: seconds a flush round of the embedded service waits, once kicked, for the kicks of
+    #: concurrent appends to join it (docs/design.md §3, batched flushes)
+    flush_linger: float = 0.002
 
 
 @dataclasses.dataclass(frozen=True)
