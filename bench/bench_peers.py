@@ -122,9 +122,13 @@ def acknowledged(messages: int, threads: int, size: int) -> dict[str, float]:
     text = _text(size)
     rates = {}
     with tempfile.TemporaryDirectory(prefix="sgme-peer-") as tmp:
-        conf = settings.Settings.load(environ={}, data_dir=str(Path(tmp) / "data"))
+        environ = {k: v for k, v in os.environ.items() if k.startswith("SGME_BACKLOG_")}
+        conf = settings.Settings.load(environ=environ, data_dir=str(Path(tmp) / "data"))
         rt = runtime.Runtime.open(conf, migrate=True)
-        queue = flush_threads.FlushThreads(_NoJobs(), threads=FLUSH_THREADS)  # type: ignore[arg-type]
+        options = {}
+        if hasattr(conf.backlog, "flush_linger"):  # as workers/app.py builds it, where it can
+            options["linger"] = conf.backlog.flush_linger
+        queue = flush_threads.FlushThreads(_NoJobs(), threads=FLUSH_THREADS, **options)  # type: ignore[arg-type]
         service = rt.service(queue)
         # as workers/app.py starts the embedded service's flushes (rounds, where the code has them)
         flush_round = getattr(service, "flush_round", None)
