@@ -440,7 +440,8 @@ def run_phase(
     poller: Poller | None,
     settle: float,
 ) -> Phase:
-    start_at = time.time() + 1.0
+    # spawned clients import httpx first: seconds on a loaded machine, and all must start together
+    start_at = time.time() + 6.0
     per_proc = [clients // procs + (i < clients % procs) for i in range(procs)]
     plans = [
         Plan(url, n, seconds, rate * n / clients if rate else None, f"{prefix}-{k}", start_at)
