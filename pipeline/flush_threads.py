@@ -57,7 +57,11 @@ class FlushThreads:
         self.threads = threads
         self.linger = linger
         self.max_round = max_round
-        self._cond = threading.Condition()
+        lock = threading.Lock()
+        self._cond = threading.Condition(lock)  #: kicks and ends of flushes: the round waits on it
+        #: files handed back by a round (the threads that flush one at a time wait on it, so a
+        #: kick, which only the round takes, wakes only the round)
+        self._handed = threading.Condition(lock)
         self._pending: dict[str, None] = {}  #: kicked, in kick order
         self._alone: dict[str, None] = {}  #: handed back by a round: flushed one by one
         self._running: set[str] = set()
@@ -95,6 +99,7 @@ class FlushThreads:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+            self._handed.notify_all()
         for thread in self._workers:
             thread.join(timeout)
         if self._pool is not None:
@@ -106,7 +111,7 @@ class FlushThreads:
             if self._closed or file_id in self._pending:
                 return
             self._pending[file_id] = None
-            self._cond.notify_all()
+            self._cond.notify_all()  # the round, or (without rounds) the threads
 
     def submit(self, claim: refine.Claim) -> None:
         """Send a refinement job to the task queue."""
@@ -123,6 +128,7 @@ class FlushThreads:
     def _next(self) -> str | None:
         """The next file for a thread that flushes one at a time; None once closed."""
         waiting = self._alone if self._round is not None else self._pending
+        wakes = self._handed if self._round is not None else self._cond
         with self._cond:
             while True:
                 if self._closed:
@@ -132,7 +138,7 @@ class FlushThreads:
                         del waiting[file_id]
                         self._running.add(file_id)
                         return file_id
-                self._cond.wait()
+                wakes.wait()
 
     def _work(self) -> None:
         assert self._flush is not None
@@ -185,7 +191,8 @@ class FlushThreads:
                         self._alone[file_id] = None  # stays running until flushed alone
                     else:
                         self._running.discard(file_id)
-                self._cond.notify_all()
+                if alone:
+                    self._handed.notify_all()
 
     def _run(self, thunks: Thunks) -> list[BaseException | None]:
         """Run ``thunks`` on the sync pool (inline when there is one): each one's exception."""
