@@ -26,8 +26,9 @@ same host clock); a flush that the poller sees late is counted late, never early
 Clients are threads with an httpx.Client each, in ``--client-procs`` processes (servers and
 clients share this machine's cores; httpx.AsyncClient was slower, see below). The sgme
 processes run with the default settings except ``refine_idle_seconds=1`` (``--fast``: what the
-e2e tests use, refining every flush). Targets: >= 1.0x the durable endpoint and >= 0.5x the
-trivial one, p99 acknowledgement <= 50 ms at half the measured maximum rate.
+e2e tests use, refining every flush). Targets (issue 22): >= 1.5x the durable endpoint with
+these clients; under ``wrk`` >= 1.5x the durable endpoint and >= 0.5x the trivial one; the p99
+acknowledgement at half the measured maximum rate reported.
 
 ``--baseline DIR`` adds ``embedded, unchanged code``: ``sgme serve`` importing the package
 from ``DIR`` (``git archive main pipeline workers | tar -x -C DIR``), measured in the same run.
@@ -693,16 +694,16 @@ def print_table(results: list[Result], notes: list[str]) -> None:
     for row in rows:
         print("| " + " | ".join(str(c) for c in row) + " |")
     print()
-    print("Targets: >= 1.0x durable, >= 0.5x trivial, half-rate ack p99 <= 50 ms.")
+    print("Targets: >= 1.5x durable (the p99 at half rate is reported).")
     for r in results:
         if r.name in (TRIVIAL_NAME, DURABLE_NAME):
             continue
         p99 = _percentile(r.half.ack_ms, 99) if r.half else float("nan")
         verdicts = [
-            f"{r.max.rate / durable:.2f}x durable ({'met' if r.max.rate >= durable else 'missed'})",
-            f"{r.max.rate / trivial:.2f}x trivial "
-            f"({'met' if r.max.rate >= 0.5 * trivial else 'missed'})",
-            f"half-rate p99 {_ms(p99)} ms ({'met' if p99 <= 50 else 'missed'})",
+            f"{r.max.rate / durable:.2f}x durable "
+            f"({'met' if r.max.rate >= 1.5 * durable else 'missed'})",
+            f"{r.max.rate / trivial:.2f}x trivial",
+            f"half-rate p99 {_ms(p99)} ms",
         ]
         print(f"  {r.name}: " + "; ".join(verdicts))
     print()
