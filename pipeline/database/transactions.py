@@ -23,6 +23,7 @@ import dataclasses
 import datetime as dt
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -35,6 +36,7 @@ from pipeline.clock import SYSTEM, Clock
 from pipeline.database import commits, engines
 
 T = TypeVar("T")
+HELD_PING_AFTER = 5.0  #: seconds unused after which a held PostgreSQL connection is checked
 
 #: connections a forked child inherited: never closed there (closing a PostgreSQL connection
 #: sends its parent's session a goodbye over the shared socket), only dropped
@@ -48,9 +50,23 @@ class _Held:
     conn: sa.Connection
     pid: int = dataclasses.field(default_factory=os.getpid)
     closer: weakref.finalize[Any, Any] | None = None
+    used: float = dataclasses.field(default_factory=time.monotonic)  #: last handed out
 
-    def usable(self) -> bool:
-        return self.pid == os.getpid() and not self.conn.closed and not self.conn.invalidated
+    def usable(self, *, ping: bool) -> bool:
+        """Whether to use it again: this process's, open, and — with ``ping``, after
+        :data:`HELD_PING_AFTER` seconds unused — still answering (a PostgreSQL server that
+        restarted or dropped an idle session; ``pool_pre_ping``'s job, for an idle one only)."""
+        if self.pid != os.getpid() or self.conn.closed or self.conn.invalidated:
+            return False
+        now = time.monotonic()
+        if ping and now - self.used > HELD_PING_AFTER:
+            try:
+                with self.conn.begin():
+                    self.conn.exec_driver_sql("SELECT 1")
+            except sa_exc.SQLAlchemyError:
+                return False
+        self.used = now
+        return True
 
     def drop(self) -> None:
         """Stop using the connection: closed in the process that opened it, only forgotten in
@@ -200,7 +216,7 @@ class Database:
         writer = self._lock_writer()
         held = self._committer
         try:
-            if held is None or not held.usable():
+            if held is None or not held.usable(ping=self.postgres):
                 if held is not None:
                     held.drop()
                 held = self._committer = self._hold()
@@ -248,7 +264,7 @@ class Database:
     def _held_reading(self) -> Iterator[sa.Connection]:
         reader: _Held | None = getattr(self._readers, "held", None)
         try:
-            if reader is None or not reader.usable():
+            if reader is None or not reader.usable(ping=self.postgres):
                 if reader is not None:
                     reader.drop()
                 reader = self._readers.held = self._hold()
