@@ -15,6 +15,7 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
 
 from pipeline import anomalies, database, errors, tables
 from pipeline.tables import Kind, Status
@@ -530,6 +531,52 @@ def reindex_file(
         **values,
     )
     return False
+
+
+_REINDEX_COLUMNS = (
+    *("path", "source_type", "agent_id", "session_key", "metadata_json", "started_at"),
+    *("ended_at", "flushed_seq", "flushed_bytes", "chain_head", "file_id", "status"),
+    *("last_refined_seq", "next_seq", "flush_pending", "created_at", "updated_at"),
+)
+_REINDEX_INSERT = {
+    dialect: database.Prepared(
+        module.insert(tables.raw_files)
+        .values({k: sa.bindparam(k, type_=tables.raw_files.c[k].type) for k in _REINDEX_COLUMNS})
+        .on_conflict_do_nothing()
+    )
+    for dialect, module in (("postgresql", postgresql), ("sqlite", sqlite))
+}
+
+
+def reindex_files(
+    conn: sa.Connection, files: Sequence[tuple[str, bool, dict[str, Any]]], *, now: dt.datetime
+) -> int:
+    """:func:`reindex_file` over many ``(file_id, archived, values)``: the rows that are new in
+    one executemany; how many were new."""
+    ids = [file_id for file_id, _, _ in files]
+    f = tables.raw_files.c
+    known = set(conn.execute(sa.select(f.file_id).where(f.file_id.in_(ids))).scalars())
+    new = []
+    for file_id, archived, values in files:
+        if file_id in known:
+            reindex_file(conn, file_id, archived=archived, now=now, **values)
+            continue
+        count = int(values["flushed_seq"])
+        new.append(
+            {
+                **values,
+                "file_id": file_id,
+                "status": Status.ARCHIVED if archived else Status.NEW,
+                "last_refined_seq": count if archived else 0,
+                "next_seq": count + 1,
+                "flush_pending": False,
+                "created_at": now,
+                "updated_at": now,
+            }
+        )
+    if new:
+        _REINDEX_INSERT[conn.dialect.name].many(conn, new)
+    return len(new)
 
 
 # ---------------------------------------------------------------------------------------------

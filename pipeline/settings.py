@@ -124,6 +124,18 @@ class Archive:
 
 
 @dataclasses.dataclass(frozen=True)
+class Reindex:
+    """How ``sgme reindex`` rebuilds the index from the files (``reindex_*``;
+    docs/operations.md)."""
+
+    #: files written per commit: fewer commits (each one durable) against a longer hold of
+    #: the write lock, which appends by a running server wait behind on SQLite
+    batch_files: int = 500
+    #: processes that read and parse the files while this one writes (0: this one alone)
+    workers: int = 2
+
+
+@dataclasses.dataclass(frozen=True)
 class Mcp:
     """What one MCP tool call answers at most (``mcp_*``; docs/views.md): a model's context is
     small, and one message may be 8 MiB. Each count is at most what the ``/v1`` route the
@@ -174,6 +186,7 @@ AT_MOST = {
 GROUPS: dict[str, tuple[str, type[Any]]] = {
     "refine": ("refine", Refine),
     "archive": ("archive", Archive),
+    "reindex": ("reindex", Reindex),
     "mcp": ("mcp", Mcp),
     "ui": ("ui", Ui),
     "limits": ("limits", Limits),
@@ -231,6 +244,7 @@ class Settings:
     #: refiner options, e.g. {base_url, model, api_key, timeout} for openai, {url} for webhook
     refiner_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     archive: Archive = Archive()
+    reindex: Reindex = Reindex()
     #: worker side: expose Prometheus metrics on this port (0: off)
     worker_metrics_port: int = 0
     limits: Limits = Limits()

@@ -1,0 +1,167 @@
+"""Recovery: ``sgme reindex`` (``integrity.reindex``) rebuilding a lost index from the files, on
+SQLite and on PostgreSQL, and ``fsck`` of the same store.
+
+    .venv/bin/python bench/bench_reindex.py [--files 50000] [--store DIR] [--no-postgres]
+
+The store is ``--files`` session files of 5 messages each (bench_parse's chat-like sessions,
+fixed seed: about 4 KB a file), written once (``--store DIR`` keeps it for the next run). Each
+contender runs in a process of its own on an empty, migrated index, so its peak RSS is its own
+(the process and any children it starts, as ``sgme reindex`` would be): files/s, messages/s and
+peak RSS; then ``fsck`` over the rebuilt SQLite index. Wall-clock time: on a shared machine,
+compare only numbers from one run.
+
+PostgreSQL: ``SGME_TEST_POSTGRES_URL`` (an admin URL; a scratch database is made and dropped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import sqlalchemy as sa
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_parse
+
+from pipeline import database, integrity, locks
+
+SEED = 20261201
+MESSAGES = 5  #: per file
+TARGET_FILES_PER_SECOND = 2_000  #: on SQLite
+POSTGRES_ADMIN_URL = os.environ.get(
+    "SGME_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
+
+
+def make_store(data_dir: Path, files: int) -> int:
+    """Write ``files`` session files (unless a finished store of that size is there); the
+    store's bytes."""
+    done = data_dir / f".bench-{files}"
+    folder = data_dir / "raw" / "sessions"
+    if not done.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        rng = random.Random(SEED)
+        for _ in range(files):
+            text, _ = bench_parse.session_file(rng, MESSAGES, reads=False)
+            file_id = text.split('file_id: "', 1)[1].split('"', 1)[0]
+            (folder / f"{file_id}.md").write_text(text, encoding="utf-8")
+        done.touch()
+    return sum(p.stat().st_size for p in folder.iterdir())
+
+
+def peak_rss_mb() -> float:
+    """This process's peak RSS and its children's, in MB (Linux: ru_maxrss in KB)."""
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return max(own, children) / 1024
+
+
+def child(task: str, url: str, data_dir: Path) -> None:
+    """One contender, in this process: prints its result as JSON."""
+    db = database.Database.from_url(url)
+    file_locks = locks.FileLocks(db, data_dir, timeout=30)
+    started = time.perf_counter()
+    if task == "reindex":
+        report = integrity.reindex(db, file_locks, data_dir)
+        result: dict[str, float] = {"files": report.inserted, "failed": len(report.failed)}
+    else:
+        problems = integrity.fsck(db, data_dir)
+        result = {"files": integrity.count_files(db), "failed": len(problems)}
+    result["seconds"] = time.perf_counter() - started
+    result["rss"] = peak_rss_mb()
+    print(json.dumps(result))
+
+
+def spawn(task: str, url: str, data_dir: Path) -> dict[str, float]:
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", task, "--url", url, "--store", str(data_dir)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def migrated(url: str) -> str:
+    engine = database.create_engine(url)
+    database.migrate(engine)
+    engine.dispose()
+    return url
+
+
+def run(files: int, store_dir: Path | None, postgres: bool) -> int:
+    with tempfile.TemporaryDirectory(prefix="sgme-bench-reindex-") as tmp:
+        data_dir = store_dir or Path(tmp) / "data"
+        started = time.perf_counter()
+        size = make_store(data_dir, files)
+        print(
+            f"store: {files} session files of {MESSAGES} messages, {size / 1e6:.0f} MB "
+            f"(ready in {time.perf_counter() - started:.0f} s); {os.cpu_count()} CPUs"
+        )
+        rows: list[tuple[str, dict[str, float]]] = []
+        index_file = Path(tmp) / "index.sqlite3"
+        sqlite_url = migrated(f"sqlite:///{index_file}")
+        rows.append(("reindex, SQLite", spawn("reindex", sqlite_url, data_dir)))
+        rows.append(("fsck, SQLite", spawn("fsck", sqlite_url, data_dir)))
+        if postgres:
+            admin = sa.create_engine(
+                database.normalize_url(POSTGRES_ADMIN_URL), isolation_level="AUTOCOMMIT"
+            )
+            name = f"sgme_bench_reindex_{uuid.uuid4().hex[:8]}"
+            with admin.connect() as conn:
+                conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+            try:
+                url = migrated(POSTGRES_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}")
+                rows.append(("reindex, PostgreSQL", spawn("reindex", url, data_dir)))
+                rows.append(("fsck, PostgreSQL", spawn("fsck", url, data_dir)))
+            finally:
+                with admin.connect() as conn:
+                    conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+                admin.dispose()
+
+    print()
+    print(f"{'run':<22}{'seconds':>9}{'files/s':>10}{'msg/s':>10}{'peak RSS MB':>13}{'failed':>8}")
+    print("-" * 72)
+    for label, r in rows:
+        rate = r["files"] / r["seconds"]
+        print(
+            f"{label:<22}{r['seconds']:>9.1f}{rate:>10,.0f}{rate * MESSAGES:>10,.0f}"
+            f"{r['rss']:>13.0f}{int(r['failed']):>8}"
+        )
+    sqlite = rows[0][1]
+    rate = sqlite["files"] / sqlite["seconds"]
+    print()
+    print(
+        f"target: reindex on SQLite >= {TARGET_FILES_PER_SECOND:,} files/s: {rate:,.0f} "
+        f"({'met' if rate >= TARGET_FILES_PER_SECOND else 'NOT met'})"
+    )
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--files", type=int, default=50_000, help="session files in the store")
+    parser.add_argument("--store", type=Path, help="keep the generated store here")
+    parser.add_argument("--no-postgres", action="store_true", help="SQLite only")
+    parser.add_argument("--child", choices=("reindex", "fsck"), help=argparse.SUPPRESS)
+    parser.add_argument("--url", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child, args.url, args.store)
+        return 0
+    return run(args.files, args.store, not args.no_postgres)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
