@@ -350,9 +350,9 @@ def test_reindex_over_an_existing_index_changes_nothing_and_flushes_the_journal(
     assert integrity.fsck(db, data_dir) == []
 
 
-def _found(db: database.Database) -> dict[str, list[tuple[str, int, str]]]:
+def _found(db: database.Database) -> dict[str, list[tuple[object, ...]]]:
     """What a search for each word of the test files finds: ``(file_id, seq, role)``."""
-    found = {}
+    found: dict[str, list[tuple[object, ...]]] = {}
     with db.reading() as conn:
         for word in ("alpha", "bravo", "charlie", "delta", "hermes", "x"):
             hits = catalog.find(conn, terms.parse_query(word), catalog.Filters(), limit=100)
