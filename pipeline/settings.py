@@ -121,6 +121,9 @@ class Archive:
     level: int = 10  #: zstd level: most of the ratio of level 19 at a fraction of the cost
     threads: int = 0  #: zstd worker threads per file (0: on the calling thread)
     workers: int = 2  #: files compressed at once
+    #: temp files fsynced at once before their renames (the waits overlap; the filesystem
+    #: commits them together)
+    sync_threads: int = 16
 
 
 @dataclasses.dataclass(frozen=True)
