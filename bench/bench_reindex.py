@@ -2,13 +2,17 @@
 SQLite and on PostgreSQL, and ``fsck`` of the same store.
 
     .venv/bin/python bench/bench_reindex.py [--files 50000] [--store DIR] [--no-postgres]
+                                            [--baseline SRC]
+
+``--baseline SRC`` also runs the reindex of another checkout's ``pipeline`` (``git worktree``
+or ``git archive main | tar -x -C SRC``) on SQLite, in the same run, for a ratio.
 
 The store is ``--files`` session files of 5 messages each (bench_parse's chat-like sessions,
-fixed seed: about 4 KB a file), written once (``--store DIR`` keeps it for the next run). Each
-contender runs in a process of its own on an empty, migrated index, so its peak RSS is its own
-(the process and any children it starts, as ``sgme reindex`` would be): files/s, messages/s and
-peak RSS; then ``fsck`` over the rebuilt SQLite index. Wall-clock time: on a shared machine,
-compare only numbers from one run.
+fixed seed: about 5 KB a file, 261 MB for 50,000), written once (``--store DIR`` keeps it for
+the next run). Each contender runs in a process of its own on an empty, migrated index:
+files/s, messages/s and peak RSS (``RSS MB`` of the command's own process, ``worker`` of the
+largest of its worker processes); then ``fsck`` over the rebuilt index. Wall-clock time: on a
+shared machine, compare only numbers from one run.
 
 PostgreSQL: ``SGME_TEST_POSTGRES_URL`` (an admin URL; a scratch database is made and dropped).
 """
@@ -29,12 +33,14 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
+# the checkout measured: this one, or --baseline's (before anything of ours is imported)
+_SRC = sys.argv[sys.argv.index("--src") + 1] if "--src" in sys.argv else None
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+if _SRC:
+    sys.path.insert(0, _SRC)
 
-import bench_parse
-
-from pipeline import database, integrity, locks
+from pipeline import database, integrity, locks  # noqa: E402
 
 SEED = 20261201
 MESSAGES = 5  #: per file
@@ -50,6 +56,8 @@ def make_store(data_dir: Path, files: int) -> int:
     done = data_dir / f".bench-{files}"
     folder = data_dir / "raw" / "sessions"
     if not done.exists():
+        import bench_parse  # here: it puts this checkout first on sys.path (see --src)
+
         folder.mkdir(parents=True, exist_ok=True)
         rng = random.Random(SEED)
         for _ in range(files):
@@ -60,11 +68,11 @@ def make_store(data_dir: Path, files: int) -> int:
     return sum(p.stat().st_size for p in folder.iterdir())
 
 
-def peak_rss_mb() -> float:
-    """This process's peak RSS and its children's, in MB (Linux: ru_maxrss in KB)."""
+def peak_rss_mb() -> tuple[float, float]:
+    """Peak RSS in MB of this process and of the largest of its children (Linux: KB)."""
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return max(own, children) / 1024
+    return own / 1024, children / 1024
 
 
 def child(task: str, url: str, data_dir: Path) -> None:
@@ -79,13 +87,14 @@ def child(task: str, url: str, data_dir: Path) -> None:
         problems = integrity.fsck(db, data_dir)
         result = {"files": integrity.count_files(db), "failed": len(problems)}
     result["seconds"] = time.perf_counter() - started
-    result["rss"] = peak_rss_mb()
+    result["rss"], result["worker_rss"] = peak_rss_mb()
     print(json.dumps(result))
 
 
-def spawn(task: str, url: str, data_dir: Path) -> dict[str, float]:
+def spawn(task: str, url: str, data_dir: Path, src: Path | None = None) -> dict[str, float]:
+    more = ["--src", str(src)] if src else []
     out = subprocess.run(
-        [sys.executable, __file__, "--child", task, "--url", url, "--store", str(data_dir)],
+        [sys.executable, __file__, "--child", task, "--url", url, "--store", str(data_dir), *more],
         check=True,
         capture_output=True,
         text=True,
@@ -100,7 +109,7 @@ def migrated(url: str) -> str:
     return url
 
 
-def run(files: int, store_dir: Path | None, postgres: bool) -> int:
+def run(files: int, store_dir: Path | None, postgres: bool, baseline: Path | None) -> int:
     with tempfile.TemporaryDirectory(prefix="sgme-bench-reindex-") as tmp:
         data_dir = store_dir or Path(tmp) / "data"
         started = time.perf_counter()
@@ -114,6 +123,9 @@ def run(files: int, store_dir: Path | None, postgres: bool) -> int:
         sqlite_url = migrated(f"sqlite:///{index_file}")
         rows.append(("reindex, SQLite", spawn("reindex", sqlite_url, data_dir)))
         rows.append(("fsck, SQLite", spawn("fsck", sqlite_url, data_dir)))
+        if baseline:
+            old_url = migrated(f"sqlite:///{Path(tmp) / 'baseline.sqlite3'}")
+            rows.append(("reindex, SQLite, base", spawn("reindex", old_url, data_dir, baseline)))
         if postgres:
             admin = sa.create_engine(
                 database.normalize_url(POSTGRES_ADMIN_URL), isolation_level="AUTOCOMMIT"
@@ -131,16 +143,22 @@ def run(files: int, store_dir: Path | None, postgres: bool) -> int:
                 admin.dispose()
 
     print()
-    print(f"{'run':<22}{'seconds':>9}{'files/s':>10}{'msg/s':>10}{'peak RSS MB':>13}{'failed':>8}")
-    print("-" * 72)
+    print(
+        f"{'run':<22}{'seconds':>9}{'files/s':>10}{'msg/s':>10}{'RSS MB':>8}{'worker':>8}"
+        f"{'failed':>8}"
+    )
+    print("-" * 75)
     for label, r in rows:
         rate = r["files"] / r["seconds"]
         print(
             f"{label:<22}{r['seconds']:>9.1f}{rate:>10,.0f}{rate * MESSAGES:>10,.0f}"
-            f"{r['rss']:>13.0f}{int(r['failed']):>8}"
+            f"{r['rss']:>8.0f}{r['worker_rss']:>8.0f}{int(r['failed']):>8}"
         )
     sqlite = rows[0][1]
     rate = sqlite["files"] / sqlite["seconds"]
+    if baseline:
+        old = rows[2][1]
+        print(f"\nagainst the baseline checkout: {old['seconds'] / sqlite['seconds']:.2f}x")
     print()
     print(
         f"target: reindex on SQLite >= {TARGET_FILES_PER_SECOND:,} files/s: {rate:,.0f} "
@@ -154,13 +172,15 @@ def main() -> int:
     parser.add_argument("--files", type=int, default=50_000, help="session files in the store")
     parser.add_argument("--store", type=Path, help="keep the generated store here")
     parser.add_argument("--no-postgres", action="store_true", help="SQLite only")
+    parser.add_argument("--baseline", type=Path, help="another checkout to compare on SQLite")
     parser.add_argument("--child", choices=("reindex", "fsck"), help=argparse.SUPPRESS)
+    parser.add_argument("--src", help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args.child, args.url, args.store)
         return 0
-    return run(args.files, args.store, not args.no_postgres)
+    return run(args.files, args.store, not args.no_postgres, args.baseline)
 
 
 if __name__ == "__main__":
