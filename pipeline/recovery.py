@@ -14,6 +14,9 @@ import concurrent.futures
 import dataclasses
 import json
 import multiprocessing
+import os
+import threading
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,6 +24,7 @@ from typing import Any
 from pipeline import archive, catalog, document, errors, store
 
 CHUNK = 64  #: files a worker reads per task (fewer hand-offs than one at a time)
+PARENT_CHECK_SECONDS = 1.0  #: how often a worker looks whether the command is still there
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +88,18 @@ def _read_chunk(data_dir: Path, files: Sequence[tuple[str, Path]], postgres: boo
     return [read(data_dir, source_type, path, postgres=postgres) for source_type, path in files]
 
 
+def _exit_with(parent: int) -> None:
+    """In a worker: exit once ``parent`` is gone (a reindex killed alone would otherwise
+    leave its workers waiting for work forever)."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_CHECK_SECONDS)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="sgme-reindex-parent", daemon=True).start()
+
+
 def read_all(
     data_dir: Path, files: Iterable[tuple[str, Path]], *, postgres: bool, workers: int
 ) -> Iterator[Read]:
@@ -95,7 +111,9 @@ def read_all(
         return
     # spawn, not fork: the caller has threads and database connections a fork would copy
     context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+    with concurrent.futures.ProcessPoolExecutor(
+        workers, mp_context=context, initializer=_exit_with, initargs=(os.getpid(),)
+    ) as pool:
         ahead: collections.deque[concurrent.futures.Future[list[Read]]] = collections.deque()
         chunk: list[tuple[str, Path]] = []
         for item in files:
