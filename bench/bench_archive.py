@@ -13,6 +13,7 @@ each counts (on a shared machine the slow runs measure the neighbours).
 from __future__ import annotations
 
 import argparse
+import resource
 import shutil
 import subprocess
 import sys
@@ -56,8 +57,13 @@ def prepare(data_dir: Path, texts: list[str]) -> tuple[database.Database, locks.
     return db, file_locks
 
 
-def cli_run(zstd: str, root: Path, texts: list[str], level: int) -> tuple[float, int]:
-    """The command line over its own copy of the files: (seconds, bytes written)."""
+def _cpu(who: int) -> float:
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+
+
+def cli_run(zstd: str, root: Path, texts: list[str], level: int) -> tuple[float, float, int]:
+    """The command line over its own copy of the files: (seconds, CPU seconds, bytes)."""
     cli_dir = root / "cli"
     cli_dir.mkdir()
     sources = []
@@ -67,6 +73,7 @@ def cli_run(zstd: str, root: Path, texts: list[str], level: int) -> tuple[float,
         sources.append(path)
     out = root / "cli-out"
     out.mkdir()
+    cpu = _cpu(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     subprocess.run(
         [
@@ -83,14 +90,17 @@ def cli_run(zstd: str, root: Path, texts: list[str], level: int) -> tuple[float,
         check=True,
     )
     seconds = time.perf_counter() - started
-    return seconds, sum(p.stat().st_size for p in out.iterdir())
+    cpu = _cpu(resource.RUSAGE_CHILDREN) - cpu
+    return seconds, cpu, sum(p.stat().st_size for p in out.iterdir())
 
 
-def ours_run(root: Path, texts: list[str], level: int, workers: int) -> tuple[float, int]:
-    """archive.compress_many over an indexed store of the files: (seconds, bytes written)."""
+def ours_run(root: Path, texts: list[str], level: int, workers: int) -> tuple[float, float, int]:
+    """archive.compress_many over an indexed store of the files: (seconds, CPU seconds,
+    bytes)."""
     data_dir = root / "data"
     db, file_locks = prepare(data_dir, texts)
     file_ids = archive.cold_files(db, older_than_days=0, limit=10**6)
+    cpu = _cpu(resource.RUSAGE_SELF)
     started = time.perf_counter()
     written = 0
     options = Archive(level=level, workers=workers)
@@ -98,9 +108,10 @@ def ours_run(root: Path, texts: list[str], level: int, workers: int) -> tuple[fl
         assert isinstance(outcome, archive.Outcome), outcome
         written += outcome.bytes_after
     seconds = time.perf_counter() - started
+    cpu = _cpu(resource.RUSAGE_SELF) - cpu
     assert len(file_ids) == len(texts)
     db.engine.dispose()
-    return seconds, written
+    return seconds, cpu, written
 
 
 def run(quick: bool, level: int, workers: int, repeat: int) -> int:
@@ -114,17 +125,17 @@ def run(quick: bool, level: int, workers: int, repeat: int) -> int:
         f"corpus: {len(texts)} files, {total / 1e6:.1f} MB; zstd level {level}; the command line "
         f"with -T1, archive.compress_many with {workers} files at a time (one zstd thread each)"
     )
-    cli_times, ours_times = [], []
+    cli_runs, ours_runs = [], []
     for _ in range(repeat):
         with tempfile.TemporaryDirectory(prefix="sgme-bench-archive-") as tmp:
-            seconds, cli_bytes = cli_run(zstd, Path(tmp), texts, level)
-            cli_times.append(seconds)
+            *times, cli_bytes = cli_run(zstd, Path(tmp), texts, level)
+            cli_runs.append(times)
         with tempfile.TemporaryDirectory(prefix="sgme-bench-archive-") as tmp:
-            seconds, ours_bytes = ours_run(Path(tmp), texts, level, workers)
-            ours_times.append(seconds)
-    print("runs (s): command line " + ", ".join(f"{t:.2f}" for t in cli_times))
-    print("          compress_many " + ", ".join(f"{t:.2f}" for t in ours_times))
-    cli_seconds, ours_seconds = min(cli_times), min(ours_times)
+            *times, ours_bytes = ours_run(Path(tmp), texts, level, workers)
+            ours_runs.append(times)
+    for label, runs in (("command line", cli_runs), ("compress_many", ours_runs)):
+        print(f"{label:>14} runs, s (CPU s): " + ", ".join(f"{w:.2f} ({c:.2f})" for w, c in runs))
+    cli_seconds, ours_seconds = min(w for w, _ in cli_runs), min(w for w, _ in ours_runs)
 
     cli_speed = total / cli_seconds / 1e6
     ours_speed = total / ours_seconds / 1e6
