@@ -451,21 +451,27 @@ def cold_unrefined(conn: sa.Connection, *, cutoff: dt.datetime) -> list[tables.F
     return [tables.FileRow.from_row(row) for row in conn.execute(query)]
 
 
+_MARK_ARCHIVED = database.Prepared(  # one per archived file: built once, not per call
+    sa.update(tables.raw_files)
+    .where(
+        tables.raw_files.c.file_id == sa.bindparam("where_file_id"),
+        tables.raw_files.c.status == Status.REFINED,
+        tables.raw_files.c.next_seq == sa.bindparam("where_next_seq"),
+        tables.raw_files.c.flushed_seq == sa.bindparam("where_flushed_seq"),
+    )
+    .values(status=Status.ARCHIVED, path=_bind("path"), archived_at=_bind("archived_at"))
+    .values(updated_at=_bind("updated_at"))
+)
+
+
 def mark_archived(conn: sa.Connection, row: tables.FileRow, *, path: str, now: dt.datetime) -> bool:
     """Point the index at the archive — only if nothing changed since ``row`` was read (an
     append or a re-refine meanwhile keeps the original)."""
-    f = tables.raw_files.c
-    stmt = (
-        sa.update(tables.raw_files)
-        .where(
-            f.file_id == row.file_id,
-            f.status == Status.REFINED,
-            f.next_seq == row.next_seq,
-            f.flushed_seq == row.flushed_seq,
-        )
-        .values(status=Status.ARCHIVED, path=path, archived_at=now, updated_at=now)
+    where = {"file_id": row.file_id, "next_seq": row.next_seq, "flushed_seq": row.flushed_seq}
+    sets = {"set_path": path, "set_archived_at": now, "set_updated_at": now}
+    return bool(
+        _MARK_ARCHIVED.rowcount(conn, {**sets, **{f"where_{k}": v for k, v in where.items()}})
     )
-    return bool(conn.execute(stmt).rowcount)
 
 
 def mark_restored(
