@@ -4,7 +4,10 @@ worker processes can make them while one writer commits the files before them.
 
 The pool is fed in chunks and held at most ``2 × workers`` chunks ahead of the writer, so a
 slow database bounds the memory, not the store's size. Files come back in the order they were
-given (the catalog's ids follow the files' order, as before).
+given (the catalog's ids follow the files' order, as before). The workers are started with
+``spawn`` (a fork would copy the caller's threads and connections), so a program that calls
+:func:`read_all` with workers must guard its main module (``if __name__ == "__main__"``), as
+``sgme`` and the benchmarks do; each worker exits when the process that started it is gone.
 """
 
 from __future__ import annotations
