@@ -597,4 +597,6 @@ class Service(Views):
 
     def reindex(self, *, progress: Callable[[int], None] | None = None) -> integrity.ReindexReport:
         """Rebuild the index's file rows and message catalog from the files."""
-        return integrity.reindex(self.db, self.file_locks, self.data_dir, progress=progress)
+        return integrity.reindex(
+            self.db, self.file_locks, self.data_dir, self.settings.reindex, progress=progress
+        )

@@ -125,6 +125,21 @@ class Archive:
     level: int = 10  #: zstd level: most of the ratio of level 19 at a fraction of the cost
     threads: int = 0  #: zstd worker threads per file (0: on the calling thread)
     workers: int = 2  #: files compressed at once
+    #: temp files fsynced at once before their renames (the waits overlap; the filesystem
+    #: commits them together)
+    sync_threads: int = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class Reindex:
+    """How ``sgme reindex`` rebuilds the index from the files (``reindex_*``;
+    docs/operations.md)."""
+
+    #: files written per commit: fewer commits (each one durable) against a longer hold of
+    #: the write lock, which appends by a running server wait behind on SQLite
+    batch_files: int = 500
+    #: processes that read and parse the files while this one writes (0: this one alone)
+    workers: int = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,6 +193,7 @@ AT_MOST = {
 GROUPS: dict[str, tuple[str, type[Any]]] = {
     "refine": ("refine", Refine),
     "archive": ("archive", Archive),
+    "reindex": ("reindex", Reindex),
     "mcp": ("mcp", Mcp),
     "ui": ("ui", Ui),
     "limits": ("limits", Limits),
@@ -235,6 +251,7 @@ class Settings:
     #: refiner options, e.g. {base_url, model, api_key, timeout} for openai, {url} for webhook
     refiner_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     archive: Archive = Archive()
+    reindex: Reindex = Reindex()
     #: worker side: expose Prometheus metrics on this port (0: off)
     worker_metrics_port: int = 0
     limits: Limits = Limits()
