@@ -13,12 +13,10 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import Any, Protocol
 
 from pipeline import (
     anomalies,
-    archive,
     audit,
     auth,
     backlog,
@@ -30,7 +28,6 @@ from pipeline import (
     flush,
     index,
     ingest,
-    integrity,
     l1,
     ledger,
     locks,
@@ -48,6 +45,7 @@ from pipeline import (
 from pipeline.flush import FlushResult, Runner
 from pipeline.settings import Settings
 from pipeline.tables import Kind
+from pipeline.upkeep import Upkeep
 from pipeline.views import Views
 
 log = logging.getLogger(__name__)
@@ -85,11 +83,12 @@ class Appended:
         return answer
 
 
-class Service(Views):
+class Service(Views, Upkeep):
     """The use cases over one runtime's parts: its settings, index handle, per-file locks and
     refiner, and a queue (None: nothing is enqueued and nothing is claimed for refinement, as a
     one-shot command must not strand a claim no worker will run). The browsing reads (the
-    sessions listing, the store's overview) come from :class:`~pipeline.views.Views`."""
+    sessions listing, the store's overview) come from :class:`~pipeline.views.Views`, the
+    archive and the index's checks from :class:`~pipeline.upkeep.Upkeep`."""
 
     def __init__(
         self,
@@ -110,11 +109,6 @@ class Service(Views):
         self.policies = privacy.Policies(
             db, default=settings.redact_secrets, cache_seconds=settings.token_cache_seconds
         )
-
-    @property
-    def data_dir(self) -> Path:
-        """Where the raw files are."""
-        return self.settings.data_dir
 
     # -----------------------------------------------------------------------------------------
     # appends
@@ -552,51 +546,3 @@ class Service(Views):
     def revoke_token(self, token_id: str) -> auth.Token:
         """Revoke a token (its row stays, so auth stays on)."""
         return auth.revoke(self.db, token_id)
-
-    # -----------------------------------------------------------------------------------------
-    # the cold archive and the store's upkeep
-
-    def archive_candidates(self, older_than_days: float) -> list[tables.FileRow]:
-        """The files an archive run would compress now (``sgme archive --dry-run``)."""
-        found = archive.cold_files(self.db, older_than_days=older_than_days, limit=1_000_000)
-        with self.db.reading() as conn:
-            rows = [index.get_file(conn, file_id) for file_id in found]
-        return [row for row in rows if row is not None]
-
-    def archive_cold(
-        self,
-        *,
-        older_than_days: float | None = None,
-        progress: Callable[[int], None] | None = None,
-    ) -> archive.Report:
-        """The daily archive run (files unchanged ``older_than_days``, by default
-        ``archive_after_days``)."""
-        return archive.archive_cold(
-            self.db,
-            self.file_locks,
-            self.data_dir,
-            self.settings.archive,
-            older_than_days=older_than_days,
-            progress=progress,
-        )
-
-    def restore(self, file_id: str) -> tables.FileRow:
-        """Move an archived file back to its live place; :class:`errors.Conflict` when it is
-        not archived."""
-        if not archive.restore(self.db, self.file_locks, self.data_dir, file_id):
-            raise errors.Conflict(f"file {file_id} is not archived")
-        return reader.get_file(self.db, file_id)
-
-    def fsck(self, *, progress: Callable[[int], None] | None = None) -> list[integrity.Problem]:
-        """Check every file against the index (it only reports)."""
-        return integrity.fsck(self.db, self.data_dir, progress=progress)
-
-    def count_files(self) -> int:
-        """How many files the index holds (for progress bars)."""
-        return integrity.count_files(self.db)
-
-    def reindex(self, *, progress: Callable[[int], None] | None = None) -> integrity.ReindexReport:
-        """Rebuild the index's file rows and message catalog from the files."""
-        return integrity.reindex(
-            self.db, self.file_locks, self.data_dir, self.settings.reindex, progress=progress
-        )
