@@ -203,19 +203,6 @@ def flag_unrefined(db: database.Database, *, older_than_days: float) -> list[str
 # compress
 
 
-@contextlib.contextmanager
-def _locked(
-    db: database.Database, file_locks: locks.FileLocks, file_id: str
-) -> Iterator[tables.FileRow]:
-    """Hold the file's lock (the one flush takes) and yield its row as it is now."""
-    with file_locks.hold(file_id):
-        with db.reading() as conn:
-            row = index.get_file(conn, file_id)
-        if row is None:
-            raise errors.NotFound(f"no file {file_id}")
-        yield row
-
-
 @dataclasses.dataclass(frozen=True)
 class _Packed:
     """A file compressed and verified under a temp name, not yet in place."""
@@ -522,7 +509,7 @@ def finish_interrupted(db: database.Database, file_locks: locks.FileLocks, data_
             with db.reading() as conn:
                 archived = index.archived_among(conn, batch)
             for file_id in archived:
-                with _locked(db, file_locks, file_id) as row:
+                with file_locks.holding(file_id) as row:
                     if row.status == Status.ARCHIVED:
                         _finish(data_dir, row)
                         removed += 1
@@ -537,7 +524,7 @@ def restore(
     db: database.Database, file_locks: locks.FileLocks, data_dir: Path, file_id: str
 ) -> bool:
     """Move an archived file back to its live place; False if it was not archived."""
-    with _locked(db, file_locks, file_id) as row:
+    with file_locks.holding(file_id) as row:
         if row.status != Status.ARCHIVED:
             return False
         restore_locked(db, data_dir, row)
