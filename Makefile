@@ -67,13 +67,14 @@ unit: $(STAMP)
 integration: $(STAMP)
 	$(BIN)/pytest -q tests/integration
 
-## make bench: every benchmark (about half an hour here); results in docs/benchmarks.md
+## make bench: every benchmark (about an hour here); results in docs/benchmarks.md
 bench: $(STAMP) $(HERMES_STAMP)
 	$(BIN)/python bench/bench_peers.py
 	$(BIN)/python bench/bench_http.py
 	$(BIN)/python bench/bench_append.py
 	$(BIN)/python bench/bench_parse.py
 	$(BIN)/python bench/bench_archive.py
+	$(BIN)/python bench/bench_reindex.py
 	$(BIN)/python bench/bench_search.py
 	$(BIN)/python bench/bench_secrets.py
 

@@ -26,10 +26,23 @@ same host clock); a flush that the poller sees late is counted late, never early
 Clients are threads with an httpx.Client each, in ``--client-procs`` processes (servers and
 clients share this machine's cores; httpx.AsyncClient was slower, see below). The sgme
 processes run with the default settings except ``refine_idle_seconds=1`` (``--fast``: what the
-e2e tests use, refining every flush). Targets: >= 1.0x the durable endpoint and >= 0.5x the
-trivial one, p99 acknowledgement <= 50 ms at half the measured maximum rate.
+e2e tests use, refining every flush). Targets (issue 22): >= 1.5x the durable endpoint with
+these clients; under ``wrk`` >= 1.5x the durable endpoint and >= 0.5x the trivial one; the p99
+acknowledgement at half the measured maximum rate reported.
+
+``--baseline DIR`` adds ``embedded, unchanged code``: ``sgme serve`` importing the package
+from ``DIR`` (``git archive main pipeline workers | tar -x -C DIR``), measured in the same run.
+``--wrk`` also drives every server with ``wrk`` (Debian's package: a C load generator that is
+not itself the bottleneck, unlike Python clients on two shared cores): 2 threads, the same 50
+connections, each request one message to one of 50 sessions; its rate and latency are
+reported in a second table (``wrk`` cannot hold a rate, so its latencies are at the maximum
+rate; the half-rate p99 comes from the Python clients).
+
+The peers run on uvicorn with its defaults, which pick uvloop and httptools when installed
+(they are dependencies of sgme, which runs on both): the same server stack as ``sgme serve``.
 
     .venv/bin/python bench/bench_http.py [--quick] [--only embedded] [--rate 100] [--fast]
+                                         [--baseline DIR] [--wrk] [--no-python-clients]
 """
 
 from __future__ import annotations
@@ -38,9 +51,12 @@ import argparse
 import contextlib
 import dataclasses
 import datetime as dt
+import json
 import multiprocessing
 import os
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -127,6 +143,90 @@ def health() -> dict:
 
 uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
 """
+
+
+#: wrk's script: one message per request, to one of 25 sessions per wrk thread (50 in all, as
+#: the Python clients), named after the run's prefix (wrk's first argument after ``--``)
+WRK_SCRIPT = """
+local prefix, id, n = "wrk", 0, 0
+local threads = 0
+setup = function(thread)
+  threads = threads + 1
+  thread:set("id", threads)
+end
+init = function(args)
+  prefix = args[1] or prefix
+end
+request = function()
+  n = n + 1
+  local body = '{"agent_id":"bench","session_key":"' .. prefix .. '-' .. id .. '-' .. (n % 25)
+    .. '","messages":[{"role":"user","content":"Just chatter ' .. n .. ', nothing more."}]}'
+  return wrk.format("POST", "/v1/append", {["Content-Type"] = "application/json"}, body)
+end
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    'WRK {"requests": %d, "seconds": %f, "non2xx": %d, "socket_errors": %d, '
+    .. '"p50_ms": %f, "p99_ms": %f}\\n',
+    summary.requests, summary.duration / 1e6, e.status, e.connect + e.read + e.write + e.timeout,
+    latency:percentile(50) / 1000, latency:percentile(99) / 1000))
+end
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class Wrk:
+    name: str
+    rate: float  #: 2xx answers per second
+    non2xx: int
+    socket_errors: int
+    p50_ms: float
+    p99_ms: float
+
+
+def run_wrk(name: str, url: str, seconds: float, clients: int, tmp: Path) -> Wrk:
+    """``wrk`` on ``url``'s ``POST /v1/append`` for ``seconds`` (after a 2 s warm-up)."""
+    script = tmp / "append.lua"
+    script.write_text(WRK_SCRIPT)
+    found: dict[str, Any] = {}
+    for length in (2.0, seconds):  # a warm-up, then the measured run
+        prefix = f"wrk-{uuid.uuid4().hex[:6]}"
+        argv = ["wrk", "-t2", f"-c{clients}", f"-d{length:g}s", "--timeout", "30s"]
+        done = subprocess.run(
+            [*argv, "-s", str(script), url, "--", prefix],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=length + 60,
+        )
+        line = next(x for x in done.stdout.splitlines() if x.startswith("WRK "))
+        found = json.loads(line.removeprefix("WRK "))
+    ok = found["requests"] - found["non2xx"]
+    result = Wrk(
+        name,
+        ok / found["seconds"],
+        found["non2xx"],
+        found["socket_errors"],
+        found["p50_ms"],
+        found["p99_ms"],
+    )
+    print(f"  wrk: {result.rate:.0f} appends/s, p99 {result.p99_ms:.1f} ms", file=sys.stderr)
+    return result
+
+
+def print_wrk(results: list[Wrk]) -> None:
+    rates = {r.name: r.rate for r in results}
+    trivial = rates.get(TRIVIAL_NAME, float("nan"))
+    durable = rates.get(DURABLE_NAME, float("nan"))
+    print("| server (wrk) | appends/s | vs durable | vs trivial | p50 ms | p99 ms | non-2xx |")
+    print("|---|---|---|---|---|---|---|")
+    for r in results:
+        print(
+            f"| {r.name} | {r.rate:.0f} | {r.rate / durable:.2f} | {r.rate / trivial:.2f} | "
+            f"{r.p50_ms:.1f} | {r.p99_ms:.1f} | {r.non2xx + r.socket_errors} |"
+        )
+    print()
+    print("Targets under wrk: >= 1.5x durable, >= 0.5x trivial.")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -341,7 +441,8 @@ def run_phase(
     poller: Poller | None,
     settle: float,
 ) -> Phase:
-    start_at = time.time() + 1.0
+    # spawned clients import httpx first: seconds on a loaded machine, and all must start together
+    start_at = time.time() + 6.0
     per_proc = [clients // procs + (i < clients % procs) for i in range(procs)]
     plans = [
         Plan(url, n, seconds, rate * n / clients if rate else None, f"{prefix}-{k}", start_at)
@@ -392,8 +493,16 @@ class Result:
     note: str = ""
 
 
+WRK_RESULTS: list[Wrk] = []
+
+
 def bench_server(name: str, url: str, args: argparse.Namespace, *, pipeline: bool) -> Result:
     print(f"{name}:", file=sys.stderr)
+    if args.wrk:
+        WRK_RESULTS.append(run_wrk(name, url, args.seconds, args.clients, Path(args.tmp)))
+    if not args.python_clients:
+        empty = Phase(appends=0, seconds=1, ack_ms=[], flushed_ms=[], refined_ms=[])
+        return Result(name, empty, None)
     clients, procs = args.clients, args.client_procs
     run_phase(
         url,
@@ -435,7 +544,7 @@ def bench_server(name: str, url: str, args: argparse.Namespace, *, pipeline: boo
     return Result(name, top, half)
 
 
-SERVERS = ("trivial", "durable", "embedded", "production", "production2")
+SERVERS = ("trivial", "durable", "embedded", "baseline", "production", "production2")
 TRIVIAL_NAME = "trivial FastAPI endpoint"
 DURABLE_NAME = "FastAPI + one durable SQLite insert"
 
@@ -458,15 +567,22 @@ def run_durable(args: argparse.Namespace, children: harness.Procs, tmp: Path) ->
     return bench_server(DURABLE_NAME, url, args, pipeline=False)
 
 
-def run_embedded(args: argparse.Namespace, children: harness.Procs, tmp: Path) -> Result:
+def run_embedded(
+    args: argparse.Namespace, children: harness.Procs, tmp: Path, *, code: Path | None = None
+) -> Result:
+    """``sgme serve``; with ``code``, importing the package from that tree (unchanged code)."""
     port = harness.free_port()
-    common = ["--data-dir", str(tmp / "embedded")]
-    proc = children.start(
-        "serve", ["serve", *common, "--port", str(port), "--log-level", args.log_level], _env()
-    )
+    common = ["--data-dir", str(tmp / ("baseline" if code else "embedded"))]
+    serve = ["serve", *common, "--port", str(port), "--log-level", args.log_level]
+    argv = None
+    if code is not None:
+        boot = f"import sys; sys.path.insert(0, {str(code)!r}); from pipeline.cli import main; "
+        argv = [sys.executable, "-c", boot + "sys.exit(main())", *serve]
+    proc = children.start("baseline" if code else "serve", serve, _env(), argv=argv)
     url = f"http://127.0.0.1:{port}"
     _wait_healthy(url, proc)
-    return bench_server("embedded (sgme serve)", url, args, pipeline=True)
+    name = "embedded, unchanged code" if code else "embedded (sgme serve)"
+    return bench_server(name, url, args, pipeline=True)
 
 
 def run_production(
@@ -578,16 +694,16 @@ def print_table(results: list[Result], notes: list[str]) -> None:
     for row in rows:
         print("| " + " | ".join(str(c) for c in row) + " |")
     print()
-    print("Targets: >= 1.0x durable, >= 0.5x trivial, half-rate ack p99 <= 50 ms.")
+    print("Targets: >= 1.5x durable (the p99 at half rate is reported).")
     for r in results:
         if r.name in (TRIVIAL_NAME, DURABLE_NAME):
             continue
         p99 = _percentile(r.half.ack_ms, 99) if r.half else float("nan")
         verdicts = [
-            f"{r.max.rate / durable:.2f}x durable ({'met' if r.max.rate >= durable else 'missed'})",
-            f"{r.max.rate / trivial:.2f}x trivial "
-            f"({'met' if r.max.rate >= 0.5 * trivial else 'missed'})",
-            f"half-rate p99 {_ms(p99)} ms ({'met' if p99 <= 50 else 'missed'})",
+            f"{r.max.rate / durable:.2f}x durable "
+            f"({'met' if r.max.rate >= 1.5 * durable else 'missed'})",
+            f"{r.max.rate / trivial:.2f}x trivial",
+            f"half-rate p99 {_ms(p99)} ms",
         ]
         print(f"  {r.name}: " + "; ".join(verdicts))
     print()
@@ -620,7 +736,17 @@ def main() -> int:
     parser.add_argument(
         "--fast", action="store_true", help="refine every flush and sweep every second (e2e)"
     )
+    parser.add_argument("--baseline", type=Path, help="a tree of the unchanged code")
+    parser.add_argument("--wrk", action="store_true", help="also drive each server with wrk")
+    parser.add_argument(
+        "--no-python-clients",
+        dest="python_clients",
+        action="store_false",
+        help="wrk only (with --wrk)",
+    )
     args = parser.parse_args()
+    if args.wrk and shutil.which("wrk") is None:
+        raise SystemExit("wrk is not installed (Debian: apt-get install wrk)")
     global _FAST
     _FAST = args.fast
     args.seconds = args.seconds or (3.0 if args.quick else 10.0)
@@ -636,6 +762,7 @@ def main() -> int:
         f"settings: {FAST if args.fast else SETTINGS} (others: the defaults)",
     ]
     with tempfile.TemporaryDirectory(prefix="sgme-bench-") as tmp:
+        args.tmp = tmp
         children = harness.Procs(Path(tmp))
         try:
             if "trivial" in only:
@@ -646,6 +773,9 @@ def main() -> int:
                 children.close()
             if "embedded" in only:
                 results.append(run_embedded(args, children, Path(tmp)))
+                children.close()
+            if "baseline" in only and args.baseline:
+                results.append(run_embedded(args, children, Path(tmp), code=args.baseline))
                 children.close()
             for processes in (1, 2):
                 if ("production" if processes == 1 else "production2") not in only:
@@ -659,7 +789,11 @@ def main() -> int:
                     )
         finally:
             children.close()
-    print_table(results, notes)
+    if args.python_clients:
+        print_table(results, notes)
+    if WRK_RESULTS:
+        print()
+        print_wrk(WRK_RESULTS)
     return 0
 
 

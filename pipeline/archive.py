@@ -17,6 +17,7 @@ import dataclasses
 import datetime as dt
 import functools
 import hashlib
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
@@ -35,6 +36,28 @@ FaultHook = Callable[[str], None]
 
 def _no_fault(step: str) -> None:
     return None
+
+
+_contexts = threading.local()  # zstd contexts of this thread: made once, not once a file
+
+
+def _compressor(options: Archive) -> zstandard.ZstdCompressor:
+    key = (options.level, options.threads)
+    found: dict[tuple[int, int], zstandard.ZstdCompressor] = _contexts.__dict__.setdefault(
+        "compressors", {}
+    )
+    if key not in found:
+        found[key] = zstandard.ZstdCompressor(
+            level=options.level, write_checksum=True, threads=options.threads
+        )
+    return found[key]
+
+
+def _decompressor() -> zstandard.ZstdDecompressor:
+    found: zstandard.ZstdDecompressor | None = getattr(_contexts, "decompressor", None)
+    if found is None:
+        found = _contexts.decompressor = zstandard.ZstdDecompressor()
+    return found
 
 
 def archive_relative_path(row: tables.FileRow) -> str:
@@ -71,11 +94,14 @@ def _chunks(handle: BinaryIO, limit: int | None = None) -> Iterator[bytes]:
         yield chunk
 
 
-def _decompressed_chunks(path: Path) -> Iterator[bytes]:
-    """The archive's content, streamed; FileDamaged for a corrupt or truncated frame."""
+def _decompressed_chunks(
+    path: Path, decompressor: zstandard.ZstdDecompressor | None = None
+) -> Iterator[bytes]:
+    """The archive's content, streamed; FileDamaged for a corrupt or truncated frame. A given
+    ``decompressor`` must serve no other stream until this one is done."""
     with store.reader(path) as handle:
         try:
-            with zstandard.ZstdDecompressor().stream_reader(handle) as stream:
+            with (decompressor or zstandard.ZstdDecompressor()).stream_reader(handle) as stream:
                 yield from _chunks(stream)
         except zstandard.ZstdError as exc:
             raise errors.FileDamaged(f"archive {path.name} is corrupt: {exc}") from None
@@ -177,19 +203,6 @@ def flag_unrefined(db: database.Database, *, older_than_days: float) -> list[str
 # compress
 
 
-@contextlib.contextmanager
-def _locked(
-    db: database.Database, file_locks: locks.FileLocks, file_id: str
-) -> Iterator[tables.FileRow]:
-    """Hold the file's lock (the one flush takes) and yield its row as it is now."""
-    with file_locks.hold(file_id):
-        with db.reading() as conn:
-            row = index.get_file(conn, file_id)
-        if row is None:
-            raise errors.NotFound(f"no file {file_id}")
-        yield row
-
-
 @dataclasses.dataclass(frozen=True)
 class _Packed:
     """A file compressed and verified under a temp name, not yet in place."""
@@ -236,22 +249,38 @@ def _pack(data_dir: Path, row: tables.FileRow, options: Archive, fault: FaultHoo
     head, _ = document.chain(data)
     if head.hex() != row.chain_head:
         raise errors.FileDamaged(f"file {row.file_id} fails its hash chain; run sgme fsck")
-    compressor = zstandard.ZstdCompressor(
-        level=options.level, write_checksum=True, threads=options.threads
-    )
     try:
-        packed = compressor.compress(data)
+        packed = _compressor(options).compress(data)
     except zstandard.ZstdError as exc:
         raise errors.StorageUnavailable(f"compressing {row.file_id} failed: {exc}") from None
-    with store.exclusive_writer(temp) as dst:
+    # fsynced with the batch's other temps, before any of them is renamed (_sync)
+    with store.exclusive_writer(temp, durable=False) as dst:
         dst.write(packed)
     fault("temp_written")
     # Verify what is on disk, not what is in memory.
-    if not _same(_decompressed_chunks(temp), data):
+    if not _same(_decompressed_chunks(temp, _decompressor()), data):
         store.remove(temp)
         raise errors.FileDamaged(f"archive of {row.file_id} did not verify; original kept")
     fault("verified")
     return _Packed(row, original, temp, final, len(packed))
+
+
+def _sync(packed: _Packed) -> errors.SgmeError | None:
+    """fsync a packed file's temp file; the error (its temp removed) if that failed."""
+    try:
+        store.fsync_file(packed.temp)
+    except errors.SgmeError as exc:
+        with contextlib.suppress(errors.SgmeError):
+            store.remove(packed.temp)
+        return exc
+    return None
+
+
+#: how a batch runs the temp files' fsyncs: a thread pool's ``map``, or ``map``
+_Sync = Callable[
+    [Callable[["_Packed"], "errors.SgmeError | None"], list["_Packed"]],
+    Iterable["errors.SgmeError | None"],
+]
 
 
 def _same(chunks: Iterable[bytes], data: bytes) -> bool:
@@ -295,7 +324,7 @@ def compress(
     fault: FaultHook = _no_fault,
 ) -> Outcome | None:
     """Archive one file; None when it is no longer eligible (changed, already archived)."""
-    ((_, outcome),) = _compress_batch(db, file_locks, data_dir, [file_id], options, map, fault)
+    ((_, outcome),) = _compress_batch(db, file_locks, data_dir, [file_id], options, map, map, fault)
     if isinstance(outcome, errors.SgmeError):
         raise outcome
     return outcome
@@ -316,13 +345,19 @@ def compress_many(
 ) -> Iterator[tuple[str, Result]]:
     """:func:`compress` over many files; yields each file's outcome, or the error that
     stopped it. The files go in batches of :data:`BATCH`: a batch's files are locked
-    together, compressed ``workers`` at a time (zstd and fsync release the GIL), renamed,
-    their directories fsynced once, and their index rows updated in one commit — each file
-    still takes every step of :func:`compress` in the same order."""
-    with concurrent.futures.ThreadPoolExecutor(max(1, options.workers)) as pool:
+    together, compressed ``workers`` at a time (zstd releases the GIL), their temp files
+    fsynced ``sync_threads`` at a time, renamed, their directories fsynced once, and their
+    index rows updated in one commit — each file still takes every step of :func:`compress`
+    in the same order."""
+    with (
+        concurrent.futures.ThreadPoolExecutor(max(1, options.workers)) as pool,
+        concurrent.futures.ThreadPoolExecutor(max(1, options.sync_threads)) as syncs,
+    ):
         for start in range(0, len(file_ids), BATCH):
             batch = file_ids[start : start + BATCH]
-            yield from _compress_batch(db, file_locks, data_dir, batch, options, pool.map, fault)
+            yield from _compress_batch(
+                db, file_locks, data_dir, batch, options, pool.map, syncs.map, fault
+            )
 
 
 def _compress_batch(
@@ -332,10 +367,11 @@ def _compress_batch(
     file_ids: Sequence[str],
     options: Archive,
     each: _Each,
+    sync: _Sync,
     fault: FaultHook,
 ) -> list[tuple[str, Result]]:
-    """Archive ``file_ids`` together; ``each`` maps the packing over the eligible files (a
-    thread pool's ``map``, or ``map`` for one file)."""
+    """Archive ``file_ids`` together; ``each`` maps the packing over the eligible files and
+    ``sync`` the temp files' fsyncs (thread pools' ``map``, or ``map`` for one file)."""
     outcomes: dict[str, Result] = {}
 
     def pack(row: tables.FileRow) -> _Packed | errors.SgmeError:
@@ -360,15 +396,23 @@ def _compress_batch(
                         outcomes[file_id] = None
                 except errors.SgmeError as exc:
                     outcomes[file_id] = exc
-            placed = []
+            packed = []
             for row, result in zip(ready, each(pack, ready), strict=True):
+                if isinstance(result, errors.SgmeError):
+                    outcomes[row.file_id] = result
+                else:
+                    packed.append(result)
+            placed = []
+            # Every temp file is on stable storage before it is renamed; fsyncs issued together
+            # share the filesystem's journal commits instead of waiting for one each.
+            for p, synced in zip(packed, sync(_sync, packed), strict=True):
                 try:
-                    if isinstance(result, errors.SgmeError):
-                        raise result
-                    store.rename(result.temp, result.final, durable=False)
-                    placed.append(result)
+                    if synced is not None:
+                        raise synced
+                    store.rename(p.temp, p.final, durable=False)
+                    placed.append(p)
                 except errors.SgmeError as exc:
-                    outcomes[row.file_id] = exc
+                    outcomes[p.row.file_id] = exc
             for folder in {p.final.parent for p in placed}:
                 store.fsync_dir(folder)
             fault("renamed")
@@ -465,7 +509,7 @@ def finish_interrupted(db: database.Database, file_locks: locks.FileLocks, data_
             with db.reading() as conn:
                 archived = index.archived_among(conn, batch)
             for file_id in archived:
-                with _locked(db, file_locks, file_id) as row:
+                with file_locks.holding(file_id) as row:
                     if row.status == Status.ARCHIVED:
                         _finish(data_dir, row)
                         removed += 1
@@ -480,7 +524,7 @@ def restore(
     db: database.Database, file_locks: locks.FileLocks, data_dir: Path, file_id: str
 ) -> bool:
     """Move an archived file back to its live place; False if it was not archived."""
-    with _locked(db, file_locks, file_id) as row:
+    with file_locks.holding(file_id) as row:
         if row.status != Status.ARCHIVED:
             return False
         restore_locked(db, data_dir, row)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 from collections.abc import Collection, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
@@ -67,6 +67,85 @@ def _tags(owner: Owner, role: str) -> str:
     )
 
 
+class Entry(NamedTuple):
+    """One message's catalog row and search terms, made without the database: what
+    :func:`add` writes for it (``reindex`` makes them in worker processes, then
+    :func:`add_entries` writes many files' at once)."""
+
+    seq: int
+    byte_offset: int
+    byte_length: int
+    ts: dt.datetime
+    role: str
+    tool_name: str | None
+    terms: str  #: FTS5 terms on SQLite, the ``tsvector`` text on PostgreSQL
+
+
+def entries(owner: Owner, found: Sequence[document.Located], *, postgres: bool) -> list[Entry]:
+    """The :class:`Entry` of each message of ``found`` (for the database ``postgres`` names)."""
+    made = []
+    for located in found:
+        words = terms.terms(located.message.content)
+        row = _row(owner, located)
+        made.append(
+            Entry(
+                row["seq"],
+                row["byte_offset"],
+                row["byte_length"],
+                row["ts"],
+                row["role"],
+                row["tool_name"],
+                terms.tsvector(words) if postgres else " ".join(words),
+            )
+        )
+    return made
+
+
+_IDS_OF = "SELECT file_id, seq, id FROM messages WHERE file_id IN ({})"
+
+
+def add_entries(conn: sa.Connection, files: Sequence[tuple[Owner, Sequence[Entry]]]) -> None:
+    """:func:`add` for many files at once, from their :func:`entries`: the rows in one
+    executemany, the terms in another."""
+    rows = [
+        {
+            "file_id": owner.file_id,
+            "seq": e.seq,
+            "byte_offset": e.byte_offset,
+            "byte_length": e.byte_length,
+            "ts": e.ts,
+            "role": e.role,
+            "tool_name": e.tool_name,
+        }
+        for owner, found in files
+        for e in found
+    ]
+    if not rows:
+        return
+    if database.is_postgres(conn):
+        ids = list(conn.execute(_INSERT_ROWS, rows).scalars())
+        all_entries = [e for _, found in files for e in found]
+        conn.execute(
+            _PG_INSERT, [{"id": i, "tsv": e.terms} for i, e in zip(ids, all_entries, strict=True)]
+        )
+        return
+    _INSERT_ROW.many(conn, rows)
+    owners = [owner.file_id for owner, found in files if found]
+    new_ids: dict[tuple[str, int], int] = {}
+    for start in range(0, len(owners), 500):  # well within SQLite's bound on parameters
+        chunk = owners[start : start + 500]
+        found_ids = conn.exec_driver_sql(_IDS_OF.format(",".join("?" * len(chunk))), tuple(chunk))
+        new_ids.update(((file_id, seq), i) for file_id, seq, i in found_ids)
+    _FTS_INSERT.many(
+        conn,
+        [
+            {"id": new_ids[owner.file_id, e.seq], "terms": e.terms, "tags": _tags(owner, e.role)}
+            for owner, found in files
+            for e in found
+        ],
+    )
+
+
 def add(conn: sa.Connection, owner: Owner, found: Sequence[document.Located]) -> None:
     """Catalog flushed messages of a file and index their text (in the flush's commit)."""
     if not found:
@@ -88,18 +167,7 @@ def add(conn: sa.Connection, owner: Owner, found: Sequence[document.Located]) ->
 
 def add_rows(conn: sa.Connection, owner: Owner, found: Sequence[document.Located]) -> list[int]:
     """The catalog rows of ``found`` alone, without their search terms; their ids, in order."""
-    values = [
-        {
-            "file_id": owner.file_id,
-            "seq": located.message.seq,
-            "byte_offset": located.offset,
-            "byte_length": located.length,
-            "ts": document.parse_ts(located.message.ts).replace(tzinfo=None),
-            "role": located.message.role,
-            "tool_name": located.message.tool_name,
-        }
-        for located in found
-    ]
+    values = [_row(owner, located) for located in found]
     if database.is_postgres(conn):
         return list(conn.execute(_INSERT_ROWS, values).scalars())
     _INSERT_ROW.many(conn, values)
@@ -107,6 +175,19 @@ def add_rows(conn: sa.Connection, owner: Owner, found: Sequence[document.Located
     bounds = {"file_id": owner.file_id, "lo": min(seqs), "hi": max(seqs)}
     new_ids = {r["seq"]: r["id"] for r in _IDS.rows(conn, bounds)}
     return [new_ids[seq] for seq in seqs]
+
+
+def _row(owner: Owner, located: document.Located) -> dict[str, Any]:
+    """A message's catalog row."""
+    return {
+        "file_id": owner.file_id,
+        "seq": located.message.seq,
+        "byte_offset": located.offset,
+        "byte_length": located.length,
+        "ts": document.parse_ts(located.message.ts).replace(tzinfo=None),
+        "role": located.message.role,
+        "tool_name": located.message.tool_name,
+    }
 
 
 _ROWS = (

@@ -136,7 +136,7 @@ def erase_file(
         raise erased_error(gone)
     if row is None or (agents is not None and row.agent_id not in agents):
         raise errors.NotFound(f"no file {file_id}")
-    with rewrite.locked(db, file_locks, file_id) as row:
+    with file_locks.holding(file_id) as row:
         data, found = _readable(data_dir, row)
         owner = catalog.Owner.of(row)
         terms_left = False

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +27,7 @@ import sqlalchemy as sa
 from pipeline import (
     anomalies,
     archive,
+    audit,
     catalog,
     database,
     document,
@@ -38,6 +40,7 @@ from pipeline import (
     store,
     tables,
 )
+from pipeline.settings import Refine
 from pipeline.tables import Kind, Status
 
 #: a fault-injection hook: called with a step name at each step of a flush (tests use it)
@@ -115,7 +118,7 @@ def flush(
         # and its index row may be one step apart until then: pipeline.rewrite).
         rewrite.settle_locked(db, data_dir, file_id)
         started = time.perf_counter()
-        with db.reading() as conn:
+        with db.reading(held=True) as conn:
             row = index.get_file(conn, file_id)
             if row is None:
                 raise errors.NotFound(f"no file {file_id}")
@@ -149,7 +152,7 @@ def flush(
                 metrics.ACK_TO_FLUSH_SECONDS.observe((now - entry.created_at).total_seconds())
             if row.flushed_seq >= upto:
                 break
-            with db.reading() as conn:
+            with db.reading(held=True) as conn:
                 batch = ledger.journal_batch(conn, file_id, row.flushed_seq, chunk_bytes, upto=upto)
         metrics.FLUSH_SECONDS.observe(time.perf_counter() - started)
         messages, size = row.flushed_seq - first_seq, row.flushed_bytes - first_bytes
@@ -204,28 +207,61 @@ def _check_file(
     return path, current
 
 
-def _write_chunk(
-    db: database.Database,
-    path: Path,
-    row: tables.FileRow,
-    batch: list[tables.JournalRow],
-    *,
-    exists: bool,
-    fault: FaultHook,
-) -> tuple[tables.FileRow, int]:
-    """Write one chunk of journal rows after the committed bytes, fsync, and commit it (the
-    fenced update, the rows' deletion and their catalog rows in one transaction); the row as
-    it now is, and the file's ``next_seq`` at that commit."""
+@dataclasses.dataclass(frozen=True)
+class _Chunk:
+    """One chunk of a file's journal rows, ready to write: its bytes, the blocks in them, and
+    what the file's row becomes once they are written."""
+
+    row: tables.FileRow
+    data: bytes
+    found: list[document.Located]
+    seq: int  #: the last seq in it
+    head: str  #: the chain head after it
+    ended_at: dt.datetime
+
+    def advance(self, conn: sa.Connection, now: dt.datetime) -> int | None:
+        """The fenced update, the rows' deletion and their catalog rows; the file's
+        ``next_seq``, or None when someone else advanced it meanwhile (nothing changed)."""
+        row = self.row
+        next_seq = index.advance_flushed(
+            conn,
+            row.file_id,
+            old_seq=row.flushed_seq,
+            flushed_seq=self.seq,
+            flushed_bytes=row.flushed_bytes + len(self.data),
+            chain_head=self.head,
+            ended_at=self.ended_at,
+            now=now,
+        )
+        if next_seq is not None:
+            ledger.delete_journal(conn, row.file_id, self.seq)
+            catalog.add(conn, catalog.Owner.of(row), self.found)
+        return next_seq
+
+    def advanced(self) -> tables.FileRow:
+        """The file's row as it is once this chunk is committed."""
+        return dataclasses.replace(
+            self.row,
+            flushed_seq=self.seq,
+            flushed_bytes=self.row.flushed_bytes + len(self.data),
+            chain_head=self.head,
+        )
+
+
+def _gap(row: tables.FileRow, batch: list[tables.JournalRow]) -> str | None:
+    """Why ``batch`` does not continue the file (a journal gap), or None."""
     seq = row.flushed_seq
     for entry in batch:
         if entry.first_seq != seq + 1:
-            raise _damaged(
-                db,
-                row.file_id,
-                Kind.JOURNAL_GAP,
-                f"journal resumes at seq {entry.first_seq}, file ends at seq {seq}",
-            )
+            return f"journal resumes at seq {entry.first_seq}, file ends at seq {seq}"
         seq = entry.last_seq
+    return None
+
+
+def _prepare(row: tables.FileRow, batch: list[tables.JournalRow]) -> _Chunk:
+    """The chunk of ``batch`` (which :func:`_gap` found continuous): its bytes, blocks and
+    chain head. A journal that does not parse is a bug (:class:`errors.InternalError`)."""
+    seq = batch[-1].last_seq
     data = "".join(entry.data for entry in batch).encode("utf-8")
     expected = row.flushed_bytes
     upload_ts = document.format_ts(row.started_at) if row.source_type == "upload" else None
@@ -250,41 +286,212 @@ def _write_chunk(
     for located in found:
         start = located.offset - expected
         head = document.chain_extend(head, data[start : start + located.length])
-    if not exists:
-        store.create(path, data)
-    else:
-        store.append(path, data, expected_size=expected)
-        if expected == 0:
-            store.fsync_dir(path.parent)
-    fault("written")
     ended_at = max(document.parse_ts(e.last_ts) for e in batch).replace(tzinfo=None)
-    owner = catalog.Owner.of(row)
+    return _Chunk(row, data, found, seq, head.hex(), ended_at)
 
+
+def _write(path: Path, chunk: _Chunk, *, exists: bool) -> None:
+    """Write a chunk after the committed bytes and make it durable (a new file with
+    ``O_EXCL``, and its directory entry)."""
+    if not exists:
+        store.create(path, chunk.data)
+    else:
+        store.append(path, chunk.data, expected_size=chunk.row.flushed_bytes)
+        if chunk.row.flushed_bytes == 0:
+            store.fsync_dir(path.parent)
+
+
+def _write_chunk(
+    db: database.Database,
+    path: Path,
+    row: tables.FileRow,
+    batch: list[tables.JournalRow],
+    *,
+    exists: bool,
+    fault: FaultHook,
+) -> tuple[tables.FileRow, int]:
+    """Write one chunk of journal rows after the committed bytes, fsync, and commit it (the
+    fenced update, the rows' deletion and their catalog rows in one transaction); the row as
+    it now is, and the file's ``next_seq`` at that commit."""
+    gap = _gap(row, batch)
+    if gap is not None:
+        raise _damaged(db, row.file_id, Kind.JOURNAL_GAP, gap)
+    chunk = _prepare(row, batch)
+    _write(path, chunk, exists=exists)
+    fault("written")
     now = db.now()
 
     def commit(conn: sa.Connection) -> int:
-        next_seq = index.advance_flushed(
-            conn,
-            owner.file_id,
-            old_seq=row.flushed_seq,
-            flushed_seq=seq,
-            flushed_bytes=expected + len(data),
-            chain_head=head.hex(),
-            ended_at=ended_at,
-            now=now,
-        )
+        next_seq = chunk.advance(conn, now)
         if next_seq is None:
-            raise errors.Conflict(f"file {owner.file_id} was flushed by someone else meanwhile")
-        ledger.delete_journal(conn, owner.file_id, seq)
-        catalog.add(conn, owner, found)
+            raise errors.Conflict(f"file {row.file_id} was flushed by someone else meanwhile")
         return next_seq
 
     next_seq = db.commit(commit, durable=False)
     fault("committed")
-    advanced = dataclasses.replace(
-        row, flushed_seq=seq, flushed_bytes=expected + len(data), chain_head=head.hex()
-    )
-    return advanced, next_seq
+    return chunk.advanced(), next_seq
+
+
+#: runs each thunk, perhaps in parallel (the flush threads' pool); each one's exception or None
+Runner = Callable[[list[Callable[[], None]]], list[BaseException | None]]
+
+
+def serially(thunks: list[Callable[[], None]]) -> list[BaseException | None]:
+    """The :data:`Runner` that runs each thunk in turn on the calling thread."""
+    outcomes: list[BaseException | None] = []
+    for thunk in thunks:
+        try:
+            thunk()
+            outcomes.append(None)
+        except Exception as exc:
+            outcomes.append(exc)
+    return outcomes
+
+
+@dataclasses.dataclass
+class Round:
+    """What one :func:`flush_many` did with the files it was given."""
+
+    #: files it flushed (one chunk each: ``more`` when acknowledged appends are left)
+    results: dict[str, FlushResult] = dataclasses.field(default_factory=dict)
+    #: files to flush on their own (:func:`flush`): busy, damaged, torn, archived, with a
+    #: redaction to finish, or whose write or commit failed — :func:`flush` repairs, records
+    #: and reports each case as a flush of one file does
+    alone: list[str] = dataclasses.field(default_factory=list)
+    #: files past the round's byte budget, not read: to flush in a later round
+    later: list[str] = dataclasses.field(default_factory=list)
+
+
+def flush_many(
+    db: database.Database,
+    file_locks: locks.FileLocks,
+    data_dir: Path,
+    file_ids: list[str],
+    *,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    run: Runner = serially,
+    fault: FaultHook = _no_fault,
+) -> Round:
+    """One flush round (docs/design.md §3, batched flushes): the journal rows of many files
+    written to them, with one read snapshot and one commit for all.
+
+    The same protocol as :func:`flush`, file by file, with the steps shared: the files' locks
+    (the ones free now), one read snapshot of their rows and journal batches, one write and
+    ``fdatasync`` per file (through ``run``: in parallel, the disk takes concurrent syncs
+    about as fast as one), then one lazy commit of every file's fenced advance, journal
+    deletion and catalog rows. Only files in the plain state take part: a file that needs
+    more than a write (a torn tail, a hole, a journal gap, an archive to restore, a redaction
+    to finish) or whose write failed goes to :attr:`Round.alone`, for :func:`flush`. The round
+    reads about ``chunk_bytes`` in all (one journal row per file at least), so its memory is
+    that of one flush; the files past it are :attr:`Round.later`. If the commit fails, every
+    written file is flushed alone: its bytes past ``flushed_bytes`` were never committed, and
+    :func:`flush` cuts them and writes them again.
+    """
+    done = Round()
+    with file_locks.hold_many(file_ids) as (locked, busy):
+        done.alone.extend(busy)
+        fault("locked")
+        started = time.perf_counter()
+        todo: list[tuple[tables.FileRow, list[tables.JournalRow]]] = []
+        settle: list[str] = []
+        budget = chunk_bytes
+        with db.reading(held=True) as conn:
+            for file_id in locked:
+                if budget <= 0:
+                    done.later.append(file_id)
+                    continue
+                row = index.get_file(conn, file_id)
+                if row is None or row.status == Status.ARCHIVED or audit.pending(conn, file_id):
+                    done.alone.append(file_id)
+                    continue
+                upto = row.next_seq - 1
+                batch = ledger.journal_batch(conn, file_id, row.flushed_seq, budget, upto=upto)
+                if not batch:
+                    if row.flush_pending:
+                        settle.append(file_id)
+                    done.results[file_id] = FlushResult(file_id, 0, 0, row.flushed_seq, row.status)
+                    continue
+                budget -= sum(entry.size for entry in batch)
+                todo.append((row, batch))
+        fault("read")
+        chunks: list[tuple[Path, _Chunk, bool]] = []
+        for row, batch in todo:
+            try:
+                path = store.checked(data_dir, row.path)
+                current = store.size(path)
+                if (current or 0) != row.flushed_bytes or _gap(row, batch) is not None:
+                    done.alone.append(row.file_id)
+                    continue
+                chunks.append((path, _prepare(row, batch), current is not None))
+            except errors.SgmeError:
+                done.alone.append(row.file_id)
+        outcomes = run(
+            [
+                functools.partial(_write, path, chunk, exists=exists)
+                for path, chunk, exists in chunks
+            ]
+        )
+        written = [
+            chunk for (_, chunk, _), error in zip(chunks, outcomes, strict=True) if not error
+        ]
+        done.alone.extend(c.row.file_id for (_, c, _), e in zip(chunks, outcomes, strict=True) if e)
+        fault("written")
+        now = db.now()
+
+        def commit(conn: sa.Connection) -> list[int | None]:
+            for file_id in settle:
+                index.settle_flush(conn, file_id)
+            return [chunk.advance(conn, now) for chunk in written]
+
+        try:
+            advanced = db.commit(commit, durable=False)
+        except errors.SgmeError:
+            done.alone.extend(chunk.row.file_id for chunk in written)
+            return done
+        fault("committed")
+        for chunk, next_seq in zip(written, advanced, strict=True):
+            old = chunk.row
+            if next_seq is None:  # cannot happen under the lock; flush() looks again
+                done.alone.append(old.file_id)
+                continue
+            row = chunk.advanced()
+            done.results[old.file_id] = FlushResult(
+                old.file_id,
+                row.flushed_seq - old.flushed_seq,
+                len(chunk.data),
+                row.flushed_seq,
+                Status.NEW,
+                more=next_seq - 1 > row.flushed_seq,
+                unrefined=row.flushed_seq - row.last_refined_seq,
+                leased_until=row.refine_lease_until,
+            )
+        for row, batch in todo:
+            if row.file_id in done.results:
+                for entry in batch:
+                    metrics.ACK_TO_FLUSH_SECONDS.observe((now - entry.created_at).total_seconds())
+        if written:
+            metrics.FLUSH_SECONDS.observe(time.perf_counter() - started)
+    return done
+
+
+def follow_up(
+    results: list[FlushResult], *, refine: Refine, now: dt.datetime
+) -> tuple[list[str], list[str]]:
+    """What must follow these flushes: the files to kick again (appends acknowledged during
+    their flush, whose ingest did not kick), and the files whose refinement became due by
+    message count (due by idleness, the beat's periodic dispatch finds them)."""
+    again = [result.file_id for result in results if result.more]
+    due = []
+    for result in results:
+        leased = result.leased_until is not None and result.leased_until > now
+        if (
+            result.messages == 0
+            or leased  # a job is running; it dispatches the file again when it commits
+            or (result.unrefined < refine.min_messages and refine.idle_seconds > 0)
+        ):
+            continue
+        due.append(result.file_id)
+    return again, due
 
 
 def stale_files(db: database.Database, *, age: float) -> list[str]:

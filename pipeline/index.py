@@ -15,6 +15,7 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
 
 from pipeline import anomalies, database, errors, tables
 from pipeline.tables import Kind, Status
@@ -450,21 +451,27 @@ def cold_unrefined(conn: sa.Connection, *, cutoff: dt.datetime) -> list[tables.F
     return [tables.FileRow.from_row(row) for row in conn.execute(query)]
 
 
+_MARK_ARCHIVED = database.Prepared(  # one per archived file: built once, not per call
+    sa.update(tables.raw_files)
+    .where(
+        tables.raw_files.c.file_id == sa.bindparam("where_file_id"),
+        tables.raw_files.c.status == Status.REFINED,
+        tables.raw_files.c.next_seq == sa.bindparam("where_next_seq"),
+        tables.raw_files.c.flushed_seq == sa.bindparam("where_flushed_seq"),
+    )
+    .values(status=Status.ARCHIVED, path=_bind("path"), archived_at=_bind("archived_at"))
+    .values(updated_at=_bind("updated_at"))
+)
+
+
 def mark_archived(conn: sa.Connection, row: tables.FileRow, *, path: str, now: dt.datetime) -> bool:
     """Point the index at the archive — only if nothing changed since ``row`` was read (an
     append or a re-refine meanwhile keeps the original)."""
-    f = tables.raw_files.c
-    stmt = (
-        sa.update(tables.raw_files)
-        .where(
-            f.file_id == row.file_id,
-            f.status == Status.REFINED,
-            f.next_seq == row.next_seq,
-            f.flushed_seq == row.flushed_seq,
-        )
-        .values(status=Status.ARCHIVED, path=path, archived_at=now, updated_at=now)
+    where = {"file_id": row.file_id, "next_seq": row.next_seq, "flushed_seq": row.flushed_seq}
+    sets = {"set_path": path, "set_archived_at": now, "set_updated_at": now}
+    return bool(
+        _MARK_ARCHIVED.rowcount(conn, {**sets, **{f"where_{k}": v for k, v in where.items()}})
     )
-    return bool(conn.execute(stmt).rowcount)
 
 
 def mark_restored(
@@ -530,6 +537,52 @@ def reindex_file(
         **values,
     )
     return False
+
+
+_REINDEX_COLUMNS = (
+    *("path", "source_type", "agent_id", "session_key", "metadata_json", "started_at"),
+    *("ended_at", "flushed_seq", "flushed_bytes", "chain_head", "file_id", "status"),
+    *("last_refined_seq", "next_seq", "flush_pending", "created_at", "updated_at"),
+)
+_REINDEX_INSERT = {
+    dialect: database.Prepared(
+        module.insert(tables.raw_files)
+        .values({k: sa.bindparam(k, type_=tables.raw_files.c[k].type) for k in _REINDEX_COLUMNS})
+        .on_conflict_do_nothing()
+    )
+    for dialect, module in (("postgresql", postgresql), ("sqlite", sqlite))
+}
+
+
+def reindex_files(
+    conn: sa.Connection, files: Sequence[tuple[str, bool, dict[str, Any]]], *, now: dt.datetime
+) -> int:
+    """:func:`reindex_file` over many ``(file_id, archived, values)``: the rows that are new in
+    one executemany; how many were new."""
+    ids = [file_id for file_id, _, _ in files]
+    f = tables.raw_files.c
+    known = set(conn.execute(sa.select(f.file_id).where(f.file_id.in_(ids))).scalars())
+    new = []
+    for file_id, archived, values in files:
+        if file_id in known:
+            reindex_file(conn, file_id, archived=archived, now=now, **values)
+            continue
+        count = int(values["flushed_seq"])
+        new.append(
+            {
+                **values,
+                "file_id": file_id,
+                "status": Status.ARCHIVED if archived else Status.NEW,
+                "last_refined_seq": count if archived else 0,
+                "next_seq": count + 1,
+                "flush_pending": False,
+                "created_at": now,
+                "updated_at": now,
+            }
+        )
+    if new:
+        _REINDEX_INSERT[conn.dialect.name].many(conn, new)
+    return len(new)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import enum
-import json
 import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,10 +27,12 @@ from pipeline import (
     index,
     ledger,
     locks,
+    recovery,
     redaction,
     store,
     tables,
 )
+from pipeline.settings import Reindex
 from pipeline.tables import Status
 
 log = logging.getLogger(__name__)
@@ -263,14 +264,19 @@ def _disk_files(data_dir: Path) -> Iterator[tuple[str, Path]]:
     for source_type, subdir in store.SUBDIRS.items():
         folder = data_dir / "raw" / subdir
         if folder.is_dir() and not folder.is_symlink():
-            for path in sorted(folder.glob("*.md")):
+            # by name: the same order as by path in one folder, and much cheaper to compare
+            for path in sorted(folder.glob("*.md"), key=_name):
                 yield source_type, path
     folder = data_dir / "raw" / "archive"
     if folder.is_dir() and not folder.is_symlink():
         for month in sorted(folder.iterdir()):
             if month.is_dir() and not month.is_symlink():
-                for path in sorted(month.glob("*.md.zst")):
+                for path in sorted(month.glob("*.md.zst"), key=_name):
                     yield "archive", path
+
+
+def _name(path: Path) -> str:
+    return path.name
 
 
 def refused_dirs(data_dir: Path) -> list[Problem]:
@@ -344,6 +350,7 @@ def reindex(
     db: database.Database,
     file_locks: locks.FileLocks,
     data_dir: Path,
+    options: Reindex = Reindex(),  # noqa: B008 - a frozen value
     *,
     progress: Progress | None = None,
 ) -> ReindexReport:
@@ -352,7 +359,11 @@ def reindex(
     Pending journal rows are flushed first, so the files hold everything acknowledged. For each
     file the file-derived columns (path, header fields, message count, committed length, chain
     head, ended_at) are set from the file; refinement state is kept where a row exists and
-    clamped to the file's message count. The catalog is dropped and made again, file by file.
+    clamped to the file's message count. The catalog is dropped and made again.
+
+    The files are read and parsed by ``options.workers`` processes (:mod:`pipeline.recovery`)
+    while this one writes them ``options.batch_files`` to a durable commit; every commit is on
+    stable storage when it returns, so what the report counts is kept.
     """
     with db.reading() as conn:
         pending = ledger.stale_journal_files(conn, None)
@@ -365,63 +376,47 @@ def reindex(
     live = {_file_id(path) for kind, path in _disk_files(data_dir) if kind != "archive"}
     with db.reading() as conn:
         erased = audit.erased_ids(conn)
-    for source_type, path in _disk_files(data_dir):
-        scanned += 1
-        file_id = _file_id(path)
-        archived = source_type == "archive"
-        if file_id in erased:  # erased on purpose, never brought back (fsck names it)
-            if progress:
-                progress(1)
-            continue
-        if archived and file_id in live:
-            # A crash between restore steps left both copies; the live one is the file.
-            if progress:
-                progress(1)
-            continue
-        try:
-            data = archive.read_path(path) if archived else store.read(path)
-            yaml_text, _ = document.split_frontmatter(data[: data.find(b"\n---", 3) + 5].decode())
-            header = document.parse_header(yaml_text)
-            if header.file_id != file_id:
-                raise errors.FormatError(f"file_id {header.file_id!r} is not the file's own")
-            started_at = document.parse_ts(header.started_at).replace(tzinfo=None)
-            found = locate_file(data, source_type=header.source_type, started_at=started_at)
-            head, count = document.chain(data)
-        except (UnicodeDecodeError, errors.SgmeError) as exc:
-            detail = exc.detail if isinstance(exc, errors.SgmeError) else f"not UTF-8: {exc}"
-            failed.append(Problem(file_id, Finding.UNREADABLE, detail))
-            if progress:
-                progress(1)
-            continue
-        if not archived and header.source_type != source_type:
-            failed.append(
-                Problem(
-                    file_id,
-                    Finding.MISPLACED,
-                    f"a {header.source_type} file in raw/{path.parent.name}",
-                )
-            )
-        last_ts = max((f.message.ts for f in found), key=document.parse_ts)
-        values = {
-            "path": path.relative_to(data_dir).as_posix(),
-            "source_type": header.source_type,
-            "agent_id": header.agent_id,
-            "session_key": header.session_key,
-            "metadata_json": json.dumps(dict(header.metadata), ensure_ascii=False),
-            "started_at": started_at,
-            "ended_at": document.parse_ts(last_ts).replace(tzinfo=None),
-            "flushed_seq": count,
-            "flushed_bytes": len(data),
-            "chain_head": head.hex(),
-        }
+    skipped = 0  # files passed over since the last progress report
+
+    def wanted() -> Iterator[tuple[str, Path]]:
+        nonlocal scanned, skipped
+        for source_type, path in _disk_files(data_dir):
+            scanned += 1
+            file_id = _file_id(path)
+            # Erased on purpose: never brought back (fsck names it). An archive whose live
+            # file is there too: a crash between restore steps left both; the live one is it.
+            if file_id in erased or (source_type == "archive" and file_id in live):
+                skipped += 1
+                continue
+            yield source_type, path
+
+    batch: list[recovery.Read] = []
+
+    def write() -> None:
+        nonlocal inserted, updated, skipped
+        files = [(r.file_id, r.archived, r.values) for r in batch]
         with db.transaction() as conn:
-            if index.reindex_file(conn, header.file_id, archived=archived, now=db.now(), **values):
-                inserted += 1
-            else:
-                updated += 1
-            owner = catalog.Owner(header.file_id, header.agent_id, header.session_key)
-            catalog.add(conn, owner, found)
+            new = index.reindex_files(conn, files, now=db.now())
+            catalog.add_entries(conn, [(r.owner, r.entries) for r in batch if r.owner])
+        inserted += new
+        updated += len(batch) - new
         if progress:
-            progress(1)
+            progress(len(batch) + skipped)
+        skipped = 0
+        batch.clear()
+
+    # a pool pays for its start (a second or so) only over more than a batch of files
+    workers = options.workers if len(live) > options.batch_files else 0
+    for read in recovery.read_all(data_dir, wanted(), postgres=db.postgres, workers=workers):
+        if read.unreadable is not None:
+            failed.append(Problem(read.file_id, Finding.UNREADABLE, read.unreadable))
+            skipped += 1
+            continue
+        if read.misplaced is not None:
+            failed.append(Problem(read.file_id, Finding.MISPLACED, read.misplaced))
+        batch.append(read)
+        if len(batch) >= options.batch_files:
+            write()
+    write()
     _record(db, failed, "reindex")
     return ReindexReport(scanned, inserted, updated, failed)

@@ -14,7 +14,7 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from pipeline import database, errors, store
+from pipeline import database, errors, index, store, tables
 
 
 class FileLocks:
@@ -40,6 +40,17 @@ class FileLocks:
             database.advisory_lock(self.db.engine, file_id),
         ):
             yield
+
+    @contextlib.contextmanager
+    def holding(self, file_id: str) -> Iterator[tables.FileRow]:
+        """Hold ``file_id``'s lock (the one flush takes) and yield its row as it is now;
+        :class:`errors.NotFound` when the index has none."""
+        with self.hold(file_id):
+            with self.db.reading() as conn:
+                row = index.get_file(conn, file_id)
+            if row is None:
+                raise errors.NotFound(f"no file {file_id}")
+            yield row
 
     @contextlib.contextmanager
     def hold_many(

@@ -75,7 +75,7 @@ def redact(
         return done
     if seq > row.flushed_seq:  # acknowledged, still in the journal: into the file first
         flush.flush(db, file_locks, data_dir, file_id)
-    with rewrite.locked(db, file_locks, file_id):
+    with file_locks.holding(file_id):
         rewrite.settle_locked(db, data_dir, file_id)
         with db.reading() as conn:
             row = _row(conn, file_id)
@@ -136,7 +136,7 @@ def finish_interrupted(
         file_ids = sorted({r.file_id for r in begun if r.action == audit.REDACT})
     for file_id in file_ids:
         try:
-            with rewrite.locked(db, file_locks, file_id):
+            with file_locks.holding(file_id):
                 finished += rewrite.settle_locked(db, data_dir, file_id)
         except (errors.NotFound, errors.LockTimeout):  # erased meanwhile, or busy: next run
             continue

@@ -27,11 +27,10 @@ leaves the old file and a stray temp file, removed by the next attempt.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime as dt
 import hashlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -45,7 +44,6 @@ from pipeline import (
     document,
     errors,
     index,
-    locks,
     purge,
     store,
     tables,
@@ -73,19 +71,6 @@ class Who:
 def tombstone_text(when: str, reason: str) -> str:
     """The body a redacted message is left with."""
     return f"[REDACTED:message] removed {when}: {reason}"
-
-
-@contextlib.contextmanager
-def locked(
-    db: database.Database, file_locks: locks.FileLocks, file_id: str
-) -> Iterator[tables.FileRow]:
-    """Hold the file's lock (the one flush takes) and yield its row as it is now."""
-    with file_locks.hold(file_id):
-        with db.reading() as conn:
-            row = index.get_file(conn, file_id)
-        if row is None:
-            raise errors.NotFound(f"no file {file_id}")
-        yield row
 
 
 # ---------------------------------------------------------------------------------------------

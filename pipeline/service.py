@@ -13,12 +13,10 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import Any, Protocol
 
 from pipeline import (
     anomalies,
-    archive,
     audit,
     auth,
     backlog,
@@ -30,7 +28,6 @@ from pipeline import (
     flush,
     index,
     ingest,
-    integrity,
     l1,
     ledger,
     locks,
@@ -46,8 +43,10 @@ from pipeline import (
     terms,
     validation,
 )
+from pipeline.flush import FlushResult, Runner
 from pipeline.settings import Settings
 from pipeline.tables import Kind
+from pipeline.upkeep import Upkeep
 from pipeline.views import Views
 
 log = logging.getLogger(__name__)
@@ -85,11 +84,12 @@ class Appended:
         return answer
 
 
-class Service(Views):
+class Service(Views, Upkeep):
     """The use cases over one runtime's parts: its settings, index handle, per-file locks and
     refiner, and a queue (None: nothing is enqueued and nothing is claimed for refinement, as a
     one-shot command must not strand a claim no worker will run). The browsing reads (the
-    sessions listing, the store's overview) come from :class:`~pipeline.views.Views`."""
+    sessions listing, the store's overview) come from :class:`~pipeline.views.Views`, the
+    archive and the index's checks from :class:`~pipeline.upkeep.Upkeep`."""
 
     def __init__(
         self,
@@ -110,11 +110,6 @@ class Service(Views):
         self.policies = privacy.Policies(
             db, default=settings.redact_secrets, cache_seconds=settings.token_cache_seconds
         )
-
-    @property
-    def data_dir(self) -> Path:
-        """Where the raw files are."""
-        return self.settings.data_dir
 
     # -----------------------------------------------------------------------------------------
     # appends
@@ -214,32 +209,40 @@ class Service(Views):
         counted in its anomaly, however often the sweeper comes back to it."""
         s = self.settings
         try:
-            result = flush.flush(
-                self.db,
-                self.file_locks,
-                s.data_dir,
-                file_id,
-                chunk_bytes=s.backlog.flush_chunk_bytes,
-            )
+            chunk = s.backlog.flush_chunk_bytes
+            result = flush.flush(self.db, self.file_locks, s.data_dir, file_id, chunk_bytes=chunk)
         except errors.FileDamaged as exc:
             (log.error if exc.first else log.debug)("flush of %s refused: %s", file_id, exc.detail)
             raise
-        if result.more:  # appends acknowledged during this flush: their ingest did not kick
-            self.kick(file_id)
-        r = s.refine
-        leased = result.leased_until is not None and result.leased_until > self.db.now()
-        if (
-            result.messages == 0
-            or leased  # a job is running; it dispatches the file again when it commits
-            or (result.unrefined < r.min_messages and r.idle_seconds > 0)
-        ):
-            # Not due by count; due by idleness only later, which the beat's dispatch finds.
-            return result
-        try:
-            self.dispatch([file_id])
-        except errors.SgmeError as exc:  # the flush stands; the beat dispatch catches up
-            log.warning("dispatch after the flush of %s failed: %s", file_id, exc.detail)
+        self._after_flushes([result])
         return result
+
+    def flush_round(self, file_ids: list[str], *, run: Runner | None = None) -> list[str]:
+        """A batched flush (:func:`flush.flush_many`, the syncs through ``run``), then what
+        :meth:`flush` does after one; the files to flush on their own (:meth:`flush`)."""
+        s = self.settings
+        done = flush.flush_many(
+            self.db,
+            self.file_locks,
+            s.data_dir,
+            file_ids,
+            chunk_bytes=s.backlog.flush_chunk_bytes,
+            run=run or flush.serially,
+        )
+        for file_id in done.later:
+            self.kick(file_id)
+        self._after_flushes(list(done.results.values()))
+        return done.alone
+
+    def _after_flushes(self, results: list[FlushResult]) -> None:
+        again, due = flush.follow_up(results, refine=self.settings.refine, now=self.db.now())
+        for file_id in again:
+            self.kick(file_id)
+        if due:
+            try:
+                self.dispatch(due)
+            except errors.SgmeError as exc:  # the flush stands; the beat dispatch catches up
+                log.warning("dispatch after the flush of %s failed: %s", due, exc.detail)
 
     def sweep(self, age: float | None = None) -> list[str]:
         """Re-kick flushes of journal rows older than ``age`` seconds (default ``sweep_age``):
@@ -547,49 +550,3 @@ class Service(Views):
     def revoke_token(self, token_id: str) -> auth.Token:
         """Revoke a token (its row stays, so auth stays on)."""
         return auth.revoke(self.db, token_id)
-
-    # -----------------------------------------------------------------------------------------
-    # the cold archive and the store's upkeep
-
-    def archive_candidates(self, older_than_days: float) -> list[tables.FileRow]:
-        """The files an archive run would compress now (``sgme archive --dry-run``)."""
-        found = archive.cold_files(self.db, older_than_days=older_than_days, limit=1_000_000)
-        with self.db.reading() as conn:
-            rows = [index.get_file(conn, file_id) for file_id in found]
-        return [row for row in rows if row is not None]
-
-    def archive_cold(
-        self,
-        *,
-        older_than_days: float | None = None,
-        progress: Callable[[int], None] | None = None,
-    ) -> archive.Report:
-        """The daily archive run (files unchanged ``older_than_days``, by default
-        ``archive_after_days``)."""
-        return archive.archive_cold(
-            self.db,
-            self.file_locks,
-            self.data_dir,
-            self.settings.archive,
-            older_than_days=older_than_days,
-            progress=progress,
-        )
-
-    def restore(self, file_id: str) -> tables.FileRow:
-        """Move an archived file back to its live place; :class:`errors.Conflict` when it is
-        not archived."""
-        if not archive.restore(self.db, self.file_locks, self.data_dir, file_id):
-            raise errors.Conflict(f"file {file_id} is not archived")
-        return reader.get_file(self.db, file_id)
-
-    def fsck(self, *, progress: Callable[[int], None] | None = None) -> list[integrity.Problem]:
-        """Check every file against the index (it only reports)."""
-        return integrity.fsck(self.db, self.data_dir, progress=progress)
-
-    def count_files(self) -> int:
-        """How many files the index holds (for progress bars)."""
-        return integrity.count_files(self.db)
-
-    def reindex(self, *, progress: Callable[[int], None] | None = None) -> integrity.ReindexReport:
-        """Rebuild the index's file rows and message catalog from the files."""
-        return integrity.reindex(self.db, self.file_locks, self.data_dir, progress=progress)

@@ -90,8 +90,12 @@ class Backlog:
     #: backlog and the append fit in the free space above this (507 otherwise)
     min_free_bytes: int = 64 * 1024 * 1024
     retry_after: float = 5.0  #: seconds a refused client is told to wait
-    #: bytes a flush writes, fsyncs and commits at a time (one journal row at least)
+    #: bytes a flush writes, fsyncs and commits at a time (one journal row at least); a
+    #: flush round of the embedded service reads this much over all its files
     flush_chunk_bytes: int = 8 * 1024 * 1024
+    #: seconds a flush round of the embedded service waits, once kicked, for the kicks of
+    #: concurrent appends to join it (docs/design.md §3, batched flushes)
+    flush_linger: float = 0.002
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,6 +125,21 @@ class Archive:
     level: int = 10  #: zstd level: most of the ratio of level 19 at a fraction of the cost
     threads: int = 0  #: zstd worker threads per file (0: on the calling thread)
     workers: int = 2  #: files compressed at once
+    #: temp files fsynced at once before their renames (the waits overlap; the filesystem
+    #: commits them together)
+    sync_threads: int = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class Reindex:
+    """How ``sgme reindex`` rebuilds the index from the files (``reindex_*``;
+    docs/operations.md)."""
+
+    #: files written per commit: fewer commits (each one durable) against a longer hold of
+    #: the write lock, which appends by a running server wait behind on SQLite
+    batch_files: int = 500
+    #: processes that read and parse the files while this one writes (0: this one alone)
+    workers: int = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,6 +206,7 @@ AT_MOST = {
 GROUPS: dict[str, tuple[str, type[Any]]] = {
     "refine": ("refine", Refine),
     "archive": ("archive", Archive),
+    "reindex": ("reindex", Reindex),
     "search": ("search", Search),
     "mcp": ("mcp", Mcp),
     "ui": ("ui", Ui),
@@ -245,6 +265,7 @@ class Settings:
     #: refiner options, e.g. {base_url, model, api_key, timeout} for openai, {url} for webhook
     refiner_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     archive: Archive = Archive()
+    reindex: Reindex = Reindex()
     search: Search = Search()
     #: worker side: expose Prometheus metrics on this port (0: off)
     worker_metrics_port: int = 0

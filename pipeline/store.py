@@ -85,6 +85,18 @@ def fsync_dir(path: Path) -> None:
         raise _storage_error("fsync directory", path, exc) from exc
 
 
+def fsync_file(path: Path) -> None:
+    """Make a file's content durable (one written with ``durable=False``)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | _OPEN_FLAGS)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise _storage_error("fsync", path, exc) from exc
+
+
 def free_bytes(path: Path) -> int:
     """Bytes an unprivileged writer may still use on the volume of ``path``."""
     try:
@@ -355,8 +367,10 @@ def _forget_stripes(ref: weakref.ReferenceType[LockFiles]) -> None:
 
 
 @contextlib.contextmanager
-def exclusive_writer(path: Path) -> Iterator[BinaryIO]:
-    """A new file opened for writing (``O_EXCL``); fsynced on success, removed on failure."""
+def exclusive_writer(path: Path, *, durable: bool = True) -> Iterator[BinaryIO]:
+    """A new file opened for writing (``O_EXCL``); fsynced on success (unless ``durable`` is
+    false: then the caller syncs it with :func:`fsync_file`, before anything depends on it),
+    removed on failure."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _OPEN_FLAGS, 0o644)
@@ -366,7 +380,8 @@ def exclusive_writer(path: Path) -> Iterator[BinaryIO]:
     try:
         yield handle
         handle.flush()
-        os.fsync(handle.fileno())
+        if durable:
+            os.fsync(handle.fileno())
     except BaseException as exc:
         handle.close()
         with contextlib.suppress(OSError):

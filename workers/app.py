@@ -135,7 +135,9 @@ def create(runtime: Runtime, *, flush_threads_count: int = 0) -> tuple[Celery, S
     )
     queue: Queue = CeleryQueue(app, deployment)
     if flush_threads_count:
-        queue = flush_threads.FlushThreads(queue, threads=flush_threads_count)
+        queue = flush_threads.FlushThreads(
+            queue, threads=flush_threads_count, linger=settings.backlog.flush_linger
+        )
     service = runtime.service(queue)
     tasks.register(app, service, deployment=deployment, header=DEPLOYMENT_HEADER)
     # Make this the app every thread falls back to: a task's retry resolves the app through
@@ -193,7 +195,7 @@ class CeleryWorkers:
         claim_broker(runtime.settings.broker_url, runtime.deployment)
         app, service = create(runtime, flush_threads_count=concurrency)
         assert isinstance(service.queue, flush_threads.FlushThreads)
-        service.queue.start(service.flush)
+        service.queue.start(service.flush, service.flush_round)
         try:
             runner = embedded.Embedded(
                 app, queues=QUEUES, data_dir=runtime.settings.data_dir, concurrency=concurrency

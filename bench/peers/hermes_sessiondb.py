@@ -31,10 +31,11 @@ def main() -> int:
         sync = db._conn.execute("PRAGMA synchronous").fetchone()[0]
         assert (mode, sync) == ("wal", 2), (mode, sync)
         db.create_session("one", source="cli")
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         for _ in range(args.messages):
             db.append_message("one", "user", body)
         rates["one stream"] = args.messages / (time.perf_counter() - started)
+        rates["cpu one stream"] = (time.process_time() - cpu) / args.messages * 1e6
 
         per = args.messages // args.threads
         for t in range(args.threads):
@@ -45,12 +46,15 @@ def main() -> int:
                 db.append_message(f"s{t}", "user", body)
 
         threads = [threading.Thread(target=stream, args=(t,)) for t in range(args.threads)]
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
         rates[f"{args.threads} sessions"] = per * args.threads / (time.perf_counter() - started)
+        rates[f"cpu {args.threads} sessions"] = (
+            (time.process_time() - cpu) / (per * args.threads) * 1e6
+        )
         db.close()
     json.dump(rates, sys.stdout)
     return 0

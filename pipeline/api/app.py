@@ -45,6 +45,15 @@ def answer(exc: errors.SgmeError) -> JSONResponse:
     return problem(exc.status, exc.type, name, exc.detail, headers=headers, members=exc.members())
 
 
+def refuse(exc: errors.SgmeError) -> JSONResponse:
+    """:func:`answer`, logged as the server's own failures are (a bug with its traceback)."""
+    if isinstance(exc, errors.InternalError):
+        log.error("%s: %s", exc.type, exc.detail, exc_info=exc)
+    elif exc.status >= 500:
+        log.warning("%s: %s", exc.type, exc.detail)
+    return answer(exc)
+
+
 def create_app(service: Service) -> FastAPI:
     """The API over ``service`` (its settings, db and queue)."""
     app = FastAPI(
@@ -56,6 +65,8 @@ def create_app(service: Service) -> FastAPI:
     settings = service.settings
     app.state.verifier = service.verifier()
     http = settings.http
+    # added first, so it runs last: the append path past every guard, without the router
+    app.add_middleware(appends.FastAppend, refuse=refuse)
     app.add_middleware(
         BodyLimit,
         max_bytes=http.max_request_bytes,
@@ -79,11 +90,7 @@ def create_app(service: Service) -> FastAPI:
 
     @app.exception_handler(errors.SgmeError)
     async def _sgme_error(_request: Request, exc: errors.SgmeError) -> JSONResponse:
-        if isinstance(exc, errors.InternalError):
-            log.error("%s: %s", exc.type, exc.detail, exc_info=exc)
-        elif exc.status >= 500:
-            log.warning("%s: %s", exc.type, exc.detail)
-        return answer(exc)
+        return refuse(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:

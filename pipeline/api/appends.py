@@ -2,15 +2,22 @@
 
 The bodies are read as bytes and validated once, off the event loop, by
 :mod:`pipeline.validation` (pydantic's JSON parser), the same models the Celery path uses.
+
+``POST /v1/append`` is answered by :class:`FastAppend`, a middleware inside the Host,
+same-origin and body-size guards, without the router and FastAPI's exception layers: the
+same handler, the same token check and problem+json answers, the same durability (the 202
+leaves once the journal's commit returned). The route stays for the schema.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from pipeline import auth, errors, validation
 from pipeline.api import models, security
@@ -19,6 +26,7 @@ from pipeline.api.security import Appender
 from pipeline.service import Appended, Service
 
 router = APIRouter(tags=["append"])
+APPEND_PATH = "/v1/append"
 
 
 def _body(model: str) -> dict[str, Any]:
@@ -36,7 +44,7 @@ _WAIT = {
 
 
 @router.post(
-    "/v1/append",
+    APPEND_PATH,
     status_code=202,
     response_model=models.Appended,
     responses={
@@ -92,3 +100,27 @@ def _upload(service: Service, caller: auth.Caller, body: bytes) -> Appended:
     parsed = validation.parse_upload(body, service.settings.limits)
     caller.require_agent(parsed.agent_id)
     return service.upload(parsed)
+
+
+class FastAppend:
+    """ASGI middleware: ``POST /v1/append`` answered by :func:`append` straight away (placed
+    inside the Host, same-origin and body guards); an error by ``refuse``, as the app's
+    handlers answer it; everything else goes on to ``app``."""
+
+    def __init__(self, app: ASGIApp, *, refuse: Callable[[errors.SgmeError], Response]) -> None:
+        self.app = app
+        self.refuse = refuse
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] != APPEND_PATH or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        try:
+            response = await append(Request(scope, receive))
+        except errors.SgmeError as exc:
+            response = self.refuse(exc)
+        except Exception as exc:  # a bug: logged with its traceback by refuse
+            bug = errors.InternalError("internal error")
+            bug.__cause__ = exc
+            response = self.refuse(bug)
+        await response(scope, receive, send)

@@ -1,4 +1,6 @@
-"""Serving the API with bounds on what a client can hold: uvicorn with a request-head timeout,
+"""Serving the API with bounds on what a client can hold: uvicorn (on uvloop, parsing with
+httptools: both C, where the pure-Python h11 and asyncio loop took about half of the server's
+time under load, bench/bench_http.py) with a request-head timeout,
 a cap on open connections and on those of one client address (an idle or slow one makes room
 for a new one), an idle keep-alive timeout, and request bodies refused past a size, or when
 they arrive too slowly, before they are parsed.
@@ -16,7 +18,7 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from pipeline import errors
 from pipeline.api import deps
@@ -86,9 +88,9 @@ class BodyLimit:
         return f"the request body is larger than {self.max_bytes} bytes (http_max_request_bytes)"
 
 
-def guarded_protocol(http: Http) -> type[H11Protocol]:
-    """uvicorn's h11 protocol with a request-head timeout, a connection cap and a cap per
-    client address.
+def guarded_protocol(http: Http, *, base: type[Any] = HttpToolsProtocol) -> type[Any]:
+    """uvicorn's HTTP protocol (``base``: httptools', or h11's) with a request-head timeout, a
+    connection cap and a cap per client address.
 
     uvicorn closes idle keep-alive connections, but a connection that never completes a
     request head (a slow or silent client) stays open for ever, and nothing caps how many:
@@ -102,10 +104,10 @@ def guarded_protocol(http: Http) -> type[H11Protocol]:
     included — instead of locking everyone out.
     """
     # one table per server: every connection, and how many each client address holds
-    open_now: collections.OrderedDict[GuardedH11, None] = collections.OrderedDict()
+    open_now: collections.OrderedDict[Any, None] = collections.OrderedDict()
     per_client: collections.Counter[str] = collections.Counter()
 
-    class GuardedH11(H11Protocol):
+    class Guarded(base):  # type: ignore[misc]
         _head_timer: asyncio.TimerHandle | None = None
         _seen_cycle: Any = None
         _waiting_head = True
@@ -113,7 +115,7 @@ def guarded_protocol(http: Http) -> type[H11Protocol]:
         _body_bytes = 0
         _address = ""
 
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        def connection_made(self, transport: asyncio.Transport) -> None:
             super().connection_made(transport)
             peer = transport.get_extra_info("peername")
             self._address = str(peer[0]) if peer else ""
@@ -203,7 +205,7 @@ def guarded_protocol(http: Http) -> type[H11Protocol]:
                 log.debug("closing connection from %s: %s", self.client, why)
                 self.transport.close()
 
-    return GuardedH11
+    return Guarded
 
 
 def connection_budget(http: Http) -> int:
@@ -237,6 +239,7 @@ def config(app: FastAPI, settings: Settings, *, log_level: str = "info") -> uvic
         host=settings.host,
         port=settings.port,
         log_level=log_level,
+        loop="uvloop",
         http=guarded_protocol(http),
         timeout_keep_alive=int(max(1, http.keepalive_timeout)),
         backlog=min(2048, http.max_connections),
@@ -264,6 +267,7 @@ def run_processes(settings: Settings, *, processes: int, log_level: str = "info"
         host=settings.host,
         port=settings.port,
         log_level=log_level,
+        loop="uvloop",
         http="pipeline.api.child:Protocol",
         timeout_keep_alive=int(max(1, http.keepalive_timeout)),
         backlog=min(2048, http.max_connections),

@@ -44,10 +44,10 @@ DEADLOCK_ATTEMPTS = 3
 class Transactions(Protocol):
     """What a group commits through (:class:`pipeline.database.Database`)."""
 
-    def transaction(
+    def committing(
         self, *, durable: bool = True
     ) -> contextlib.AbstractContextManager[sa.Connection]:
-        """One write transaction."""
+        """One write transaction on the connection the group holds (one leader at a time)."""
         ...
 
 
@@ -147,7 +147,7 @@ class Group:
             outcomes: list[tuple[_Work[Any], str, Any]] = []
             try:
                 durable = any(work.durable for work in group)
-                with self.db.transaction(durable=durable) as conn:
+                with self.db.committing(durable=durable) as conn:
                     if len(group) == 1:
                         outcomes.append((group[0], *_alone(conn, group[0].run)))
                     else:

@@ -111,7 +111,8 @@ def create_engine(
         # A read-only snapshot (reading()) needs no lock: WAL readers never wait for writers.
         # Straight on the driver: this runs for every transaction of the append path.
         options = conn.get_execution_options()
-        raw = conn.connection.driver_connection
+        # (a connection the Database holds is detached from the pool: no driver_connection)
+        raw = conn.connection.driver_connection or conn.connection.dbapi_connection
         assert raw is not None
         level = synchronous if options.get("sgme_durable", True) else "NORMAL"
         begin = "BEGIN" if options.get("sgme_reading") else "BEGIN IMMEDIATE"

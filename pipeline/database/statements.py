@@ -114,7 +114,10 @@ class _Compiled:
 
 
 def _driver(conn: sa.Connection) -> Any:
-    driver = conn.connection.driver_connection
+    # A connection the Database holds is detached from the pool, which leaves it no
+    # driver_connection; for the sync drivers used here it is the DBAPI connection itself.
+    fairy = conn.connection
+    driver = fairy.driver_connection or fairy.dbapi_connection
     assert driver is not None
     return driver
 

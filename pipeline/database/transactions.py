@@ -6,17 +6,27 @@ nothing else: the engine and its pool, the in-process write lock SQLite needs, t
 committer (:mod:`pipeline.database.commits`) and the clock. Two handles are two separate
 users of the database: they do not share a group or a lock (they still exclude each other
 through the database itself, only less cheaply).
+
+The append path's transactions run on connections the handle *holds* instead of checking one
+out of the pool each time: the group committer's (:meth:`Database.committing`, one connection
+used by whichever thread leads the group) and one per thread for the flush's read snapshots
+(:meth:`Database.reading` with ``held=True``). A checkout costs SQLAlchemy's pool bookkeeping
+and, on PostgreSQL, a ``pool_pre_ping`` round trip; an append made three of them. A held
+connection that fails is closed and replaced at its next use, so a database restart costs the
+transaction that met it, as with a pooled one.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
@@ -26,6 +36,60 @@ from pipeline.clock import SYSTEM, Clock
 from pipeline.database import commits, engines
 
 T = TypeVar("T")
+HELD_PING_AFTER = 5.0  #: seconds unused after which a held PostgreSQL connection is checked
+
+#: connections a forked child inherited: never closed there (closing a PostgreSQL connection
+#: sends its parent's session a goodbye over the shared socket), only dropped
+_INHERITED: list[sa.Connection] = []
+
+
+@dataclasses.dataclass(eq=False)
+class _Held:
+    """A connection held by one user (a thread, the group committer) of one process."""
+
+    conn: sa.Connection
+    pid: int = dataclasses.field(default_factory=os.getpid)
+    closer: weakref.finalize[Any, Any] | None = None
+    used: float = dataclasses.field(default_factory=time.monotonic)  #: last handed out
+
+    def usable(self, *, ping: bool) -> bool:
+        """Whether to use it again: this process's, open, and — with ``ping``, after
+        :data:`HELD_PING_AFTER` seconds unused — still answering (a PostgreSQL server that
+        restarted or dropped an idle session; ``pool_pre_ping``'s job, for an idle one only)."""
+        if self.pid != os.getpid() or self.conn.closed or self.conn.invalidated:
+            return False
+        now = time.monotonic()
+        if ping and now - self.used > HELD_PING_AFTER:
+            try:
+                with self.conn.begin():
+                    self.conn.exec_driver_sql("SELECT 1")
+            except sa_exc.SQLAlchemyError:
+                return False
+        self.used = now
+        return True
+
+    def drop(self) -> None:
+        """Stop using the connection: closed in the process that opened it, only forgotten in
+        a forked child."""
+        if self.closer is not None:
+            self.closer.detach()
+        if self.pid != os.getpid():
+            _INHERITED.append(self.conn)
+            return
+        _close_quietly(self.conn)
+
+
+def _close_quietly(conn: sa.Connection) -> None:
+    with contextlib.suppress(Exception):
+        conn.close()
+
+
+def _close_in(conn: sa.Connection, pid: int) -> None:
+    """Close ``conn`` if this is the process that opened it (a thread's end)."""
+    if pid == os.getpid():
+        _close_quietly(conn)
+    else:
+        _INHERITED.append(conn)
 
 
 class Database:
@@ -56,6 +120,10 @@ class Database:
         self.busy_timeout = busy_timeout
         self._writer: threading.RLock | None = None if self.postgres else threading.RLock()
         self.group = commits.Group(self)
+        self._committer: _Held | None = None
+        self._readers = threading.local()
+        self._held_lock = threading.Lock()
+        self._held: weakref.WeakSet[_Held] = weakref.WeakSet()
         # A child forked while another thread held the lock, or led a group, must not
         # inherit either.
         ref = weakref.ref(self)
@@ -87,9 +155,33 @@ class Database:
         return self.clock.now()
 
     def dispose(self) -> None:
-        """Close the pooled connections (pooled psycopg connections left to the garbage
-        collector raise ResourceWarning)."""
+        """Close the held and the pooled connections (pooled psycopg connections left to the
+        garbage collector raise ResourceWarning)."""
+        with self._held_lock:
+            held, self._committer = list(self._held), None
+            self._held.clear()
+        for one in held:
+            one.drop()
         self.engine.dispose()
+
+    def _hold(self) -> _Held:
+        conn = self.engine.connect()
+        # Out of the pool: the handle closes it itself (at dispose, at its holder's end, or
+        # when the handle is collected), whether or not the engine was disposed first.
+        conn.detach()
+        held = _Held(conn)
+        held.closer = weakref.finalize(held, _close_in, conn, held.pid)
+        with self._held_lock:
+            self._held.add(held)
+        return held
+
+    def _lock_writer(self) -> threading.RLock | None:
+        writer = self._writer
+        if writer is not None and not writer.acquire(timeout=self.busy_timeout):
+            raise errors.IndexUnavailable(
+                f"index database stayed locked for {self.busy_timeout:.0f} s"
+            )
+        return writer
 
     @contextlib.contextmanager
     def transaction(self, *, durable: bool = True) -> Iterator[sa.Connection]:
@@ -102,11 +194,7 @@ class Database:
         outlive a durable commit made after it: both databases make their log durable in
         order.
         """
-        writer = self._writer
-        if writer is not None and not writer.acquire(timeout=self.busy_timeout):
-            raise errors.IndexUnavailable(
-                f"index database stayed locked for {self.busy_timeout:.0f} s"
-            )
+        writer = self._lock_writer()
         try:
             with self.engine.connect() as conn:
                 if not durable:
@@ -122,9 +210,47 @@ class Database:
                 writer.release()
 
     @contextlib.contextmanager
-    def reading(self) -> Iterator[sa.Connection]:
+    def committing(self, *, durable: bool = True) -> Iterator[sa.Connection]:
+        """:meth:`transaction` on the connection the group committer holds: only the group's
+        leader calls it (:class:`commits.Group`), so one thread at a time uses it."""
+        writer = self._lock_writer()
+        held = self._committer
+        try:
+            if held is None or not held.usable(ping=self.postgres):
+                if held is not None:
+                    held.drop()
+                held = self._committer = self._hold()
+            conn = held.conn.execution_options(sgme_durable=durable)
+            with conn.begin():
+                if not durable and self.postgres:
+                    conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
+                yield conn
+        except sa_exc.SQLAlchemyError as exc:
+            self._replace_committer(held)
+            raise engines.map_error(exc) from exc
+        except errors.IndexUnavailable:  # lost or aborted: start the next on a fresh one
+            self._replace_committer(held)
+            raise
+        finally:
+            if writer is not None:
+                writer.release()
+
+    def _replace_committer(self, held: _Held | None) -> None:
+        if held is not None:
+            held.drop()
+            if self._committer is held:
+                self._committer = None
+
+    @contextlib.contextmanager
+    def reading(self, *, held: bool = False) -> Iterator[sa.Connection]:
         """A read-only transaction: one consistent snapshot. On SQLite it takes no write lock
-        and waits for no writer (WAL); nothing may be written in it."""
+        and waits for no writer (WAL); nothing may be written in it. ``held``: on the
+        connection this thread holds for its snapshots (the flush's, many times a second),
+        closed when the thread ends."""
+        if held:
+            with self._held_reading() as conn:
+                yield conn
+            return
         try:
             with self.engine.connect() as conn:
                 if not self.postgres:
@@ -132,6 +258,24 @@ class Database:
                 with conn.begin():
                     yield conn
         except sa_exc.SQLAlchemyError as exc:
+            raise engines.map_error(exc) from exc
+
+    @contextlib.contextmanager
+    def _held_reading(self) -> Iterator[sa.Connection]:
+        reader: _Held | None = getattr(self._readers, "held", None)
+        try:
+            if reader is None or not reader.usable(ping=self.postgres):
+                if reader is not None:
+                    reader.drop()
+                reader = self._readers.held = self._hold()
+                if not self.postgres:
+                    reader.conn.execution_options(sgme_reading=True)
+            with reader.conn.begin():
+                yield reader.conn
+        except sa_exc.SQLAlchemyError as exc:
+            if reader is not None:
+                reader.drop()
+                self._readers.held = None
             raise engines.map_error(exc) from exc
 
     def commit(self, work: Callable[[sa.Connection], T], *, durable: bool = True) -> T:
@@ -147,3 +291,6 @@ def _forked(ref: weakref.ReferenceType[Database]) -> None:
     if found._writer is not None:
         found._writer = threading.RLock()
     found.group = commits.Group(found)
+    # The parent's held connections stay the parent's: dropped at their next use here
+    # (_Held.usable checks the process), never closed.
+    found._held_lock = threading.Lock()

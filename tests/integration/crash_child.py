@@ -1,9 +1,12 @@
 """Driver for test_crash.py: runs rounds of ingest + flush, each in a forked process that
 SIGKILLs itself at a chosen step inside a flush.
 
-    python crash_child.py DATABASE_URL DATA_DIR [FILE_LOCK]  < plan.json
+    python crash_child.py DATABASE_URL DATA_DIR [FILE_LOCK [rounds]]  < plan.json
 
 ``FILE_LOCK`` 0 flushes without the lock files (``file_locks: false``, PostgreSQL only).
+``rounds``: every flush is a batched round of every file with journal rows
+(``flush.flush_many``, as the embedded service flushes), and the files it hands back are
+flushed alone; the fault hook runs in both.
 
 ``plan.json`` is a list of rounds ``{"seed", "appends", "step", "occurrence", "torn"}``. Each
 round forks; the fork first flushes whatever earlier rounds left in the journal (a restart),
@@ -29,7 +32,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from pipeline import database, index, journal, ledger
+from pipeline import database, index, journal, ledger, locks
 from pipeline import flush as flushing
 
 SESSIONS = ("alpha", "beta", "gamma")
@@ -51,9 +54,10 @@ def emit(record: dict[str, Any]) -> None:
 
 
 def run_round(
-    url: str, data_dir: Path, spec: dict[str, Any], number: int, *, file_lock: bool
+    url: str, data_dir: Path, spec: dict[str, Any], number: int, *, file_lock: bool, rounds: bool
 ) -> None:
     db = database.Database.from_url(url)
+    file_locks = locks.FileLocks(db, data_dir, timeout=10, flock=file_lock)
     rng = random.Random(spec["seed"])
     reached: dict[str, int] = {}
     current: dict[str, str] = {}
@@ -81,9 +85,20 @@ def run_round(
         current["file_id"] = file_id
         journal.flush(db, data_dir, file_id, lock_timeout=10, file_lock=file_lock, fault=hook)
 
+    def flush_some(file_ids: list[str]) -> None:
+        if not rounds:
+            for file_id in file_ids:
+                flush_one(file_id)
+            return
+        if not file_ids:
+            return
+        current["file_id"] = file_ids[0]
+        done = flushing.flush_many(db, file_locks, data_dir, file_ids, fault=hook)
+        for file_id in done.alone + done.later:
+            flush_one(file_id)
+
     # restart: whatever a killed predecessor left acknowledged but unwritten
-    for file_id in flushing.stale_files(db, age=0):
-        flush_one(file_id)
+    flush_some(flushing.stale_files(db, age=0))
     for i in range(spec["appends"]):
         session = rng.choice(SESSIONS)
         messages = []
@@ -102,12 +117,13 @@ def run_round(
         for ref, message in zip(result.source_refs, messages, strict=True):
             emit({"ack": ref, **message})
         if rng.random() < 0.75:
-            flush_one(result.file_id)
+            flush_some(flushing.stale_files(db, age=0) if rounds else [result.file_id])
 
 
 def main() -> None:
     url, data_dir = sys.argv[1], Path(sys.argv[2])
     file_lock = len(sys.argv) < 4 or sys.argv[3] == "1"
+    rounds = len(sys.argv) > 4 and sys.argv[4] == "rounds"
     plan = json.load(sys.stdin)
     for number, spec in enumerate(plan):
         sys.stdout.flush()
@@ -115,7 +131,7 @@ def main() -> None:
         if pid == 0:
             code = 0
             try:
-                run_round(url, data_dir, spec, number, file_lock=file_lock)
+                run_round(url, data_dir, spec, number, file_lock=file_lock, rounds=rounds)
             except BaseException:
                 traceback.print_exc()
                 sys.stderr.flush()

@@ -26,6 +26,7 @@ from pipeline import (
     locks,
     reader,
     refine,
+    store,
     tables,
 )
 from pipeline.settings import Archive
@@ -434,3 +435,46 @@ def test_append_to_a_corrupt_archive_waits_in_the_journal(
     with db.transaction() as conn:
         assert [a.kind for a in anomalies.listed(conn, file_id=file_id)] == ["restore_failed"]
         assert [j.first_seq for j in ledger.journal_after(conn, file_id, 0)] == [result.first_seq]
+
+
+def test_every_archive_is_fsynced_before_its_rename_and_its_directory_before_the_commit(
+    db: database.Database,
+    data_dir: Path,
+    file_locks: locks.FileLocks,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The temp files of a batch are fsynced together, but each before it takes its final name,
+    and the renames' directory before the index points at them (strace-like: the calls'
+    order as the store makes them)."""
+    file_ids = [_refined_file(db, data_dir, f"synced-{i}") for i in range(3)]
+    calls: list[tuple[str, str]] = []
+    lock = threading.Lock()
+
+    def record(name: str, real: object) -> object:
+        def wrapper(path: Path, *args: object, **kwargs: object) -> object:
+            with lock:
+                calls.append((name, Path(path).name))
+            return real(path, *args, **kwargs)  # type: ignore[operator]
+
+        return wrapper
+
+    monkeypatch.setattr(store, "fsync_file", record("fsync", store.fsync_file))
+    monkeypatch.setattr(store, "rename", record("rename", store.rename))
+    monkeypatch.setattr(store, "fsync_dir", record("fsync_dir", store.fsync_dir))
+    real_commit = db.commit
+
+    def commit(*args: object, **kwargs: object) -> object:
+        calls.append(("commit", ""))
+        return real_commit(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(db, "commit", commit)
+    outcomes = dict(archive.compress_many(db, file_locks, data_dir, file_ids))
+    assert all(isinstance(o, archive.Outcome) for o in outcomes.values()), outcomes
+
+    for file_id in file_ids:
+        temp = f".{file_id}.md.zst.tmp"
+        assert calls.index(("fsync", temp)) < calls.index(("rename", temp))
+    last_rename = max(i for i, (name, _) in enumerate(calls) if name == "rename")
+    month = (data_dir / helpers.file_row(db, file_ids[0]).path).parent.name
+    synced_dir = calls.index(("fsync_dir", month), last_rename)
+    assert synced_dir < calls.index(("commit", ""))

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import helpers
+import pytest
 import sqlalchemy as sa
 
 from pipeline import anomalies, clock, database, errors, index, journal, tables
@@ -165,9 +166,9 @@ def test_a_group_that_deadlocks_every_time_goes_one_piece_at_a_time(
 
     class Deadlocking:
         @contextlib.contextmanager
-        def transaction(self, *, durable: bool = True) -> Iterator[sa.Connection]:
+        def committing(self, *, durable: bool = True) -> Iterator[sa.Connection]:
             pieces.clear()
-            with db.transaction(durable=durable) as conn:
+            with db.committing(durable=durable) as conn:
                 yield conn
                 if len(pieces) > 1:
                     raise errors.Deadlock("deadlock detected (two pieces in one transaction)")
@@ -268,3 +269,29 @@ def test_ingest_from_many_threads_shares_commits(db: database.Database) -> None:
     with db.transaction() as conn:
         rows = [index.get_file(conn, f) for f in by_file]
     assert all(isinstance(r, tables.FileRow) and r.next_seq == 81 for r in rows)
+
+
+def test_a_held_connection_the_server_dropped_is_replaced(
+    postgres_database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The group committer's and the flush's held connections have no pool pre-ping: one
+    idle for a while is checked before use, and one the server dropped (a restart, an idle
+    timeout) is replaced instead of failing the next append."""
+    from pipeline.database import transactions
+
+    monkeypatch.setattr(transactions, "HELD_PING_AFTER", 0.0)
+    db = database.Database.from_url(postgres_database_url)
+    try:
+        assert db.commit(_anomaly("before")) == "before"
+        with db.reading(held=True) as conn:
+            conn.exec_driver_sql("SELECT 1")
+        with db.transaction() as conn:  # another session drops every other one of ours
+            conn.exec_driver_sql(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        assert db.commit(_anomaly("after")) == "after"
+        with db.reading(held=True) as conn:
+            assert conn.exec_driver_sql("SELECT 1").scalar() == 1
+    finally:
+        db.dispose()

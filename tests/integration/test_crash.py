@@ -61,10 +61,16 @@ def make_plan(seed: int, cycles: int) -> list[dict[str, Any]]:
 
 
 def run_child(
-    database_url: str, data_dir: Path, plan: list[dict[str, Any]], *, file_lock: bool = True
+    database_url: str,
+    data_dir: Path,
+    plan: list[dict[str, Any]],
+    *,
+    file_lock: bool = True,
+    rounds: bool = False,
 ) -> list[dict[str, Any]]:
+    argv = [sys.executable, str(CHILD), database_url, str(data_dir), "1" if file_lock else "0"]
     proc = subprocess.run(
-        [sys.executable, str(CHILD), database_url, str(data_dir), "1" if file_lock else "0"],
+        [*argv, *(["rounds"] if rounds else [])],
         input=json.dumps(plan),
         capture_output=True,
         text=True,
@@ -82,6 +88,14 @@ def test_every_acknowledged_message_survives_sigkill_inside_flush(
     crash_and_check(db, database_url, data_dir, file_lock=True)
 
 
+def test_every_acknowledged_message_survives_sigkill_inside_a_flush_round(
+    db: database.Database, database_url: str, data_dir: Path
+) -> None:
+    # the embedded service's batched flushes (flush.flush_many), and the flushes of the files
+    # a round hands back
+    crash_and_check(db, database_url, data_dir, file_lock=True, batched=True)
+
+
 def test_sigkill_inside_flush_with_advisory_locks_only(
     postgres_db: database.Database, postgres_database_url: str, data_dir: Path
 ) -> None:
@@ -90,13 +104,18 @@ def test_sigkill_inside_flush_with_advisory_locks_only(
 
 
 def crash_and_check(
-    db: database.Database, database_url: str, data_dir: Path, *, file_lock: bool
+    db: database.Database,
+    database_url: str,
+    data_dir: Path,
+    *,
+    file_lock: bool,
+    batched: bool = False,
 ) -> None:
     # `make chaos` runs many more cycles with a fresh seed; the suite runs a fixed plan.
     seed = int(os.environ.get("SGME_CHAOS_SEED", "20260803"))
     cycles = int(os.environ.get("SGME_CHAOS_CYCLES", "6"))
     plan = make_plan(seed=seed, cycles=cycles)
-    records = run_child(database_url, data_dir, plan, file_lock=file_lock)
+    records = run_child(database_url, data_dir, plan, file_lock=file_lock, rounds=batched)
 
     rounds = [r for r in records if "round" in r]
     assert [r["round"] for r in rounds] == list(range(len(plan)))

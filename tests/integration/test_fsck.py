@@ -23,7 +23,9 @@ from pipeline import (
     journal,
     locks,
     tables,
+    terms,
 )
+from pipeline.settings import Reindex
 
 TS = [f"2026-08-03T11:18:0{i}Z" for i in range(1, 10)]
 
@@ -345,4 +347,52 @@ def test_reindex_over_an_existing_index_changes_nothing_and_flushes_the_journal(
     assert flush.stale_files(db, age=0) == []
     changed = {fid for fid in before if before[fid] != after[fid]}
     assert changed == {pending.file_id}
+    assert integrity.fsck(db, data_dir) == []
+
+
+def _found(db: database.Database) -> dict[str, list[tuple[object, ...]]]:
+    """What a search for each word of the test files finds: ``(file_id, seq, role)``."""
+    found: dict[str, list[tuple[object, ...]]] = {}
+    with db.reading() as conn:
+        for word in ("alpha", "bravo", "charlie", "delta", "hermes", "x"):
+            hits = catalog.find(conn, terms.parse_query(word), catalog.Filters(), limit=100)
+            found[word] = sorted((h.message.file_id, h.message.seq, h.message.role) for h in hits)
+        for role in ("user", "assistant"):
+            hits = catalog.find(
+                conn, terms.parse_query("bravo"), catalog.Filters(role=role), limit=100
+            )
+            found[f"bravo/{role}"] = sorted((h.message.file_id, h.message.seq) for h in hits)
+    return found
+
+
+def _catalog(db: database.Database) -> list[tuple[object, ...]]:
+    m = tables.messages.c
+    with db.reading() as conn:
+        rows = conn.execute(
+            sa.select(m.file_id, m.seq, m.byte_offset, m.byte_length, m.ts, m.role, m.tool_name)
+        )
+        return sorted(tuple(r) for r in rows)
+
+
+def test_reindex_in_batches_by_worker_processes_makes_what_the_flushes_made(
+    db: database.Database, data_dir: Path, file_locks: locks.FileLocks
+) -> None:
+    """The same file rows, catalog rows and search terms as the incremental flushes, with the
+    files read by a pool of processes and written a batch per commit."""
+    make_files(db, data_dir)
+    before, rows, searched = snapshot(db), _catalog(db), _found(db)
+    assert searched["bravo"] and searched["bravo/assistant"] and not searched["bravo/user"]
+    with db.transaction() as conn:
+        conn.execute(sa.delete(tables.append_keys))
+        catalog.clear(conn)
+        conn.execute(sa.delete(tables.raw_files))
+    seen: list[int] = []
+
+    options = Reindex(batch_files=1, workers=2)  # 4 files: more than a batch, so a pool
+    report = integrity.reindex(db, file_locks, data_dir, options, progress=seen.append)
+    assert (report.scanned, report.inserted, report.updated, report.failed) == (4, 4, 0, [])
+    assert sum(seen) == 4
+    assert snapshot(db) == before
+    assert _catalog(db) == rows
+    assert _found(db) == searched
     assert integrity.fsck(db, data_dir) == []

@@ -1,0 +1,126 @@
+"""Batched flushes (docs/design.md §3): :func:`flush.flush_many` writes many files with one
+read snapshot and one commit, hands back every file that needs more than an append, and
+stays within its byte budget; :class:`flush_threads.FlushThreads` in rounds flushes the
+handed-back files on their own — on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import helpers
+
+from pipeline import anomalies, database, flush, flush_threads, integrity, journal, locks, store
+from pipeline.settings import Settings
+
+TS = "2026-08-03T11:18:06Z"
+
+
+def _body(key: str, text: str = "hello") -> dict[str, Any]:
+    messages = [{"role": "user", "content": text, "ts": TS}]
+    return {"agent_id": "hermes", "session_key": key, "messages": messages}
+
+
+def _locks(db: database.Database, data_dir: Path) -> locks.FileLocks:
+    return locks.FileLocks(db, data_dir, timeout=5)
+
+
+def test_a_round_writes_every_file_with_one_commit(db: database.Database, data_dir: Path) -> None:
+    ids = [journal.ingest(db, _body(f"s{i}")).file_id for i in range(5)]
+    journal.ingest(db, _body("s0", "again"))
+    groups = db.group.groups
+    ran: list[int] = []
+
+    def run(thunks: list[Callable[[], None]]) -> list[BaseException | None]:
+        ran.append(len(thunks))
+        return flush.serially(thunks)
+
+    done = flush.flush_many(db, _locks(db, data_dir), data_dir, ids, run=run)
+    assert (done.alone, done.later) == ([], [])
+    assert ran == [5]
+    assert db.group.groups == groups + 1  # one commit for the five files
+    assert {i: r.messages for i, r in done.results.items()} == {
+        ids[0]: 2,
+        **{i: 1 for i in ids[1:]},
+    }
+    for file_id in ids:
+        row = helpers.file_row(db, file_id)
+        assert (row.flushed_seq, row.next_seq - 1, row.flush_pending) == (
+            row.next_seq - 1,
+            row.flushed_seq,
+            False,
+        )
+    # exactly what a flush of one file writes: the chain checks out
+    assert integrity.fsck(db, data_dir) == []
+
+
+def test_a_file_that_needs_more_than_an_append_is_handed_back(
+    db: database.Database, data_dir: Path
+) -> None:
+    torn, missing, plain = (journal.ingest(db, _body(k)).file_id for k in ("t", "m", "p"))
+    for file_id in (torn, missing, plain):
+        journal.flush(db, data_dir, file_id)
+        journal.ingest(db, _body(helpers.file_row(db, file_id).session_key, "more"))
+    with open(data_dir / helpers.file_row(db, torn).path, "ab") as f:
+        f.write(b"# never acknowledged")
+    (data_dir / helpers.file_row(db, missing).path).unlink()
+    done = flush.flush_many(db, _locks(db, data_dir), data_dir, [torn, missing, plain])
+    assert sorted(done.alone) == sorted([torn, missing])
+    assert list(done.results) == [plain]
+    # nothing recorded or repaired by the round: that is the flush of one file's job
+    for file_id in (torn, missing):
+        assert anomalies_of(db, file_id) == []
+    journal.flush(db, data_dir, torn)  # alone: the tail is cut and the append written
+    assert anomalies_of(db, torn) == ["torn_tail_truncated"]
+    assert helpers.file_row(db, torn).flushed_seq == 2
+
+
+def anomalies_of(db: database.Database, file_id: str) -> list[str]:
+    with db.reading() as conn:
+        return [a.kind for a in anomalies.listed(conn) if a.file_id == file_id]
+
+
+def test_a_round_reads_about_its_byte_budget(db: database.Database, data_dir: Path) -> None:
+    ids = [journal.ingest(db, _body(f"s{i}", "x" * 1000)).file_id for i in range(4)]
+    done = flush.flush_many(db, _locks(db, data_dir), data_dir, ids, chunk_bytes=1500)
+    assert list(done.results) == ids[:2]  # the second row took it past the budget
+    assert done.later == ids[2:]
+    assert store.size(data_dir / helpers.file_row(db, ids[2]).path) is None
+
+
+def test_a_failed_write_hands_the_file_back(db: database.Database, data_dir: Path) -> None:
+    ids = [journal.ingest(db, _body(f"s{i}")).file_id for i in range(2)]
+
+    def run(thunks: list[Callable[[], None]]) -> list[BaseException | None]:
+        outcomes = flush.serially(thunks[:1])
+        return [*outcomes, OSError("disk on fire")]
+
+    done = flush.flush_many(db, _locks(db, data_dir), data_dir, ids, run=run)
+    assert (list(done.results), done.alone) == ([ids[0]], [ids[1]])
+    assert helpers.file_row(db, ids[1]).flushed_seq == 0
+
+
+def test_rounds_flush_kicked_files_and_hand_the_rest_to_threads(
+    db: database.Database, data_dir: Path, database_url: str
+) -> None:
+    settings = Settings(data_dir=data_dir, database_url=database_url)
+    jobs = helpers.RecordingQueue()
+    threads = flush_threads.FlushThreads(jobs, threads=2, linger=0.001)
+    service = helpers.service(db, settings, threads)
+    threads.start(service.flush, service.flush_round)
+    try:
+        ids = [helpers.append(service, _body(f"s{i}")).result.file_id for i in range(6)]
+        helpers.wait_for(threads.idle, what="the flushes", timeout=10)
+        assert threads.rounds >= 1 and threads.round_files >= 1
+        for file_id in ids:
+            assert helpers.file_row(db, file_id).flushed_seq == 1
+        # a file whose bytes went missing is handed back, flushed alone, and marked
+        gone = helpers.file_row(db, ids[0])
+        (data_dir / gone.path).unlink()
+        helpers.append(service, _body("s0", "more"))
+        helpers.wait_for(threads.idle, what="the flushes", timeout=10)
+        assert helpers.file_row(db, ids[0]).status == "error"
+        assert anomalies_of(db, ids[0]) == ["file_missing"]
+    finally:
+        threads.close()
