@@ -125,12 +125,13 @@ def flush(
             # What is acknowledged now; what comes later is the caller's to flush again.
             upto = row.next_seq - 1
             batch = ledger.journal_batch(conn, file_id, row.flushed_seq, chunk_bytes, upto=upto)
+        fault("read")
         if not batch:
+            more = False
             if row.flush_pending:
                 with db.transaction(durable=False) as conn:
-                    index.settle_flush(conn, file_id)
-            return FlushResult(file_id, 0, 0, row.flushed_seq, row.status)
-        fault("read")
+                    more = not index.settle_flush(conn, file_id)
+            return FlushResult(file_id, 0, 0, row.flushed_seq, row.status, more=more)
         if row.status == Status.ARCHIVED:
             # An append to an archived session brings the file back first (docs/design.md §5).
             try:
@@ -393,7 +394,7 @@ def flush_many(
         fault("locked")
         started = time.perf_counter()
         todo: list[tuple[tables.FileRow, list[tables.JournalRow]]] = []
-        settle: list[str] = []
+        settle: list[tables.FileRow] = []  #: pending files with nothing to write
         budget = chunk_bytes
         with db.reading(held=True) as conn:
             for file_id in locked:
@@ -408,8 +409,11 @@ def flush_many(
                 batch = ledger.journal_batch(conn, file_id, row.flushed_seq, budget, upto=upto)
                 if not batch:
                     if row.flush_pending:
-                        settle.append(file_id)
-                    done.results[file_id] = FlushResult(file_id, 0, 0, row.flushed_seq, row.status)
+                        settle.append(row)
+                    else:
+                        done.results[file_id] = FlushResult(
+                            file_id, 0, 0, row.flushed_seq, row.status
+                        )
                     continue
                 budget -= sum(entry.size for entry in batch)
                 todo.append((row, batch))
@@ -438,17 +442,23 @@ def flush_many(
         fault("written")
         now = db.now()
 
-        def commit(conn: sa.Connection) -> list[int | None]:
-            for file_id in settle:
-                index.settle_flush(conn, file_id)
-            return [chunk.advance(conn, now) for chunk in written]
+        def commit(conn: sa.Connection) -> tuple[list[bool], list[int | None]]:
+            settled = [index.settle_flush(conn, row.file_id) for row in settle]
+            return settled, [chunk.advance(conn, now) for chunk in written]
 
         try:
-            advanced = db.commit(commit, durable=False)
+            settled, advanced = db.commit(commit, durable=False)
         except errors.SgmeError:
             done.alone.extend(chunk.row.file_id for chunk in written)
+            done.alone.extend(row.file_id for row in settle)
             return done
         fault("committed")
+        for row, was_settled in zip(settle, settled, strict=True):
+            # not settled: an append came meanwhile and its ingest did not kick the file
+            more = not was_settled
+            done.results[row.file_id] = FlushResult(
+                row.file_id, 0, 0, row.flushed_seq, row.status, more=more
+            )
         for chunk, next_seq in zip(written, advanced, strict=True):
             old = chunk.row
             if next_seq is None:  # cannot happen under the lock; flush() looks again

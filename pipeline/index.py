@@ -272,10 +272,11 @@ _SETTLE = database.Prepared(
 )
 
 
-def settle_flush(conn: sa.Connection, file_id: str) -> None:
+def settle_flush(conn: sa.Connection, file_id: str) -> bool:
     """A flush found nothing to write: the file is no longer pending, unless an append came
-    meanwhile (its seqs are past ``flushed_seq``)."""
-    _SETTLE.execute(conn, {"file_id": file_id})
+    meanwhile (its seqs are past ``flushed_seq``). Whether it settled: when not, the append's
+    ingest saw the file pending and did not kick it, so the caller must."""
+    return bool(_SETTLE.execute(conn, {"file_id": file_id}).rowcount == 1)
 
 
 # ---------------------------------------------------------------------------------------------

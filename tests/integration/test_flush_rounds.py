@@ -10,8 +10,20 @@ from pathlib import Path
 from typing import Any
 
 import helpers
+import pytest
+import sqlalchemy as sa
 
-from pipeline import anomalies, database, flush, flush_threads, integrity, journal, locks, store
+from pipeline import (
+    anomalies,
+    database,
+    flush,
+    flush_threads,
+    integrity,
+    journal,
+    locks,
+    store,
+    tables,
+)
 from pipeline.settings import Settings
 
 TS = "2026-08-03T11:18:06Z"
@@ -124,3 +136,41 @@ def test_rounds_flush_kicked_files_and_hand_the_rest_to_threads(
         assert anomalies_of(db, ids[0]) == ["file_missing"]
     finally:
         threads.close()
+
+
+def _pending_with_nothing_to_write(db: database.Database, data_dir: Path) -> str:
+    """A file kicked twice: the first flush wrote everything, the second finds nothing."""
+    file_id = journal.ingest(db, _body("k")).file_id
+    journal.flush(db, data_dir, file_id)
+    with db.transaction() as conn:
+        conn.execute(
+            sa.update(tables.raw_files)
+            .where(tables.raw_files.c.file_id == file_id)
+            .values(flush_pending=True)
+        )
+    return file_id
+
+
+@pytest.mark.parametrize("alone", [True, False], ids=["flush", "round"])
+def test_an_append_while_a_flush_finds_nothing_is_flushed_again(
+    db: database.Database, data_dir: Path, alone: bool
+) -> None:
+    # The append's ingest sees the file pending and does not kick it; the flush that found
+    # nothing must not settle it, and must say to flush the file again.
+    file_id = _pending_with_nothing_to_write(db, data_dir)
+    key = helpers.file_row(db, file_id).session_key
+
+    def append_meanwhile(step: str) -> None:
+        if step == "read":
+            assert journal.ingest(db, _body(key, "meanwhile")).kick is False
+
+    file_locks = _locks(db, data_dir)
+    if alone:
+        result = flush.flush(db, file_locks, data_dir, file_id, fault=append_meanwhile)
+    else:
+        done = flush.flush_many(db, file_locks, data_dir, [file_id], fault=append_meanwhile)
+        result = done.results[file_id]
+    assert (result.messages, result.more) == (0, True)
+    row = helpers.file_row(db, file_id)
+    assert (row.flush_pending, row.flushed_seq, row.next_seq) == (True, 1, 3)
+    assert journal.flush(db, data_dir, file_id).messages == 1
