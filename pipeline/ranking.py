@@ -53,13 +53,15 @@ def rank(
     *,
     limit: int,
     common: int = COMMON_MATCHES,
+    enough: int | None = None,
     timeout: float | None = None,
 ) -> list[Scored]:
     """The ``limit`` messages within ``filters`` that match any phrase of ``query`` with the
     highest BM25 score (FTS5's formula on both databases), best first; equal scores in
     source_ref order. Every match is scored, however old; a phrase in ``common`` messages or
-    more is left out when the query has rarer ones. QueryTooCostly when the database works on
-    it past ``timeout`` seconds (PostgreSQL: any one of its statements)."""
+    more is left out when the query has rarer ones, unless those find fewer than ``enough``
+    (default ``limit``) messages: then every phrase counts. QueryTooCostly when the database
+    works on it past ``timeout`` seconds (PostgreSQL: any one of its statements)."""
     if filters.agents is not None and not filters.agents:
         return []
     postgres = database.is_postgres(conn)
@@ -67,11 +69,20 @@ def rank(
         if postgres and timeout is not None:
             conn.exec_driver_sql(f"SET LOCAL statement_timeout = {max(1, int(timeout * 1000))}")
         with _interrupted_after(conn, None if postgres else timeout):
-            query, counts = _uncommon(conn, query, common)
-            if postgres:
-                scored = _rank_postgres(conn, query, counts, filters, limit)
-            else:
-                scored = _rank_sqlite(conn, query, filters, limit)
+
+            def ranked(q: terms.Query, counts: list[int]) -> list[tuple[int, float]]:
+                if postgres:
+                    return _rank_postgres(conn, q, counts, filters, limit)
+                return _rank_sqlite(conn, q, filters, limit)
+
+            counts = _counts(conn, query, common)
+            kept = [i for i, n in enumerate(counts) if n < common] or list(range(len(counts)))
+            scored = ranked(_only(query, kept), [counts[i] for i in kept] if counts else [])
+            if len(scored) < (enough or limit) and len(kept) < len(counts):
+                # The rarer words found too few within the filters (they may be in other
+                # agents' messages): the common words count too, rather than an answer that
+                # holds only them vanishing.
+                scored = ranked(query, counts)
     except sa.exc.OperationalError as exc:
         code = getattr(exc.orig, "sqlstate", None)
         if code != "57014" and "interrupted" not in str(exc.orig):
@@ -176,19 +187,21 @@ def _rank_sqlite(
     return [(int(i), -float(r)) for i, r in conn.execute(stmt, params)]
 
 
-def _uncommon(
-    conn: sa.Connection, query: terms.Query, common: int
-) -> tuple[terms.Query, list[int]]:
-    """``query`` without its phrases in ``common`` messages or more (all of them when every
-    one is), and how many messages hold each phrase it keeps (counted up to ``common``;
-    SQLite counts only when there is a choice, its bm25() counts for itself)."""
+def _counts(conn: sa.Connection, query: terms.Query, common: int) -> list[int]:
+    """How many messages hold each phrase of ``query``, counted up to ``common`` (a phrase in
+    that many is common: left out of a first ranking when the query has rarer ones). SQLite
+    counts only when there is a choice (its bm25() counts for itself): none for one phrase."""
     postgres = database.is_postgres(conn)
     if len(query.phrases) < 2 and not postgres:
-        return query, []
-    counts = [_matches(conn, p, common, postgres) for p in query.phrases]
-    kept = [i for i, n in enumerate(counts) if n < common] or list(range(len(counts)))
-    phrases = tuple(query.phrases[i] for i in kept)
-    return dataclasses.replace(query, phrases=phrases), [counts[i] for i in kept]
+        return []
+    return [_matches(conn, p, common, postgres) for p in query.phrases]
+
+
+def _only(query: terms.Query, kept: list[int]) -> terms.Query:
+    """``query`` with the phrases at ``kept`` alone (all of them when ``kept`` is empty)."""
+    if not kept or len(kept) == len(query.phrases):
+        return query
+    return dataclasses.replace(query, phrases=tuple(query.phrases[i] for i in kept))
 
 
 def _matches(conn: sa.Connection, phrase: tuple[str, ...], common: int, postgres: bool) -> int:

@@ -53,7 +53,8 @@ class Ranking:
 
     timeout: float | None = None  #: seconds in the database at most (None: no bound)
     candidates: int = CANDIDATES  #: BM25 hits the neighbours' scores may reorder
-    #: (PostgreSQL) messages a phrase may be in and still find candidates
+    #: messages a phrase may be in and still find candidates (a more common one counts only
+    #: when the rarer ones find fewer messages than asked for)
     common_matches: int = ranking.COMMON_MATCHES
 
 
@@ -103,6 +104,7 @@ def search(
                 filters,
                 limit=max(limit, how.candidates),
                 common=how.common_matches,
+                enough=limit,
                 timeout=how.timeout,
             )
             best = converse(conn, ranked, filters, neighbours)[:limit]

@@ -325,6 +325,34 @@ def test_an_old_answer_is_found_behind_ten_thousand_newer_messages_with_a_common
     assert len(search.search(db, data_dir, "launch report", how=search.Ranking(timeout=30))) == 20
 
 
+def test_common_words_count_when_the_rarer_ones_find_too_few_within_the_filters(
+    db: database.Database, data_dir: Path
+) -> None:
+    # "deploy" is common (in 6 messages, the bound is 3): a question with a rarer word is
+    # ranked by that word first; here it is only in another agent's messages, so within
+    # alice's scope it finds nothing, and the common word must count after all (before, an
+    # agent whose answers held only common words got no hit at all).
+    mine = session(
+        db,
+        data_dir,
+        "ops",
+        ["The deploy window is Friday at six.", *[f"deploy {i} ok" for i in range(5)]],
+        agent="alice",
+    )
+    session(db, data_dir, "zoo", ["A zebra escaped."], agent="bob", start=60)
+    how = search.Ranking(common_matches=3)
+
+    def found(**filters: Any) -> list[str]:
+        q = "when is the zebra deploy?"
+        hits = search.search(db, data_dir, q, catalog.Filters(**filters), limit=3, how=how)
+        return [h.source_ref for h in hits]
+
+    alices = found(agents={"alice"})
+    assert len(alices) == 3 and {ref.split(":")[0] for ref in alices} == {mine}
+    assert len(found(agents={"bob"})) == 1  # bob's zebra; his messages hold no "deploy"
+    assert len(found()) == 3  # the zebra first, then messages with the common word
+
+
 def test_the_turn_after_the_one_that_shares_the_words_is_found(
     db: database.Database, data_dir: Path
 ) -> None:
