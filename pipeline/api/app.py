@@ -73,6 +73,7 @@ def create_app(service: Service) -> FastAPI:
         timeout=http.body_timeout,
         min_rate=http.min_body_rate,
     )
+    app.add_middleware(security.SingleValuedQuery, refuse=answer)
     app.add_middleware(
         security.SameOrigin, allowed=security.allowed_origins(settings), refuse=answer
     )

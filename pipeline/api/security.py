@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+import urllib.parse
 from collections.abc import Callable, Collection
 from typing import Annotated, Any
 
@@ -245,6 +246,29 @@ def same_origin(origin: str, host_header: str) -> bool:
     return name == target[0] and (port or _DEFAULT_PORTS[scheme]) == (
         target[1] or _DEFAULT_PORTS[scheme]
     )
+
+
+class SingleValuedQuery:
+    """ASGI middleware: a query parameter of the API (``/v1/…``) given more than once is
+    refused (422 ``invalid-input``). Every parameter of the API takes one value, and the
+    framework would otherwise keep the last one silently (``?after=x&after=5``)."""
+
+    def __init__(self, app: ASGIApp, refuse: Callable[[errors.SgmeError], Response]) -> None:
+        self.app = app
+        self.refuse = refuse
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        query = scope.get("query_string", b"") if scope["type"] == "http" else b""
+        if query and str(scope.get("path", "")).startswith("/v1/"):
+            names = [name for name, _ in urllib.parse.parse_qsl(query.decode("latin-1"), True)]
+            repeated = sorted({name for name in names if names.count(name) > 1})
+            if repeated:
+                refusal = errors.InvalidInput(
+                    f"query parameter {repeated[0]!r} given more than once: it takes one value"
+                )
+                await self.refuse(refusal)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 class SameOrigin:

@@ -399,6 +399,12 @@ def test_list_files_filters_and_pages_through_every_file_once(app: Api) -> None:
     assert_problem(app.client.get("/v1/files?status=done"), 422, "invalid-input", "status")
     assert_problem(app.client.get("/v1/files?source_type=x"), 422, "invalid-input", "source_type")
     assert_problem(app.client.get("/v1/files?limit=0"), 422, "invalid-input", "limit")
+    # a parameter takes one value: given twice it is refused, not the last one kept
+    assert_problem(app.client.get("/v1/files?limit=1&limit=2"), 422, "invalid-input", "limit")
+    r = app.client.get("/v1/audit?after=none&after=0")
+    assert_problem(r, 422, "invalid-input", "after")
+    r = app.client.post("/v1/append?wait=flushed&wait=flushed", json=body("s1"))
+    assert_problem(r, 422, "invalid-input", "wait")
 
 
 def test_search_times_are_rfc_3339_as_the_schema_says(app: Api) -> None:
