@@ -13,7 +13,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -103,13 +103,40 @@ def sessions(client: httpx.Client, agent: str) -> dict[str, list[Expected]]:
     return out
 
 
-def settled(client: httpx.Client, agent: str, expected: dict[str, list[Expected]]) -> None:
-    """Wait until what is stored is ``expected`` (the server writes files in the background)."""
-    harness.wait_until(
-        lambda: sessions(client, agent) == expected,
-        timeout=30,
-        what=f"{agent}'s sessions to be {expected}",
-    )
+def settled(
+    client: httpx.Client,
+    agent: str,
+    expected: dict[str, list[Expected]],
+    *,
+    spool: Path | None = None,
+    next_run: Callable[[], None] | None = None,
+) -> None:
+    """Wait until what is stored is ``expected`` (the server writes files in the background).
+
+    With ``next_run``: a run that found the server too slow for its budget spooled what it
+    had, and the next run delivers it (what the agent's next turn does); while the spool is
+    not empty, ``next_run`` is called every few seconds. The failure says what was stored and
+    what was spooled."""
+    ran = [time.monotonic()]
+
+    def deliver() -> None:
+        spooled = spool is not None and any(p.is_file() for p in spool.rglob("*"))
+        if next_run is not None and spooled and time.monotonic() - ran[0] > 5:
+            next_run()
+            ran[0] = time.monotonic()
+
+    try:
+        harness.wait_until(
+            lambda: sessions(client, agent) == expected,
+            timeout=30,
+            what=f"{agent}'s sessions to be {expected}",
+            check=deliver,
+        )
+    except AssertionError as exc:
+        files = sorted(str(p) for p in spool.rglob("*") if p.is_file()) if spool else []
+        raise AssertionError(
+            f"{exc}; stored: {sessions(client, agent)}; spooled: {files}"
+        ) from None
 
 
 def imported(capsysbinary: pytest.CaptureFixture[bytes], *args: str) -> dict[str, Any]:
@@ -208,7 +235,13 @@ def test_claude_code_turns_subagents_compaction_and_a_resumed_session(
         assert (proc.wait(60), out) == (0, ""), err
         proc.stdout.close()
         proc.stderr.close()
-    settled(client, "claude-code", {sid: main.expected, f"{sid}/agent-ab12": helper.expected})
+    settled(
+        client,
+        "claude-code",
+        {sid: main.expected, f"{sid}/agent-ab12": helper.expected},
+        spool=tmp_path / "spool",
+        next_run=lambda: fire("Stop"),
+    )
 
     # `claude --resume`: a new file with a new id copies every line, then turn 4. The copied
     # turns are the same turns (same keys): only turn 4 is new, in the same L0 session.
