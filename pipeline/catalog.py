@@ -346,13 +346,11 @@ def time_window(f: Filters) -> list[Any]:
     return found
 
 
-def _find_postgres(
-    conn: sa.Connection, query: terms.Query, f: Filters, limit: int, window: int
-) -> list[Hit]:
-    t = sa.table("message_terms", sa.column("id"), sa.column("tsv"))
-    q = sa.cast(sa.bindparam("tsquery", type_=sa.Text), postgresql.TSQUERY)
+def scope(f: Filters) -> list[Any]:
+    """The conditions of ``f`` on the messages joined with their files (PostgreSQL's filters
+    are ordinary SQL; SQLite's are tags in the search index but for the time window)."""
     m, files = tables.messages.c, tables.raw_files.c
-    where = [t.c.tsv.op("@@")(q), *time_window(f)]
+    where = time_window(f)
     if f.agents is not None:
         where.append(files.agent_id.in_(sorted(f.agents)))
     for column, value in (
@@ -363,6 +361,16 @@ def _find_postgres(
     ):
         if value is not None:
             where.append(column == value)
+    return where
+
+
+def _find_postgres(
+    conn: sa.Connection, query: terms.Query, f: Filters, limit: int, window: int
+) -> list[Hit]:
+    t = sa.table("message_terms", sa.column("id"), sa.column("tsv"))
+    q = sa.cast(sa.bindparam("tsquery", type_=sa.Text), postgresql.TSQUERY)
+    m, files = tables.messages.c, tables.raw_files.c
+    where = [t.c.tsv.op("@@")(q), *scope(f)]
     # The newest matches first, by id alone (joined only when a filter needs it); the rank,
     # the rows and their files only for those: computed for every match, they cost more
     # than the search itself when a word is common.

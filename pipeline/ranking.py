@@ -236,17 +236,7 @@ def _rank_postgres(
         return sa.cast(sa.literal(text, sa.Text), postgresql.TSQUERY)
 
     found = terms.tsquery(query)
-    where = [t.c.tsv.op("@@")(tsq(found)), *catalog.time_window(f)]
-    if f.agents is not None:
-        where.append(files.agent_id.in_(sorted(f.agents)))
-    for column, value in (
-        (files.agent_id, f.agent_id),
-        (files.session_key, f.session_key),
-        (m.file_id, f.file_id),
-        (m.role, f.role),
-    ):
-        if value is not None:
-            where.append(column == value)
+    where = [t.c.tsv.op("@@")(tsq(found)), *catalog.scope(f)]
     # first pass, in the database: each phrase's ts_rank (a saturating term frequency over
     # the log of the length) weighted by its idf, for every match
     first: Any = sum(
