@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from celery import Celery, signals
+from kombu.transport import redis as kombu_redis
 
 from pipeline import errors, flush_threads, refine
 from pipeline.runtime import Runtime
@@ -21,6 +22,25 @@ from pipeline.service import Queue, Service
 from workers import embedded, schedule, tasks
 
 log = logging.getLogger(__name__)
+
+_close_channel = kombu_redis.Channel.close
+
+
+def _close_orphaned_channel(self: kombu_redis.Channel) -> None:
+    """kombu's Redis channel, closed by the consumer after the broker went away, may build a
+    connection pool from its transport's client, which the closed connection has set to None
+    (``'NoneType' object has no attribute 'hostname'``): not a connection error, so it ended
+    the worker instead of the reconnect (tests/e2e/test_faults.py, Redis stopped for 30 s).
+    The channel is being thrown away: what is left of its close does not matter."""
+    try:
+        _close_channel(self)  # type: ignore[no-untyped-call]
+    except AttributeError:
+        if getattr(self.connection, "client", None) is not None:
+            raise
+        log.debug("closing a channel whose connection is gone", exc_info=True)
+
+
+kombu_redis.Channel.close = _close_orphaned_channel  # type: ignore[method-assign]
 QUEUES = ("append", "refine", "archive")
 TASK_TIME_LIMIT = 600  #: seconds; must stay below the broker's visibility timeout
 VISIBILITY_TIMEOUT = 3600  #: seconds before Redis redelivers an unacknowledged task
