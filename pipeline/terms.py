@@ -69,10 +69,10 @@ def stem(word: str) -> str:
     return found
 
 
-def _runs(text: str) -> list[tuple[str, bool]]:
-    """``(run, is_cjk)`` in reading order, normalised and case-folded."""
+def _runs(folded: str) -> list[tuple[str, bool]]:
+    """``(run, is_cjk)`` of a normalised, case-folded text, in reading order."""
     found = []
-    for match in _TOKEN.finditer(unicodedata.normalize("NFKC", text).casefold()):
+    for match in _TOKEN.finditer(folded):
         cjk, word = match.groups()
         found.append((cjk, True) if cjk else (word[:MAX_TERM], False))
     return found
@@ -98,7 +98,7 @@ def terms(text: str) -> list[str]:
             for w in _WORD.findall(folded)
         ]
     found: list[str] = []
-    for run, cjk in _runs(text):
+    for run, cjk in _runs(folded):
         found.extend(_split(run, cjk))
     return found
 

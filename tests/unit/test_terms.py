@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import unicodedata
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -10,8 +12,8 @@ from pipeline import terms
 
 def general(text: str) -> list[str]:
     """The terms by the general path (CJK runs and words), for comparison."""
-    text = text[: terms.MAX_INDEXED_CHARS]
-    return [t for run, cjk in terms._runs(text) for t in terms._split(run, cjk)]
+    folded = unicodedata.normalize("NFKC", text[: terms.MAX_INDEXED_CHARS]).casefold()
+    return [t for run, cjk in terms._runs(folded) for t in terms._split(run, cjk)]
 
 
 @given(
