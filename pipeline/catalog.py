@@ -287,16 +287,22 @@ def find(
     return _find_sqlite(conn, query, filters, limit, window)
 
 
-def _find_sqlite(
-    conn: sa.Connection, query: terms.Query, f: Filters, limit: int, window: int
-) -> list[Hit]:
+def tag_groups(f: Filters) -> list[list[str]]:
+    """SQLite's filters as groups of tags (one of each group must be in a message's ``tags``
+    column): the caller's agents, then the agent, session, file and role asked for."""
     tags: list[list[str]] = []
     if f.agents is not None:
         tags.append([terms.tag("a", a) for a in sorted(f.agents)])
     for kind, value in (("a", f.agent_id), ("s", f.session_key), ("f", f.file_id), ("r", f.role)):
         if value is not None:
             tags.append([terms.tag(kind, value)])
-    match = terms.fts5_match(query, tags=tags)
+    return tags
+
+
+def _find_sqlite(
+    conn: sa.Connection, query: terms.Query, f: Filters, limit: int, window: int
+) -> list[Hit]:
+    match = terms.fts5_match(query, tags=tag_groups(f))
     fts = sa.table("message_terms", sa.column("rowid"))
     rank: sa.ColumnElement[float] = sa.literal_column("bm25(message_terms)")
     # FTS5 walks the matches newest first and stops after the window (scoring only those);

@@ -36,16 +36,6 @@ PG_LENGTH_SAMPLE = 2_000
 _TAGS_PER_MESSAGE = 4
 
 
-def _tag_groups(f: catalog.Filters) -> list[list[str]]:
-    tags: list[list[str]] = []
-    if f.agents is not None:
-        tags.append([terms.tag("a", a) for a in sorted(f.agents)])
-    for kind, value in (("a", f.agent_id), ("s", f.session_key), ("f", f.file_id), ("r", f.role)):
-        if value is not None:
-            tags.append([terms.tag(kind, value)])
-    return tags
-
-
 def rank(
     conn: sa.Connection,
     query: terms.Query,
@@ -158,7 +148,7 @@ def hits_by_id(conn: sa.Connection, scored: Sequence[tuple[int, float]]) -> list
 def _rank_sqlite(
     conn: sa.Connection, query: terms.Query, f: catalog.Filters, limit: int
 ) -> list[tuple[int, float]]:
-    match = terms.fts5_match(query, tags=_tag_groups(f))
+    match = terms.fts5_match(query, tags=catalog.tag_groups(f))
     # weights: the terms column 1, the tags column 0 (a filter, not a relevance signal)
     if f.since is None and f.until is None:
         sql = (
