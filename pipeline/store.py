@@ -75,26 +75,23 @@ def _check_dirs(data_dir: Path, parts: tuple[str, ...]) -> None:
 
 def fsync_dir(path: Path) -> None:
     """Make a directory entry (a create, rename or unlink) durable."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError as exc:
-        raise _storage_error("fsync directory", path, exc) from exc
+    _fsync(path, os.O_DIRECTORY, "fsync directory")
 
 
 def fsync_file(path: Path) -> None:
     """Make a file's content durable (one written with ``durable=False``)."""
+    _fsync(path, _OPEN_FLAGS, "fsync")
+
+
+def _fsync(path: Path, flags: int, what: str) -> None:
     try:
-        fd = os.open(path, os.O_RDONLY | _OPEN_FLAGS)
+        fd = os.open(path, os.O_RDONLY | flags)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
     except OSError as exc:
-        raise _storage_error("fsync", path, exc) from exc
+        raise _storage_error(what, path, exc) from exc
 
 
 def free_bytes(path: Path) -> int:
