@@ -60,8 +60,9 @@ class Again(Exception):
 class _Work(Generic[T]):
     run: Callable[[sa.Connection], T]
     durable: bool
-    #: set when the work is finished, or when its caller must take the lead
-    wake: threading.Event = dataclasses.field(default_factory=threading.Event)
+    #: set when the work is finished, or when its caller must take the lead; only a caller
+    #: that queued behind a leader waits (a leader's own work needs none)
+    wake: threading.Event | None = None
     finished: bool = False
     value: Any = None
     error: BaseException | None = None
@@ -102,7 +103,9 @@ class Group:
             self._queue.append(mine)
             follower = self._leading
             self._leading = True
-        if follower:
+            if follower:
+                mine.wake = threading.Event()
+        if mine.wake is not None:
             mine.wake.wait()
             if mine.finished:
                 return mine.outcome()
@@ -116,7 +119,7 @@ class Group:
     def _hand_over(self) -> None:
         with self._mutex:
             if self._queue:
-                self._queue[0].wake.set()
+                _wake(self._queue[0])
             else:
                 self._leading = False
 
@@ -137,7 +140,7 @@ class Group:
                     self._queue.extendleft(reversed(again))
             for work in group:
                 if work.finished:
-                    work.wake.set()
+                    _wake(work)
 
     def _commit(self, group: list[_Work[Any]]) -> list[_Work[Any]]:
         """Run a group in one transaction and settle each piece of work; the pieces to run
@@ -186,6 +189,11 @@ class Group:
         with self._mutex:
             self.groups += 1
             self.works += works
+
+
+def _wake(work: _Work[Any]) -> None:
+    if work.wake is not None:
+        work.wake.set()
 
 
 class _Undone(Exception):

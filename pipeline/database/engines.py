@@ -103,6 +103,7 @@ def create_engine(
         # on purpose must not stay readable in the file (docs/privacy.md)
         cursor.execute("PRAGMA secure_delete=ON")
         cursor.close()
+        _record.info["synchronous"] = _record.info[_DURABLE] = synchronous
 
     @sa.event.listens_for(engine, "begin")
     def _on_begin(conn: sa.Connection) -> None:
@@ -110,11 +111,13 @@ def create_engine(
         # writer committed in between; taking the write lock up front makes writers queue.
         # A read-only snapshot (reading()) needs no lock: WAL readers never wait for writers.
         # Straight on the driver: this runs for every transaction of the append path.
-        options = conn.get_execution_options()
         # (a connection the Database holds is detached from the pool: no driver_connection)
         raw = conn.connection.driver_connection or conn.connection.dbapi_connection
         assert raw is not None
-        level = synchronous if options.get("sgme_durable", True) else "NORMAL"
+        if raw.in_transaction:  # begun on the driver (transactions._lean): this is its own
+            return
+        options = conn.get_execution_options()
+        level = synchronous_level(conn.connection, options.get("sgme_durable", True))
         begin = "BEGIN" if options.get("sgme_reading") else "BEGIN IMMEDIATE"
         try:
             if conn.connection.info.get("synchronous", synchronous) != level:
@@ -125,6 +128,16 @@ def create_engine(
             raise sa_exc.DBAPIError.instance(begin, None, exc, sqlite3.Error) from exc
 
     return engine
+
+
+_DURABLE = "sgme_synchronous"  #: a SQLite connection's info: its ``synchronous`` when durable
+
+
+def synchronous_level(connection: Any, durable: bool) -> str:
+    """The ``synchronous`` a SQLite transaction on ``connection`` (a pooled or held
+    connection, with its ``info``) commits at: the engine's own when ``durable``, else
+    ``NORMAL`` (no wait for the disk; docs/design.md §3)."""
+    return str(connection.info[_DURABLE]) if durable else "NORMAL"
 
 
 def map_error(exc: sa_exc.SQLAlchemyError) -> errors.SgmeError:

@@ -3,7 +3,8 @@ on the DBAPI cursor), savepoints, and the small builders the index's queries sha
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import datetime as dt
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -88,7 +89,12 @@ class _Compiled:
         self.sql = str(compiled)
         self.positional = compiled.positiontup if dialect.positional else None
         self.binds = [
-            (name, bind.key, bind.value, bind.type.dialect_impl(dialect).bind_processor(dialect))
+            (
+                name,
+                bind.key,
+                bind.value,
+                _quick(bind.type.dialect_impl(dialect).bind_processor(dialect)),
+            )
             for bind, name in compiled.bind_names.items()
         ]
         columns = getattr(statement, "exported_columns", ())
@@ -111,6 +117,35 @@ class _Compiled:
             key: process(value) if process is not None else value
             for key, value, process in zip(self.columns, raw, self.results, strict=True)
         }
+
+
+_SAMPLES = (
+    dt.datetime(2026, 12, 1, 9, 5, 7, 123),
+    dt.datetime(2026, 1, 31, 23, 59, 59),
+    dt.datetime(999, 2, 3, 4, 5, 6, 999999),
+)
+
+
+def _quick(process: Callable[[Any], Any] | None) -> Callable[[Any], Any] | None:
+    """``process``, or a quicker one that gives the same value: SQLite's DATETIME formats a
+    naive datetime as ``isoformat(" ", "microseconds")`` does, in a quarter of the time (two
+    datetimes a statement on the append and flush paths). Any other value, or a processor
+    that does not give the same strings, keeps SQLAlchemy's."""
+    if process is None:
+        return None
+    try:
+        same = all(process(s) == s.isoformat(" ", "microseconds") for s in _SAMPLES)
+    except Exception:
+        same = False
+    if not same:
+        return process
+
+    def quick(value: Any) -> Any:
+        if type(value) is dt.datetime and value.tzinfo is None:
+            return value.isoformat(" ", "microseconds")
+        return process(value)
+
+    return quick
 
 
 def _driver(conn: sa.Connection) -> Any:

@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import os
+import sqlite3
 import threading
 import time
 import weakref
@@ -220,9 +221,13 @@ class Database:
                 if held is not None:
                     held.drop()
                 held = self._committer = self._hold()
+            if not self.postgres:
+                with _lean(held.conn, "BEGIN IMMEDIATE", durable=durable):
+                    yield held.conn
+                return
             conn = held.conn.execution_options(sgme_durable=durable)
             with conn.begin():
-                if not durable and self.postgres:
+                if not durable:
                     conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
                 yield conn
         except sa_exc.SQLAlchemyError as exc:
@@ -270,6 +275,10 @@ class Database:
                 reader = self._readers.held = self._hold()
                 if not self.postgres:
                     reader.conn.execution_options(sgme_reading=True)
+            if not self.postgres:
+                with _lean(reader.conn, "BEGIN", durable=None):
+                    yield reader.conn
+                return
             with reader.conn.begin():
                 yield reader.conn
         except sa_exc.SQLAlchemyError as exc:
@@ -294,3 +303,49 @@ def _forked(ref: weakref.ReferenceType[Database]) -> None:
     # The parent's held connections stay the parent's: dropped at their next use here
     # (_Held.usable checks the process), never closed.
     found._held_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _lean(conn: sa.Connection, begin: str, *, durable: bool | None) -> Iterator[None]:
+    """A transaction on a held SQLite connection, begun and ended on the driver itself:
+    SQLAlchemy's transaction objects and events cost about as much as the append's own
+    statements (docs/design.md §3). Work that runs a Core statement in it makes SQLAlchemy
+    begin one of its own, which the ``begin`` event sees the driver already in
+    (:func:`engines.create_engine`) and which ends the driver's transaction with it.
+    ``durable``: whether the commit waits for the disk (None: a read, as it is)."""
+    fairy = conn.connection
+    raw: Any = fairy.driver_connection or fairy.dbapi_connection
+    try:
+        synchronous = None if durable is None else engines.synchronous_level(fairy, durable)
+        if synchronous is not None and fairy.info.get("synchronous") != synchronous:
+            raw.execute(f"PRAGMA synchronous={synchronous}")
+            fairy.info["synchronous"] = synchronous
+        raw.execute(begin)
+    except sqlite3.Error as exc:
+        raise _wrapped(begin, exc) from exc
+    try:
+        yield
+    except BaseException:
+        try:
+            if conn.in_transaction():
+                conn.rollback()
+            else:
+                raw.rollback()
+        except (sqlite3.Error, sa_exc.SQLAlchemyError):
+            conn.invalidate()  # replaced at its next use; the work's own error goes on
+        raise
+    try:
+        if conn.in_transaction():
+            conn.commit()
+        else:
+            raw.commit()
+    except sqlite3.Error as exc:
+        with contextlib.suppress(sqlite3.Error):
+            raw.rollback()
+        raise _wrapped("COMMIT", exc) from exc
+
+
+def _wrapped(sql: str, exc: sqlite3.Error) -> sa_exc.DBAPIError:
+    """A driver's error as SQLAlchemy would have raised it (:func:`engines.map_error` sorts
+    those)."""
+    return sa_exc.DBAPIError.instance(sql, None, exc, sqlite3.Error)
