@@ -345,7 +345,7 @@ def _lean(conn: sa.Connection, begin: str, *, durable: bool | None) -> Iterator[
         raise _wrapped("COMMIT", exc) from exc
 
 
-def _wrapped(sql: str, exc: sqlite3.Error) -> sa_exc.DBAPIError:
+def _wrapped(sql: str, exc: sqlite3.Error) -> sa_exc.StatementError:
     """A driver's error as SQLAlchemy would have raised it (:func:`engines.map_error` sorts
     those)."""
     return sa_exc.DBAPIError.instance(sql, None, exc, sqlite3.Error)
