@@ -136,6 +136,34 @@ class Service(Views, Upkeep):
         result = ingest.append(self.db, body, limits=self.settings.backlog)
         return self._acknowledged(result, wait=wait, redacted=redacted)
 
+    def append_many(self, bodies: list[validation.Append]) -> list[Appended | errors.SgmeError]:
+        """:meth:`append` (without ``wait``) for appends that arrived together: one hand-off to
+        the group committer for all of them, each acknowledged or refused on its own."""
+        answers: list[Appended | errors.SgmeError | None] = [None] * len(bodies)
+        ready: list[tuple[int, validation.Append, int]] = []
+        for i, body in enumerate(bodies):
+            try:
+                scrubbed, redacted = self._scrub(body)
+                self.admission.check(backlog.estimate(scrubbed))
+            except errors.SgmeError as exc:
+                answers[i] = exc
+                continue
+            ready.append((i, scrubbed, redacted))
+        done = ingest.append_many(
+            self.db, [body for _, body, _ in ready], limits=self.settings.backlog
+        )
+        for (i, _, redacted), result in zip(ready, done, strict=True):
+            if isinstance(result, ingest.AppendResult):
+                answers[i] = self._acknowledged(result, wait=False, redacted=redacted)
+            elif isinstance(result, errors.SgmeError):
+                answers[i] = result
+            else:  # a bug: answered as one (logged with its traceback); the others stand
+                bug = errors.InternalError("internal error")
+                bug.__cause__ = result
+                answers[i] = bug
+        assert all(answer is not None for answer in answers)
+        return answers  # type: ignore[return-value]
+
     def append_queued(self, body: Mapping[str, Any]) -> Appended | ingest.Held | None:
         """An append that came over Celery (``sgme.append``): ``idempotency_key`` is required,
         so a redelivered task writes nothing twice. One with a ``sequence`` ahead of its

@@ -64,6 +64,7 @@ def create_app(service: Service) -> FastAPI:
     app.state.service = service
     settings = service.settings
     app.state.verifier = service.verifier()
+    appends.install(app, service)
     http = settings.http
     # added first, so it runs last: the append path past every guard, without the router
     app.add_middleware(appends.FastAppend, refuse=refuse)

@@ -21,12 +21,15 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from pipeline import auth, errors, validation
 from pipeline.api import models, security
+from pipeline.api.batching import AppendBatcher
 from pipeline.api.deps import ServiceDep, problems
 from pipeline.api.security import Appender
 from pipeline.service import Appended, Service
 
 router = APIRouter(tags=["append"])
 APPEND_PATH = "/v1/append"
+#: bodies up to this size are validated on the event loop, larger ones on a thread
+INLINE_VALIDATION_BYTES = 64 * 1024
 
 
 def _body(model: str) -> dict[str, Any]:
@@ -66,8 +69,29 @@ async def append(request: Request) -> Response:
     if wait not in ([], ["flushed"]):
         raise errors.InvalidInput(f"query parameter wait: must be 'flushed', not {wait!r}")
     body = await request.body()
-    done = await run_in_threadpool(_append, service, caller, body, bool(wait))
+    if wait:
+        done = await run_in_threadpool(_append, service, caller, body, True)
+    else:
+        # A small body is validated on the event loop (tens of microseconds: less than a
+        # hand-off to a thread); a large one on a thread, so it holds up no other request.
+        if len(body) <= INLINE_VALIDATION_BYTES:
+            parsed = validation.parse_append(body, service.settings.limits)
+        else:
+            parsed = await run_in_threadpool(validation.parse_append, body, service.settings.limits)
+        caller.require_agent(parsed.agent_id)
+        done = await batcher(request).append(parsed)
     return JSONResponse(done.to_json(), status_code=200 if done.flushed else 202)
+
+
+def batcher(request: Request) -> AppendBatcher:
+    """The app's :class:`AppendBatcher` (made with the app: :func:`install`)."""
+    found: AppendBatcher = request.app.state.append_batcher
+    return found
+
+
+def install(app: Any, service: Service) -> None:
+    """Give ``app`` the committer of its appends (:mod:`pipeline.api.batching`)."""
+    app.state.append_batcher = AppendBatcher(service)
 
 
 @router.post(

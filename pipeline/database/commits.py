@@ -116,6 +116,37 @@ class Group:
             self._hand_over()
         return mine.outcome()
 
+    def run_many(
+        self, works: list[Callable[[sa.Connection], T]], *, durable: bool = True
+    ) -> list[T | BaseException]:
+        """:meth:`run` for several pieces of work from one caller, queued together (one
+        thread hand-off for all, where :meth:`run` from as many threads makes one each): each
+        one's value once its transaction committed, or its error, in order."""
+        mine: list[_Work[T]] = [_Work(work, durable) for work in works]
+        if not mine:
+            return []
+        with self._mutex:
+            self._queue.extend(mine)
+            follower = self._leading
+            self._leading = True
+            if follower:
+                for work in mine:
+                    work.wake = threading.Event()
+        lead = not follower
+        for work in mine if follower else ():
+            assert work.wake is not None
+            work.wake.wait()
+            if not work.finished:  # the lead was handed to it: ours now
+                lead = True
+                break
+        if lead:
+            try:
+                while not all(work.finished for work in mine):
+                    self._commit_next()
+            finally:
+                self._hand_over()
+        return [work.error if work.error is not None else work.value for work in mine]
+
     def _hand_over(self) -> None:
         with self._mutex:
             if self._queue:

@@ -1,0 +1,118 @@
+"""The HTTP append path's committer (docs/design.md §3): ``POST /v1/append`` requests handed
+to one thread in batches.
+
+A request that ran its append on a thread of its own (``run_in_threadpool``) paid for the
+hand-off to that thread and back, and for the group committer's hand-offs between the
+threads whose appends shared a commit — more than the append's own work. Here the event loop
+validates the request and queues it; one thread takes everything queued (at most
+``max_batch``), commits it as one group (:meth:`pipeline.service.Service.append_many`: a
+savepoint per append, one durable commit) and answers the whole batch with one call into the
+event loop. Nothing is answered before the commit returned: an acknowledgement still means
+the append is on stable storage. An append whose client went away meanwhile is still
+committed, as it would have been on a thread of its own.
+
+The thread is started by the first append and ends after :data:`IDLE_SECONDS` without one, so
+an app that stops receiving appends (a test's, a reloaded one) leaves no thread behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import threading
+from collections.abc import Sequence
+
+from pipeline import errors, validation
+from pipeline.service import Appended, Service
+
+log = logging.getLogger(__name__)
+
+MAX_BATCH = 256  #: appends committed together at most (the group committer's own bound)
+IDLE_SECONDS = 5.0  #: the thread ends after this long without an append
+
+_Item = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Appended]", validation.Append]
+_Answer = Appended | BaseException
+
+
+class AppendBatcher:
+    """Appends of one service, committed in batches on one thread."""
+
+    def __init__(self, service: Service, *, max_batch: int = MAX_BATCH) -> None:
+        self.service = service
+        self.max_batch = max_batch
+        self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        #: batches committed and appends in them (tests and benchmarks read these)
+        self.batches = 0
+        self.appends = 0
+
+    async def append(self, body: validation.Append) -> Appended:
+        """Commit ``body`` with whatever else is queued; its answer once that commit returned,
+        or its refusal (:class:`errors.SgmeError`)."""
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[Appended] = loop.create_future()
+        with self._lock:
+            self._queue.put((loop, answer, body))
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="sgme-append-batches", daemon=True
+                )
+                self._thread.start()
+        return await answer
+
+    def _take(self) -> list[_Item] | None:
+        """The next batch; None when nothing came for :data:`IDLE_SECONDS` (the thread ends)."""
+        try:
+            first = self._queue.get(timeout=IDLE_SECONDS)
+        except queue.Empty:
+            with self._lock:
+                if self._queue.empty():
+                    self._thread = None
+                    return None
+            first = self._queue.get()
+        batch = [first]
+        while len(batch) < self.max_batch:
+            try:
+                batch.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        return batch
+
+    def _run(self) -> None:
+        while (batch := self._take()) is not None:
+            answers: Sequence[_Answer]
+            try:
+                answers = self.service.append_many([body for _, _, body in batch])
+            except Exception as exc:  # a bug: every request of the batch answers it as one
+                log.exception("a batch of %d appends failed", len(batch))
+                answers = [_bug(exc)] * len(batch)
+            self.batches += 1
+            self.appends += len(batch)
+            by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Appended], _Answer]]]
+            by_loop = {}
+            for (loop, future, _), answer in zip(batch, answers, strict=True):
+                by_loop.setdefault(loop, []).append((future, answer))
+            for loop, settled in by_loop.items():
+                # a closed loop raises RuntimeError: nobody is waiting any more
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(_settle, settled)
+
+
+def _bug(exc: Exception) -> errors.InternalError:
+    bug = errors.InternalError("internal error")
+    bug.__cause__ = exc
+    return bug
+
+
+def _settle(settled: list[tuple[asyncio.Future[Appended], _Answer]]) -> None:
+    """Answer each waiting request (on its event loop)."""
+    for future, answer in settled:
+        if future.done():  # cancelled: the client went away; the append stands
+            continue
+        if isinstance(answer, BaseException):
+            future.set_exception(answer)
+        else:
+            future.set_result(answer)
