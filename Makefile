@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install hermes-env browser ui-test run test lint unit integration bench chaos clean
+.PHONY: install hermes-env browser wrk ui-test run test lint unit integration bench chaos clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python >= 3.11 is required"'
@@ -40,6 +40,11 @@ hermes-env: $(HERMES_STAMP)
 browser:
 	@command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
+## make wrk: Debian's wrk, the C load generator bench/bench_http.py --wrk drives the servers
+## with (so that the load generator is not the bottleneck). Needs root (apt-get).
+wrk:
+	@command -v wrk >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null; }
+
 ## make ui-test: the web view in the browser; screenshots go to $(SCREENSHOTS)
 SCREENSHOTS ?= screenshots
 ui-test: $(STAMP) browser
@@ -68,9 +73,9 @@ integration: $(STAMP)
 	$(BIN)/pytest -q tests/integration
 
 ## make bench: every benchmark (about an hour here); results in docs/benchmarks.md
-bench: $(STAMP) $(HERMES_STAMP)
+bench: $(STAMP) $(HERMES_STAMP) wrk
 	$(BIN)/python bench/bench_peers.py
-	$(BIN)/python bench/bench_http.py
+	$(BIN)/python bench/bench_http.py --wrk
 	$(BIN)/python bench/bench_append.py
 	$(BIN)/python bench/bench_parse.py
 	$(BIN)/python bench/bench_archive.py
