@@ -33,7 +33,7 @@ from pipeline.service import Queue
 
 log = logging.getLogger(__name__)
 
-DEFAULT_LINGER = 0.002  #: seconds a round waits for more kicks (``backlog_flush_linger``)
+DEFAULT_LINGER = 0.02  #: seconds a round waits for more kicks (``backlog_flush_linger``)
 MAX_ROUND = 256  #: files in one round at most
 
 Thunks = list[Callable[[], None]]

@@ -95,7 +95,7 @@ class Backlog:
     flush_chunk_bytes: int = 8 * 1024 * 1024
     #: seconds a flush round of the embedded service waits, once kicked, for the kicks of
     #: concurrent appends to join it (docs/design.md §3, batched flushes)
-    flush_linger: float = 0.002
+    flush_linger: float = 0.02
 
 
 @dataclasses.dataclass(frozen=True)
