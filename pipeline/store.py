@@ -287,6 +287,9 @@ class _Stripe:
             self._fd = None
 
 
+_KNOWN_FILES = 65_536  #: file ids whose stripe a :class:`LockFiles` remembers
+
+
 class LockFiles:
     """The per-file locks of one data directory as this process holds them: a file maps to
     one of :data:`LOCK_STRIPES` lock files under ``<data>/.locks`` by hash, each with an
@@ -296,17 +299,25 @@ class LockFiles:
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = data_dir
         self._stripes: dict[str, _Stripe] = {}
+        #: the stripe of each file id seen lately (at most :data:`_KNOWN_FILES`)
+        self._of: dict[str, _Stripe] = {}
         self._guard = threading.Lock()
         ref = weakref.ref(self)
         os.register_at_fork(after_in_child=lambda: _forget_stripes(ref))
 
     def _stripe(self, file_id: str) -> _Stripe:
+        known = self._of.get(file_id)  # a flush round asks twice a file, every round
+        if known is not None:
+            return known
         number = int(hashlib.sha256(file_id.encode()).hexdigest()[:8], 16) % LOCK_STRIPES
         path = str(self.data_dir / ".locks" / f"{number:04d}.lock")
         with self._guard:
             found = self._stripes.get(path)
             if found is None:
                 found = self._stripes[path] = _Stripe(path)
+            if len(self._of) >= _KNOWN_FILES:
+                self._of.clear()
+            self._of[file_id] = found
             return found
 
     @contextlib.contextmanager
@@ -342,7 +353,7 @@ class LockFiles:
     def close(self) -> None:
         """Close the lock files' descriptors (none may be held)."""
         with self._guard:
-            stripes, self._stripes = self._stripes, {}
+            stripes, self._stripes, self._of = self._stripes, {}, {}
         for stripe in stripes.values():
             stripe.forget()
 
@@ -359,7 +370,7 @@ def _forget_stripes(ref: weakref.ReferenceType[LockFiles]) -> None:
         return
     for stripe in found._stripes.values():
         stripe.forget()
-    found._stripes = {}
+    found._stripes, found._of = {}, {}
     found._guard = threading.Lock()
 
 
