@@ -97,6 +97,11 @@ class _Compiled:
             )
             for bind, name in compiled.bind_names.items()
         ]
+        #: positional drivers (SQLite's qmark): each bind in the statement's order
+        self.ordered: list[tuple[str, Any, Callable[[Any], Any] | None]] | None = None
+        if self.positional is not None:
+            by_name = {name: (key, default, process) for name, key, default, process in self.binds}
+            self.ordered = [by_name[name] for name in self.positional]
         columns = getattr(statement, "exported_columns", ())
         self.columns = [c.key for c in columns]
         self.results = [
@@ -104,12 +109,13 @@ class _Compiled:
         ]
 
     def bind(self, params: Mapping[str, Any]) -> Any:
+        if self.ordered is not None:  # the tuple straight away: the catalog binds one a row
+            get = params.get
+            return tuple([get(k, d) if p is None else p(get(k, d)) for k, d, p in self.ordered])
         values = {}
         for name, key, default, process in self.binds:
             value = params.get(key, default)
             values[name] = process(value) if process is not None else value
-        if self.positional is not None:
-            return tuple(values[name] for name in self.positional)
         return values
 
     def row(self, raw: Sequence[Any]) -> dict[str, Any]:
