@@ -5,6 +5,7 @@ server at ``/mcp``, which is a client of this API and so cannot be imported by i
 
 from __future__ import annotations
 
+import inspect
 import logging
 import re
 from collections.abc import Callable
@@ -27,6 +28,13 @@ from pipeline.service import Service
 log = logging.getLogger(__name__)
 
 PLUGINS = "sgme.api"  #: entry point group: what else the API serves (``mcp``: ``/mcp``)
+#: FastAPI's own OpenTelemetry (newer releases) asks on every request whether a provider is
+#: configured; the service reports through Prometheus (``/metrics``) and has none
+_NO_TELEMETRY: dict[str, Any] = (
+    {"telemetry": {"tracing": False, "metrics": False, "logs": False}}
+    if "telemetry" in inspect.signature(FastAPI.__init__).parameters
+    else {}
+)
 
 
 class Plugin(Protocol):
@@ -60,6 +68,7 @@ def create_app(service: Service) -> FastAPI:
         title="SGME L0",
         version="0.1.0",
         description="The raw layer of SGME: append-only Markdown transcripts, indexed.",
+        **_NO_TELEMETRY,
     )
     app.state.service = service
     settings = service.settings
