@@ -410,7 +410,11 @@ def reindex(
 
     # a pool pays for its start (a second or so) only over more than a batch of files
     workers = options.workers if len(live) > options.batch_files else 0
-    for read in recovery.read_all(data_dir, wanted(), postgres=db.postgres, workers=workers):
+    # the workers read a batch ahead: they go on while this process commits one
+    reads = recovery.read_all(
+        data_dir, wanted(), postgres=db.postgres, workers=workers, ahead_files=options.batch_files
+    )
+    for read in reads:
         if read.unreadable is not None:
             failed.append(Problem(read.file_id, Finding.UNREADABLE, read.unreadable))
             skipped += 1
