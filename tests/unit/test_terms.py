@@ -41,13 +41,14 @@ _PIECES = st.one_of(
     st.sampled_from(["deciding", "decided", "supports", "the", "v2", "zoë", "данные", "123"]),
     st.text(alphabet="abcdefghij0123456789", min_size=60, max_size=140),  # past MAX_TERM
     st.text(alphabet="Ａ数a", min_size=60, max_size=140),
+    st.text(alphabet="aéZ9", min_size=60, max_size=140),  # a long word past ASCII
     st.characters(codec="utf-8"),
 )
 
 
 @settings(max_examples=500)
 @given(st.lists(_PIECES, max_size=60).map("".join))
-def test_terms_are_the_reference_algorithms(text: str) -> None:
+def test_terms_are_what_the_reference_makes(text: str) -> None:
     assert terms.terms(text) == reference(text)
     assert terms.terms(text) == reference(text)  # again, from the stem cache
 
@@ -59,6 +60,11 @@ def test_ascii_text_gives_the_reference_terms(text: str) -> None:
 
 @given(st.text(alphabet=st.characters(codec="utf-8"), max_size=200))
 def test_any_text_gives_the_reference_terms(text: str) -> None:
+    assert terms.terms(text) == reference(text)
+
+
+def test_lone_surrogates_are_neither_words_nor_errors() -> None:
+    text = "a\ud800b 数\udfff据 Zoë\udc80x"
     assert terms.terms(text) == reference(text)
 
 
