@@ -14,6 +14,12 @@ files/s, messages/s and peak RSS (``RSS MB`` of the command's own process, ``wor
 largest of its worker processes); then ``fsck`` over the rebuilt index. Wall-clock time: on a
 shared machine, compare only numbers from one run.
 
+CPU time (``time.process_time``), which load on a shared machine disturbs less: ``main`` and
+``workers`` are the CPU microseconds per file of the command's process and of its worker
+processes (their start included); ``read`` those of reading one file for the index in one
+process (``recovery.read``: parse, hash chain, rows and search terms), over the first
+:data:`CPU_FILES` files, after reading them once.
+
 PostgreSQL: ``SGME_TEST_POSTGRES_URL`` (an admin URL; a scratch database is made and dropped).
 """
 
@@ -40,11 +46,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 if _SRC:
     sys.path.insert(0, _SRC)
 
-from pipeline import database, integrity, locks  # noqa: E402
+from pipeline import database, integrity, locks, recovery  # noqa: E402
 
 SEED = 20261201
 MESSAGES = 5  #: per file
 TARGET_FILES_PER_SECOND = 2_000  #: on SQLite
+CPU_FILES = 2_000  #: files read for the CPU time of ``recovery.read``
 POSTGRES_ADMIN_URL = os.environ.get(
     "SGME_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
 )
@@ -77,9 +84,13 @@ def peak_rss_mb() -> tuple[float, float]:
 
 def child(task: str, url: str, data_dir: Path) -> None:
     """One contender, in this process: prints its result as JSON."""
+    if task == "read":
+        print(json.dumps({"read": read_cpu(data_dir)}))
+        return
     db = database.Database.from_url(url)
     file_locks = locks.FileLocks(db, data_dir, timeout=30)
     started = time.perf_counter()
+    cpu = time.process_time()
     if task == "reindex":
         report = integrity.reindex(db, file_locks, data_dir)
         result: dict[str, float] = {"files": report.inserted, "failed": len(report.failed)}
@@ -87,8 +98,22 @@ def child(task: str, url: str, data_dir: Path) -> None:
         problems = integrity.fsck(db, data_dir)
         result = {"files": integrity.count_files(db), "failed": len(problems)}
     result["seconds"] = time.perf_counter() - started
+    result["cpu_main"] = (time.process_time() - cpu) / max(result["files"], 1) * 1e6
+    workers = resource.getrusage(resource.RUSAGE_CHILDREN)
+    result["cpu_workers"] = (workers.ru_utime + workers.ru_stime) / max(result["files"], 1) * 1e6
     result["rss"], result["worker_rss"] = peak_rss_mb()
     print(json.dumps(result))
+
+
+def read_cpu(data_dir: Path) -> float:
+    """CPU microseconds per file of ``recovery.read`` (SQLite's rows), in this process."""
+    paths = sorted((data_dir / "raw" / "sessions").iterdir())[:CPU_FILES]
+    for path in paths:  # once to warm up (imports, the stem cache), as a worker would be
+        recovery.read(data_dir, "session", path, postgres=False)
+    cpu = time.process_time()
+    for path in paths:
+        recovery.read(data_dir, "session", path, postgres=False)
+    return (time.process_time() - cpu) / len(paths) * 1e6
 
 
 def spawn(task: str, url: str, data_dir: Path, src: Path | None = None) -> dict[str, float]:
@@ -122,10 +147,12 @@ def run(files: int, store_dir: Path | None, postgres: bool, baseline: Path | Non
         index_file = Path(tmp) / "index.sqlite3"
         sqlite_url = migrated(f"sqlite:///{index_file}")
         rows.append(("reindex, SQLite", spawn("reindex", sqlite_url, data_dir)))
+        rows[-1][1].update(spawn("read", sqlite_url, data_dir))
         rows.append(("fsck, SQLite", spawn("fsck", sqlite_url, data_dir)))
         if baseline:
             old_url = migrated(f"sqlite:///{Path(tmp) / 'baseline.sqlite3'}")
             rows.append(("reindex, SQLite, base", spawn("reindex", old_url, data_dir, baseline)))
+            rows[-1][1].update(spawn("read", old_url, data_dir, baseline))
         if postgres:
             admin = sa.create_engine(
                 database.normalize_url(POSTGRES_ADMIN_URL), isolation_level="AUTOCOMMIT"
@@ -145,14 +172,16 @@ def run(files: int, store_dir: Path | None, postgres: bool, baseline: Path | Non
     print()
     print(
         f"{'run':<22}{'seconds':>9}{'files/s':>10}{'msg/s':>10}{'RSS MB':>8}{'worker':>8}"
-        f"{'failed':>8}"
+        f"{'failed':>8}{'CPU us/file: main':>19}{'workers':>9}{'read':>7}"
     )
-    print("-" * 75)
+    print("-" * 110)
     for label, r in rows:
         rate = r["files"] / r["seconds"]
+        read = f"{r['read']:>7.0f}" if "read" in r else ""
         print(
             f"{label:<22}{r['seconds']:>9.1f}{rate:>10,.0f}{rate * MESSAGES:>10,.0f}"
             f"{r['rss']:>8.0f}{r['worker_rss']:>8.0f}{int(r['failed']):>8}"
+            f"{r['cpu_main']:>19.0f}{r['cpu_workers']:>9.0f}{read}"
         )
     sqlite = rows[0][1]
     rate = sqlite["files"] / sqlite["seconds"]
@@ -173,7 +202,7 @@ def main() -> int:
     parser.add_argument("--store", type=Path, help="keep the generated store here")
     parser.add_argument("--no-postgres", action="store_true", help="SQLite only")
     parser.add_argument("--baseline", type=Path, help="another checkout to compare on SQLite")
-    parser.add_argument("--child", choices=("reindex", "fsck"), help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=("reindex", "fsck", "read"), help=argparse.SUPPRESS)
     parser.add_argument("--src", help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -19,7 +19,7 @@ from collections.abc import Collection, Sequence
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql
+from sqlalchemy.dialects import postgresql, sqlite
 
 from pipeline import database, document, tables, terms
 
@@ -144,6 +144,56 @@ def add_entries(conn: sa.Connection, files: Sequence[tuple[Owner, Sequence[Entry
             for e in found
         ],
     )
+
+
+# SQLite's own forms of a message's values, made where the files are read (reindex's worker
+# processes): the writer hands them to the driver as they are, with no conversion per row
+_SQLITE = sqlite.dialect()
+_SQLITE_TS = tables.messages.c.ts.type.dialect_impl(_SQLITE).bind_processor(_SQLITE)
+_INSERT_BOUND = (
+    "INSERT INTO messages (id, file_id, seq, byte_offset, byte_length, ts, role, tool_name) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_FTS_BOUND = "INSERT INTO message_terms (rowid, terms, tags) VALUES (?, ?, ?)"
+_LAST_ID = "SELECT max(id) FROM messages"
+
+
+def bound_entries(owner: Owner, found: Sequence[document.Located]) -> list[tuple[Any, ...]]:
+    """SQLite: each message of ``found`` as :func:`add_bound` writes it — its catalog row
+    (``file_id, seq, byte_offset, byte_length, ts, role, tool_name``) then its terms and tags,
+    the values as SQLite's driver takes them."""
+    assert _SQLITE_TS is not None  # a DATETIME is stored as text on SQLite
+    made = []
+    for located in found:
+        message = located.message
+        ts = document.parse_ts(message.ts).replace(tzinfo=None)
+        made.append(
+            (
+                owner.file_id,
+                message.seq,
+                located.offset,
+                located.length,
+                _SQLITE_TS(ts),
+                message.role,
+                message.tool_name,
+                " ".join(terms.terms(message.content)),
+                _tags(owner, message.role),
+            )
+        )
+    return made
+
+
+def add_bound(conn: sa.Connection, found: Sequence[tuple[Any, ...]]) -> None:
+    """SQLite: :func:`add` for many files' messages at once, from their :func:`bound_entries`:
+    the rows in one executemany, the terms in another."""
+    if not found:
+        return
+    # the ids SQLite would give (one past the largest): set here, so the terms need no
+    # lookup of the rows' ids; the write transaction holds the lock, so no other row comes
+    last = conn.exec_driver_sql(_LAST_ID).scalar() or 0
+    ids = range(last + 1, last + 1 + len(found))
+    conn.exec_driver_sql(_INSERT_BOUND, [(i, *e[:7]) for i, e in zip(ids, found, strict=True)])
+    conn.exec_driver_sql(_FTS_BOUND, [(i, e[7], e[8]) for i, e in zip(ids, found, strict=True)])
 
 
 def add(conn: sa.Connection, owner: Owner, found: Sequence[document.Located]) -> None:

@@ -397,7 +397,10 @@ def reindex(
         files = [(r.file_id, r.archived, r.values) for r in batch]
         with db.transaction() as conn:
             new = index.reindex_files(conn, files, now=db.now())
-            catalog.add_entries(conn, [(r.owner, r.entries) for r in batch if r.owner])
+            if db.postgres:
+                catalog.add_entries(conn, [(r.owner, r.entries) for r in batch if r.owner])
+            else:
+                catalog.add_bound(conn, [e for r in batch for e in r.bound])
         inserted += new
         updated += len(batch) - new
         if progress:
@@ -407,7 +410,11 @@ def reindex(
 
     # a pool pays for its start (a second or so) only over more than a batch of files
     workers = options.workers if len(live) > options.batch_files else 0
-    for read in recovery.read_all(data_dir, wanted(), postgres=db.postgres, workers=workers):
+    # the workers read a batch ahead: they go on while this process commits one
+    reads = recovery.read_all(
+        data_dir, wanted(), postgres=db.postgres, workers=workers, ahead_files=options.batch_files
+    )
+    for read in reads:
         if read.unreadable is not None:
             failed.append(Problem(read.file_id, Finding.UNREADABLE, read.unreadable))
             skipped += 1

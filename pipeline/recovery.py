@@ -2,12 +2,14 @@
 messages' catalog rows and search terms, made from its bytes alone — no database — so that
 worker processes can make them while one writer commits the files before them.
 
-The pool is fed in chunks and held at most ``2 × workers`` chunks ahead of the writer, so a
-slow database bounds the memory, not the store's size. Files come back in the order they were
-given (the catalog's ids follow the files' order, as before). The workers are started with
-``spawn`` (a fork would copy the caller's threads and connections), so a program that calls
-:func:`read_all` with workers must guard its main module (``if __name__ == "__main__"``), as
-``sgme`` and the benchmarks do; each worker exits when the process that started it is gone.
+The pool is fed in chunks and held at most ``2 × workers`` chunks ahead of the writer, plus
+the files the caller asks for (``ahead_files``: reindex asks for a batch, so that the workers
+keep reading while it commits one and waits for the disk), so a slow database bounds the
+memory, not the store's size. Files come back in the order they were given (the catalog's ids
+follow the files' order, as before). The workers are started with ``spawn`` (a fork would copy
+the caller's threads and connections), so a program that calls :func:`read_all` with workers
+must guard its main module (``if __name__ == "__main__"``), as ``sgme`` and the benchmarks do;
+each worker exits when the process that started it is gone.
 """
 
 from __future__ import annotations
@@ -39,7 +41,9 @@ class Read:
     archived: bool
     values: dict[str, Any] = dataclasses.field(default_factory=dict)
     owner: catalog.Owner | None = None
-    entries: list[catalog.Entry] = dataclasses.field(default_factory=list)
+    entries: list[catalog.Entry] = dataclasses.field(default_factory=list)  #: on PostgreSQL
+    #: on SQLite: the messages as :func:`catalog.add_bound` writes them (cheaper to hand over)
+    bound: list[tuple[Any, ...]] = dataclasses.field(default_factory=list)
     unreadable: str | None = None  #: why the file could not be read
     misplaced: str | None = None  #: a file in the directory of another source type
 
@@ -83,8 +87,11 @@ def read(data_dir: Path, source_type: str, path: Path, *, postgres: bool) -> Rea
         "chain_head": head.hex(),
     }
     owner = catalog.Owner(header.file_id, header.agent_id, header.session_key)
-    made = catalog.entries(owner, found, postgres=postgres)
-    return Read(file_id, archived, values, owner, made, misplaced=misplaced)
+    if postgres:
+        made = catalog.entries(owner, found, postgres=True)
+        return Read(file_id, archived, values, owner, made, misplaced=misplaced)
+    bound = catalog.bound_entries(owner, found)
+    return Read(file_id, archived, values, owner, bound=bound, misplaced=misplaced)
 
 
 def _read_chunk(data_dir: Path, files: Sequence[tuple[str, Path]], postgres: bool) -> list[Read]:
@@ -104,16 +111,23 @@ def _exit_with(parent: int) -> None:
 
 
 def read_all(
-    data_dir: Path, files: Iterable[tuple[str, Path]], *, postgres: bool, workers: int
+    data_dir: Path,
+    files: Iterable[tuple[str, Path]],
+    *,
+    postgres: bool,
+    workers: int,
+    ahead_files: int = 0,
 ) -> Iterator[Read]:
     """:func:`read` over ``files`` (``(source_type, path)``), in their order: in this process
-    when ``workers`` is 0, else in that many worker processes."""
+    when ``workers`` is 0, else in that many worker processes, at most ``2 × workers`` chunks
+    and ``ahead_files`` files ahead of the caller."""
     if workers <= 0:
         for source_type, path in files:
             yield read(data_dir, source_type, path, postgres=postgres)
         return
     # spawn, not fork: the caller has threads and database connections a fork would copy
     context = multiprocessing.get_context("spawn")
+    most_ahead = 2 * workers + -(-ahead_files // CHUNK)  # chunks
     with concurrent.futures.ProcessPoolExecutor(
         workers, mp_context=context, initializer=_exit_with, initargs=(os.getpid(),)
     ) as pool:
@@ -124,7 +138,7 @@ def read_all(
             if len(chunk) == CHUNK:
                 ahead.append(pool.submit(_read_chunk, data_dir, chunk, postgres))
                 chunk = []
-                while len(ahead) > 2 * workers:
+                while len(ahead) > most_ahead:
                     yield from ahead.popleft().result()
         if chunk:
             ahead.append(pool.submit(_read_chunk, data_dir, chunk, postgres))

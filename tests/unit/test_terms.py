@@ -1,32 +1,83 @@
-"""Search terms: the words-only fast path gives what the general tokenizer gives."""
+"""Search terms: :func:`terms.terms` gives what the plain algorithm that defines the stored terms
+gives (:func:`reference`), for any text."""
 
 from __future__ import annotations
 
+import re
 import unicodedata
 
-from hypothesis import given
+import Stemmer
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline import terms
 
+_TOKEN = re.compile(rf"([{terms._CJK}]+)|([^\W_{terms._CJK}]+)")
+_STEMMER = Stemmer.Stemmer("english")
 
-def general(text: str) -> list[str]:
-    """The terms by the general path (CJK runs and words), for comparison."""
+
+def reference(text: str) -> list[str]:
+    """The terms as the plain algorithm makes them, with no cache and no shortcut: NFKC, case
+    folding, then each CJK run as its bigrams and each word, cut to MAX_TERM characters, as
+    its Snowball stem when it is English letters only."""
     folded = unicodedata.normalize("NFKC", text[: terms.MAX_INDEXED_CHARS]).casefold()
-    return [t for run, cjk in terms._runs(folded) for t in terms._split(run, cjk)]
+    found: list[str] = []
+    for match in _TOKEN.finditer(folded):
+        cjk, word = match.groups()
+        if cjk:
+            found.extend([cjk] if len(cjk) == 1 else [cjk[i : i + 2] for i in range(len(cjk) - 1)])
+        else:
+            word = word[: terms.MAX_TERM]
+            found.append(_STEMMER.stemWord(word) if re.fullmatch("[a-z]+", word) else word)
+    return found
 
 
-@given(
-    st.text(
-        alphabet=st.one_of(
-            st.sampled_from(list("abcXYZ019_-.\\ \n\t\"'ßİﬁⅫ")),  # folding and NFKC cases
-            st.characters(codec="utf-8"),
-        ),
-        max_size=200,
-    )
+_PIECES = st.one_of(
+    st.sampled_from(list("abcXYZ019_-.\\ \n\t\"'ßİﬁⅫ")),  # folding and NFKC cases
+    st.sampled_from(list("éèàçñøÅÉÎöüœ")),  # Latin accents
+    st.sampled_from(list("数据库的系统字ひらがなカタカナ㐀𠀀豈")),  # CJK, kana, extensions
+    st.sampled_from(list("한국어데이터ᄀᄁㄱ")),  # Hangul, jamo
+    st.sampled_from(list("ＡＢＣａｂｃ０１２＿ｶﾀｶﾅ")),  # full-width, half-width kana
+    st.sampled_from(["deciding", "decided", "supports", "the", "v2", "zoë", "данные", "123"]),
+    st.text(alphabet="abcdefghij0123456789", min_size=60, max_size=140),  # past MAX_TERM
+    st.text(alphabet="Ａ数a", min_size=60, max_size=140),
+    st.text(alphabet="aéZ9", min_size=60, max_size=140),  # a long word past ASCII
+    st.characters(codec="utf-8"),
 )
-def test_fast_path_matches_the_general_one(text: str) -> None:
-    assert terms.terms(text) == general(text)
+
+
+@settings(max_examples=500)
+@given(st.lists(_PIECES, max_size=60).map("".join))
+def test_terms_are_what_the_reference_makes(text: str) -> None:
+    assert terms.terms(text) == reference(text)
+    assert terms.terms(text) == reference(text)  # again, from the stem cache
+
+
+@given(st.text(alphabet=st.characters(codec="ascii"), max_size=300))
+def test_ascii_text_gives_the_reference_terms(text: str) -> None:
+    assert terms.terms(text) == reference(text)
+
+
+@given(st.text(alphabet=st.characters(codec="utf-8"), max_size=200))
+def test_any_text_gives_the_reference_terms(text: str) -> None:
+    assert terms.terms(text) == reference(text)
+
+
+def test_lone_surrogates_are_neither_words_nor_errors() -> None:
+    text = "a\ud800b 数\udfff据 Zoë\udc80x"
+    assert terms.terms(text) == reference(text)
+
+
+def test_a_long_word_is_stemmed_by_its_first_characters_even_when_cached_uncut() -> None:
+    long = "decidingly" * 10
+    terms.stem(long)  # a caller may stem a longer word itself: it must not become its term
+    assert terms.terms(long) == reference(long) == [_STEMMER.stemWord(long[: terms.MAX_TERM])]
+
+
+def test_text_past_the_indexed_limit_is_left_out() -> None:
+    text = "word " * (terms.MAX_INDEXED_CHARS // 5) + "beyond 数据"
+    assert terms.terms(text) == reference(text)
+    assert "beyond" not in terms.terms(text)
 
 
 def test_words_are_folded_and_cut() -> None:
