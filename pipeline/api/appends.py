@@ -28,8 +28,9 @@ from pipeline.service import Appended, Service
 
 router = APIRouter(tags=["append"])
 APPEND_PATH = "/v1/append"
-#: bodies up to this size are validated on the event loop, larger ones on a thread
-INLINE_VALIDATION_BYTES = 64 * 1024
+#: bodies up to this size are validated on the committer thread, with their batch; a larger
+#: one on a thread of its own first, so that it does not hold up the appends batched with it
+BATCH_VALIDATION_BYTES = 64 * 1024
 
 
 def _body(model: str) -> dict[str, Any]:
@@ -72,14 +73,19 @@ async def append(request: Request) -> Response:
     if wait:
         done = await run_in_threadpool(_append, service, caller, body, True)
     else:
-        # A small body is validated on the event loop (tens of microseconds: less than a
-        # hand-off to a thread); a large one on a thread, so it holds up no other request.
-        if len(body) <= INLINE_VALIDATION_BYTES:
-            parsed = validation.parse_append(body, service.settings.limits)
+        # Validated off the event loop, which only reads and answers requests.
+        limits = service.settings.limits
+
+        def prepare() -> validation.Append:
+            parsed = validation.parse_append(body, limits)
+            caller.require_agent(parsed.agent_id)
+            return parsed
+
+        if len(body) > BATCH_VALIDATION_BYTES:  # on a thread of its own: not the batch's time
+            parsed = await run_in_threadpool(prepare)
+            done = await batcher(request).append(lambda: parsed)
         else:
-            parsed = await run_in_threadpool(validation.parse_append, body, service.settings.limits)
-        caller.require_agent(parsed.agent_id)
-        done = await batcher(request).append(parsed)
+            done = await batcher(request).append(prepare)
     return JSONResponse(done.to_json(), status_code=200 if done.flushed else 202)
 
 

@@ -22,7 +22,7 @@ import contextlib
 import logging
 import queue
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from pipeline import errors, validation
 from pipeline.service import Appended, Service
@@ -32,7 +32,10 @@ log = logging.getLogger(__name__)
 MAX_BATCH = 256  #: appends committed together at most (the group committer's own bound)
 IDLE_SECONDS = 5.0  #: the thread ends after this long without an append
 
-_Item = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Appended]", validation.Append]
+#: what makes the append from the request (validates it, checks the caller may): run on the
+#: committer thread, so the event loop only reads and answers requests
+Prepare = Callable[[], validation.Append]
+_Item = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Appended]", Prepare]
 _Answer = Appended | BaseException
 
 
@@ -49,13 +52,14 @@ class AppendBatcher:
         self.batches = 0
         self.appends = 0
 
-    async def append(self, body: validation.Append) -> Appended:
-        """Commit ``body`` with whatever else is queued; its answer once that commit returned,
-        or its refusal (:class:`errors.SgmeError`)."""
+    async def append(self, prepare: Prepare) -> Appended:
+        """Commit the append ``prepare`` makes with whatever else is queued; its answer once
+        that commit returned, or its refusal (:class:`errors.SgmeError`, from ``prepare`` or
+        the commit)."""
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[Appended] = loop.create_future()
         with self._lock:
-            self._queue.put((loop, answer, body))
+            self._queue.put((loop, answer, prepare))
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="sgme-append-batches", daemon=True
@@ -83,18 +87,30 @@ class AppendBatcher:
 
     def _run(self) -> None:
         while (batch := self._take()) is not None:
-            answers: Sequence[_Answer]
+            answers: list[_Answer | None] = [None] * len(batch)
+            ready: list[tuple[int, validation.Append]] = []
+            for i, (_, _, prepare) in enumerate(batch):
+                try:
+                    ready.append((i, prepare()))
+                except errors.SgmeError as exc:
+                    answers[i] = exc
+                except Exception as exc:  # a bug: this request answers it as one
+                    log.exception("an append could not be prepared")
+                    answers[i] = _bug(exc)
             try:
-                answers = self.service.append_many([body for _, _, body in batch])
+                done: Sequence[_Answer] = self.service.append_many([b for _, b in ready])
             except Exception as exc:  # a bug: every request of the batch answers it as one
-                log.exception("a batch of %d appends failed", len(batch))
-                answers = [_bug(exc)] * len(batch)
+                log.exception("a batch of %d appends failed", len(ready))
+                done = [_bug(exc)] * len(ready)
+            for (i, _), answer in zip(ready, done, strict=True):
+                answers[i] = answer
             self.batches += 1
-            self.appends += len(batch)
+            self.appends += len(ready)
             by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Appended], _Answer]]]
             by_loop = {}
-            for (loop, future, _), answer in zip(batch, answers, strict=True):
-                by_loop.setdefault(loop, []).append((future, answer))
+            for (loop, future, _), found in zip(batch, answers, strict=True):
+                assert found is not None
+                by_loop.setdefault(loop, []).append((future, found))
             for loop, settled in by_loop.items():
                 # a closed loop raises RuntimeError: nobody is waiting any more
                 with contextlib.suppress(RuntimeError):

@@ -18,7 +18,7 @@ import sqlalchemy as sa
 
 from pipeline import anomalies, clock, database, errors, journal, validation
 from pipeline.api import app as api_app
-from pipeline.api import batching
+from pipeline.api import appends, batching
 from pipeline.service import Appended
 from pipeline.settings import Settings
 
@@ -142,7 +142,7 @@ def test_no_answer_leaves_before_its_batch_committed() -> None:
     body = validation.parse_append(_body("held", 1))
 
     async def scenario() -> Any:
-        task = asyncio.ensure_future(batcher.append(body))
+        task = asyncio.ensure_future(batcher.append(lambda: body))
         while not blocking.entered.is_set():
             await asyncio.sleep(0.001)
         await asyncio.sleep(0.05)
@@ -164,7 +164,9 @@ def test_a_batch_that_fails_as_a_whole_answers_every_request_with_a_500() -> Non
 
     async def scenario() -> list[Any]:
         return list(
-            await asyncio.gather(batcher.append(body), batcher.append(body), return_exceptions=True)
+            await asyncio.gather(
+                batcher.append(lambda: body), batcher.append(lambda: body), return_exceptions=True
+            )
         )
 
     outcomes = asyncio.run(scenario())
@@ -177,9 +179,9 @@ def test_the_thread_ends_when_idle_and_starts_again(monkeypatch: pytest.MonkeyPa
     blocking.release.set()
     batcher = batching.AppendBatcher(blocking)  # type: ignore[arg-type]
     body = validation.parse_append(_body("idle", 1))
-    first: Any = asyncio.run(batcher.append(body))
+    first: Any = asyncio.run(batcher.append(lambda: body))
     helpers.wait_for(lambda: batcher._thread is None, timeout=5)
-    second: Any = asyncio.run(batcher.append(body))
+    second: Any = asyncio.run(batcher.append(lambda: body))
     assert first == second == "committed idle"
     assert batcher.appends == 2
 
@@ -228,3 +230,14 @@ def test_run_many_behind_another_threads_commit_waits_for_its_own(db: database.D
     leader.join(10)
     follower.join(10)
     assert found == [f"k{i}" for i in range(5)]
+
+
+def test_a_large_body_is_validated_apart_and_committed_with_the_rest(
+    db: database.Database, data_dir: Path, database_url: str
+) -> None:
+    app, _ = _app(db, data_dir, database_url)
+    large = {**_body("big", 0), "messages": [{"role": "user", "content": "z" * 100_000}]}
+    assert len(str(large)) > appends.BATCH_VALIDATION_BYTES
+    answers = asyncio.run(_post_all(app, [large, _body("big", 1), {**large, "agent_id": ""}]))
+    assert [r.status_code for r in answers] == [202, 202, 422]
+    assert sorted(r.json()["first_seq"] for r in answers[:2]) == [1, 2]
