@@ -114,17 +114,15 @@ def flush(
     """
     with file_locks.hold(file_id):
         fault("locked")
-        # A redaction a crash interrupted is finished before anything is appended (the file
-        # and its index row may be one step apart until then: pipeline.rewrite).
-        rewrite.settle_locked(db, data_dir, file_id)
         started = time.perf_counter()
-        with db.reading(held=True) as conn:
-            row = index.get_file(conn, file_id)
-            if row is None:
-                raise errors.NotFound(f"no file {file_id}")
-            # What is acknowledged now; what comes later is the caller's to flush again.
-            upto = row.next_seq - 1
-            batch = ledger.journal_batch(conn, file_id, row.flushed_seq, chunk_bytes, upto=upto)
+        snapshot = _snapshot(db, file_id, chunk_bytes)
+        if snapshot is None:
+            # A redaction a crash interrupted is finished before anything is appended (the
+            # file and its index row may be one step apart until then: pipeline.rewrite).
+            rewrite.settle_locked(db, data_dir, file_id)
+            snapshot = _snapshot(db, file_id, chunk_bytes, settled=True)
+            assert snapshot is not None
+        row, upto, batch = snapshot
         fault("read")
         if not batch:
             more = False
@@ -168,6 +166,23 @@ def flush(
             unrefined=row.flushed_seq - row.last_refined_seq,
             leased_until=row.refine_lease_until,
         )
+
+
+def _snapshot(
+    db: database.Database, file_id: str, chunk_bytes: int, *, settled: bool = False
+) -> tuple[tables.FileRow, int, list[tables.JournalRow]] | None:
+    """The file's row, the last seq acknowledged now (what comes later is the caller's to
+    flush again) and its first journal rows, in one snapshot; None while a redaction of the
+    file is unfinished (unless ``settled``: finished just now)."""
+    with db.reading(held=True) as conn:
+        if not settled and audit.pending(conn, file_id):
+            return None
+        row = index.get_file(conn, file_id)
+        if row is None:
+            raise errors.NotFound(f"no file {file_id}")
+        upto = row.next_seq - 1
+        batch = ledger.journal_batch(conn, file_id, row.flushed_seq, chunk_bytes, upto=upto)
+    return row, upto, batch
 
 
 def _check_file(
