@@ -30,6 +30,9 @@ from pipeline.settings import Archive
 from pipeline.tables import Kind, Status
 
 CHUNK = 1 << 20  #: bytes per read while streaming
+#: bytes up to which a temp file is verified in memory (read back whole, decompressed in one
+#: call, compared with one memcmp); a larger one is streamed, in bounded memory
+VERIFY_IN_MEMORY = 64 << 20
 ARCHIVE_STEPS = ("temp_written", "verified", "renamed", "indexed", "deleted")
 FaultHook = Callable[[str], None]
 
@@ -212,6 +215,7 @@ class _Packed:
     temp: Path
     final: Path
     size: int  #: bytes of the archive
+    written: store.NewFile  #: the temp file, still open: fsynced through it, then closed
 
 
 #: how a batch runs the packing over its files: a thread pool's ``map``, or ``map``
@@ -230,9 +234,17 @@ def _eligible(data_dir: Path, row: tables.FileRow) -> bool:
     return row.status == Status.REFINED and row.next_seq == row.flushed_seq + 1
 
 
-def _pack(data_dir: Path, row: tables.FileRow, options: Archive, fault: FaultHook) -> _Packed:
+def _pack(
+    data_dir: Path,
+    row: tables.FileRow,
+    options: Archive,
+    fault: FaultHook,
+    opened: list[store.NewFile],
+) -> _Packed:
     """The steps before the rename, under the file's lock: check the original against the
-    index, compress it to a temp file, fsync, and verify what is on disk."""
+    index, compress it to a temp file and verify what the file holds (fsynced later, with the
+    batch: :func:`_sync`). The temp file stays open, and is put in ``opened`` for the batch
+    to close whatever happens."""
     original = store.checked(data_dir, row.path)
     final = store.checked(data_dir, archive_relative_path(row))
     temp = final.with_name(f".{final.name}.tmp")
@@ -254,25 +266,47 @@ def _pack(data_dir: Path, row: tables.FileRow, options: Archive, fault: FaultHoo
     except zstandard.ZstdError as exc:
         raise errors.StorageUnavailable(f"compressing {row.file_id} failed: {exc}") from None
     # fsynced with the batch's other temps, before any of them is renamed (_sync)
-    with store.exclusive_writer(temp, durable=False) as dst:
-        dst.write(packed)
+    written = store.NewFile(temp, packed)
+    opened.append(written)
+    size = len(packed)
+    del packed  # what is verified is what the file holds, read back, not this
     fault("temp_written")
-    # Verify what is on disk, not what is in memory.
-    if not _same(_decompressed_chunks(temp, _decompressor()), data):
+    if not _verified(written, data):
+        written.close()
         store.remove(temp)
         raise errors.FileDamaged(f"archive of {row.file_id} did not verify; original kept")
     fault("verified")
-    return _Packed(row, original, temp, final, len(packed))
+    return _Packed(row, original, temp, final, size, written)
+
+
+def _verified(written: store.NewFile, data: bytes) -> bool:
+    """Whether the temp file holds one zstd frame of exactly ``written.size`` bytes whose
+    content is exactly ``data``: read back through the descriptor that wrote it, decompressed
+    (which checks the frame's content checksum too) and compared byte for byte. The frame
+    header's content size is checked first, so a damaged header cannot make the decompressor
+    allocate what it claims."""
+    if len(data) > VERIFY_IN_MEMORY:
+        return _same(_decompressed_chunks(written.path, _decompressor()), data)
+    raw = written.read_back()
+    try:
+        if len(raw) != written.size or zstandard.frame_content_size(raw) != len(data):
+            return False
+        return bool(_decompressor().decompress(raw) == data)
+    except zstandard.ZstdError:
+        return False
 
 
 def _sync(packed: _Packed) -> errors.SgmeError | None:
-    """fsync a packed file's temp file; the error (its temp removed) if that failed."""
+    """fsync a packed file's temp file (through the descriptor that wrote it) and close it;
+    the error (its temp removed) if that failed."""
     try:
-        store.fsync_file(packed.temp)
+        packed.written.sync()
     except errors.SgmeError as exc:
+        packed.written.close()
         with contextlib.suppress(errors.SgmeError):
             store.remove(packed.temp)
         return exc
+    packed.written.close()
     return None
 
 
@@ -373,10 +407,11 @@ def _compress_batch(
     """Archive ``file_ids`` together; ``each`` maps the packing over the eligible files and
     ``sync`` the temp files' fsyncs (thread pools' ``map``, or ``map`` for one file)."""
     outcomes: dict[str, Result] = {}
+    opened: list[store.NewFile] = []  # temp files still open, closed whatever happens
 
     def pack(row: tables.FileRow) -> _Packed | errors.SgmeError:
         try:
-            return _pack(data_dir, row, options, fault)
+            return _pack(data_dir, row, options, fault, opened)
         except errors.SgmeError as exc:
             return exc
 
@@ -428,6 +463,9 @@ def _compress_batch(
     except errors.SgmeError as exc:  # the batch's own step failed: its files wait for a retry
         for file_id in file_ids:
             outcomes.setdefault(file_id, exc)
+    finally:
+        for written in opened:
+            written.close()
     return [(file_id, outcomes[file_id]) for file_id in file_ids]
 
 
