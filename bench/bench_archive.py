@@ -43,7 +43,9 @@ TARGET_RATIO_GAP = 0.02  #: compression ratio within 2% of the command line's
 
 
 def prepare(data_dir: Path, texts: list[str]) -> tuple[database.Database, locks.FileLocks]:
-    """Write the corpus as live files, index them and mark them fully refined and cold."""
+    """Write the corpus as live files, index them and mark them fully refined and cold. Their
+    lock files are made, as the flushes that wrote the files would have made them; the locks
+    returned are a new process's (they open the lock files, they do not create them)."""
     folder = data_dir / "raw" / "sessions"
     folder.mkdir(parents=True)
     paths = []
@@ -63,7 +65,11 @@ def prepare(data_dir: Path, texts: list[str]) -> tuple[database.Database, locks.
                 last_refined_seq=f.flushed_seq, status="refined", flushed_at=db.now()
             )
         )
-    return db, file_locks
+    for path in paths:
+        with file_locks.hold(path.stem):
+            pass
+    file_locks.close()
+    return db, locks.FileLocks(db, data_dir, timeout=30)
 
 
 def _cpu(who: int) -> float:
