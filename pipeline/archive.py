@@ -214,6 +214,7 @@ class _Packed:
     original: Path
     temp: Path
     final: Path
+    relative: str  #: the final path, relative to the data directory (the index's)
     size: int  #: bytes of the archive
     written: store.NewFile  #: the temp file, still open: fsynced through it, then closed
 
@@ -235,7 +236,7 @@ def _eligible(data_dir: Path, row: tables.FileRow) -> bool:
 
 
 def _pack(
-    data_dir: Path,
+    paths: store.CheckedDirs,
     row: tables.FileRow,
     options: Archive,
     fault: FaultHook,
@@ -245,8 +246,9 @@ def _pack(
     index, compress it to a temp file and verify what the file holds (fsynced later, with the
     batch: :func:`_sync`). The temp file stays open, and is put in ``opened`` for the batch
     to close whatever happens."""
-    original = store.checked(data_dir, row.path)
-    final = store.checked(data_dir, archive_relative_path(row))
+    original = paths.path(row.path)
+    relative = archive_relative_path(row)
+    final = paths.path(relative)
     temp = final.with_name(f".{final.name}.tmp")
     # Left by a crash before the index pointed at them: never committed, start over.
     store.remove(temp)
@@ -276,7 +278,7 @@ def _pack(
         store.remove(temp)
         raise errors.FileDamaged(f"archive of {row.file_id} did not verify; original kept")
     fault("verified")
-    return _Packed(row, original, temp, final, size, written)
+    return _Packed(row, original, temp, final, relative, size, written)
 
 
 def _verified(written: store.NewFile, data: bytes) -> bool:
@@ -343,9 +345,7 @@ def _settle(packed: _Packed, updated: bool, fault: FaultHook) -> Outcome | None:
 
 
 def _mark_all(conn: sa.Connection, packed: Sequence[_Packed], now: dt.datetime) -> list[bool]:
-    return [
-        index.mark_archived(conn, p.row, path=archive_relative_path(p.row), now=now) for p in packed
-    ]
+    return [index.mark_archived(conn, p.row, path=p.relative, now=now) for p in packed]
 
 
 def compress(
@@ -408,10 +408,11 @@ def _compress_batch(
     ``sync`` the temp files' fsyncs (thread pools' ``map``, or ``map`` for one file)."""
     outcomes: dict[str, Result] = {}
     opened: list[store.NewFile] = []  # temp files still open, closed whatever happens
+    paths = store.CheckedDirs(data_dir)  # under the batch's locks: each directory checked once
 
     def pack(row: tables.FileRow) -> _Packed | errors.SgmeError:
         try:
-            return _pack(data_dir, row, options, fault, opened)
+            return _pack(paths, row, options, fault, opened)
         except errors.SgmeError as exc:
             return exc
 

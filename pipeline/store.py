@@ -59,6 +59,23 @@ def checked_dir(data_dir: Path, relative: str) -> Path:
     return data_dir / relative
 
 
+class CheckedDirs:
+    """:func:`checked` for many files in a few directories (a batch's): each directory is
+    checked once, the first time a path in it is asked for, not once a file."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self._folders: dict[str, Path] = {}
+
+    def path(self, relative: str) -> Path:
+        """``data_dir / relative``, its directories checked as :func:`checked` does."""
+        folder, _, name = relative.rpartition("/")
+        found = self._folders.get(folder)
+        if found is None:
+            found = self._folders[folder] = checked_dir(self.data_dir, folder)
+        return found / name
+
+
 def _check_dirs(data_dir: Path, parts: tuple[str, ...]) -> None:
     path = data_dir
     for part in parts:
