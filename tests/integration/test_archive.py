@@ -478,3 +478,34 @@ def test_every_archive_is_fsynced_before_its_rename_and_its_directory_before_the
     month = (data_dir / helpers.file_row(db, file_ids[0]).path).parent.name
     synced_dir = calls.index(("fsync_dir", month), last_rename)
     assert synced_dir < calls.index(("commit", ""))
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "longer"])
+def test_a_temp_file_that_does_not_hold_what_was_written_is_never_renamed(
+    db: database.Database, data_dir: Path, file_locks: locks.FileLocks, damage: str
+) -> None:
+    """The verify reads back what the temp file holds: a changed byte, a lost tail or bytes
+    past the frame (which a decompressor would ignore) fail it, and the original stays."""
+    file_id = _refined_file(db, data_dir, "damaged-temp", messages=20)
+    row = helpers.file_row(db, file_id)
+    original = (data_dir / row.path).read_bytes()
+    final = data_dir / archive.archive_relative_path(row)
+    temp = final.with_name(f".{final.name}.tmp")
+
+    def fault(step: str) -> None:
+        if step != "temp_written":
+            return
+        packed = bytearray(temp.read_bytes())
+        if damage == "flip":
+            packed[len(packed) // 2] ^= 0x40
+        elif damage == "truncate":
+            del packed[-4:]
+        else:
+            packed += b"\0"
+        temp.write_bytes(bytes(packed))  # the same file: the open descriptor sees it
+
+    with pytest.raises(errors.FileDamaged, match="did not verify"):
+        archive.compress(db, file_locks, data_dir, file_id, fault=fault)
+    assert helpers.file_row(db, file_id).status == "refined"
+    assert (data_dir / row.path).read_bytes() == original
+    assert not temp.exists() and not final.exists()
