@@ -20,7 +20,7 @@ import hashlib
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, ParamSpec, TypeVar
 
 import sqlalchemy as sa
 import zstandard
@@ -35,6 +35,8 @@ CHUNK = 1 << 20  #: bytes per read while streaming
 VERIFY_IN_MEMORY = 64 << 20
 ARCHIVE_STEPS = ("temp_written", "verified", "renamed", "indexed", "deleted")
 FaultHook = Callable[[str], None]
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
 
 
 def _no_fault(step: str) -> None:
@@ -219,13 +221,6 @@ class _Packed:
     written: store.NewFile  #: the temp file, still open: fsynced through it, then closed
 
 
-#: how a batch runs the packing over its files: a thread pool's ``map``, or ``map``
-_Each = Callable[
-    [Callable[[tables.FileRow], "_Packed | errors.SgmeError"], list[tables.FileRow]],
-    Iterable["_Packed | errors.SgmeError"],
-]
-
-
 def _eligible(data_dir: Path, row: tables.FileRow) -> bool:
     """Whether the locked ``row`` is to be archived now (an archived one whose original
     survived a crash is finished on the way)."""
@@ -312,11 +307,19 @@ def _sync(packed: _Packed) -> errors.SgmeError | None:
     return None
 
 
-#: how a batch runs the temp files' fsyncs: a thread pool's ``map``, or ``map``
-_Sync = Callable[
-    [Callable[["_Packed"], "errors.SgmeError | None"], list["_Packed"]],
-    Iterable["errors.SgmeError | None"],
-]
+class _AtOnce(concurrent.futures.Executor):
+    """An executor that runs each call when it is submitted, on the submitting thread (one
+    file: no threads)."""
+
+    def submit(
+        self, fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs
+    ) -> concurrent.futures.Future[_T]:
+        future: concurrent.futures.Future[_T] = concurrent.futures.Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as exc:  # raised to whoever waits for it, as a pool does
+            future.set_exception(exc)
+        return future
 
 
 def _same(chunks: Iterable[bytes], data: bytes) -> bool:
@@ -358,7 +361,10 @@ def compress(
     fault: FaultHook = _no_fault,
 ) -> Outcome | None:
     """Archive one file; None when it is no longer eligible (changed, already archived)."""
-    ((_, outcome),) = _compress_batch(db, file_locks, data_dir, [file_id], options, map, map, fault)
+    at_once = _AtOnce()
+    ((_, outcome),) = _compress_batch(
+        db, file_locks, data_dir, [file_id], options, at_once, at_once, fault
+    )
     if isinstance(outcome, errors.SgmeError):
         raise outcome
     return outcome
@@ -389,9 +395,7 @@ def compress_many(
     ):
         for start in range(0, len(file_ids), BATCH):
             batch = file_ids[start : start + BATCH]
-            yield from _compress_batch(
-                db, file_locks, data_dir, batch, options, pool.map, syncs.map, fault
-            )
+            yield from _compress_batch(db, file_locks, data_dir, batch, options, pool, syncs, fault)
 
 
 def _compress_batch(
@@ -400,21 +404,26 @@ def _compress_batch(
     data_dir: Path,
     file_ids: Sequence[str],
     options: Archive,
-    each: _Each,
-    sync: _Sync,
+    packers: concurrent.futures.Executor,
+    syncers: concurrent.futures.Executor,
     fault: FaultHook,
 ) -> list[tuple[str, Result]]:
-    """Archive ``file_ids`` together; ``each`` maps the packing over the eligible files and
-    ``sync`` the temp files' fsyncs (thread pools' ``map``, or ``map`` for one file)."""
+    """Archive ``file_ids`` together; ``packers`` run the packing of the eligible files and
+    ``syncers`` the temp files' fsyncs (thread pools, or :class:`_AtOnce` for one file)."""
     outcomes: dict[str, Result] = {}
     opened: list[store.NewFile] = []  # temp files still open, closed whatever happens
+    packing: list[concurrent.futures.Future[_Packed | errors.SgmeError]] = []
+    syncing: dict[str, concurrent.futures.Future[errors.SgmeError | None]] = {}
     paths = store.CheckedDirs(data_dir)  # under the batch's locks: each directory checked once
 
     def pack(row: tables.FileRow) -> _Packed | errors.SgmeError:
         try:
-            return _pack(paths, row, options, fault, opened)
+            packed = _pack(paths, row, options, fault, opened)
         except errors.SgmeError as exc:
             return exc
+        # Its fsync starts now: the wait overlaps the packing of the batch's other files.
+        syncing[row.file_id] = syncers.submit(_sync, packed)
+        return packed
 
     try:
         with file_locks.hold_many(file_ids) as (locked, busy):
@@ -432,19 +441,22 @@ def _compress_batch(
                         outcomes[file_id] = None
                 except errors.SgmeError as exc:
                     outcomes[file_id] = exc
+            packing.extend(packers.submit(pack, row) for row in ready)
             packed = []
-            for row, result in zip(ready, each(pack, ready), strict=True):
+            for row, future in zip(ready, packing, strict=True):
+                result = future.result()
                 if isinstance(result, errors.SgmeError):
                     outcomes[row.file_id] = result
                 else:
                     packed.append(result)
             placed = []
-            # Every temp file is on stable storage before it is renamed; fsyncs issued together
-            # share the filesystem's journal commits instead of waiting for one each.
-            for p, synced in zip(packed, sync(_sync, packed), strict=True):
+            # Every temp file is on stable storage before it is renamed: its fsync is waited
+            # for here (they run in parallel, sharing the filesystem's journal commits).
+            for p in packed:
                 try:
-                    if synced is not None:
-                        raise synced
+                    failed = syncing[p.row.file_id].result()
+                    if failed is not None:
+                        raise failed
                     store.rename(p.temp, p.final, durable=False)
                     placed.append(p)
                 except errors.SgmeError as exc:
@@ -465,6 +477,10 @@ def _compress_batch(
         for file_id in file_ids:
             outcomes.setdefault(file_id, exc)
     finally:
+        # Nothing may still write or fsync a temp file when it is closed (a crash of one
+        # file's packing leaves the others' running).
+        concurrent.futures.wait(packing)
+        concurrent.futures.wait(list(syncing.values()))
         for written in opened:
             written.close()
     return [(file_id, outcomes[file_id]) for file_id in file_ids]
