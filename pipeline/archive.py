@@ -441,6 +441,9 @@ def _compress_batch(
                         outcomes[file_id] = None
                 except errors.SgmeError as exc:
                     outcomes[file_id] = exc
+            # Largest first: the batch waits for its slowest file, and a large one started
+            # last would keep one worker busy while the others wait with nothing to do.
+            ready.sort(key=lambda row: row.flushed_bytes, reverse=True)
             packing.extend(packers.submit(pack, row) for row in ready)
             packed = []
             for row, future in zip(ready, packing, strict=True):
