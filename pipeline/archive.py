@@ -1,12 +1,12 @@
 """Cold archive (docs/design.md §5): compress, verify, restore.
 
 Fully refined files unchanged for ``archive_after_days`` are compressed with zstd (content
-checksum on) to ``raw/archive/YYYY-MM/{file_id}.md.zst``. The steps, each durable before the
-next: write a temp file and fsync it; decompress it and compare sha256 with the original;
-rename it into place and fsync the directory; mark the row ``archived`` with the new path;
-delete the original. A crash at any step leaves the original or a verified archive (usually
-both), never neither and never a half file under the final name; running again finishes or
-cleans up. Reads decompress on demand; an append restores the file first.
+checksum on) to ``raw/archive/YYYY-MM/{file_id}.md.zst``. The steps, in this order: write a
+temp file; verify it (read back, decompressed, compared byte for byte with the original);
+fsync it; rename it into place and fsync the directory; mark the row ``archived`` with the new
+path; delete the original. A crash at any step leaves the original or a verified archive
+(usually both), never neither and never a half file under the final name; running again
+finishes or cleans up. Reads decompress on demand; an append restores the file first.
 """
 
 from __future__ import annotations
@@ -385,10 +385,11 @@ def compress_many(
 ) -> Iterator[tuple[str, Result]]:
     """:func:`compress` over many files; yields each file's outcome, or the error that
     stopped it. The files go in batches of :data:`BATCH`: a batch's files are locked
-    together, compressed ``workers`` at a time (zstd releases the GIL), their temp files
-    fsynced ``sync_threads`` at a time, renamed, their directories fsynced once, and their
-    index rows updated in one commit — each file still takes every step of :func:`compress`
-    in the same order."""
+    together, compressed ``workers`` at a time, largest first (zstd releases the GIL), each
+    temp file's fsync started as soon as it is verified (``sync_threads`` at a time), renamed
+    once that fsync has returned, their directories fsynced once, and their index rows
+    updated in one commit — each file still takes every step of :func:`compress` in the same
+    order."""
     with (
         concurrent.futures.ThreadPoolExecutor(max(1, options.workers)) as pool,
         concurrent.futures.ThreadPoolExecutor(max(1, options.sync_threads)) as syncs,
