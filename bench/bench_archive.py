@@ -26,12 +26,12 @@ import tempfile
 import time
 from pathlib import Path
 
-# the checkout measured: this one, or --baseline's (before anything of ours is imported)
+# the checkout measured: this one, or --baseline's (before anything of ours is imported);
+# bench_parse comes from it too, as it puts its own checkout first on sys.path
 _SRC = sys.argv[sys.argv.index("--src") + 1] if "--src" in sys.argv else None
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-if _SRC:
-    sys.path.insert(0, _SRC)
+_ROOT = Path(_SRC).resolve() if _SRC else Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(_ROOT))
+sys.path.insert(0, str(_ROOT / "bench"))
 
 import bench_parse  # noqa: E402
 
@@ -133,7 +133,7 @@ def child(quick: bool, root: Path, level: int, workers: int) -> None:
     """One run of compress_many, in this process (the checkout of ``--src``): prints JSON."""
     texts = [text for text, _ in bench_parse.corpus(quick=quick)]
     seconds, cpu, written = ours_run(root, texts, level, workers)
-    print(json.dumps({"seconds": seconds, "cpu": cpu, "bytes": written}))
+    print(json.dumps({"seconds": seconds, "cpu": cpu, "bytes": written, "code": archive.__file__}))
 
 
 def spawn(
@@ -147,6 +147,9 @@ def spawn(
         [sys.executable, __file__, *args], check=True, capture_output=True, text=True
     )
     found = json.loads(out.stdout.strip().splitlines()[-1])
+    measured = Path(found["code"]).resolve()
+    expected = (src or Path(__file__).parent.parent).resolve()
+    assert measured.is_relative_to(expected), f"measured {measured}, not the code of {expected}"
     return float(found["seconds"]), float(found["cpu"]), int(found["bytes"])
 
 
