@@ -571,8 +571,9 @@ def test_a_crash_while_packing_a_batch_leaves_no_temp_file_open(
         with file_locks.hold(file_id):  # their lock files, kept open for the next time
             pass
 
-    def open_files() -> list[str]:
-        return sorted(os.readlink(fd) for fd in Path("/proc/self/fd").iterdir() if fd.exists())
+    def open_files() -> list[str]:  # under the data directory (not the index's sockets)
+        found = (os.readlink(fd) for fd in Path("/proc/self/fd").iterdir() if fd.exists())
+        return sorted(f for f in found if f.startswith(str(data_dir)))
 
     before = open_files()
     packed = 0
