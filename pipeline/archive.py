@@ -20,7 +20,7 @@ import hashlib
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import BinaryIO, ParamSpec, TypeVar
+from typing import BinaryIO
 
 import sqlalchemy as sa
 import zstandard
@@ -35,8 +35,6 @@ CHUNK = 1 << 20  #: bytes per read while streaming
 VERIFY_IN_MEMORY = 64 << 20
 ARCHIVE_STEPS = ("temp_written", "verified", "renamed", "indexed", "deleted")
 FaultHook = Callable[[str], None]
-_P = ParamSpec("_P")
-_T = TypeVar("_T")
 
 
 def _no_fault(step: str) -> None:
@@ -307,21 +305,6 @@ def _sync(packed: _Packed) -> errors.SgmeError | None:
     return None
 
 
-class _AtOnce(concurrent.futures.Executor):
-    """An executor that runs each call when it is submitted, on the submitting thread (one
-    file: no threads)."""
-
-    def submit(
-        self, fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs
-    ) -> concurrent.futures.Future[_T]:
-        future: concurrent.futures.Future[_T] = concurrent.futures.Future()
-        try:
-            future.set_result(fn(*args, **kwargs))
-        except BaseException as exc:  # raised to whoever waits for it, as a pool does
-            future.set_exception(exc)
-        return future
-
-
 def _same(chunks: Iterable[bytes], data: bytes) -> bool:
     """Whether ``chunks`` add up to exactly ``data`` (compared as they come: no copy)."""
     view = memoryview(data)
@@ -361,10 +344,7 @@ def compress(
     fault: FaultHook = _no_fault,
 ) -> Outcome | None:
     """Archive one file; None when it is no longer eligible (changed, already archived)."""
-    at_once = _AtOnce()
-    ((_, outcome),) = _compress_batch(
-        db, file_locks, data_dir, [file_id], options, at_once, at_once, fault
-    )
+    ((_, outcome),) = compress_many(db, file_locks, data_dir, [file_id], options, fault=fault)
     if isinstance(outcome, errors.SgmeError):
         raise outcome
     return outcome
@@ -410,7 +390,7 @@ def _compress_batch(
     fault: FaultHook,
 ) -> list[tuple[str, Result]]:
     """Archive ``file_ids`` together; ``packers`` run the packing of the eligible files and
-    ``syncers`` the temp files' fsyncs (thread pools, or :class:`_AtOnce` for one file)."""
+    ``syncers`` the temp files' fsyncs."""
     outcomes: dict[str, Result] = {}
     opened: list[store.NewFile] = []  # temp files still open, closed whatever happens
     packing: list[concurrent.futures.Future[_Packed | errors.SgmeError]] = []
