@@ -2,17 +2,22 @@
 file, fsync, decompress + sha256 verify, rename, index update, delete) against the ``zstd``
 command line compressing the same files at the same level, in the same run.
 
-    .venv/bin/python bench/bench_archive.py [--quick] [--level 10] [--repeat 3]
+    .venv/bin/python bench/bench_archive.py [--quick] [--level 10] [--repeat 3] [--workers 2]
+                                            [--baseline SRC]
 
 The corpus is bench_parse's generated agent transcripts (fixed seed). The command line gets
-every file in one invocation (no per-process cost) with one thread, like ``compress``. The
-two run in turn ``--repeat`` times, each time on fresh copies of the files; the best time of
-each counts (on a shared machine the slow runs measure the neighbours).
+every file in one invocation (no per-process cost) with one thread (``-T1``). The contenders
+run in turn ``--repeat`` times, each time on fresh copies of the files; the best time of each
+counts (on a shared machine the slow runs measure the neighbours), and each run's CPU time is
+printed too. ``compress_many`` runs in a process of its own, with ``--workers`` files at a
+time; ``--baseline SRC`` also runs another checkout's (``git worktree`` or ``git archive main
+| tar -x -C SRC``) the same way, in the same rounds, for a ratio.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import resource
 import shutil
 import subprocess
@@ -21,20 +26,26 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# the checkout measured: this one, or --baseline's (before anything of ours is imported);
+# bench_parse comes from it too, as it puts its own checkout first on sys.path
+_SRC = sys.argv[sys.argv.index("--src") + 1] if "--src" in sys.argv else None
+_ROOT = Path(_SRC).resolve() if _SRC else Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(_ROOT))
+sys.path.insert(0, str(_ROOT / "bench"))
 
-import bench_parse
+import bench_parse  # noqa: E402
 
-from pipeline import archive, database, integrity, locks, tables
-from pipeline.settings import Archive
+from pipeline import archive, database, integrity, locks, tables  # noqa: E402
+from pipeline.settings import Archive  # noqa: E402
 
 TARGET_SPEED = 0.9  #: archive.compress MB/s >= 0.9x the command line's
 TARGET_RATIO_GAP = 0.02  #: compression ratio within 2% of the command line's
 
 
 def prepare(data_dir: Path, texts: list[str]) -> tuple[database.Database, locks.FileLocks]:
-    """Write the corpus as live files, index them and mark them fully refined and cold."""
+    """Write the corpus as live files, index them and mark them fully refined and cold. Their
+    lock files are made, as the flushes that wrote the files would have made them; the locks
+    returned are a new process's (they open the lock files, they do not create them)."""
     folder = data_dir / "raw" / "sessions"
     folder.mkdir(parents=True)
     paths = []
@@ -54,7 +65,11 @@ def prepare(data_dir: Path, texts: list[str]) -> tuple[database.Database, locks.
                 last_refined_seq=f.flushed_seq, status="refined", flushed_at=db.now()
             )
         )
-    return db, file_locks
+    for path in paths:
+        with file_locks.hold(path.stem):
+            pass
+    file_locks.close()
+    return db, locks.FileLocks(db, data_dir, timeout=30)
 
 
 def _cpu(who: int) -> float:
@@ -95,8 +110,8 @@ def cli_run(zstd: str, root: Path, texts: list[str], level: int) -> tuple[float,
 
 
 def ours_run(root: Path, texts: list[str], level: int, workers: int) -> tuple[float, float, int]:
-    """archive.compress_many over an indexed store of the files: (seconds, CPU seconds,
-    bytes)."""
+    """archive.compress_many over an indexed store of the files, in this process: (seconds,
+    CPU seconds, bytes)."""
     data_dir = root / "data"
     db, file_locks = prepare(data_dir, texts)
     file_ids = archive.cold_files(db, older_than_days=0, limit=10**6)
@@ -114,7 +129,31 @@ def ours_run(root: Path, texts: list[str], level: int, workers: int) -> tuple[fl
     return seconds, cpu, written
 
 
-def run(quick: bool, level: int, workers: int, repeat: int) -> int:
+def child(quick: bool, root: Path, level: int, workers: int) -> None:
+    """One run of compress_many, in this process (the checkout of ``--src``): prints JSON."""
+    texts = [text for text, _ in bench_parse.corpus(quick=quick)]
+    seconds, cpu, written = ours_run(root, texts, level, workers)
+    print(json.dumps({"seconds": seconds, "cpu": cpu, "bytes": written, "code": archive.__file__}))
+
+
+def spawn(
+    quick: bool, root: Path, level: int, workers: int, src: Path | None
+) -> tuple[float, float, int]:
+    """:func:`child` in a process of its own: (seconds, CPU seconds, bytes)."""
+    args = ["--child", str(root), "--level", str(level), "--workers", str(workers)]
+    args += ["--quick"] if quick else []
+    args += ["--src", str(src)] if src else []
+    out = subprocess.run(
+        [sys.executable, __file__, *args], check=True, capture_output=True, text=True
+    )
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    measured = Path(found["code"]).resolve()
+    expected = (src or Path(__file__).parent.parent).resolve()
+    assert measured.is_relative_to(expected), f"measured {measured}, not the code of {expected}"
+    return float(found["seconds"]), float(found["cpu"]), int(found["bytes"])
+
+
+def run(quick: bool, level: int, workers: int, repeat: int, baseline: Path | None) -> int:
     zstd = shutil.which("zstd")
     if zstd is None:
         print("the zstd command line is not installed (Debian package zstd); nothing to compare")
@@ -125,15 +164,23 @@ def run(quick: bool, level: int, workers: int, repeat: int) -> int:
         f"corpus: {len(texts)} files, {total / 1e6:.1f} MB; zstd level {level}; the command line "
         f"with -T1, archive.compress_many with {workers} files at a time (one zstd thread each)"
     )
-    cli_runs, ours_runs = [], []
+    cli_runs: list[tuple[float, float]] = []
+    ours_runs: list[tuple[float, float]] = []
+    base_runs: list[tuple[float, float]] = []
     for _ in range(repeat):
         with tempfile.TemporaryDirectory(prefix="sgme-bench-archive-") as tmp:
             *times, cli_bytes = cli_run(zstd, Path(tmp), texts, level)
-            cli_runs.append(times)
+            cli_runs.append((times[0], times[1]))
         with tempfile.TemporaryDirectory(prefix="sgme-bench-archive-") as tmp:
-            *times, ours_bytes = ours_run(Path(tmp), texts, level, workers)
-            ours_runs.append(times)
-    for label, runs in (("command line", cli_runs), ("compress_many", ours_runs)):
+            *times, ours_bytes = spawn(quick, Path(tmp), level, workers, None)
+            ours_runs.append((times[0], times[1]))
+        if baseline:
+            with tempfile.TemporaryDirectory(prefix="sgme-bench-archive-") as tmp:
+                *times, base_bytes = spawn(quick, Path(tmp), level, workers, baseline)
+                base_runs.append((times[0], times[1]))
+    labelled = [("command line", cli_runs), ("compress_many", ours_runs)]
+    labelled += [("baseline", base_runs)] if baseline else []
+    for label, runs in labelled:
         print(f"{label:>14} runs, s (CPU s): " + ", ".join(f"{w:.2f} ({c:.2f})" for w, c in runs))
     cli_seconds, ours_seconds = min(w for w, _ in cli_runs), min(w for w, _ in ours_runs)
 
@@ -152,6 +199,18 @@ def run(quick: bool, level: int, workers: int, repeat: int) -> int:
         f"{'archive.compress_many (protocol)':<34}{ours_seconds:>9.2f}{ours_speed:>9.1f}"
         f"{ours_ratio:>8.3f}{ours_speed / cli_speed:>8.2f}x"
     )
+    if baseline:
+        base_seconds = min(w for w, _ in base_runs)
+        base_speed = total / base_seconds / 1e6
+        print(
+            f"{'baseline compress_many':<34}{base_seconds:>9.2f}{base_speed:>9.1f}"
+            f"{total / base_bytes:>8.3f}{base_speed / cli_speed:>8.2f}x"
+        )
+        best_cpu = min(c for _, c in ours_runs), min(c for _, c in base_runs)
+        print(
+            f"\nagainst the baseline: {base_seconds / ours_seconds:.2f}x the speed; best CPU s "
+            f"{best_cpu[0]:.2f} against {best_cpu[1]:.2f}"
+        )
     gap = abs(ours_ratio - cli_ratio) / cli_ratio
     speed_ok = ours_speed >= TARGET_SPEED * cli_speed
     print()
@@ -169,8 +228,14 @@ def main() -> int:
     parser.add_argument("--level", type=int, default=Archive().level)
     parser.add_argument("--workers", type=int, default=Archive().workers, help="files at once")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each; the best counts")
+    parser.add_argument("--baseline", type=Path, help="another checkout to compare with")
+    parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--src", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    return run(args.quick, args.level, args.workers, args.repeat)
+    if args.child:
+        child(args.quick, args.child, args.level, args.workers)
+        return 0
+    return run(args.quick, args.level, args.workers, args.repeat, args.baseline)
 
 
 if __name__ == "__main__":

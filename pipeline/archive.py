@@ -1,12 +1,12 @@
 """Cold archive (docs/design.md §5): compress, verify, restore.
 
 Fully refined files unchanged for ``archive_after_days`` are compressed with zstd (content
-checksum on) to ``raw/archive/YYYY-MM/{file_id}.md.zst``. The steps, each durable before the
-next: write a temp file and fsync it; decompress it and compare sha256 with the original;
-rename it into place and fsync the directory; mark the row ``archived`` with the new path;
-delete the original. A crash at any step leaves the original or a verified archive (usually
-both), never neither and never a half file under the final name; running again finishes or
-cleans up. Reads decompress on demand; an append restores the file first.
+checksum on) to ``raw/archive/YYYY-MM/{file_id}.md.zst``. The steps, in this order: write a
+temp file; verify it (read back, decompressed, compared byte for byte with the original);
+fsync it; rename it into place and fsync the directory; mark the row ``archived`` with the new
+path; delete the original. A crash at any step leaves the original or a verified archive
+(usually both), never neither and never a half file under the final name; running again
+finishes or cleans up. Reads decompress on demand; an append restores the file first.
 """
 
 from __future__ import annotations
@@ -30,6 +30,9 @@ from pipeline.settings import Archive
 from pipeline.tables import Kind, Status
 
 CHUNK = 1 << 20  #: bytes per read while streaming
+#: bytes up to which a temp file is verified in memory (read back whole, decompressed in one
+#: call, compared with one memcmp); a larger one is streamed, in bounded memory
+VERIFY_IN_MEMORY = 64 << 20
 ARCHIVE_STEPS = ("temp_written", "verified", "renamed", "indexed", "deleted")
 FaultHook = Callable[[str], None]
 
@@ -211,14 +214,9 @@ class _Packed:
     original: Path
     temp: Path
     final: Path
+    relative: str  #: the final path, relative to the data directory (the index's)
     size: int  #: bytes of the archive
-
-
-#: how a batch runs the packing over its files: a thread pool's ``map``, or ``map``
-_Each = Callable[
-    [Callable[[tables.FileRow], "_Packed | errors.SgmeError"], list[tables.FileRow]],
-    Iterable["_Packed | errors.SgmeError"],
-]
+    written: store.NewFile  #: the temp file, still open: fsynced through it, then closed
 
 
 def _eligible(data_dir: Path, row: tables.FileRow) -> bool:
@@ -230,11 +228,20 @@ def _eligible(data_dir: Path, row: tables.FileRow) -> bool:
     return row.status == Status.REFINED and row.next_seq == row.flushed_seq + 1
 
 
-def _pack(data_dir: Path, row: tables.FileRow, options: Archive, fault: FaultHook) -> _Packed:
+def _pack(
+    paths: store.CheckedDirs,
+    row: tables.FileRow,
+    options: Archive,
+    fault: FaultHook,
+    opened: list[store.NewFile],
+) -> _Packed:
     """The steps before the rename, under the file's lock: check the original against the
-    index, compress it to a temp file, fsync, and verify what is on disk."""
-    original = store.checked(data_dir, row.path)
-    final = store.checked(data_dir, archive_relative_path(row))
+    index, compress it to a temp file and verify what the file holds (fsynced later, with the
+    batch: :func:`_sync`). The temp file stays open, and is put in ``opened`` for the batch
+    to close whatever happens."""
+    original = paths.path(row.path)
+    relative = archive_relative_path(row)
+    final = paths.path(relative)
     temp = final.with_name(f".{final.name}.tmp")
     # Left by a crash before the index pointed at them: never committed, start over.
     store.remove(temp)
@@ -254,33 +261,48 @@ def _pack(data_dir: Path, row: tables.FileRow, options: Archive, fault: FaultHoo
     except zstandard.ZstdError as exc:
         raise errors.StorageUnavailable(f"compressing {row.file_id} failed: {exc}") from None
     # fsynced with the batch's other temps, before any of them is renamed (_sync)
-    with store.exclusive_writer(temp, durable=False) as dst:
-        dst.write(packed)
+    written = store.NewFile(temp, packed)
+    opened.append(written)
+    size = len(packed)
+    del packed  # what is verified is what the file holds, read back, not this
     fault("temp_written")
-    # Verify what is on disk, not what is in memory.
-    if not _same(_decompressed_chunks(temp, _decompressor()), data):
+    if not _verified(written, data):
+        written.close()
         store.remove(temp)
         raise errors.FileDamaged(f"archive of {row.file_id} did not verify; original kept")
     fault("verified")
-    return _Packed(row, original, temp, final, len(packed))
+    return _Packed(row, original, temp, final, relative, size, written)
+
+
+def _verified(written: store.NewFile, data: bytes) -> bool:
+    """Whether the temp file holds one zstd frame of exactly ``written.size`` bytes whose
+    content is exactly ``data``: read back through the descriptor that wrote it, decompressed
+    (which checks the frame's content checksum too) and compared byte for byte. The frame
+    header's content size is checked first, so a damaged header cannot make the decompressor
+    allocate what it claims."""
+    if len(data) > VERIFY_IN_MEMORY:
+        return _same(_decompressed_chunks(written.path, _decompressor()), data)
+    raw = written.read_back()
+    try:
+        if len(raw) != written.size or zstandard.frame_content_size(raw) != len(data):
+            return False
+        return bool(_decompressor().decompress(raw) == data)
+    except zstandard.ZstdError:
+        return False
 
 
 def _sync(packed: _Packed) -> errors.SgmeError | None:
-    """fsync a packed file's temp file; the error (its temp removed) if that failed."""
+    """fsync a packed file's temp file (through the descriptor that wrote it) and close it;
+    the error (its temp removed) if that failed."""
     try:
-        store.fsync_file(packed.temp)
+        packed.written.sync()
     except errors.SgmeError as exc:
+        packed.written.close()
         with contextlib.suppress(errors.SgmeError):
             store.remove(packed.temp)
         return exc
+    packed.written.close()
     return None
-
-
-#: how a batch runs the temp files' fsyncs: a thread pool's ``map``, or ``map``
-_Sync = Callable[
-    [Callable[["_Packed"], "errors.SgmeError | None"], list["_Packed"]],
-    Iterable["errors.SgmeError | None"],
-]
 
 
 def _same(chunks: Iterable[bytes], data: bytes) -> bool:
@@ -309,9 +331,7 @@ def _settle(packed: _Packed, updated: bool, fault: FaultHook) -> Outcome | None:
 
 
 def _mark_all(conn: sa.Connection, packed: Sequence[_Packed], now: dt.datetime) -> list[bool]:
-    return [
-        index.mark_archived(conn, p.row, path=archive_relative_path(p.row), now=now) for p in packed
-    ]
+    return [index.mark_archived(conn, p.row, path=p.relative, now=now) for p in packed]
 
 
 def compress(
@@ -324,7 +344,7 @@ def compress(
     fault: FaultHook = _no_fault,
 ) -> Outcome | None:
     """Archive one file; None when it is no longer eligible (changed, already archived)."""
-    ((_, outcome),) = _compress_batch(db, file_locks, data_dir, [file_id], options, map, map, fault)
+    ((_, outcome),) = compress_many(db, file_locks, data_dir, [file_id], options, fault=fault)
     if isinstance(outcome, errors.SgmeError):
         raise outcome
     return outcome
@@ -345,19 +365,18 @@ def compress_many(
 ) -> Iterator[tuple[str, Result]]:
     """:func:`compress` over many files; yields each file's outcome, or the error that
     stopped it. The files go in batches of :data:`BATCH`: a batch's files are locked
-    together, compressed ``workers`` at a time (zstd releases the GIL), their temp files
-    fsynced ``sync_threads`` at a time, renamed, their directories fsynced once, and their
-    index rows updated in one commit — each file still takes every step of :func:`compress`
-    in the same order."""
+    together, compressed ``workers`` at a time, largest first (zstd releases the GIL), each
+    temp file's fsync started as soon as it is verified (``sync_threads`` at a time), renamed
+    once that fsync has returned, their directories fsynced once, and their index rows
+    updated in one commit — each file still takes every step of :func:`compress` in the same
+    order."""
     with (
         concurrent.futures.ThreadPoolExecutor(max(1, options.workers)) as pool,
         concurrent.futures.ThreadPoolExecutor(max(1, options.sync_threads)) as syncs,
     ):
         for start in range(0, len(file_ids), BATCH):
             batch = file_ids[start : start + BATCH]
-            yield from _compress_batch(
-                db, file_locks, data_dir, batch, options, pool.map, syncs.map, fault
-            )
+            yield from _compress_batch(db, file_locks, data_dir, batch, options, pool, syncs, fault)
 
 
 def _compress_batch(
@@ -366,19 +385,26 @@ def _compress_batch(
     data_dir: Path,
     file_ids: Sequence[str],
     options: Archive,
-    each: _Each,
-    sync: _Sync,
+    packers: concurrent.futures.Executor,
+    syncers: concurrent.futures.Executor,
     fault: FaultHook,
 ) -> list[tuple[str, Result]]:
-    """Archive ``file_ids`` together; ``each`` maps the packing over the eligible files and
-    ``sync`` the temp files' fsyncs (thread pools' ``map``, or ``map`` for one file)."""
+    """Archive ``file_ids`` together; ``packers`` run the packing of the eligible files and
+    ``syncers`` the temp files' fsyncs."""
     outcomes: dict[str, Result] = {}
+    opened: list[store.NewFile] = []  # temp files still open, closed whatever happens
+    packing: list[concurrent.futures.Future[_Packed | errors.SgmeError]] = []
+    syncing: dict[str, concurrent.futures.Future[errors.SgmeError | None]] = {}
+    paths = store.CheckedDirs(data_dir)  # under the batch's locks: each directory checked once
 
     def pack(row: tables.FileRow) -> _Packed | errors.SgmeError:
         try:
-            return _pack(data_dir, row, options, fault)
+            packed = _pack(paths, row, options, fault, opened)
         except errors.SgmeError as exc:
             return exc
+        # Its fsync starts now: the wait overlaps the packing of the batch's other files.
+        syncing[row.file_id] = syncers.submit(_sync, packed)
+        return packed
 
     try:
         with file_locks.hold_many(file_ids) as (locked, busy):
@@ -396,19 +422,25 @@ def _compress_batch(
                         outcomes[file_id] = None
                 except errors.SgmeError as exc:
                     outcomes[file_id] = exc
+            # Largest first: the batch waits for its slowest file, and a large one started
+            # last would keep one worker busy while the others wait with nothing to do.
+            ready.sort(key=lambda row: row.flushed_bytes, reverse=True)
+            packing.extend(packers.submit(pack, row) for row in ready)
             packed = []
-            for row, result in zip(ready, each(pack, ready), strict=True):
+            for row, future in zip(ready, packing, strict=True):
+                result = future.result()
                 if isinstance(result, errors.SgmeError):
                     outcomes[row.file_id] = result
                 else:
                     packed.append(result)
             placed = []
-            # Every temp file is on stable storage before it is renamed; fsyncs issued together
-            # share the filesystem's journal commits instead of waiting for one each.
-            for p, synced in zip(packed, sync(_sync, packed), strict=True):
+            # Every temp file is on stable storage before it is renamed: its fsync is waited
+            # for here (they run in parallel, sharing the filesystem's journal commits).
+            for p in packed:
                 try:
-                    if synced is not None:
-                        raise synced
+                    failed = syncing[p.row.file_id].result()
+                    if failed is not None:
+                        raise failed
                     store.rename(p.temp, p.final, durable=False)
                     placed.append(p)
                 except errors.SgmeError as exc:
@@ -428,6 +460,13 @@ def _compress_batch(
     except errors.SgmeError as exc:  # the batch's own step failed: its files wait for a retry
         for file_id in file_ids:
             outcomes.setdefault(file_id, exc)
+    finally:
+        # Nothing may still write or fsync a temp file when it is closed (a crash of one
+        # file's packing leaves the others' running).
+        concurrent.futures.wait(packing)
+        concurrent.futures.wait(list(syncing.values()))
+        for written in opened:
+            written.close()
     return [(file_id, outcomes[file_id]) for file_id in file_ids]
 
 

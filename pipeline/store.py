@@ -59,6 +59,23 @@ def checked_dir(data_dir: Path, relative: str) -> Path:
     return data_dir / relative
 
 
+class CheckedDirs:
+    """:func:`checked` for many files in a few directories (a batch's): each directory is
+    checked once, the first time a path in it is asked for, not once a file."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self._folders: dict[str, Path] = {}
+
+    def path(self, relative: str) -> Path:
+        """``data_dir / relative``, its directories checked as :func:`checked` does."""
+        folder, _, name = relative.rpartition("/")
+        found = self._folders.get(folder)
+        if found is None:
+            found = self._folders[folder] = checked_dir(self.data_dir, folder)
+        return found / name
+
+
 def _check_dirs(data_dir: Path, parts: tuple[str, ...]) -> None:
     path = data_dir
     for part in parts:
@@ -78,9 +95,16 @@ def fsync_dir(path: Path) -> None:
     _fsync(path, os.O_DIRECTORY, "fsync directory")
 
 
-def fsync_file(path: Path) -> None:
-    """Make a file's content durable (one written with ``durable=False``)."""
-    _fsync(path, _OPEN_FLAGS, "fsync")
+def fsync_file(path: Path, *, fd: int | None = None) -> None:
+    """Make a file's content durable (one written with ``durable=False``); through ``fd``
+    when the caller holds the file open (:class:`NewFile`), instead of opening it again."""
+    if fd is None:
+        _fsync(path, _OPEN_FLAGS, "fsync")
+        return
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        raise _storage_error("fsync", path, exc) from exc
 
 
 def _fsync(path: Path, flags: int, what: str) -> None:
@@ -398,6 +422,69 @@ def exclusive_writer(path: Path, *, durable: bool = True) -> Iterator[BinaryIO]:
             raise _storage_error("write", path, exc) from exc
         raise
     handle.close()
+
+
+class NewFile:
+    """A file created (``O_EXCL``) and written but not yet durable, its descriptor kept open
+    so that it is read back, fsynced and closed without being opened again (the archive's
+    temp files: each one verified, then fsynced with its batch before its rename). The
+    caller closes it; on a failed write nothing is left behind."""
+
+    def __init__(self, path: Path, data: bytes) -> None:
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | _OPEN_FLAGS
+        try:
+            try:
+                fd = os.open(path, flags, 0o644)
+            except FileNotFoundError:  # its directory: made when missing, not checked each time
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(path, flags, 0o644)
+        except OSError as exc:
+            raise _storage_error("create", path, exc) from exc
+        try:
+            _write_all(fd, data)
+        except OSError as exc:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            raise _storage_error("write", path, exc) from exc
+        self.path = path
+        self.fd: int | None = fd
+        self.size = len(data)
+
+    def _open(self) -> int:
+        if self.fd is None:
+            raise errors.StorageUnavailable(f"{self.path} is already closed")
+        return self.fd
+
+    def read_back(self) -> bytes:
+        """The file's bytes as the kernel now holds them, read with ``pread`` up to its end
+        (one byte more than was written is asked for: a longer file shows)."""
+        fd = self._open()
+        parts = []
+        offset = 0
+        try:
+            while True:
+                chunk = os.pread(fd, self.size + 1 - offset, offset)
+                if not chunk:
+                    break
+                parts.append(chunk)
+                offset += len(chunk)
+                if offset > self.size:
+                    break
+        except OSError as exc:
+            raise _storage_error("read", self.path, exc) from exc
+        return b"".join(parts)
+
+    def sync(self) -> None:
+        """Make the content durable (:func:`fsync_file` through the open descriptor)."""
+        fsync_file(self.path, fd=self._open())
+
+    def close(self) -> None:
+        """Close the descriptor (again: nothing)."""
+        if self.fd is not None:
+            fd, self.fd = self.fd, None
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 def open_read(path: Path) -> BinaryIO:

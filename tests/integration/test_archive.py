@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import os
 import threading
 from pathlib import Path
 
@@ -478,3 +479,116 @@ def test_every_archive_is_fsynced_before_its_rename_and_its_directory_before_the
     month = (data_dir / helpers.file_row(db, file_ids[0]).path).parent.name
     synced_dir = calls.index(("fsync_dir", month), last_rename)
     assert synced_dir < calls.index(("commit", ""))
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "longer"])
+def test_a_temp_file_that_does_not_hold_what_was_written_is_never_renamed(
+    db: database.Database, data_dir: Path, file_locks: locks.FileLocks, damage: str
+) -> None:
+    """The verify reads back what the temp file holds: a changed byte, a lost tail or bytes
+    past the frame (which a decompressor would ignore) fail it, and the original stays."""
+    file_id = _refined_file(db, data_dir, "damaged-temp", messages=20)
+    row = helpers.file_row(db, file_id)
+    original = (data_dir / row.path).read_bytes()
+    final = data_dir / archive.archive_relative_path(row)
+    temp = final.with_name(f".{final.name}.tmp")
+
+    def fault(step: str) -> None:
+        if step != "temp_written":
+            return
+        packed = bytearray(temp.read_bytes())
+        if damage == "flip":
+            packed[len(packed) // 2] ^= 0x40
+        elif damage == "truncate":
+            del packed[-4:]
+        else:
+            packed += b"\0"
+        temp.write_bytes(bytes(packed))  # the same file: the open descriptor sees it
+
+    with pytest.raises(errors.FileDamaged, match="did not verify"):
+        archive.compress(db, file_locks, data_dir, file_id, fault=fault)
+    assert helpers.file_row(db, file_id).status == "refined"
+    assert (data_dir / row.path).read_bytes() == original
+    assert not temp.exists() and not final.exists()
+
+
+def test_each_fsync_is_done_before_its_rename_and_each_original_deleted_after_the_commit(
+    db: database.Database,
+    data_dir: Path,
+    file_locks: locks.FileLocks,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The temp files' fsyncs start as each file is packed, overlapping the packing of the
+    others: each has returned before its file is renamed, and the originals go only after
+    the index commit."""
+    file_ids = [_refined_file(db, data_dir, f"overlap-{i}") for i in range(6)]
+    calls: list[tuple[str, str]] = []
+    lock = threading.Lock()
+    real_fsync, real_rename, real_remove = store.fsync_file, store.rename, store.remove
+
+    def fsync_file(path: Path, **kwargs: int | None) -> None:
+        real_fsync(path, **kwargs)
+        with lock:
+            calls.append(("fsynced", path.name))
+
+    def rename(src: Path, dst: Path, **kwargs: bool) -> None:
+        with lock:
+            calls.append(("rename", src.name))
+        real_rename(src, dst, **kwargs)
+
+    def remove(path: Path, **kwargs: bool) -> None:
+        with lock:
+            calls.append(("remove", path.name))
+        real_remove(path, **kwargs)
+
+    monkeypatch.setattr(store, "fsync_file", fsync_file)
+    monkeypatch.setattr(store, "rename", rename)
+    monkeypatch.setattr(store, "remove", remove)
+    real_commit = db.commit
+
+    def commit(*args: object, **kwargs: object) -> object:
+        calls.append(("commit", ""))
+        return real_commit(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(db, "commit", commit)
+    outcomes = dict(archive.compress_many(db, file_locks, data_dir, file_ids, Archive(workers=3)))
+    assert all(isinstance(o, archive.Outcome) for o in outcomes.values()), outcomes
+
+    committed = calls.index(("commit", ""))
+    for file_id in file_ids:
+        temp = f".{file_id}.md.zst.tmp"
+        assert calls.index(("fsynced", temp)) < calls.index(("rename", temp))
+        assert calls.index(("remove", f"{file_id}.md")) > committed
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts /proc/self/fd")
+def test_a_crash_while_packing_a_batch_leaves_no_temp_file_open(
+    db: database.Database, data_dir: Path, file_locks: locks.FileLocks
+) -> None:
+    file_ids = [_refined_file(db, data_dir, f"open-{i}") for i in range(6)]
+    list(archive.compress_many(db, file_locks, data_dir, file_ids[:1]))  # pools, connections
+    for file_id in file_ids:
+        with file_locks.hold(file_id):  # their lock files, kept open for the next time
+            pass
+
+    def open_files() -> list[str]:  # under the data directory (not the index's sockets)
+        found = (os.readlink(fd) for fd in Path("/proc/self/fd").iterdir() if fd.exists())
+        return sorted(f for f in found if f.startswith(str(data_dir)))
+
+    before = open_files()
+    packed = 0
+
+    def fault(step: str) -> None:
+        nonlocal packed
+        if step == "verified":
+            packed += 1
+            if packed == 3:
+                raise Crash(step)
+
+    with pytest.raises(Crash):
+        list(
+            archive.compress_many(
+                db, file_locks, data_dir, file_ids[1:], Archive(workers=3), fault=fault
+            )
+        )
+    assert open_files() == before

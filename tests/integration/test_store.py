@@ -91,3 +91,33 @@ def test_lock_order_is_the_same_for_everyone(tmp_path: Path) -> None:
     ids = [f"file-{i}" for i in range(20)]
     a, b = store.LockFiles(tmp_path), store.LockFiles(tmp_path)
     assert a.order(ids) == b.order(list(reversed(ids)))
+
+
+def test_a_new_file_is_read_back_synced_and_closed_through_one_descriptor(tmp_path: Path) -> None:
+    path = tmp_path / "raw" / "archive" / "2026-03" / ".a.md.zst.tmp"
+    written = store.NewFile(path, b"12345")  # its directory made on the way
+    try:
+        assert written.read_back() == b"12345"
+        with path.open("ab") as other:
+            other.write(b"6")
+        assert written.read_back() == b"123456"  # what the file holds, longer shows
+        written.sync()
+    finally:
+        written.close()
+    written.close()  # again: nothing
+    with pytest.raises(errors.StorageUnavailable, match="closed"):
+        written.sync()
+    with pytest.raises(errors.StorageUnavailable):
+        store.NewFile(path, b"again")  # O_EXCL
+    assert path.read_bytes() == b"123456"
+
+
+def test_checked_dirs_checks_each_directory_as_checked_does(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    (data / "raw" / "sessions").mkdir(parents=True)
+    paths = store.CheckedDirs(data)
+    assert paths.path("raw/sessions/a.md") == store.checked(data, "raw/sessions/a.md")
+    assert paths.path("raw/sessions/b.md") == data / "raw" / "sessions" / "b.md"
+    (data / "raw" / "archive").symlink_to(tmp_path)
+    with pytest.raises(errors.FileDamaged, match="not a directory"):
+        paths.path("raw/archive/2026-03/a.md.zst")
