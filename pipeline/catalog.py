@@ -196,12 +196,20 @@ def add_bound(conn: sa.Connection, found: Sequence[tuple[Any, ...]]) -> None:
     conn.exec_driver_sql(_FTS_BOUND, [(i, e[7], e[8]) for i, e in zip(ids, found, strict=True)])
 
 
-def add(conn: sa.Connection, owner: Owner, found: Sequence[document.Located]) -> None:
-    """Catalog flushed messages of a file and index their text (in the flush's commit)."""
+def add(
+    conn: sa.Connection,
+    owner: Owner,
+    found: Sequence[document.Located],
+    words: Sequence[list[str]] | None = None,
+) -> None:
+    """Catalog flushed messages of a file and index their text (in the flush's commit).
+    ``words`` are the messages' :func:`message_terms`, where the caller made them before its
+    transaction (the flush does: the write lock is not held while they are made)."""
     if not found:
         return
     ids = add_rows(conn, owner, found)
-    words = [terms.terms(located.message.content) for located in found]
+    if words is None:
+        words = message_terms(found)
     if database.is_postgres(conn):
         tsvs = [{"id": i, "tsv": terms.tsvector(w)} for i, w in zip(ids, words, strict=True)]
         conn.execute(_PG_INSERT, tsvs)
@@ -213,6 +221,11 @@ def add(conn: sa.Connection, owner: Owner, found: Sequence[document.Located]) ->
             for i, w, located in zip(ids, words, found, strict=True)
         ],
     )
+
+
+def message_terms(found: Sequence[document.Located]) -> list[list[str]]:
+    """The search terms of each message of ``found``, for :func:`add`."""
+    return [terms.terms(located.message.content) for located in found]
 
 
 def add_rows(conn: sa.Connection, owner: Owner, found: Sequence[document.Located]) -> list[int]:

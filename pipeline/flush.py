@@ -234,6 +234,8 @@ class _Chunk:
     seq: int  #: the last seq in it
     head: str  #: the chain head after it
     ended_at: dt.datetime
+    #: the search terms of each block, made before the commit: not under the write lock
+    words: list[list[str]]
 
     def advance(self, conn: sa.Connection, now: dt.datetime) -> int | None:
         """The fenced update, the rows' deletion and their catalog rows; the file's
@@ -251,7 +253,7 @@ class _Chunk:
         )
         if next_seq is not None:
             ledger.delete_journal(conn, row.file_id, self.seq)
-            catalog.add(conn, catalog.Owner.of(row), self.found)
+            catalog.add(conn, catalog.Owner.of(row), self.found, self.words)
         return next_seq
 
     def advanced(self) -> tables.FileRow:
@@ -303,7 +305,7 @@ def _prepare(row: tables.FileRow, batch: list[tables.JournalRow]) -> _Chunk:
         start = located.offset - expected
         head = document.chain_extend(head, data[start : start + located.length])
     ended_at = max(document.parse_ts(e.last_ts) for e in batch).replace(tzinfo=None)
-    return _Chunk(row, data, found, seq, head.hex(), ended_at)
+    return _Chunk(row, data, found, seq, head.hex(), ended_at, catalog.message_terms(found))
 
 
 def _write(path: Path, chunk: _Chunk, *, exists: bool) -> None:
