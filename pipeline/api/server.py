@@ -66,9 +66,9 @@ class BodyLimit:
             nonlocal received
             deadline = started + self.timeout + received / self.min_rate
             try:
-                message: dict[str, Any] = await asyncio.wait_for(
-                    receive(), max(0.0, deadline - loop.time())
-                )
+                # a timeout on this task, not wait_for's task of its own around receive()
+                async with asyncio.timeout_at(deadline):
+                    message: dict[str, Any] = await receive()
             except TimeoutError:
                 raise errors.RequestTimeout(
                     f"the request body came too slowly: {received} bytes in "
