@@ -151,6 +151,7 @@ def create(runtime: Runtime, *, flush_threads_count: int = 0) -> tuple[Celery, S
             "sgme.archive_cold_files": {"queue": "archive"},
         },
         beat_schedule=schedule.beat_schedule(settings, headers={DEPLOYMENT_HEADER: deployment}),
+        beat_scheduler=f"{schedule.__name__}:{schedule.Scheduler.__name__}",
         timezone="UTC",
     )
     queue: Queue = CeleryQueue(app, deployment)

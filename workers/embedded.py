@@ -44,7 +44,10 @@ class Embedded:
             hostname="sgme-embedded@localhost",
         )
         self.beat: Any = beat.EmbeddedService(
-            app, thread=True, schedule_filename=str(data_dir / ".celerybeat-schedule")
+            app,
+            thread=True,
+            schedule_filename=str(data_dir / ".celerybeat-schedule"),
+            scheduler_cls=app.conf.beat_scheduler,
         )
         self._thread = threading.Thread(target=self.worker.start, name="sgme-worker", daemon=True)
 
@@ -61,8 +64,10 @@ class Embedded:
         self.beat.start()
 
     def stop(self) -> None:
-        """Stop beat and the worker (the task in progress finishes)."""
-        self.beat.stop()
+        """Stop beat and the worker (the task in progress finishes). A beat thread that died
+        is not waited for (its service would never say it stopped)."""
+        if self.beat.is_alive():
+            self.beat.stop()
         self.worker.stop(in_sighandler=False, exitcode=0)
         self._thread.join(30)
 

@@ -1,13 +1,18 @@
 """The beat schedule: sweep for lost flush kicks, dispatch due refinements, archive
-cold files daily."""
+cold files daily; and the scheduler that keeps it in the data directory."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from typing import Any
 
+from celery import beat
 from celery.schedules import crontab
 
 from pipeline.settings import Settings
+
+log = logging.getLogger(__name__)
 
 
 def beat_schedule(settings: Settings, *, headers: dict[str, str]) -> dict[str, dict[str, Any]]:
@@ -27,3 +32,29 @@ def beat_schedule(settings: Settings, *, headers: dict[str, str]) -> dict[str, d
             "options": options,
         },
     }
+
+
+class Scheduler(beat.PersistentScheduler):  # type: ignore[misc]  # celery is untyped
+    """Celery's scheduler that keeps when each periodic task last ran in a file
+    (``.celerybeat-schedule`` in the data directory), and starts that file afresh when it
+    cannot be read. A process killed while the file was written leaves it torn; Celery's own
+    scheduler then fails as it starts (``EOFError``, a pickle error), and beat — in
+    ``sgme serve`` a thread nobody watches — is gone, with the sweeps, the refinement
+    dispatches and the archive it runs. The file holds only last-run times: afresh, each task
+    runs at its next due time."""
+
+    def setup_schedule(self) -> None:
+        try:
+            super().setup_schedule()
+        except Exception as exc:  # whatever a torn file raises; a second failure is a bug
+            log.warning(
+                "beat's schedule file %s could not be read (%r): starting it afresh",
+                self.schedule_filename,
+                exc,
+            )
+            store = getattr(self, "_store", None)
+            if store is not None:
+                with contextlib.suppress(Exception):
+                    store.close()
+            self._remove_db()
+            super().setup_schedule()
