@@ -268,18 +268,22 @@ def bench_search(url: str, data_dir: Path, name: str, total: int) -> list[str]:
 
 @contextlib.contextmanager
 def without_terms() -> Iterator[None]:
-    """``catalog.add`` writing the rows but not the search terms."""
-    real = catalog.add
+    """``catalog.add`` writing the rows but not the search terms, and no terms made for it
+    (the flush makes them before its commit, with ``catalog.message_terms``)."""
+    real, real_terms = catalog.add, catalog.message_terms
 
-    def rows_only(conn: Any, owner: Any, found: Any) -> None:
+    def rows_only(conn: Any, owner: Any, found: Any, words: Any = None) -> None:
         if found:
             catalog.add_rows(conn, owner, found)
 
-    catalog.add = rows_only
+    def no_terms(found: Any) -> list[list[str]]:
+        return [[] for _ in found]
+
+    catalog.add, catalog.message_terms = rows_only, no_terms
     try:
         yield
     finally:
-        catalog.add = real
+        catalog.add, catalog.message_terms = real, real_terms
 
 
 def bench_cost(url: str, data_dir: Path, name: str, appends: int) -> list[str]:
