@@ -12,7 +12,6 @@ import helpers
 import pytest
 from celery import Celery, beat
 
-from pipeline import database
 from pipeline.runtime import Runtime
 from pipeline.settings import Settings
 from workers import app as worker_app
@@ -20,15 +19,9 @@ from workers import embedded, schedule
 
 
 @pytest.fixture
-def app(data_dir: Path, tmp_path: Path) -> Iterator[Celery]:
-    url = f"sqlite:///{tmp_path / 'index.sqlite3'}"
-    engine = database.create_engine(url)
-    database.migrate(engine)
-    engine.dispose()
-    settings = Settings.load(
-        environ={}, data_dir=data_dir, database_url=url, broker_url="memory://"
-    )
-    runtime = Runtime(settings, database.Database.from_url(url))
+def app(data_dir: Path) -> Iterator[Celery]:
+    settings = Settings.load(environ={}, data_dir=data_dir, broker_url="memory://")
+    runtime = Runtime.open(settings, migrate=True)
     try:
         yield worker_app.create(runtime)[0]
     finally:

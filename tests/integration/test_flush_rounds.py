@@ -5,7 +5,8 @@ handed-back files on their own — on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +22,10 @@ from pipeline import (
     integrity,
     journal,
     locks,
+    search,
     store,
     tables,
+    terms,
 )
 from pipeline.settings import Settings
 
@@ -65,6 +68,44 @@ def test_a_round_writes_every_file_with_one_commit(db: database.Database, data_d
         )
     # exactly what a flush of one file writes: the chain checks out
     assert integrity.fsck(db, data_dir) == []
+
+
+@pytest.mark.parametrize("round_", [True, False], ids=["round", "one file"])
+def test_the_search_terms_are_made_before_the_commit(
+    db: database.Database, data_dir: Path, monkeypatch: pytest.MonkeyPatch, round_: bool
+) -> None:
+    """SQLite has one writer: the flush makes its messages' terms before its transaction, so
+    an acknowledgement queued behind the flush's commit does not wait for them."""
+    ids = [journal.ingest(db, _body(f"s{i}", f"green tea number {i}")).file_id for i in range(3)]
+    in_commit = False
+    made: list[bool] = []  # for each text whose terms were made: inside a commit?
+    real_committing, real_terms = db.committing, terms.terms
+
+    @contextlib.contextmanager
+    def committing(*, durable: bool = True) -> Iterator[sa.Connection]:
+        nonlocal in_commit
+        with real_committing(durable=durable) as conn:
+            in_commit = True
+            try:
+                yield conn
+            finally:
+                in_commit = False
+
+    def watched(text: str) -> list[str]:
+        made.append(in_commit)
+        return real_terms(text)
+
+    monkeypatch.setattr(db, "committing", committing)
+    monkeypatch.setattr(terms, "terms", watched)
+    if round_:
+        assert flush.flush_many(db, _locks(db, data_dir), data_dir, ids).alone == []
+    else:
+        for file_id in ids:
+            flush.flush(db, _locks(db, data_dir), data_dir, file_id)
+    assert made == [False, False, False]
+    monkeypatch.undo()
+    found = search.search(db, data_dir, "green tea", limit=10, match="all")
+    assert sorted(hit.file_id for hit in found) == sorted(ids)
 
 
 def test_a_file_that_needs_more_than_an_append_is_handed_back(
