@@ -326,8 +326,7 @@ class LockFiles:
         #: the stripe of each file id seen lately (at most :data:`_KNOWN_FILES`)
         self._of: dict[str, _Stripe] = {}
         self._guard = threading.Lock()
-        ref = weakref.ref(self)
-        os.register_at_fork(after_in_child=lambda: _forget_stripes(ref))
+        _ALL_LOCK_FILES.add(self)
 
     def _stripe(self, file_id: str) -> _Stripe:
         known = self._of.get(file_id)  # a flush round asks twice a file, every round
@@ -387,15 +386,22 @@ class LockFiles:
         return sorted(file_ids, key=lambda file_id: (self._stripe(file_id).path, file_id))
 
 
-def _forget_stripes(ref: weakref.ReferenceType[LockFiles]) -> None:
+#: every :class:`LockFiles` alive in this process, for the one fork hook below (a hook each
+#: would stay registered for the life of the process: a leak for a caller that makes one per
+#: call, as :func:`pipeline.journal.flush` does)
+_ALL_LOCK_FILES: weakref.WeakSet[LockFiles] = weakref.WeakSet()
+
+
+def _forget_stripes() -> None:
     # A child forked while a thread held a stripe must not inherit it, nor the descriptors.
-    found = ref()
-    if found is None:
-        return
-    for stripe in found._stripes.values():
-        stripe.forget()
-    found._stripes, found._of = {}, {}
-    found._guard = threading.Lock()
+    for found in list(_ALL_LOCK_FILES):
+        for stripe in found._stripes.values():
+            stripe.forget()
+        found._stripes, found._of = {}, {}
+        found._guard = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_stripes)
 
 
 @contextlib.contextmanager

@@ -126,9 +126,8 @@ class Database:
         self._held_lock = threading.Lock()
         self._held: weakref.WeakSet[_Held] = weakref.WeakSet()
         # A child forked while another thread held the lock, or led a group, must not
-        # inherit either.
-        ref = weakref.ref(self)
-        os.register_at_fork(after_in_child=lambda: _forked(ref))
+        # inherit either (one fork hook for every handle: :func:`_forked`).
+        _HANDLES.add(self)
 
     @classmethod
     def from_url(
@@ -293,16 +292,23 @@ class Database:
         return self.group.run(work, durable=durable)
 
 
-def _forked(ref: weakref.ReferenceType[Database]) -> None:
-    found = ref()
-    if found is None:
-        return
-    if found._writer is not None:
-        found._writer = threading.RLock()
-    found.group = commits.Group(found)
-    # The parent's held connections stay the parent's: dropped at their next use here
-    # (_Held.usable checks the process), never closed.
-    found._held_lock = threading.Lock()
+#: every handle alive in this process, for the one fork hook below (a hook each would stay
+#: registered for the life of the process: a leak for a caller that makes a handle per call,
+#: as :func:`pipeline.journal.ingest` does when given an engine)
+_HANDLES: weakref.WeakSet[Database] = weakref.WeakSet()
+
+
+def _forked() -> None:
+    for found in list(_HANDLES):
+        if found._writer is not None:
+            found._writer = threading.RLock()
+        found.group = commits.Group(found)
+        # The parent's held connections stay the parent's: dropped at their next use here
+        # (_Held.usable checks the process), never closed.
+        found._held_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 @contextlib.contextmanager
