@@ -6,9 +6,10 @@ writes a file's journal rows to it, once. These two names and signatures are the
 entry points and stay as they are; the protocol itself lives in :mod:`pipeline.ingest`,
 :mod:`pipeline.flush`, :mod:`pipeline.ordering` and :mod:`pipeline.idempotency`. A program
 that appends from many threads should build a :class:`pipeline.runtime.Runtime` instead and
-call its :class:`pipeline.service.Service`: the runtime's one :class:`database.Database` lets
-concurrent appends share their commits (group commit), where each call here uses a handle of
-its own.
+call its :class:`pipeline.service.Service`: the runtime keeps its file locks and flushes
+kicked files in rounds. Calls here given one :class:`database.Database`, or one engine (whose
+handle is kept with it), share its commits (group commit); each flush opens the file locks
+afresh.
 """
 
 from __future__ import annotations
@@ -29,8 +30,22 @@ from pipeline.settings import DEFAULT_LOCK_TIMEOUT, Backlog, Limits
 __all__ = ["AppendResult", "FlushResult", "flush", "ingest", "ingest_upload"]
 
 
+#: where an engine keeps the handle the calls given it share (on the engine itself: a cache
+#: keyed by engine would keep every engine alive through its handle)
+_HANDLE = "_sgme_database"
+
+
 def _handle(target: sa.Engine | database.Database) -> database.Database:
-    return target if isinstance(target, database.Database) else database.Database(target)
+    """``target``, or the one handle of an engine: calls given an engine share its group
+    committer and its held connections, as calls given one handle do (a handle per call
+    opened a connection per call: several times the cost of the append)."""
+    if isinstance(target, database.Database):
+        return target
+    found = target.__dict__.get(_HANDLE)
+    if found is None:  # two threads may both make one; one is kept (setdefault is atomic)
+        found = target.__dict__.setdefault(_HANDLE, database.Database(target))
+    assert isinstance(found, database.Database)
+    return found
 
 
 def ingest(
