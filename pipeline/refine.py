@@ -255,8 +255,10 @@ def due_files(
     limit: int = 100,
     file_ids: Sequence[str] | None = None,
 ) -> list[str]:
-    """Files with unrefined flushed messages that are due and not leased."""
-    with db.transaction() as conn:
+    """Files with unrefined flushed messages that are due and not leased, from a read
+    snapshot (no write lock: the flush rounds ask after every round; each file is claimed in a
+    write transaction of its own, which checks it again)."""
+    with db.reading() as conn:
         return index.due_files(
             conn,
             min_messages=min_messages,
