@@ -34,6 +34,7 @@ def reference(text: str) -> list[str]:
 
 _PIECES = st.one_of(
     st.sampled_from(list("abcXYZ019_-.\\ \n\t\"'ßİﬁⅫ")),  # folding and NFKC cases
+    st.sampled_from(["\u3000", "\xa0", "\u2028", "—", "§", "。"]),  # spaces and signs past ASCII
     st.sampled_from(list("éèàçñøÅÉÎöüœ")),  # Latin accents
     st.sampled_from(list("数据库的系统字ひらがなカタカナ㐀𠀀豈")),  # CJK, kana, extensions
     st.sampled_from(list("한국어데이터ᄀᄁㄱ")),  # Hangul, jamo
