@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import threading
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -270,6 +271,40 @@ def test_no_append_is_acknowledged_that_the_disk_cannot_hold(
     free["bytes"] = 100_000  # room again: accepted at once
     assert client.post("/v1/append", json=body("d", "y" * 6000)).status_code == 202
     assert _journal(db)[0] == 2
+
+
+def test_a_slow_backlog_count_holds_up_no_other_append(
+    make: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Counting the journal reads all of it (a deep backlog: seconds). One append measures;
+    the others go on with the last figures instead of queueing behind it."""
+    client, service = make()
+    admission = service.admission
+    assert client.post("/v1/append", json=body("first")).status_code == 202  # measured once
+    entered, release = threading.Event(), threading.Event()
+    counted = ledger.journal_backlog
+
+    def slow(conn: Any) -> tuple[int, int, int]:
+        entered.set()
+        assert release.wait(30)
+        return counted(conn)
+
+    monkeypatch.setattr(ledger, "journal_backlog", slow)
+    admission._measured -= admission.REFRESH + 1  # the figures are stale: the next one counts
+    measuring = threading.Thread(target=admission.check, args=(100,))
+    measuring.start()
+    try:
+        assert entered.wait(10)
+        other = threading.Thread(target=admission.check, args=(100,))
+        other.start()
+        other.join(5)
+        assert not other.is_alive(), "an append waited for another one's count of the backlog"
+        assert client.post("/v1/append", json=body("second")).status_code == 202
+    finally:
+        release.set()
+        measuring.join(10)
+    assert not measuring.is_alive()
+    assert admission._measure()[0] > 0  # the new figures were kept
 
 
 def test_a_flush_writes_a_large_backlog_in_bounded_chunks(
