@@ -16,14 +16,13 @@ import stat
 import threading
 import time
 import uuid
-import weakref
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
 import filelock
 
-from pipeline import errors
+from pipeline import errors, forks
 
 SUBDIRS = {"session": "sessions", "upload": "uploads", "external": "external"}
 LOCK_STRIPES = 1024  #: lock files under <data>/.locks; a file maps to one by hash
@@ -326,7 +325,15 @@ class LockFiles:
         #: the stripe of each file id seen lately (at most :data:`_KNOWN_FILES`)
         self._of: dict[str, _Stripe] = {}
         self._guard = threading.Lock()
-        _ALL_LOCK_FILES.add(self)
+        forks.reset_in_child(self)
+
+    def after_fork_in_child(self) -> None:
+        """A child forked while a thread held a stripe must not inherit it, nor the
+        descriptors."""
+        for stripe in self._stripes.values():
+            stripe.forget()
+        self._stripes, self._of = {}, {}
+        self._guard = threading.Lock()
 
     def _stripe(self, file_id: str) -> _Stripe:
         known = self._of.get(file_id)  # a flush round asks twice a file, every round
@@ -384,24 +391,6 @@ class LockFiles:
         """``file_ids`` in the order to lock several at once: by lock file, so two processes
         locking overlapping sets never wait for each other in a circle."""
         return sorted(file_ids, key=lambda file_id: (self._stripe(file_id).path, file_id))
-
-
-#: every :class:`LockFiles` alive in this process, for the one fork hook below (a hook each
-#: would stay registered for the life of the process: a leak for a caller that makes one per
-#: call, as :func:`pipeline.journal.flush` does)
-_ALL_LOCK_FILES: weakref.WeakSet[LockFiles] = weakref.WeakSet()
-
-
-def _forget_stripes() -> None:
-    # A child forked while a thread held a stripe must not inherit it, nor the descriptors.
-    for found in list(_ALL_LOCK_FILES):
-        for stripe in found._stripes.values():
-            stripe.forget()
-        found._stripes, found._of = {}, {}
-        found._guard = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_stripes)
 
 
 @contextlib.contextmanager

@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 
-from pipeline import errors, settings
+from pipeline import errors, forks, settings
 from pipeline.clock import SYSTEM, Clock
 from pipeline.database import commits, engines
 
@@ -125,9 +125,16 @@ class Database:
         self._readers = threading.local()
         self._held_lock = threading.Lock()
         self._held: weakref.WeakSet[_Held] = weakref.WeakSet()
-        # A child forked while another thread held the lock, or led a group, must not
-        # inherit either (one fork hook for every handle: :func:`_forked`).
-        _HANDLES.add(self)
+        forks.reset_in_child(self)
+
+    def after_fork_in_child(self) -> None:
+        """A child forked while another thread held the lock, or led a group, must not
+        inherit either. The parent's held connections stay the parent's: dropped at their
+        next use here (:meth:`_Held.usable` checks the process), never closed."""
+        if self._writer is not None:
+            self._writer = threading.RLock()
+        self.group = commits.Group(self)
+        self._held_lock = threading.Lock()
 
     @classmethod
     def from_url(
@@ -290,25 +297,6 @@ class Database:
         """Run ``work`` in a transaction shared with whatever else this process is committing
         at the moment (:class:`commits.Group`); its value once that transaction committed."""
         return self.group.run(work, durable=durable)
-
-
-#: every handle alive in this process, for the one fork hook below (a hook each would stay
-#: registered for the life of the process: a leak for a caller that makes a handle per call,
-#: as :func:`pipeline.journal.ingest` does when given an engine)
-_HANDLES: weakref.WeakSet[Database] = weakref.WeakSet()
-
-
-def _forked() -> None:
-    for found in list(_HANDLES):
-        if found._writer is not None:
-            found._writer = threading.RLock()
-        found.group = commits.Group(found)
-        # The parent's held connections stay the parent's: dropped at their next use here
-        # (_Held.usable checks the process), never closed.
-        found._held_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forked)
 
 
 @contextlib.contextmanager
