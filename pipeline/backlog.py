@@ -55,10 +55,8 @@ class Admission:
         self.data_dir = data_dir
         self.limits = limits
         self._measured = -math.inf
-        self._journal_bytes = 0
-        self._free_bytes = 0
-        self._lock = threading.Lock()
-        self._refreshing = False  #: a thread is measuring; the others use the last figures
+        self._figures = (0, 0)  #: the journal's backlog and the free bytes, as last measured
+        self._counting = threading.Lock()  #: held by the one caller measuring
 
     def check(self, size: int) -> None:
         """Raise :class:`errors.Overloaded` or :class:`errors.InsufficientStorage` (each with
@@ -87,25 +85,18 @@ class Admission:
         is when appends must go on being answered. So one caller measures while the others
         go on with the last figures (at most one measurement older); only the very first
         measurement is waited for, there being no figures before it."""
-        with self._lock:
-            now = time.monotonic()
-            if now - self._measured < self.REFRESH or self._refreshing:
-                return self._journal_bytes, self._free_bytes
-            if self._measured == -math.inf:
-                self._journal_bytes, self._free_bytes = self._take()
-                self._measured = now
-                return self._journal_bytes, self._free_bytes
-            self._refreshing = True
+        if time.monotonic() - self._measured < self.REFRESH:
+            return self._figures
+        if not self._counting.acquire(blocking=self._measured == -math.inf):
+            return self._figures  # another caller is counting
         try:
-            journal_bytes, free = self._take()
-        except BaseException:
-            with self._lock:
-                self._refreshing = False
-            raise
-        with self._lock:
-            self._journal_bytes, self._free_bytes, self._measured = journal_bytes, free, now
-            self._refreshing = False
-        return journal_bytes, free
+            now = time.monotonic()
+            if now - self._measured >= self.REFRESH:  # not counted while this one waited
+                self._figures = self._take()
+                self._measured = now
+        finally:
+            self._counting.release()
+        return self._figures
 
     def _take(self) -> tuple[int, int]:
         with self.db.reading() as conn:
