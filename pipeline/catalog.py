@@ -253,7 +253,7 @@ def _row(owner: Owner, located: document.Located) -> dict[str, Any]:
     }
 
 
-_ROWS = (
+_ROWS = database.Prepared(  # a refinement segment's, a page of messages'
     sa.select(tables.messages)
     .where(
         _M.file_id == sa.bindparam("file_id"),
@@ -266,8 +266,8 @@ _ROWS = (
 
 def rows(conn: sa.Connection, file_id: str, *, after: int, upto: int) -> list[tables.MessageRow]:
     """The catalog rows of ``file_id`` with ``after < seq <= upto``, in seq order."""
-    found = conn.execute(_ROWS, {"file_id": file_id, "after": after, "upto": upto})
-    return [tables.MessageRow.from_row(row) for row in found]
+    found = _ROWS.rows(conn, {"file_id": file_id, "after": after, "upto": upto})
+    return [tables.MessageRow(**row) for row in found]
 
 
 def clear(conn: sa.Connection) -> None:

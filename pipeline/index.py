@@ -282,15 +282,52 @@ def settle_flush(conn: sa.Connection, file_id: str) -> bool:
 # ---------------------------------------------------------------------------------------------
 # raw_files: refinement (docs/design.md §4)
 
-
-def _refinable(now: dt.datetime) -> list[Any]:
-    """A file with flushed messages past ``last_refined_seq``, not leased to a running job."""
-    f = tables.raw_files.c
-    return [
-        f.flushed_seq > f.last_refined_seq,
-        f.status.in_(tables.REFINABLE),
-        sa.or_(f.refine_lease_until.is_(None), f.refine_lease_until < now),
-    ]
+_LEASE = {"refine_lease_until": _bind("refine_lease_until"), "updated_at": _bind("updated_at")}
+_REFINABLE = (  # flushed messages past ``last_refined_seq``, not leased to a running job
+    _R.flushed_seq > _R.last_refined_seq,
+    sa.or_(*(_R.status == status for status in tables.REFINABLE)),
+    sa.or_(_R.refine_lease_until.is_(None), _R.refine_lease_until < sa.bindparam("now")),
+)
+_DUE = (  # ... where ``min_messages`` wait, or quiet since ``idle_before``
+    *_REFINABLE,
+    sa.or_(
+        _R.flushed_seq - _R.last_refined_seq >= sa.bindparam("min_messages"),
+        _R.flushed_at <= sa.bindparam("idle_before", type_=_R.flushed_at.type),
+    ),
+)
+_DUE_FILES = database.Prepared(
+    sa.select(_R.file_id).where(*_DUE).order_by(_R.flushed_at).limit(sa.bindparam("limit"))
+)
+_DUE_FILE = database.Prepared(
+    sa.select(_R.file_id, _R.flushed_at).where(_R.file_id == sa.bindparam("file_id"), *_DUE)
+)
+_CLAIM = database.Prepared(
+    sa.update(tables.raw_files)
+    .where(_R.file_id == sa.bindparam("file_id"), *_REFINABLE)
+    .values(refine_epoch=_R.refine_epoch + 1, **_LEASE)
+    .returning(_R.last_refined_seq, _R.flushed_seq, _R.refine_epoch)
+)
+_OF_CLAIM = (_R.file_id == sa.bindparam("file_id"), _R.refine_epoch == sa.bindparam("epoch"))
+_RENEW = database.Prepared(
+    sa.update(tables.raw_files)
+    .where(*_OF_CLAIM, _R.refine_lease_until.is_not(None))
+    .values(**_LEASE)
+)
+_COMMIT_SEGMENT = database.Prepared(
+    sa.update(tables.raw_files)
+    .where(*_OF_CLAIM, _R.last_refined_seq == sa.bindparam("lo"))
+    .values(
+        last_refined_seq=sa.bindparam("hi"),
+        refined_at=_bind("updated_at"),
+        refine_lease_until=None,
+        status=sa.case(
+            (_R.status == Status.ARCHIVED, Status.ARCHIVED),
+            (_R.flushed_seq > sa.bindparam("hi"), Status.NEW),
+            else_=Status.REFINED,
+        ),
+        updated_at=_bind("updated_at"),
+    )
+)
 
 
 def due_files(
@@ -302,23 +339,20 @@ def due_files(
     file_ids: Sequence[str] | None = None,
     now: dt.datetime,
 ) -> list[str]:
-    """Refinable files where ``min_messages`` wait or that were quiet ``idle_seconds``."""
-    f = tables.raw_files.c
-    query = (
-        sa.select(f.file_id)
-        .where(
-            *_refinable(now),
-            sa.or_(
-                f.flushed_seq - f.last_refined_seq >= min_messages,
-                f.flushed_at <= now - dt.timedelta(seconds=idle_seconds),
-            ),
-        )
-        .order_by(f.flushed_at)
-        .limit(limit)
-    )
-    if file_ids is not None:
-        query = query.where(f.file_id.in_(list(file_ids)))
-    return [row[0] for row in conn.execute(query)]
+    """Refinable files where ``min_messages`` wait or that were quiet ``idle_seconds``, the
+    longest flushed first (at most ``limit``)."""
+    idle_before = now - dt.timedelta(seconds=idle_seconds)
+    params = {"now": now, "min_messages": min_messages, "idle_before": idle_before}
+    if file_ids is None:
+        return [row["file_id"] for row in _DUE_FILES.rows(conn, {**params, "limit": limit})]
+    found = [_DUE_FILE.first(conn, {**params, "file_id": f}) for f in dict.fromkeys(file_ids)]
+    due = sorted((row for row in found if row is not None), key=lambda row: row["flushed_at"])
+    return [row["file_id"] for row in due[:limit]]
+
+
+def _lease(file_id: str, lease_seconds: float, now: dt.datetime) -> dict[str, Any]:
+    until = now + dt.timedelta(seconds=lease_seconds)
+    return {"file_id": file_id, "now": now, "set_refine_lease_until": until, "set_updated_at": now}
 
 
 def claim_segment(
@@ -326,19 +360,8 @@ def claim_segment(
 ) -> tuple[int, int, int] | None:
     """Bump the epoch and lease the unrefined segment: ``(lo, hi, epoch)``, or None when the
     file is leased to another job, has nothing to refine, or cannot be refined."""
-    f = tables.raw_files.c
-    stmt = (
-        sa.update(tables.raw_files)
-        .where(f.file_id == file_id, *_refinable(now))
-        .values(
-            refine_epoch=f.refine_epoch + 1,
-            refine_lease_until=now + dt.timedelta(seconds=lease_seconds),
-            updated_at=now,
-        )
-        .returning(f.last_refined_seq, f.flushed_seq, f.refine_epoch)
-    )
-    row = conn.execute(stmt).first()
-    return (int(row[0]), int(row[1]), int(row[2])) if row else None
+    row = _CLAIM.first(conn, _lease(file_id, lease_seconds, now))
+    return (row["last_refined_seq"], row["flushed_seq"], row["refine_epoch"]) if row else None
 
 
 def renew_lease(
@@ -346,13 +369,7 @@ def renew_lease(
 ) -> bool:
     """Extend a running job's lease; False when the claim no longer holds (the job should
     stop: another claim or a full re-refine replaced it)."""
-    f = tables.raw_files.c
-    stmt = (
-        sa.update(tables.raw_files)
-        .where(f.file_id == file_id, f.refine_epoch == epoch, f.refine_lease_until.is_not(None))
-        .values(refine_lease_until=now + dt.timedelta(seconds=lease_seconds), updated_at=now)
-    )
-    return bool(conn.execute(stmt).rowcount)
+    return _RENEW.rowcount(conn, {**_lease(file_id, lease_seconds, now), "epoch": epoch}) > 0
 
 
 def commit_segment(
@@ -361,23 +378,8 @@ def commit_segment(
     """Advance ``last_refined_seq`` to ``hi`` and free the lease — only if the claim
     ``(epoch, lo)`` still holds. The file becomes ``refined``, or ``new`` when more messages
     were flushed meanwhile (an archived file stays ``archived``)."""
-    f = tables.raw_files.c
-    stmt = (
-        sa.update(tables.raw_files)
-        .where(f.file_id == file_id, f.refine_epoch == epoch, f.last_refined_seq == lo)
-        .values(
-            last_refined_seq=hi,
-            refined_at=now,
-            refine_lease_until=None,
-            status=sa.case(
-                (f.status == Status.ARCHIVED, Status.ARCHIVED),
-                (f.flushed_seq > hi, Status.NEW),
-                else_=Status.REFINED,
-            ),
-            updated_at=now,
-        )
-    )
-    return bool(conn.execute(stmt).rowcount)
+    params = {"file_id": file_id, "epoch": epoch, "lo": lo, "hi": hi, "set_updated_at": now}
+    return _COMMIT_SEGMENT.rowcount(conn, params) > 0
 
 
 def fail_segment(conn: sa.Connection, file_id: str, *, epoch: int, now: dt.datetime) -> bool:

@@ -10,20 +10,32 @@ import sqlalchemy as sa
 
 from pipeline import database, tables
 
+#: the insert of items, by dialect name (prepared: database.Prepared)
+_ADD: dict[str, database.Prepared] = {}
+
 
 def add_items(conn: sa.Connection, items: Sequence[dict[str, Any]], *, now: dt.datetime) -> None:
     """Insert items, skipping any the file already has (same ``item_hash``)."""
     if not items:
         return
-    stmt = database.insert(conn, tables.l1_items).on_conflict_do_nothing(
-        index_elements=["file_id", "item_hash"]
-    )
-    conn.execute(stmt, [{**item, "created_at": now} for item in items])
+    stmt = _ADD.get(conn.dialect.name)
+    if stmt is None:
+        stmt = _ADD[conn.dialect.name] = database.Prepared(
+            database.insert(conn, tables.l1_items)
+            .values(database.binds(tables.l1_items))
+            .on_conflict_do_nothing(index_elements=["file_id", "item_hash"])
+        )
+    stmt.many(conn, [{**item, "created_at": now} for item in items])
+
+
+_DELETE = database.Prepared(
+    sa.delete(tables.l1_items).where(tables.l1_items.c.file_id == sa.bindparam("file_id"))
+)
 
 
 def delete_items(conn: sa.Connection, file_id: str) -> None:
     """Drop a file's items (before a full re-refine)."""
-    conn.execute(sa.delete(tables.l1_items).where(tables.l1_items.c.file_id == file_id))
+    _DELETE.execute(conn, {"file_id": file_id})
 
 
 def list_items(

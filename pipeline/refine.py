@@ -271,8 +271,10 @@ def due_files(
 
 def claim(db: database.Database, file_id: str, *, lease_seconds: float) -> Claim | None:
     """Reserve the file's unrefined segment for one job, or None if it is leased or done."""
-    with db.transaction() as conn:
-        found = index.claim_segment(conn, file_id, lease_seconds=lease_seconds, now=db.now())
+    now = db.now()
+    found = db.commit(
+        lambda conn: index.claim_segment(conn, file_id, lease_seconds=lease_seconds, now=now)
+    )
     return Claim(file_id, *found) if found else None
 
 
@@ -385,7 +387,22 @@ def commit(db: database.Database, c: Claim, items: Sequence[Item], *, refiner: s
     False for a stale or duplicate job: nothing is stored.
     """
     now = db.now()
-    with db.transaction() as conn:
+    # made before the transaction: the write lock is not held while items are encoded
+    rows = [
+        {
+            "file_id": c.file_id,
+            "kind": item.kind,
+            "content": item.content,
+            "source_refs": json.dumps(list(item.source_refs)),
+            "refiner": refiner,
+            "segment_lo": c.lo,
+            "segment_hi": c.hi,
+            "item_hash": item.digest(),
+        }
+        for item in items
+    ]
+
+    def work(conn: sa.Connection) -> bool:
         row = index.get_file(conn, c.file_id)
         if row is None or not index.commit_segment(
             conn, c.file_id, epoch=c.epoch, lo=c.lo, hi=c.hi, now=now
@@ -395,25 +412,10 @@ def commit(db: database.Database, c: Claim, items: Sequence[Item], *, refiner: s
             # A full (re-)refine replaces whatever the file's items were.
             l1.delete_items(conn, c.file_id)
             _finish_full(conn, c.file_id, now)
-        l1.add_items(
-            conn,
-            [
-                {
-                    "file_id": c.file_id,
-                    "agent_id": row.agent_id,
-                    "kind": item.kind,
-                    "content": item.content,
-                    "source_refs": json.dumps(list(item.source_refs)),
-                    "refiner": refiner,
-                    "segment_lo": c.lo,
-                    "segment_hi": c.hi,
-                    "item_hash": item.digest(),
-                }
-                for item in items
-            ],
-            now=now,
-        )
+        l1.add_items(conn, [{**r, "agent_id": row.agent_id} for r in rows], now=now)
         return True
+
+    return db.commit(work)
 
 
 def fail(db: database.Database, c: Claim, detail: str) -> bool:
@@ -498,11 +500,16 @@ def _check_cooldown(
         )
 
 
+_FINISH_FULL = database.Prepared(
+    sa.update(tables.full_refines)
+    .where(
+        tables.full_refines.c.file_id == sa.bindparam("file_id"),
+        tables.full_refines.c.finished_at.is_(None),
+    )
+    .values(finished_at=sa.bindparam("now", type_=tables.full_refines.c.finished_at.type))
+)
+
+
 def _finish_full(conn: sa.Connection, file_id: str, now: dt.datetime) -> None:
     """The first segment of a full re-refine committed: its cooldown starts now."""
-    t = tables.full_refines.c
-    conn.execute(
-        sa.update(tables.full_refines)
-        .where(t.file_id == file_id, t.finished_at.is_(None))
-        .values(finished_at=now)
-    )
+    _FINISH_FULL.execute(conn, {"file_id": file_id, "now": now})
