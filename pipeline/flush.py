@@ -436,9 +436,10 @@ def flush_many(
                 todo.append((row, batch))
         fault("read")
         chunks: list[tuple[Path, _Chunk, bool]] = []
+        paths = store.CheckedDirs(data_dir)  # under the round's locks: each directory once
         for row, batch in todo:
             try:
-                path = store.checked(data_dir, row.path)
+                path = paths.path(row.path)
                 current = store.size(path)
                 if (current or 0) != row.flushed_bytes or _gap(row, batch) is not None:
                     done.alone.append(row.file_id)

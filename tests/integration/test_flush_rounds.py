@@ -215,3 +215,21 @@ def test_an_append_while_a_flush_finds_nothing_is_flushed_again(
     row = helpers.file_row(db, file_id)
     assert (row.flush_pending, row.flushed_seq, row.next_seq) == (True, 1, 3)
     assert journal.flush(db, data_dir, file_id).messages == 1
+
+
+def test_a_round_writes_nothing_through_a_symlinked_directory(
+    db: database.Database, data_dir: Path, tmp_path: Path
+) -> None:
+    """The round checks the files' directory once (not once a file), and still refuses it when
+    it is a symlink: every file goes to a flush of its own, which records the damage."""
+    ids = [journal.ingest(db, _body(f"s{i}")).file_id for i in range(3)]
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    folder = data_dir / Path(store.relative_path("session", ids[0])).parent
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    folder.symlink_to(outside, target_is_directory=True)
+    done = flush.flush_many(db, _locks(db, data_dir), data_dir, ids)
+    assert sorted(done.alone) == sorted(ids)
+    assert done.results == {}
+    assert list(outside.iterdir()) == []
+    assert [helpers.file_row(db, i).flushed_seq for i in ids] == [0, 0, 0]
