@@ -77,6 +77,7 @@ bench: $(STAMP) $(HERMES_STAMP) wrk
 	$(BIN)/python bench/bench_peers.py
 	$(BIN)/python bench/bench_http.py --wrk
 	$(BIN)/python bench/bench_append.py
+	$(BIN)/python bench/bench_refine.py
 	$(BIN)/python bench/bench_parse.py
 	$(BIN)/python bench/bench_archive.py
 	$(BIN)/python bench/bench_reindex.py
