@@ -47,8 +47,9 @@ class Rule:
     kind: str
     pattern: re.Pattern[str]
     keep: Callable[[str], bool] | None = None
-    #: a literal every match contains (case-insensitive): text without it is not searched
-    needle: str = ""
+    #: literals, in lower case, one of which every match contains (whatever its case): text
+    #: with none of them is not searched
+    needles: tuple[str, ...] = ()
     what: str = ""  #: for docs/privacy.md: what the rule matches
 
     def span(self, match: re.Match[str]) -> tuple[int, int]:
@@ -150,8 +151,13 @@ def _password_kind(name: str) -> str:
     return "secret"
 
 
-def _rule(kind: str, pattern: str, needle: str, what: str, flags: int = 0) -> Rule:
-    return Rule(kind, re.compile(pattern, flags), needle=needle, what=what)
+def _rule(
+    kind: str, pattern: str, needles: str | tuple[str, ...], what: str, flags: int = 0
+) -> Rule:
+    found = (needles,) if isinstance(needles, str) else needles
+    return Rule(
+        kind, re.compile(pattern, flags), needles=tuple(n.lower() for n in found), what=what
+    )
 
 
 #: credentials known by their form, most specific first
@@ -169,13 +175,13 @@ FORM_RULES: tuple[Rule, ...] = (
     _rule(
         "aws-access-key",
         _B + r"(?:AKIA|ASIA|ABIA|ACCA|A3T[A-Z0-9])[A-Z0-9]{16}" + _E,
-        "A",
+        ("AKIA", "ASIA", "ABIA", "ACCA", "A3T"),
         "an AWS access key id (AKIA…, ASIA…: 20 characters)",
     ),
     _rule(
         "github-token",
         _B + r"(?:(?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{36}|github_pat_[A-Za-z0-9_]{82})" + _E,
-        "g",
+        ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
         "a GitHub token (ghp_, gho_, ghu_, ghs_, ghr_, github_pat_)",
     ),
     _rule(
@@ -307,7 +313,7 @@ CONTEXT_RULES: tuple[Rule, ...] = (
             r"(?=[A-Za-z0-9\[._-])"
         ),
         keep=_url_password,
-        needle="://",
+        needles=("://",),
         what="the password in a URL or connection string (scheme://user:password@host)",
     ),
     Rule(
@@ -317,7 +323,7 @@ CONTEXT_RULES: tuple[Rule, ...] = (
             r"\s+(?P<secret>[A-Za-z0-9._~+/=-]{12,})"
         ),
         keep=_literal,
-        needle="auth",
+        needles=("auth",),
         what="the credential of an Authorization header (Bearer …, token …)",
     ),
     Rule(
@@ -327,7 +333,7 @@ CONTEXT_RULES: tuple[Rule, ...] = (
             r"\s+(?P<secret>[A-Za-z0-9+/]{8,}={0,2})"
         ),
         keep=_literal,
-        needle="basic",
+        needles=("basic",),
         what="the credentials of an Authorization: Basic header",
     ),
 )
@@ -349,6 +355,22 @@ _ASSIGN = re.compile(
     )
     """
 )
+
+
+_RULES = (*FORM_RULES, *CONTEXT_RULES)
+
+#: a word in every name :data:`_ASSIGN` and :data:`_FLAG` match (their regexes are
+#: case-insensitive alternations, tried at every character: a few times the rest of a scan)
+_NAME_WORDS = ("pass", "pwd", "secret", "token", "credential", "key")
+
+
+def _may_assign(text: str, lowered: str) -> bool:
+    """Whether :func:`_assignments` may find anything: text with an assignment's sign and,
+    when it is ASCII (where lowering is what the regexes' case-insensitivity does), one of
+    :data:`_NAME_WORDS`."""
+    if "=" not in text and ":" not in text and "-" not in text:
+        return False
+    return not text.isascii() or any(word in lowered for word in _NAME_WORDS)
 
 
 def _name_before(text: str, end: int) -> str:
@@ -402,9 +424,18 @@ def _assigned(m: re.Match[str], name: str, *, flag: bool = False) -> Iterable[Fi
         yield Finding(_password_kind(name), *span)
 
 
-def _found(rule: Rule, text: str, lowered: str) -> Iterable[Finding]:
-    if rule.needle and rule.needle.lower() not in lowered:
-        return
+def _searched(rule: Rule, lowered: str) -> bool:
+    """Whether ``rule``'s regex may match: one of its needles is in the lowered text (a
+    plain loop, not ``any``: a scan asks this of every rule, and most say no)."""
+    if not rule.needles:
+        return True
+    for needle in rule.needles:  # noqa: SIM110 - any() of a generator: twice the time
+        if needle in lowered:
+            return True
+    return False
+
+
+def _found(rule: Rule, text: str) -> Iterable[Finding]:
     for m in rule.pattern.finditer(text):
         start, end = rule.span(m)
         if end > start and (rule.keep is None or rule.keep(text[start:end])):
@@ -419,9 +450,10 @@ def scan(text: str) -> list[Finding]:
     for m in MARKER.finditer(text):
         taken.append(Finding("", m.start(), m.end()))  # markers are never matched again
     candidates: list[Finding] = []
-    for rule in (*FORM_RULES, *CONTEXT_RULES):
-        candidates.extend(_found(rule, text, lowered))
-    if "=" in text or ":" in text or "-" in text:
+    for rule in _RULES:
+        if _searched(rule, lowered):
+            candidates.extend(_found(rule, text))
+    if _may_assign(text, lowered):
         candidates.extend(_assignments(text))
     for found in candidates:
         if all(found.end <= t.start or found.start >= t.end for t in taken):

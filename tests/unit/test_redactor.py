@@ -9,7 +9,7 @@ import random
 
 import pytest
 import secret_samples
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from pipeline import redactor
@@ -94,3 +94,47 @@ def test_a_key_in_the_middle_of_a_long_tool_output() -> None:
     done = redactor.redact(filler + "\n" + key + "\n" + filler)
     assert done.count == 1 and key not in done.text
     assert len(done.text) == 2 * len(filler) + 2 + len(redactor.marker("github-token"))
+
+
+def _every_rule(text: str) -> list[redactor.Finding]:
+    """:func:`redactor.scan` without its shortcuts: every rule's regex and the assignments'
+    run on every text, whatever it holds."""
+    taken = [redactor.Finding("", m.start(), m.end()) for m in redactor.MARKER.finditer(text)]
+    candidates = [f for rule in redactor._RULES for f in redactor._found(rule, text)]
+    candidates += redactor._assignments(text)
+    for found in candidates:
+        if all(found.end <= t.start or found.start >= t.end for t in taken):
+            taken.append(found)
+    return sorted((f for f in taken if f.kind), key=lambda f: f.start)
+
+
+#: pieces the shortcuts look for (the needles, the names' words, signs), in both cases
+_PIECES = st.sampled_from(
+    [
+        *("AKIA", "ASIA", "A3T", "ghp_", "github_pat_", "glpat-", "sk-", "eyJ", "://", "@"),
+        *("pass", "PassWord", "pwd", "SECRET", "token", "Credentials", "key", "api_key"),
+        *("=", ":", "-", "--", " ", "\n", '"', "'", "ſ", "K", "İ", "é"),
+        *("x" * 20, "A" * 16, "0123456789abcdefABCDEF", "Bearer ", "authorization"),
+    ]
+)
+
+
+@given(st.lists(st.one_of(_PIECES, st.text(max_size=8)), max_size=40).map("".join))
+# each prefix of a rule with several needles alone (with another, the rule runs anyway)
+@example("A3TQ" + "B" * 16)
+@example("ABIA" + "B" * 16)
+@example("ghr_" + "b" * 36)
+@example("github_pat_" + "c" * 82)
+def test_the_shortcuts_find_what_every_rule_finds(text: str) -> None:
+    """A rule's regex runs only when one of its needles is in the text, and the assignments
+    only when an ASCII text holds a word of a secret's name: they find what running them all
+    finds."""
+    assert redactor.scan(text) == _every_rule(text)
+
+
+@pytest.mark.parametrize("kind", sorted(secret_samples.MAKERS))
+def test_the_shortcuts_find_every_sample(kind: str) -> None:
+    rng = random.Random(f"shortcuts-{kind}")
+    for _ in range(10):
+        text, _ = secret_samples.message(kind, rng)
+        assert redactor.scan(text) == _every_rule(text)
