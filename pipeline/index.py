@@ -340,13 +340,13 @@ def due_files(
     now: dt.datetime,
 ) -> list[str]:
     """Refinable files where ``min_messages`` wait or that were quiet ``idle_seconds``, the
-    longest flushed first (at most ``limit``)."""
+    longest flushed first (a reindexed file has no ``flushed_at``: first), at most ``limit``."""
     idle_before = now - dt.timedelta(seconds=idle_seconds)
     params = {"now": now, "min_messages": min_messages, "idle_before": idle_before}
     if file_ids is None:
         return [row["file_id"] for row in _DUE_FILES.rows(conn, {**params, "limit": limit})]
     found = [_DUE_FILE.first(conn, {**params, "file_id": f}) for f in dict.fromkeys(file_ids)]
-    due = sorted((row for row in found if row is not None), key=lambda row: row["flushed_at"])
+    due = sorted(filter(None, found), key=lambda r: r["flushed_at"] or dt.datetime.min)
     return [row["file_id"] for row in due[:limit]]
 
 

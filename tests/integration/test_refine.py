@@ -222,6 +222,27 @@ def test_due_files_limit_takes_the_oldest_flushes(db: database.Database, data_di
     assert refine.due_files(db, min_messages=1, idle_seconds=0, limit=2) == ids[:2]
 
 
+def test_due_files_of_given_files_come_oldest_flush_first(
+    db: database.Database, data_dir: Path
+) -> None:
+    """A flush round asks about the files it wrote (each looked up by its key): the due ones
+    among them, the longest flushed first — a reindexed file, with no ``flushed_at``, first —
+    each once, at most ``limit``."""
+    ids = [add(db, data_dir, f"s{i}", statements(1, 1)) for i in range(4)]
+    for i, file_id in enumerate(ids):
+        set_file(db, file_id, flushed_at=past(db, 100 - i))
+    set_file(db, ids[3], flushed_at=None)
+    set_file(db, ids[2], status="error")
+
+    def due(file_ids: list[str], limit: int = 100) -> list[str]:
+        return refine.due_files(db, min_messages=1, idle_seconds=0, limit=limit, file_ids=file_ids)
+
+    asked = [ids[1], ids[3], ids[0], ids[2], ids[1]]
+    assert due(asked) == [ids[3], ids[0], ids[1]]
+    assert due(asked, limit=2) == [ids[3], ids[0]]
+    assert due([ids[2]]) == []
+
+
 # ---------------------------------------------------------------------------------------------
 # claim
 
