@@ -396,11 +396,51 @@ class Finding:
     end: int
 
 
-def _assignments(text: str) -> Iterable[Finding]:
-    """Values assigned to names that say they are secrets."""
-    for m in _FLAG.finditer(text):
+def _word_starts(lowered: str) -> list[int]:
+    """Where each of :data:`_NAME_WORDS` begins in ``lowered``, in order: the only places an
+    :data:`_ASSIGN` match can begin."""
+    found = set()
+    for word in _NAME_WORDS:
+        at = lowered.find(word)
+        while at >= 0:
+            found.add(at)
+            at = lowered.find(word, at + 1)
+    return sorted(found)
+
+
+def _dash_starts(text: str) -> list[int]:
+    """Where a run of ``-`` begins: the only places a :data:`_FLAG` match can begin."""
+    found = []
+    at = text.find("-")
+    while at >= 0:
+        if at == 0 or text[at - 1] != "-":
+            found.append(at)
+        at = text.find("-", at + 1)
+    return found
+
+
+def _matches(
+    pattern: re.Pattern[str], text: str, starts: list[int] | None
+) -> Iterable[re.Match[str]]:
+    """``pattern.finditer(text)``; with ``starts`` (every place a match can begin), tried
+    there only: these regexes are case-insensitive alternations, slow to try everywhere."""
+    if starts is None:
+        yield from pattern.finditer(text)
+        return
+    end = 0
+    for at in starts:
+        if at >= end and (m := pattern.match(text, at)) is not None:
+            yield m
+            end = m.end()
+
+
+def _assignments(text: str, lowered: str | None = None) -> Iterable[Finding]:
+    """Values assigned to names that say they are secrets. With ``lowered`` (``text`` lowered,
+    when it is ASCII: the same positions), the regexes are tried only where they can match."""
+    flags = None if lowered is None else _dash_starts(text)
+    for m in _matches(_FLAG, text, flags):
         yield from _assigned(m, m.group("name"), flag=True)
-    for m in _ASSIGN.finditer(text):
+    for m in _matches(_ASSIGN, text, None if lowered is None else _word_starts(lowered)):
         name = _name_before(text, m.end("kw"))
         if _NAME_RULE.fullmatch(name):
             yield from _assigned(m, name)
@@ -454,7 +494,7 @@ def scan(text: str) -> list[Finding]:
         if _searched(rule, lowered):
             candidates.extend(_found(rule, text))
     if _may_assign(text, lowered):
-        candidates.extend(_assignments(text))
+        candidates.extend(_assignments(text, lowered if text.isascii() else None))
     for found in candidates:
         if all(found.end <= t.start or found.start >= t.end for t in taken):
             taken.append(found)

@@ -115,6 +115,7 @@ _PIECES = st.sampled_from(
         *("pass", "PassWord", "pwd", "SECRET", "token", "Credentials", "key", "api_key"),
         *("=", ":", "-", "--", " ", "\n", '"', "'", "ſ", "K", "İ", "é"),
         *("x" * 20, "A" * 16, "0123456789abcdefABCDEF", "Bearer ", "authorization"),
+        *("--password ", "-p", "---", "--api-key=", "db_password: ", "hunter2", "s3cr3t!x"),
     ]
 )
 
@@ -125,6 +126,7 @@ _PIECES = st.sampled_from(
 @example("ABIA" + "B" * 16)
 @example("ghr_" + "b" * 36)
 @example("github_pat_" + "c" * 82)
+@example("run it --- with --db-password=Xk2p9Qm7Lr and -token 'Zq8Wn3Vb6Ty'")
 def test_the_shortcuts_find_what_every_rule_finds(text: str) -> None:
     """A rule's regex runs only when one of its needles is in the text, and the assignments
     only when an ASCII text holds a word of a secret's name: they find what running them all
