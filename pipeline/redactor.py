@@ -364,15 +364,6 @@ _RULES = (*FORM_RULES, *CONTEXT_RULES)
 _NAME_WORDS = ("pass", "pwd", "secret", "token", "credential", "key")
 
 
-def _may_assign(text: str, lowered: str) -> bool:
-    """Whether :func:`_assignments` may find anything: text with an assignment's sign and,
-    when it is ASCII (where lowering is what the regexes' case-insensitivity does), one of
-    :data:`_NAME_WORDS`."""
-    if "=" not in text and ":" not in text and "-" not in text:
-        return False
-    return not text.isascii() or any(word in lowered for word in _NAME_WORDS)
-
-
 def _name_before(text: str, end: int) -> str:
     """The identifier that ends at ``end`` (``DB_PASSWORD`` from its keyword's end)."""
     start = end
@@ -434,13 +425,13 @@ def _matches(
             end = m.end()
 
 
-def _assignments(text: str, lowered: str | None = None) -> Iterable[Finding]:
-    """Values assigned to names that say they are secrets. With ``lowered`` (``text`` lowered,
-    when it is ASCII: the same positions), the regexes are tried only where they can match."""
-    flags = None if lowered is None else _dash_starts(text)
-    for m in _matches(_FLAG, text, flags):
+def _assignments(text: str, words: list[int] | None = None) -> Iterable[Finding]:
+    """Values assigned to names that say they are secrets. ``words``: where the name words
+    begin (:func:`_word_starts`, when ``text`` is ASCII: lowering keeps its positions); the
+    regexes are then tried only where a match can begin."""
+    for m in _matches(_FLAG, text, None if words is None else _dash_starts(text)):
         yield from _assigned(m, m.group("name"), flag=True)
-    for m in _matches(_ASSIGN, text, None if lowered is None else _word_starts(lowered)):
+    for m in _matches(_ASSIGN, text, words):
         name = _name_before(text, m.end("kw"))
         if _NAME_RULE.fullmatch(name):
             yield from _assigned(m, name)
@@ -486,15 +477,22 @@ def scan(text: str) -> list[Finding]:
     """The secrets in ``text``, in order, none overlapping (where two rules match the same
     characters, the earlier rule — the more specific — wins)."""
     lowered = text.lower()
-    taken: list[Finding] = []
-    for m in MARKER.finditer(text):
-        taken.append(Finding("", m.start(), m.end()))  # markers are never matched again
     candidates: list[Finding] = []
     for rule in _RULES:
         if _searched(rule, lowered):
             candidates.extend(_found(rule, text))
-    if _may_assign(text, lowered):
-        candidates.extend(_assignments(text, lowered if text.isascii() else None))
+    if "=" in text or ":" in text or "-" in text:
+        if not text.isascii():  # lowering is not the regexes' case-folding: tried everywhere
+            candidates.extend(_assignments(text))
+        elif words := _word_starts(lowered):  # no name word, no assignment of a secret
+            candidates.extend(_assignments(text, words))
+    return _kept(text, candidates)
+
+
+def _kept(text: str, candidates: Iterable[Finding]) -> list[Finding]:
+    """The candidates, in order, that overlap neither a marker already in ``text`` (never
+    matched again) nor a candidate kept before them."""
+    taken = [Finding("", m.start(), m.end()) for m in MARKER.finditer(text)]
     for found in candidates:
         if all(found.end <= t.start or found.start >= t.end for t in taken):
             taken.append(found)

@@ -99,13 +99,8 @@ def test_a_key_in_the_middle_of_a_long_tool_output() -> None:
 def _every_rule(text: str) -> list[redactor.Finding]:
     """:func:`redactor.scan` without its shortcuts: every rule's regex and the assignments'
     run on every text, whatever it holds."""
-    taken = [redactor.Finding("", m.start(), m.end()) for m in redactor.MARKER.finditer(text)]
     candidates = [f for rule in redactor._RULES for f in redactor._found(rule, text)]
-    candidates += redactor._assignments(text)
-    for found in candidates:
-        if all(found.end <= t.start or found.start >= t.end for t in taken):
-            taken.append(found)
-    return sorted((f for f in taken if f.kind), key=lambda f: f.start)
+    return redactor._kept(text, [*candidates, *redactor._assignments(text)])
 
 
 #: pieces the shortcuts look for (the needles, the names' words, signs), in both cases
