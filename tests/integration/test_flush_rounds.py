@@ -6,6 +6,7 @@ handed-back files on their own — on SQLite and PostgreSQL."""
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -215,6 +216,27 @@ def test_an_append_while_a_flush_finds_nothing_is_flushed_again(
     row = helpers.file_row(db, file_id)
     assert (row.flush_pending, row.flushed_seq, row.next_seq) == (True, 1, 3)
     assert journal.flush(db, data_dir, file_id).messages == 1
+
+
+def test_a_round_checks_its_files_directory_once(
+    db: database.Database, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ids = [journal.ingest(db, _body(f"s{i}")).file_id for i in range(3)]
+    flush.flush_many(db, _locks(db, data_dir), data_dir, ids)  # the directories exist now
+    for i in range(3):
+        journal.ingest(db, _body(f"s{i}", "again"))
+    folder = data_dir / Path(store.relative_path("session", ids[0])).parent
+    looked: list[Path] = []
+    lstat = os.lstat
+
+    def counted(path: Any) -> Any:
+        looked.append(Path(path))
+        return lstat(path)
+
+    monkeypatch.setattr(os, "lstat", counted)
+    done = flush.flush_many(db, _locks(db, data_dir), data_dir, ids)
+    assert sorted(done.results) == sorted(ids)
+    assert (looked.count(folder.parent), looked.count(folder)) == (1, 1)  # not once a file
 
 
 def test_a_round_writes_nothing_through_a_symlinked_directory(
