@@ -15,6 +15,7 @@ from typing import Any
 
 from celery import Celery, signals
 from kombu.transport import redis as kombu_redis
+from redis import exceptions as redis_exceptions
 
 from pipeline import errors, flush_threads, refine
 from pipeline.runtime import Runtime
@@ -23,23 +24,41 @@ from workers import embedded, schedule, tasks
 
 log = logging.getLogger(__name__)
 
+
+class ChannelGone(redis_exceptions.ConnectionError):
+    """A Redis channel whose connection was closed after the broker went away was asked for a
+    connection (a late acknowledgement, the channel's own close)."""
+
+
+_connparams = kombu_redis.Channel._connparams
 _close_channel = kombu_redis.Channel.close
 
 
+def _connparams_while_connected(
+    self: kombu_redis.Channel, asynchronous: bool = False
+) -> dict[str, Any]:
+    """kombu builds a channel's connection pool from its transport's client, which a closed
+    connection has set to None: ``'NoneType' object has no attribute 'hostname'``, an
+    AttributeError, not a connection error, so it ended the worker instead of being handled
+    as one (the acknowledgement of a task that finished after Redis went away, the close of
+    its channel: tests/e2e/test_faults.py, Redis stopped for 30 s). Raised as a connection
+    error, Celery logs the lost acknowledgement and reconnects."""
+    if getattr(self.connection, "client", None) is None:
+        raise ChannelGone("the channel's broker connection was closed")
+    found: dict[str, Any] = _connparams(self, asynchronous=asynchronous)  # type: ignore[no-untyped-call]
+    return found
+
+
 def _close_orphaned_channel(self: kombu_redis.Channel) -> None:
-    """kombu's Redis channel, closed by the consumer after the broker went away, may build a
-    connection pool from its transport's client, which the closed connection has set to None
-    (``'NoneType' object has no attribute 'hostname'``): not a connection error, so it ended
-    the worker instead of the reconnect (tests/e2e/test_faults.py, Redis stopped for 30 s).
-    The channel is being thrown away: what is left of its close does not matter."""
+    """The channel is being thrown away: what is left of its close does not matter once its
+    connection is gone."""
     try:
         _close_channel(self)  # type: ignore[no-untyped-call]
-    except AttributeError:
-        if getattr(self.connection, "client", None) is not None:
-            raise
+    except ChannelGone:
         log.debug("closing a channel whose connection is gone", exc_info=True)
 
 
+kombu_redis.Channel._connparams = _connparams_while_connected  # type: ignore[method-assign]
 kombu_redis.Channel.close = _close_orphaned_channel  # type: ignore[method-assign]
 QUEUES = ("append", "refine", "archive")
 TASK_TIME_LIMIT = 600  #: seconds; must stay below the broker's visibility timeout

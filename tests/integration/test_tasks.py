@@ -9,8 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import helpers
+import kombu as untyped_kombu
 import pytest
 from celery import Celery
+from conftest import REDIS_URL, unavailable
 
 from pipeline import anomalies, database, errors, index, l1, reader, refine, tables
 from pipeline.runtime import Runtime
@@ -18,6 +20,8 @@ from pipeline.service import Service
 from pipeline.settings import Settings
 from workers import app as worker_app
 from workers import embedded
+
+kombu: Any = untyped_kombu  #: no type hints: its calls are Any
 
 #: per session_key, how many times FlakyRefiner fails before it succeeds (-1: always)
 FAILURES: dict[str, int] = {}
@@ -232,3 +236,27 @@ def test_only_transient_errors_are_retried(
     flush.delay("busy")
     wait_for(lambda: calls["busy"] == 3)
     assert calls["bug"] == 1
+
+
+def test_a_late_ack_on_a_channel_whose_broker_connection_closed_is_a_connection_error() -> None:
+    """A task that finishes after Redis went away is acknowledged on a channel whose
+    connection was closed: kombu builds a pool from the transport's client, which the close
+    set to None. That is a connection error (Celery logs the lost acknowledgement and goes on),
+    not an AttributeError that ends the worker (tests/e2e/test_faults.py)."""
+    connection = kombu.Connection(REDIS_URL)
+    try:
+        channel = connection.channel()
+    except connection.connection_errors as exc:
+        unavailable(f"Redis is not reachable at {REDIS_URL}: {exc}")
+    errors_ = connection.connection_errors
+    queue = kombu.Queue(f"sgme-late-ack-{id(channel)}", channel=channel, auto_delete=True)
+    queue.declare()
+    kombu.Producer(channel).publish({"task": 1}, routing_key=queue.name)
+    message = queue.get(no_ack=False)
+    assert message is not None
+    channel._pool = None
+    connection.transport.client = None  # as the consumer's close after a broker loss leaves it
+    with pytest.raises(worker_app.ChannelGone) as raised:
+        message.ack()
+    assert isinstance(raised.value, errors_)
+    channel.close()  # and its close does not raise either
