@@ -13,7 +13,7 @@ import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import hypothesis
 import pytest
@@ -40,7 +40,7 @@ POSTGRES_ADMIN_URL = os.environ.get(
 REDIS_URL = os.environ.get("SGME_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 
 
-def unavailable(reason: str) -> None:
+def unavailable(reason: str) -> NoReturn:
     """Skip off CI; on CI a missing service is a failure."""
     if CI:
         pytest.fail(f"{reason} (CI=true: integration services must be up)")

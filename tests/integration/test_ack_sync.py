@@ -7,7 +7,8 @@ Under ``strace -f``, ``ack_child.py`` appends and marks each acknowledgement wit
 the flusher (every commit durable, nothing concurrent): at every acknowledgement, no WAL write
 is left unsynced. Four streams with the embedded service's batched flusher running (group
 commits, and lazy commits of the flusher's own, not synced): each acknowledgement comes after
-a WAL sync made since that thread's previous one. Skipped where strace is missing or not allowed.
+a WAL sync made since that thread's previous one. Skipped where strace is missing or not allowed,
+except on CI, where that fails (``.ci/run`` installs strace).
 """
 
 from __future__ import annotations
@@ -18,32 +19,38 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from conftest import unavailable
 
 CHILD = Path(__file__).with_name("ack_child.py")
 ROOT = Path(__file__).resolve().parents[2]
+#: runs of the traced child when strace cannot attach (once seen in a full run, gone on a
+#: rerun): on CI a second refusal fails the test, it is not skipped
+PTRACE_ATTEMPTS = 2
 LINE = re.compile(r"^(\d+) +(\w+)\((\d+)<([^>]*)>")
 
 
 def _trace(tmp_path: Path, mode: str, threads: int) -> list[tuple[int, str, str, str]]:
     """(thread, call, path, line) of every traced call, in order."""
     if shutil.which("strace") is None:
-        pytest.skip("strace is not installed")
-    data_dir = tmp_path / "data"
-    data_dir.mkdir()
+        unavailable("strace is not installed (.ci/run installs it)")
     out = tmp_path / "trace"
     argv = ["strace", "-f", "-y", "-qq", "-e", "trace=fsync,fdatasync,pwrite64,write"]
-    done = subprocess.run(
-        [*argv, "-o", str(out), sys.executable, str(CHILD), str(data_dir), mode, str(threads)],
-        cwd=ROOT,
-        env={"PYTHONPATH": f"{ROOT / 'tests'}", "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    if done.returncode != 0 and "ptrace" in done.stderr:
-        pytest.skip(f"strace cannot trace here: {done.stderr.strip()}")
+    for attempt in range(PTRACE_ATTEMPTS):
+        data_dir = tmp_path / f"data-{attempt}"
+        data_dir.mkdir()
+        done = subprocess.run(
+            [*argv, "-o", str(out), sys.executable, str(CHILD), str(data_dir), mode, str(threads)],
+            cwd=ROOT,
+            env={"PYTHONPATH": f"{ROOT / 'tests'}", "PATH": "/usr/bin:/bin"},
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        if done.returncode == 0 or "ptrace" not in done.stderr:
+            break
+    else:
+        unavailable(f"strace cannot trace here: {done.stderr.strip()}")
     assert done.returncode == 0, done.stderr
     calls = []
     for line in out.read_text().splitlines():

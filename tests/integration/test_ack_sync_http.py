@@ -7,7 +7,7 @@ Each request carries a unique marker. In the trace of the server (every thread):
 read from a socket (its marker in the bytes read); its append's journal row reaches the WAL in
 a ``pwrite64`` (the marker in the page written); the WAL is synced (``fdatasync``); and only then
 is the ``202`` written to that request's socket. Skipped where strace is missing or not
-allowed.
+allowed, except on CI, where that fails (``.ci/run`` installs strace).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import httpx
-import pytest
+from conftest import unavailable
 
 ROOT = Path(__file__).resolve().parents[2]
 CALL = re.compile(r"^(\d+) +(\w+)\((\d+)<([^>]*)>(.*)$")
@@ -34,6 +34,9 @@ RESUMED = re.compile(r"^(\d+) +<\.\.\. (\w+) resumed>(.*)$")
 MARK = re.compile(r"MARK-(\d+)-END")
 CLIENTS = 4
 EACH = 8
+#: starts of the traced server when strace cannot attach (once seen in a full run, gone on a
+#: rerun): on CI a second refusal fails the test, it is not skipped
+PTRACE_ATTEMPTS = 2
 
 
 def _free_port() -> int:
@@ -52,11 +55,27 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+class _NoPtrace(Exception):
+    """strace could not attach to the server."""
+
+
 def _serve_traced(tmp_path: Path) -> Path:
     """Run ``sgme serve`` under ``strace -f``, append CLIENTS x EACH marked messages over HTTP
     (a connection per client, concurrently), stop it; the trace's path."""
     if shutil.which("strace") is None:
-        pytest.skip("strace is not installed")
+        unavailable("strace is not installed (.ci/run installs it)")
+    refused = ""
+    for attempt in range(PTRACE_ATTEMPTS):
+        run_dir = tmp_path / f"run-{attempt}"
+        run_dir.mkdir()
+        try:
+            return _serve_traced_once(run_dir)
+        except _NoPtrace as exc:
+            refused = str(exc)
+    unavailable(f"strace cannot trace here: {refused}")
+
+
+def _serve_traced_once(tmp_path: Path) -> Path:
     port = _free_port()
     out = tmp_path / "trace"
     errors = (tmp_path / "stderr").open("wb")
@@ -78,7 +97,7 @@ def _serve_traced(tmp_path: Path) -> Path:
             if proc.poll() is not None:
                 err = (tmp_path / "stderr").read_text()
                 if "ptrace" in err:
-                    pytest.skip(f"strace cannot trace here: {err.strip()}")
+                    raise _NoPtrace(err.strip())
                 raise AssertionError(f"sgme serve ended: {err}")
             try:
                 if httpx.get(f"{url}/v1/health", timeout=2).status_code == 200:
