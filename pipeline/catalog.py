@@ -25,19 +25,15 @@ from pipeline import database, document, tables, terms
 
 _M = tables.messages.c
 _INSERT_ROWS = sa.insert(tables.messages).returning(_M.id, sort_by_parameter_order=True)
-# SQLite runs the inserts on the driver in one executemany (database.Prepared) and looks the
-# new ids up by seq; PostgreSQL sends a flush's rows in one statement with RETURNING.
-_INSERT_ROW = database.Prepared(sa.insert(tables.messages).values(database.binds(tables.messages)))
-_IDS = database.Prepared(
-    sa.select(_M.seq, _M.id).where(
-        _M.file_id == sa.bindparam("file_id"),
-        _M.seq >= sa.bindparam("lo"),
-        _M.seq <= sa.bindparam("hi"),
-    )
+# SQLite runs the inserts, their ids given, on the driver in one executemany
+# (database.Prepared); PostgreSQL sends a flush's rows in one statement with RETURNING.
+_INSERT_ROW = database.Prepared(
+    sa.insert(tables.messages).values(id=sa.bindparam("id"), **database.binds(tables.messages))
 )
 _FTS_INSERT = database.Prepared(
     sa.text("INSERT INTO message_terms (rowid, terms, tags) VALUES (:id, :terms, :tags)")
 )
+_MAX_ID = database.Prepared(sa.select(sa.func.max(_M.id).label("id")))
 _PG_INSERT = sa.text("INSERT INTO message_terms (id, tsv) VALUES (:id, CAST(:tsv AS tsvector))")
 
 
@@ -196,6 +192,11 @@ def add_bound(conn: sa.Connection, found: Sequence[tuple[Any, ...]]) -> None:
     conn.exec_driver_sql(_FTS_BOUND, [(i, e[7], e[8]) for i, e in zip(ids, found, strict=True)])
 
 
+#: a file's flushed messages, as :func:`add_many` takes them: its owner, its blocks, and the
+#: blocks' :func:`message_terms` (None: made here)
+Flushed = tuple[Owner, Sequence[document.Located], Sequence[list[str]] | None]
+
+
 def add(
     conn: sa.Connection,
     owner: Owner,
@@ -205,20 +206,31 @@ def add(
     """Catalog flushed messages of a file and index their text (in the flush's commit).
     ``words`` are the messages' :func:`message_terms`, where the caller made them before its
     transaction (the flush does: the write lock is not held while they are made)."""
-    if not found:
+    add_many(conn, [(owner, found, words)])
+
+
+def add_many(conn: sa.Connection, files: Sequence[Flushed]) -> None:
+    """:func:`add` for the files of a flush round at once: their rows in one statement, their
+    terms in another, whatever the number of files."""
+    rows: list[dict[str, Any]] = []
+    texts: list[list[str]] = []
+    tags: list[str] = []
+    for owner, found, words in files:
+        rows += [_row(owner, located) for located in found]
+        texts += message_terms(found) if words is None else words
+        tags += [_tags(owner, located.message.role) for located in found]
+    if not rows:
         return
-    ids = add_rows(conn, owner, found)
-    if words is None:
-        words = message_terms(found)
+    ids = _insert_rows(conn, rows)
     if database.is_postgres(conn):
-        tsvs = [{"id": i, "tsv": terms.tsvector(w)} for i, w in zip(ids, words, strict=True)]
+        tsvs = [{"id": i, "tsv": terms.tsvector(w)} for i, w in zip(ids, texts, strict=True)]
         conn.execute(_PG_INSERT, tsvs)
         return
     _FTS_INSERT.many(
         conn,
         [
-            {"id": i, "terms": " ".join(w), "tags": _tags(owner, located.message.role)}
-            for i, w, located in zip(ids, words, found, strict=True)
+            {"id": i, "terms": " ".join(w), "tags": t}
+            for i, w, t in zip(ids, texts, tags, strict=True)
         ],
     )
 
@@ -230,14 +242,22 @@ def message_terms(found: Sequence[document.Located]) -> list[list[str]]:
 
 def add_rows(conn: sa.Connection, owner: Owner, found: Sequence[document.Located]) -> list[int]:
     """The catalog rows of ``found`` alone, without their search terms; their ids, in order."""
-    values = [_row(owner, located) for located in found]
+    return _insert_rows(conn, [_row(owner, located) for located in found])
+
+
+def _insert_rows(conn: sa.Connection, rows: list[dict[str, Any]]) -> list[int]:
+    """Insert catalog rows; their ids, in order. PostgreSQL sends them in one statement with
+    RETURNING; SQLite gives each the id it would have given (one past the largest, as
+    :func:`add_bound` does: the write transaction holds the lock, so no other row comes) and
+    runs the inserts in one executemany on the driver."""
     if database.is_postgres(conn):
-        return list(conn.execute(_INSERT_ROWS, values).scalars())
-    _INSERT_ROW.many(conn, values)
-    seqs = [located.message.seq for located in found]
-    bounds = {"file_id": owner.file_id, "lo": min(seqs), "hi": max(seqs)}
-    new_ids = {r["seq"]: r["id"] for r in _IDS.rows(conn, bounds)}
-    return [new_ids[seq] for seq in seqs]
+        return list(conn.execute(_INSERT_ROWS, rows).scalars())
+    last = _MAX_ID.first(conn)["id"] or 0
+    ids = list(range(last + 1, last + 1 + len(rows)))
+    for i, row in zip(ids, rows, strict=True):
+        row["id"] = i
+    _INSERT_ROW.many(conn, rows)
+    return ids
 
 
 def _row(owner: Owner, located: document.Located) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import dataclasses
 import datetime as dt
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -238,10 +238,10 @@ class _Chunk:
     words: list[list[str]]
 
     def advance(self, conn: sa.Connection, now: dt.datetime) -> int | None:
-        """The fenced update, the rows' deletion and their catalog rows; the file's
+        """The fenced update of the file's row (:func:`applied` writes the rest); the file's
         ``next_seq``, or None when someone else advanced it meanwhile (nothing changed)."""
         row = self.row
-        next_seq = index.advance_flushed(
+        return index.advance_flushed(
             conn,
             row.file_id,
             old_seq=row.flushed_seq,
@@ -251,10 +251,6 @@ class _Chunk:
             ended_at=self.ended_at,
             now=now,
         )
-        if next_seq is not None:
-            ledger.delete_journal(conn, row.file_id, self.seq)
-            catalog.add(conn, catalog.Owner.of(row), self.found, self.words)
-        return next_seq
 
     def advanced(self) -> tables.FileRow:
         """The file's row as it is once this chunk is committed."""
@@ -264,6 +260,16 @@ class _Chunk:
             flushed_bytes=self.row.flushed_bytes + len(self.data),
             chain_head=self.head,
         )
+
+
+def applied(conn: sa.Connection, chunks: Sequence[_Chunk]) -> None:
+    """What follows the advance of chunks' files, in the same transaction: their journal
+    rows' deletion and their messages' catalog rows and terms, a round's files at once (a
+    statement each, not a statement each per file)."""
+    ledger.delete_journals(conn, [(chunk.row.file_id, chunk.seq) for chunk in chunks])
+    catalog.add_many(
+        conn, [(catalog.Owner.of(chunk.row), chunk.found, chunk.words) for chunk in chunks]
+    )
 
 
 def _gap(row: tables.FileRow, batch: list[tables.JournalRow]) -> str | None:
@@ -343,6 +349,7 @@ def _write_chunk(
         next_seq = chunk.advance(conn, now)
         if next_seq is None:
             raise errors.Conflict(f"file {row.file_id} was flushed by someone else meanwhile")
+        applied(conn, [chunk])
         return next_seq
 
     next_seq = db.commit(commit, durable=False)
@@ -462,7 +469,9 @@ def flush_many(
 
         def commit(conn: sa.Connection) -> tuple[list[bool], list[int | None]]:
             settled = [index.settle_flush(conn, row.file_id) for row in settle]
-            return settled, [chunk.advance(conn, now) for chunk in written]
+            advanced = [chunk.advance(conn, now) for chunk in written]
+            applied(conn, [c for c, seq in zip(written, advanced, strict=True) if seq is not None])
+            return settled, advanced
 
         try:
             settled, advanced = db.commit(commit, durable=False)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
@@ -64,9 +65,11 @@ def journal_after(conn: sa.Connection, file_id: str, seq: int) -> list[tables.Jo
     return journal_batch(conn, file_id, seq, 2**62)
 
 
-def delete_journal(conn: sa.Connection, file_id: str, upto_seq: int) -> None:
-    """Drop the journal rows a flush applied."""
-    _DELETE_JOURNAL.execute(conn, {"file_id": file_id, "seq": upto_seq})
+def delete_journals(conn: sa.Connection, upto: Sequence[tuple[str, int]]) -> None:
+    """Drop the journal rows flushes applied: each file's (``(file_id, upto_seq)``) up to its
+    seq, a round's files in one driver call."""
+    if upto:
+        _DELETE_JOURNAL.many(conn, [{"file_id": f, "seq": seq} for f, seq in upto])
 
 
 def stale_journal_files(conn: sa.Connection, older_than: dt.datetime | None) -> list[str]:

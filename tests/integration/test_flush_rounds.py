@@ -109,6 +109,42 @@ def test_the_search_terms_are_made_before_the_commit(
     assert sorted(hit.file_id for hit in found) == sorted(ids)
 
 
+def test_a_rounds_messages_are_cataloged_at_once_each_under_its_own_id(
+    db: database.Database, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The catalog rows of a round's files go in one statement and their terms in another,
+    whatever the number of files; each message is found by its own words, at its own seq."""
+    words = {(i, seq): f"word{i}q{seq}" for i in range(4) for seq in range(1, i + 2)}
+    earlier = journal.ingest(db, _body("s0", "flushed before the round"))
+    flush.flush(db, _locks(db, data_dir), data_dir, earlier.file_id)  # rows there already
+    ids = []
+    for i in range(4):
+        msgs = [{"role": "user", "content": words[i, seq], "ts": TS} for seq in range(1, i + 2)]
+        body = {"agent_id": "hermes", "session_key": f"s{i}", "messages": msgs}
+        ids.append(journal.ingest(db, body).file_id)
+    assert ids[0] == earlier.file_id
+    ran: list[str] = []
+    real_many = database.Prepared.many
+
+    def many(self: database.Prepared, conn: sa.Connection, params: Any) -> None:
+        ran.append(self._for(conn.dialect).sql.split("(")[0].strip())
+        real_many(self, conn, params)
+
+    monkeypatch.setattr(database.Prepared, "many", many)
+    assert flush.flush_many(db, _locks(db, data_dir), data_dir, ids).alone == []
+    monkeypatch.undo()
+    if not db.postgres:  # PostgreSQL sends the rows in one INSERT … RETURNING
+        assert ran.count("INSERT INTO messages") == 1
+        assert ran.count("INSERT INTO message_terms") == 1
+    for (i, seq), word in words.items():
+        found = search.search(db, data_dir, word, limit=5, match="all")
+        assert [(hit.file_id, hit.seq) for hit in found] == [(ids[i], seq + (i == 0))]
+    with db.reading() as conn:
+        count = conn.execute(sa.select(sa.func.count()).select_from(tables.messages)).scalar()
+    assert count == 1 + len(words)
+    assert integrity.fsck(db, data_dir) == []
+
+
 def test_a_file_that_needs_more_than_an_append_is_handed_back(
     db: database.Database, data_dir: Path
 ) -> None:
