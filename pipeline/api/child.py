@@ -16,7 +16,7 @@ from fastapi import FastAPI
 
 from pipeline.api import app as api_app
 from pipeline.api import server
-from pipeline.runtime import Runtime
+from pipeline.runtime import Runtime, long_running
 from pipeline.settings import Settings
 
 settings = Settings.load()
@@ -29,4 +29,6 @@ Protocol = server.guarded_protocol(
 def app() -> FastAPI:
     """The app of this process (uvicorn calls it once the process has started)."""
     runtime = Runtime.open(settings)
-    return api_app.create_app(runtime.workers.service(runtime))
+    app = api_app.create_app(runtime.workers.service(runtime))
+    long_running()
+    return app

@@ -20,7 +20,7 @@ import uvicorn
 from fastapi import FastAPI
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from pipeline import errors
+from pipeline import errors, runtime
 from pipeline.api import deps
 from pipeline.settings import Http, Settings
 
@@ -250,6 +250,7 @@ def config(app: FastAPI, settings: Settings, *, log_level: str = "info") -> uvic
 
 def run(app: FastAPI, settings: Settings, *, log_level: str = "info") -> None:
     """Serve ``app`` in the foreground until SIGINT or SIGTERM."""
+    runtime.long_running()
     uvicorn.Server(config(app, settings, log_level=log_level)).run()
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from pipeline import auth, database, errors
 from pipeline.cli.context import Add, Context
+from pipeline.runtime import long_running
 from pipeline.settings import Settings
 
 
@@ -121,6 +122,7 @@ def cmd_worker(ctx: Context) -> int:
     a = ctx.args
     settings = ctx.settings(broker_url=a.broker_url)
     runtime = ctx.runtime(settings)
+    long_running()
     runtime.workers.worker(
         runtime,
         queues=a.queues,
@@ -136,6 +138,7 @@ def cmd_beat(ctx: Context) -> int:
     a = ctx.args
     settings = ctx.settings(broker_url=a.broker_url)
     runtime = ctx.runtime(settings)
+    long_running()
     runtime.workers.beat(runtime, loglevel=a.log_level)
     return 0
 

@@ -3,7 +3,9 @@ fsck, reindex and migrate, with the exit codes and the one-line errors scripts r
 
 from __future__ import annotations
 
+import gc
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +13,7 @@ import pytest
 import sqlalchemy as sa
 from conftest import Sgme, assert_one_line_error
 
-from pipeline import catalog, cli, database, document, errors, tables
+from pipeline import catalog, cli, database, document, errors, runtime, tables
 
 TS1 = "2026-08-03T11:18:06Z"
 TS2 = "2026-08-03T11:20:05Z"
@@ -439,3 +441,46 @@ def test_search_ranks_by_default_all_with_all_and_escapes_control_characters(
     assert sgme("search", "--json", "--all", "what colour was the mugs").json() == {"hits": []}
     every = sgme("search", "--json", "--all", "which", "colour").json()["hits"]
     assert [h["seq"] for h in every] == [1]
+
+
+@pytest.fixture
+def gc_restored() -> Iterator[None]:
+    """The collector's thresholds and frozen objects put back after a test that tuned them."""
+    threshold = gc.get_threshold()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*threshold)
+
+
+def test_serve_tunes_the_collector_before_it_serves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gc_restored: None
+) -> None:
+    """`sgme serve` freezes what it built and collects its youngest generation less often
+    (runtime.long_running) by the time uvicorn starts serving."""
+    import uvicorn
+
+    seen: list[tuple[int, int]] = []
+    monkeypatch.setattr(
+        uvicorn.Server,
+        "run",
+        lambda self: seen.append((gc.get_freeze_count(), gc.get_threshold()[0])),
+    )
+    gc.set_threshold(700, 10, 10)
+    assert cli.main(["serve", "--data-dir", str(tmp_path / "d"), "--port", "8799"]) == 0
+    assert len(seen) == 1
+    frozen, first = seen[0]
+    assert first == runtime.GC_THRESHOLD
+    assert frozen > 10_000  # the modules, the app, the runtime
+
+
+def test_long_running_freezes_what_exists_and_raises_the_first_threshold(
+    gc_restored: None,
+) -> None:
+    gc.unfreeze()
+    gc.set_threshold(700, 11, 12)
+    kept = [object() for _ in range(10)]
+    runtime.long_running()
+    assert gc.get_threshold() == (runtime.GC_THRESHOLD, 11, 12)
+    assert gc.get_freeze_count() >= len(kept)
