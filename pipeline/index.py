@@ -45,6 +45,7 @@ _FIND = database.Prepared(
     .with_for_update()
 )
 _UPDATE_FILE: dict[tuple[str, ...], sa.Update] = {}  #: _update's statements by column set
+_INSERT_FILE: dict[tuple[str, ...], database.Prepared] = {}  #: by dialect and column set
 
 
 def get_file(
@@ -88,9 +89,7 @@ def list_files(
 
 def count_files_by_status(conn: sa.Connection) -> dict[str, int]:
     """``{status: count}``."""
-    query = sa.select(tables.raw_files.c.status, sa.func.count()).group_by(
-        tables.raw_files.c.status
-    )
+    query = sa.select(_R.status, sa.func.count()).group_by(_R.status)
     return {status: int(count) for status, count in conn.execute(query)}
 
 
@@ -107,17 +106,19 @@ def refinement_lag(conn: sa.Connection) -> tuple[int, int]:
 
 
 def insert_file(conn: sa.Connection, *, now: dt.datetime, **values: Any) -> bool:
-    """Insert a row unless its session already has one; True when inserted."""
+    """Insert a row unless its session already has one; True when inserted (prepared per
+    column set: SQLAlchemy compiled this statement anew every time, 1 ms of a session's
+    first append)."""
     values.setdefault("created_at", now)
     values.setdefault("updated_at", now)
-    stmt = (
-        database.insert(conn, tables.raw_files)
-        .values(**values)
-        .on_conflict_do_nothing()
-        .returning(tables.raw_files.c.file_id)
-    )
+    key = (conn.dialect.name, *sorted(values))
+    if (found := _INSERT_FILE.get(key)) is None:
+        insert = postgresql.insert if key[0] == "postgresql" else sqlite.insert
+        columns = {k: sa.bindparam(k, type_=_R[k].type) for k in key[1:]}
+        stmt = insert(tables.raw_files).values(columns).on_conflict_do_nothing()
+        found = _INSERT_FILE[key] = database.Prepared(stmt.returning(_R.file_id))
     # RETURNING, not rowcount: psycopg reports -1 for an INSERT … ON CONFLICT DO NOTHING
-    return conn.execute(stmt).first() is not None
+    return found.first(conn, values) is not None
 
 
 def _update(conn: sa.Connection, file_id: str, *, now: dt.datetime, **values: Any) -> int:
@@ -563,8 +564,7 @@ def reindex_files(
     """:func:`reindex_file` over many ``(file_id, archived, values)``: the rows that are new in
     one executemany; how many were new."""
     ids = [file_id for file_id, _, _ in files]
-    f = tables.raw_files.c
-    known = set(conn.execute(sa.select(f.file_id).where(f.file_id.in_(ids))).scalars())
+    known = set(conn.execute(sa.select(_R.file_id).where(_R.file_id.in_(ids))).scalars())
     new = []
     for file_id, archived, values in files:
         if file_id in known:
