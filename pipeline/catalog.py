@@ -287,7 +287,7 @@ _ROWS = database.Prepared(  # a refinement segment's, a page of messages'
 def rows(conn: sa.Connection, file_id: str, *, after: int, upto: int) -> list[tables.MessageRow]:
     """The catalog rows of ``file_id`` with ``after < seq <= upto``, in seq order."""
     found = _ROWS.rows(conn, {"file_id": file_id, "after": after, "upto": upto})
-    return [tables.MessageRow(**row) for row in found]
+    return [tables.MessageRow.of(row) for row in found]
 
 
 def clear(conn: sa.Connection) -> None:

@@ -53,7 +53,7 @@ def get_file(
 ) -> tables.FileRow | None:
     """The row of ``file_id``, or None."""
     row = (_GET_FOR_UPDATE if for_update else _GET).first(conn, {"file_id": file_id})
-    return tables.FileRow(**row) if row else None
+    return tables.FileRow.of(row) if row else None
 
 
 def find_file(
@@ -62,7 +62,7 @@ def find_file(
     """The file of one session, locked for this transaction (the append path), or None."""
     params = {"agent_id": agent_id, "source_type": source_type, "session_key": session_key}
     row = _FIND.first(conn, params)
-    return tables.FileRow(**row) if row else None
+    return tables.FileRow.of(row) if row else None
 
 
 def list_files(

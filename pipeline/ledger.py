@@ -57,7 +57,7 @@ def journal_batch(
     bytes of them (the first row whatever its size; then rows while the bytes before them
     are under it)."""
     params = {"file_id": file_id, "seq": seq, "budget": budget, "upto": upto}
-    return [tables.JournalRow(**row) for row in _JOURNAL_BATCH.rows(conn, params)]
+    return [tables.JournalRow.of(row) for row in _JOURNAL_BATCH.rows(conn, params)]
 
 
 def journal_after(conn: sa.Connection, file_id: str, seq: int) -> list[tables.JournalRow]:
@@ -177,13 +177,13 @@ def hold(conn: sa.Connection, session: Session, **values: Any) -> None:
 def waiting(conn: sa.Connection, session: Session, sequence: int) -> tables.WaitingRow | None:
     """The append of ``session`` waiting with ``sequence``, or None."""
     row = _GET_WAITING.first(conn, {**session._asdict(), "sequence": sequence})
-    return tables.WaitingRow(**row) if row else None
+    return tables.WaitingRow.of(row) if row else None
 
 
 def first_waiting(conn: sa.Connection, session: Session) -> tables.WaitingRow | None:
     """The waiting append of ``session`` with the lowest sequence, or None."""
     row = _FIRST_WAITING.first(conn, session._asdict())
-    return tables.WaitingRow(**row) if row else None
+    return tables.WaitingRow.of(row) if row else None
 
 
 def oldest_waiting(conn: sa.Connection, session: Session) -> dt.datetime | None:

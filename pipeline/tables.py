@@ -11,6 +11,7 @@ import dataclasses
 import datetime as dt
 import enum
 import json
+from collections.abc import Mapping
 from typing import Any, Self
 
 import sqlalchemy as sa
@@ -284,7 +285,25 @@ class Record:
     @classmethod
     def from_row(cls, row: sa.Row[Any]) -> Self:
         """Build from a result row whose columns are the record's fields."""
-        return cls(**row._mapping)
+        return cls.of(row._mapping)
+
+    @classmethod
+    def of(cls, values: Mapping[Any, Any]) -> Self:
+        """``cls(**values)``; for a mapping of exactly the record's fields (a whole row of its
+        table), without the frozen dataclass' ``object.__setattr__`` for each field: that
+        took 16 µs for the 23 of a ``raw_files`` row, read by every append and every flush."""
+        names = _FIELDS.get(cls)
+        if names is None:
+            fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+            names = _FIELDS[cls] = frozenset(field.name for field in fields)
+        if values.keys() != names:
+            return cls(**values)
+        record = object.__new__(cls)
+        record.__dict__.update(values)
+        return record
+
+
+_FIELDS: dict[type[Record], frozenset[str]] = {}  #: each record's field names
 
 
 @dataclasses.dataclass(frozen=True)
