@@ -138,15 +138,11 @@ class Document:
 
 def format_ts(when: dt.datetime) -> str:
     """UTC, ``Z`` suffix, seconds, and the fraction only when there is one."""
-    when = when.astimezone(dt.UTC) if when.tzinfo else when
-    # not strftime: its %Y gives "999" for the year 999 and the heading would stop matching
-    text = (
-        f"{when.year:04d}-{when.month:02d}-{when.day:02d}"
-        f"T{when.hour:02d}:{when.minute:02d}:{when.second:02d}"
-    )
-    if when.microsecond:
-        text += f".{when.microsecond:06d}".rstrip("0")
-    return text + "Z"
+    # isoformat, not strftime: its %Y gives "999" for the year 999 and the heading would stop
+    # matching; isoformat writes four digits, and the fraction as six digits when there is one
+    # an aware time in UTC, without its "+00:00"
+    text = when.isoformat() if when.tzinfo is None else when.astimezone(dt.UTC).isoformat()[:-6]
+    return (text.rstrip("0") if when.microsecond else text) + "Z"
 
 
 def parse_ts(text: str) -> dt.datetime:

@@ -542,7 +542,8 @@ def parse_append(
             role=m.role,
             content=m.content,
             ts=m.ts or received,
-            tool_name=getattr(m, "tool_name", None),
+            # a field, or missing (a text message): pydantic's __getattr__ is slow to say so
+            tool_name=m.__dict__.get("tool_name"),
         )
         for m in model.messages
     )
@@ -557,7 +558,7 @@ def parse_append(
                 "source_type": model.source_type,
                 "metadata": metadata,
                 "messages": [
-                    [m.role, m.content, m.ts, getattr(m, "tool_name", None)] for m in model.messages
+                    [m.role, m.content, m.ts, m.__dict__.get("tool_name")] for m in model.messages
                 ],
                 # only when given: the digests of keys recorded before sequences existed stay
                 **({} if model.sequence is None else {"sequence": model.sequence}),

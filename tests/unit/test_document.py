@@ -724,6 +724,27 @@ def test_format_ts_round_trips(when: dt.datetime) -> None:
     assert validation.normalize_ts(text) == text
 
 
+@FAST
+@given(
+    st.datetimes(
+        min_value=dt.datetime(2, 1, 1),
+        max_value=dt.datetime(9998, 12, 31),
+        timezones=st.one_of(st.none(), st.just(dt.UTC), st.timezones()),
+    )
+)
+def test_format_ts_writes_each_part_as_the_file_format_says(when: dt.datetime) -> None:
+    """Four-digit year, two-digit fields, a fraction without trailing zeros only when there
+    is one, in UTC: the same text as the fields written out one by one."""
+    utc = when.astimezone(dt.UTC) if when.tzinfo else when
+    expected = (
+        f"{utc.year:04d}-{utc.month:02d}-{utc.day:02d}"
+        f"T{utc.hour:02d}:{utc.minute:02d}:{utc.second:02d}"
+    )
+    if utc.microsecond:
+        expected += f".{utc.microsecond:06d}".rstrip("0")
+    assert document.format_ts(when) == expected + "Z"
+
+
 # ---------------------------------------------------------------------------------------------
 # format errors say where and what
 
