@@ -45,6 +45,11 @@ _TOOL_NAME = (
 AGENT_ID_PATTERN = "^[A-Za-z0-9_.-]{1,64}$"
 _AGENT_ID = re.compile(AGENT_ID_PATTERN)
 #: a \u escape of half a UTF-16 surrogate pair, which JSON parsers refuse on its own
+#: a timestamp as :func:`document.format_ts` writes it (seconds, a fraction without trailing
+#: zeros only when there is one, ``Z``)
+_FILE_TS = re.compile(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{0,5}[1-9])?Z"
+)
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
 
@@ -102,6 +107,12 @@ def normalize_ts(value: object, *, default: dt.datetime | None = None) -> str:
     if not isinstance(value, str):
         raise errors.InvalidInput(f"bad timestamp {value!r}")
     text = value.strip()
+    if _FILE_TS.fullmatch(text):  # already the file's form (most clients'): checked, kept
+        try:
+            dt.datetime.fromisoformat(text[:-1])
+            return text
+        except ValueError:
+            pass  # not a real time: said below
     if text.endswith(("Z", "z")):
         text = text[:-1] + "+00:00"
     try:

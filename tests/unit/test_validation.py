@@ -304,6 +304,11 @@ def test_normalize_ts_default_is_receive_time() -> None:
     [
         ("", "bad timestamp '': expected ISO 8601"),
         ("2026-13-01T00:00:00Z", "bad timestamp '2026-13-01T00:00:00Z': expected ISO 8601"),
+        # in the file's form (which is kept as it is) but not a real time
+        ("2026-02-30T00:00:00Z", "bad timestamp '2026-02-30T00:00:00Z': expected ISO 8601"),
+        ("0000-01-01T00:00:00Z", "bad timestamp '0000-01-01T00:00:00Z': expected ISO 8601"),
+        ("2026-08-03T24:00:00Z", "bad timestamp '2026-08-03T24:00:00Z': expected ISO 8601"),
+        ("2026-08-03T11:60:00.5Z", "bad timestamp '2026-08-03T11:60:00.5Z': expected ISO 8601"),
         ("0001-01-01T00:00:00+01:00", "timestamp out of range: '0001-01-01T00:00:00+01:00'"),
         (float("inf"), "timestamp out of range: inf"),
         (10**20, "timestamp out of range: 100000000000000000000"),
