@@ -1,0 +1,211 @@
+"""What ``sgme serve``'s work costs, tree against tree, in alternating runs: the CPU of a flush
+round, and the server under ``wrk`` with the CPU it spent an append.
+
+* ``round``: ``Service.flush_round`` of ``--files`` sessions holding one acknowledged message
+  each (refinement off), ``--rounds-per-run`` times in a fresh subprocess per run: CPU µs a
+  file. The flush rounds are what ``sgme serve`` does for every kicked file (docs/design.md
+  §3).
+* ``wrk``: a fresh ``sgme serve`` per run (the bench's settings: ``refine_idle_seconds`` 1),
+  ``wrk -t2 -c50`` with bench_http's script (50 sessions, one short message an append), 2 s
+  of warm-up then ``--seconds`` measured; appends a second, the server process' CPU µs an
+  append (``/proc``: every thread, the in-process worker included) and ``wrk``'s p99.
+
+Each tree runs once per round, rounds alternate the trees, and every run is printed: on a
+shared machine only a range over alternating runs says more than the noise.
+
+    .venv/bin/python bench/bench_serve.py [--baseline DIR ...] [--runs 3] [--only round|wrk]
+
+``DIR`` is a tree of other code (``git archive REV pipeline workers | tar -x -C DIR``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+PORT = 8741
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def round_case(files: int, rounds: int) -> dict[str, float]:
+    """In this process, on the package importable here: CPU µs a file of a flush round."""
+    from pipeline import runtime, settings, validation
+
+    class Queue:
+        def submit(self, claim: object) -> None:
+            return None
+
+        def kick(self, file_id: str) -> None:
+            return None
+
+    off = {"SGME_REFINE_MIN_MESSAGES": "1000000", "SGME_REFINE_IDLE_SECONDS": "1000000"}
+    with tempfile.TemporaryDirectory(prefix="sgme-rounds-") as tmp:
+        conf = settings.Settings.load(environ=off, data_dir=str(Path(tmp) / "data"))
+        rt = runtime.Runtime.open(conf, migrate=True)
+        service = rt.service(Queue())
+        text = "Just chatter 1234, nothing more: the deploy moved to Friday."
+
+        def acknowledged() -> list[str]:
+            ids = []
+            for f in range(files):
+                messages = [{"role": "user", "content": text}]
+                body = {"agent_id": "bench", "session_key": f"s{f}", "messages": messages}
+                appended = service.append(validation.parse_append(body, conf.limits))
+                ids.append(appended.result.file_id)
+            return ids
+
+        try:
+            for _ in range(3):  # the files made and the statements prepared, untimed
+                service.flush_round(acknowledged())
+            cpu = 0.0
+            for _ in range(rounds):
+                ids = acknowledged()
+                started = time.process_time()
+                alone = service.flush_round(ids)
+                cpu += time.process_time() - started
+                if alone:
+                    raise SystemExit(f"files flushed alone: {alone}")
+        finally:
+            rt.close()
+    return {"cpu us a file": cpu / (rounds * files) * 1e6}
+
+
+def _cpu(pid: int) -> float:
+    """CPU seconds of a process so far (every thread)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def wrk_case(code: Path, seconds: float, tmp: Path) -> dict[str, float]:
+    """A fresh ``sgme serve`` of ``code`` under ``wrk``."""
+    from bench_http import WRK_SCRIPT
+
+    script = tmp / "append.lua"
+    script.write_text(WRK_SCRIPT)
+    data = Path(tempfile.mkdtemp(prefix="sgme-serve-", dir=tmp))
+    boot = f"import sys; sys.path.insert(0, {str(code)!r}); from pipeline.cli import main; "
+    argv = [sys.executable, "-c", boot + "sys.exit(main())", "serve", "--data-dir", str(data)]
+    argv += ["--port", str(PORT), "--log-level", "warning"]
+    env = {**os.environ, "SGME_REFINE_IDLE_SECONDS": "1"}
+    proc = subprocess.Popen(
+        argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    url = f"http://127.0.0.1:{PORT}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                raise SystemExit(f"sgme serve of {code} ended with {proc.returncode}")
+            try:
+                if httpx.get(f"{url}/v1/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise SystemExit(f"sgme serve of {code} did not start")
+            time.sleep(0.1)
+        found: dict[str, float] = {}
+        for length in (2.0, seconds):
+            before = _cpu(proc.pid)
+            load = ["wrk", "-t2", "-c50", f"-d{length:g}s", "--timeout", "30s", "-s", str(script)]
+            done = subprocess.run(
+                [*load, url, "--", f"serve-{time.monotonic_ns()}"],
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=length + 60,
+            )
+            spent = _cpu(proc.pid) - before
+            line = next(x for x in done.stdout.splitlines() if x.startswith("WRK "))
+            found = json.loads(line.removeprefix("WRK "))
+        ok = found["requests"] - found["non2xx"]
+        return {
+            "appends/s": ok / found["seconds"],
+            "cpu us an append": spent / max(ok, 1) * 1e6,
+            "p99 ms": found["p99_ms"],
+            "non-2xx": found["non2xx"],
+        }
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def _round_run(code: Path, files: int, rounds: int) -> dict[str, float]:
+    argv = [sys.executable, __file__, "--case", "--code", str(code)]
+    argv += ["--files", str(files), "--rounds-per-run", str(rounds)]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if done.returncode:
+        raise SystemExit(f"the flush rounds of {code} failed:\n{done.stderr}")
+    found: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    return found
+
+
+def _table(title: str, keys: list[str], runs: dict[str, list[dict[str, float]]]) -> None:
+    print(f"\n{title}\n")
+    print("| code | " + " | ".join(f"{k} (each run)" for k in keys) + " |")
+    print("|---|" + "---|" * len(keys))
+    for name, found in runs.items():
+        cells = [", ".join(f"{run[k]:,.0f}" for run in found) for k in keys]
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--baseline", type=Path, action="append", default=[])
+    parser.add_argument("--runs", type=int, default=3, help="alternating runs of each tree")
+    parser.add_argument("--only", choices=("round", "wrk"))
+    parser.add_argument("--files", type=int, default=50, help="files a flush round")
+    parser.add_argument("--rounds-per-run", type=int, default=40)
+    parser.add_argument("--seconds", type=float, default=6.0, help="measured under wrk")
+    parser.add_argument("--case", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--code", type=Path, default=ROOT, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.case:  # one run of the flush rounds, in this process, on the code in args.code
+        sys.path.insert(0, str(args.code))
+        print(json.dumps(round_case(args.files, args.rounds_per_run)))
+        return 0
+    trees = {"sgme": ROOT, **{str(path): path for path in args.baseline}}
+    if args.only != "wrk":
+        rounds: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
+        for _ in range(args.runs):
+            for name, code in trees.items():
+                rounds[name].append(_round_run(code, args.files, args.rounds_per_run))
+        _table(
+            f"flush rounds of {args.files} one-message files, {args.rounds_per_run} a run",
+            ["cpu us a file"],
+            rounds,
+        )
+    if args.only != "round":
+        if shutil.which("wrk") is None:
+            raise SystemExit("wrk is not installed (make wrk)")
+        served: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
+        with tempfile.TemporaryDirectory(prefix="sgme-bench-serve-") as tmp:
+            for _ in range(args.runs):
+                for name, code in trees.items():
+                    served[name].append(wrk_case(code, args.seconds, Path(tmp)))
+        _table(
+            f"sgme serve under wrk (50 connections, {args.seconds:g} s a run)",
+            ["appends/s", "cpu us an append", "p99 ms", "non-2xx"],
+            served,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
