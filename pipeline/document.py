@@ -139,8 +139,8 @@ class Document:
 def format_ts(when: dt.datetime) -> str:
     """UTC, ``Z`` suffix, seconds, and the fraction only when there is one."""
     # isoformat, not strftime: its %Y gives "999" for the year 999 and the heading would stop
-    # matching; isoformat writes four digits, and the fraction as six digits when there is one
-    # an aware time in UTC, without its "+00:00"
+    # matching. isoformat writes four digits, and a fraction of six when there is one; an
+    # aware time is written in UTC, without its "+00:00"
     text = when.isoformat() if when.tzinfo is None else when.astimezone(dt.UTC).isoformat()[:-6]
     return (text.rstrip("0") if when.microsecond else text) + "Z"
 
