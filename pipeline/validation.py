@@ -44,12 +44,9 @@ _TOOL_NAME = (
 )
 AGENT_ID_PATTERN = "^[A-Za-z0-9_.-]{1,64}$"
 _AGENT_ID = re.compile(AGENT_ID_PATTERN)
+#: a timestamp as :func:`document.format_ts` writes it
+_FILE_TS = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{0,5}[1-9])?Z", re.ASCII)
 #: a \u escape of half a UTF-16 surrogate pair, which JSON parsers refuse on its own
-#: a timestamp as :func:`document.format_ts` writes it (seconds, a fraction without trailing
-#: zeros only when there is one, ``Z``)
-_FILE_TS = re.compile(
-    r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{0,5}[1-9])?Z"
-)
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
 
@@ -107,12 +104,11 @@ def normalize_ts(value: object, *, default: dt.datetime | None = None) -> str:
     if not isinstance(value, str):
         raise errors.InvalidInput(f"bad timestamp {value!r}")
     text = value.strip()
-    if _FILE_TS.fullmatch(text):  # already the file's form (most clients'): checked, kept
-        try:
-            dt.datetime.fromisoformat(text[:-1])
+    try:  # already the file's form (as most clients send it) and a real time: kept
+        if _FILE_TS.fullmatch(text) and dt.datetime.fromisoformat(text[:-1]):
             return text
-        except ValueError:
-            pass  # not a real time: said below
+    except ValueError:
+        pass  # not a real time: said below
     if text.endswith(("Z", "z")):
         text = text[:-1] + "+00:00"
     try:
@@ -548,14 +544,9 @@ def parse_append(
     metadata = model.metadata or {}
     key = model.idempotency_key
     received = document.format_ts(received_at or dt.datetime.now(dt.UTC))
+    # tool_name: a field, or missing (a text message): pydantic's __getattr__ is slow to say so
     messages = tuple(
-        document.Message(
-            role=m.role,
-            content=m.content,
-            ts=m.ts or received,
-            # a field, or missing (a text message): pydantic's __getattr__ is slow to say so
-            tool_name=m.__dict__.get("tool_name"),
-        )
+        document.Message(m.role, m.content, m.ts or received, m.__dict__.get("tool_name"))
         for m in model.messages
     )
     digest = ""
