@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import json
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -468,7 +469,11 @@ def test_serve_tunes_the_collector_before_it_serves(
         lambda self: seen.append((gc.get_freeze_count(), gc.get_threshold()[0])),
     )
     gc.set_threshold(700, 10, 10)
-    assert cli.main(["serve", "--data-dir", str(tmp_path / "d"), "--port", "8799"]) == 0
+    sigterm = signal.getsignal(signal.SIGTERM)  # serve installs its own: not this process'
+    try:
+        assert cli.main(["serve", "--data-dir", str(tmp_path / "d"), "--port", "8799"]) == 0
+    finally:
+        signal.signal(signal.SIGTERM, sigterm)
     assert len(seen) == 1
     frozen, first = seen[0]
     assert first == runtime.GC_THRESHOLD
