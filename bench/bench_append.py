@@ -6,6 +6,7 @@ rendered blocks to the same disk in the same run.
     .venv/bin/python bench/bench_append.py [--quick] [--rounds N] [--no-postgres]
                                            [--postgres ADMIN_URL] [--dir DIR]
     .venv/bin/python bench/bench_append.py --profile sqlite-1   # cProfile of one case
+    .venv/bin/python bench/bench_append.py --baseline DIR      # SQLite, this code against DIR's
 
 Cases, each timed on one open session (the first append, which creates the file, is untimed):
 
@@ -18,6 +19,10 @@ Cases, each timed on one open session (the first append, which creates the file,
 Rounds are interleaved (raw, SQLite, PostgreSQL, raw, …) and the best round of each case is
 reported, so a neighbour's burst of disk traffic skews one round, not the ratio.
 Targets (SQLite, ``ingest+flush``): >= 1,500 msg/s at 1 per call, >= 30,000 msg/s at 100.
+
+With ``--baseline DIR`` (a tree of other code: ``git archive REV pipeline workers | tar -x -C
+DIR``) only SQLite's ``ingest+flush`` runs, at 1 and 100 messages a call, each round in a fresh
+subprocess per tree, the trees alternating: the best of each and their ratio.
 """
 
 from __future__ import annotations
@@ -26,10 +31,12 @@ import argparse
 import contextlib
 import cProfile
 import functools
+import json
 import os
 import pstats
 import queue
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -41,6 +48,10 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+
+# the code measured: this checkout's, or another tree's (--code, a --baseline round's)
+if "--code" in sys.argv:
+    sys.path.insert(0, sys.argv[sys.argv.index("--code") + 1])
 
 from pipeline import database, document, journal, locks, terms
 from pipeline import flush as flushing
@@ -321,6 +332,34 @@ def profile(run: Callable[[], float], messages: int) -> None:
     print(f"| total (under the profiler) | {total / messages * 1e6:.0f} | 100% |")
 
 
+def against(baseline: Path, plan: dict[int, int], rounds: int, where: Path | None) -> None:
+    """SQLite's ingest+flush of this checkout and of ``baseline``, a fresh subprocess per round
+    and tree, alternating; the best round of each, and the ratio."""
+    trees = {"this code": Path(__file__).resolve().parents[1], "baseline": baseline}
+    best: dict[str, dict[str, float]] = {name: {} for name in trees}
+    for _ in range(rounds):
+        for name, code in trees.items():
+            argv = [sys.executable, __file__, "--case", "--code", str(code)]
+            argv += ["--quick"] if plan[1] == 300 else []
+            argv += ["--dir", str(where)] if where else []
+            done = subprocess.run(argv, capture_output=True, text=True, check=False)
+            if done.returncode:
+                raise SystemExit(f"the round of {code} failed:\n{done.stderr}")
+            for batch, rate in json.loads(done.stdout.strip().splitlines()[-1]).items():
+                best[name][batch] = max(best[name].get(batch, 0.0), rate)
+    print(f"SQLite ingest+flush, msg/s, best of {rounds} alternating rounds; baseline {baseline}")
+    print()
+    print("| msgs/call | this code | baseline | this vs baseline | target |")
+    print("|---|---|---|---|---|")
+    for batch in best["this code"]:
+        mine, theirs = best["this code"][batch], best["baseline"][batch]
+        goal = TARGETS[("sqlite", "ingest+flush", int(batch))]
+        met = "met" if mine >= goal else "missed"
+        print(
+            f"| {batch} | {mine:,.0f} | {theirs:,.0f} | {mine / theirs:.2f}x | {met} {goal:,.0f} |"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer messages, one round")
@@ -335,12 +374,26 @@ def main() -> None:
         help="also each database's ingest+flush with the search terms not stemmed (as before "
         "issue 18), interleaved with the stemmed rounds: the stemmer's cost to appends",
     )
+    parser.add_argument("--baseline", type=Path, help="a tree of other code to compare (SQLite)")
+    parser.add_argument("--case", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--code", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     plan = {1: 300, 100: 20} if args.quick else {1: 2000, 100: 100}  #: calls per batch size
     rounds = args.rounds or (1 if args.quick else 3)
+    if args.baseline and not args.case:
+        against(args.baseline, plan, rounds, args.dir)
+        return
     root = Path(tempfile.mkdtemp(prefix="sgme-bench-", dir=args.dir))
     try:
+        if args.case:  # one round of SQLite's ingest+flush, in this process: rates as JSON
+            imported = Path(database.__file__).resolve()
+            if args.code and not imported.is_relative_to(args.code.resolve()):
+                raise SystemExit(f"--code {args.code}: the package came from {imported}")
+            with sqlite_engine(root) as engine:
+                found = measure(cases_for("sqlite", engine, root / "data", plan)[:-1], 1)
+            print(json.dumps({str(r.batch): r.rate for r in found}))
+            return
         if args.profile:
             batch = int(args.profile.split("-")[1])
             with sqlite_engine(root) as engine:
