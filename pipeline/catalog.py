@@ -151,7 +151,6 @@ _INSERT_BOUND = (
     "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _FTS_BOUND = "INSERT INTO message_terms (rowid, terms, tags) VALUES (?, ?, ?)"
-_LAST_ID = "SELECT max(id) FROM messages"
 
 
 def bound_entries(owner: Owner, found: Sequence[document.Located]) -> list[tuple[Any, ...]]:
@@ -184,10 +183,7 @@ def add_bound(conn: sa.Connection, found: Sequence[tuple[Any, ...]]) -> None:
     the rows in one executemany, the terms in another."""
     if not found:
         return
-    # the ids SQLite would give (one past the largest): set here, so the terms need no
-    # lookup of the rows' ids; the write transaction holds the lock, so no other row comes
-    last = conn.exec_driver_sql(_LAST_ID).scalar() or 0
-    ids = range(last + 1, last + 1 + len(found))
+    ids = _next_ids(conn, len(found))
     conn.exec_driver_sql(_INSERT_BOUND, [(i, *e[:7]) for i, e in zip(ids, found, strict=True)])
     conn.exec_driver_sql(_FTS_BOUND, [(i, e[7], e[8]) for i, e in zip(ids, found, strict=True)])
 
@@ -247,17 +243,23 @@ def add_rows(conn: sa.Connection, owner: Owner, found: Sequence[document.Located
 
 def _insert_rows(conn: sa.Connection, rows: list[dict[str, Any]]) -> list[int]:
     """Insert catalog rows; their ids, in order. PostgreSQL sends them in one statement with
-    RETURNING; SQLite gives each the id it would have given (one past the largest, as
-    :func:`add_bound` does: the write transaction holds the lock, so no other row comes) and
-    runs the inserts in one executemany on the driver."""
+    RETURNING; SQLite gives them their ids (:func:`_next_ids`) and runs the inserts in one
+    executemany on the driver."""
     if database.is_postgres(conn):
         return list(conn.execute(_INSERT_ROWS, rows).scalars())
-    last = _MAX_ID.first(conn)["id"] or 0
-    ids = list(range(last + 1, last + 1 + len(rows)))
+    ids = _next_ids(conn, len(rows))
     for i, row in zip(ids, rows, strict=True):
         row["id"] = i
     _INSERT_ROW.many(conn, rows)
-    return ids
+    return list(ids)
+
+
+def _next_ids(conn: sa.Connection, count: int) -> range:
+    """SQLite: the ids it would give ``count`` new catalog rows (one past the largest), so the
+    terms need no lookup of the rows' ids; the write transaction holds the lock, so no other
+    row comes meanwhile."""
+    last = _MAX_ID.first(conn)["id"] or 0
+    return range(last + 1, last + 1 + count)
 
 
 def _row(owner: Owner, located: document.Located) -> dict[str, Any]:

@@ -105,18 +105,23 @@ def refinement_lag(conn: sa.Connection) -> tuple[int, int]:
 # raw_files: the append protocol (docs/design.md §3)
 
 
+def _inserting(dialect: str, columns: Sequence[str]) -> Any:
+    """An INSERT into ``raw_files`` of ``columns`` (bound by name) that does nothing when the
+    row is there, on ``dialect``."""
+    module = postgresql if dialect == "postgresql" else sqlite
+    values = {k: sa.bindparam(k, type_=_R[k].type) for k in columns}
+    return module.insert(tables.raw_files).values(values).on_conflict_do_nothing()
+
+
 def insert_file(conn: sa.Connection, *, now: dt.datetime, **values: Any) -> bool:
     """Insert a row unless its session already has one; True when inserted (prepared per
-    column set: SQLAlchemy compiled this statement anew every time, 1 ms of a session's
-    first append)."""
+    column set: compiled on every call, it was 1 ms of a session's first append)."""
     values.setdefault("created_at", now)
     values.setdefault("updated_at", now)
     key = (conn.dialect.name, *sorted(values))
     if (found := _INSERT_FILE.get(key)) is None:
-        insert = postgresql.insert if key[0] == "postgresql" else sqlite.insert
-        columns = {k: sa.bindparam(k, type_=_R[k].type) for k in key[1:]}
-        stmt = insert(tables.raw_files).values(columns).on_conflict_do_nothing()
-        found = _INSERT_FILE[key] = database.Prepared(stmt.returning(_R.file_id))
+        stmt = _inserting(key[0], key[1:]).returning(_R.file_id)
+        found = _INSERT_FILE[key] = database.Prepared(stmt)
     # RETURNING, not rowcount: psycopg reports -1 for an INSERT … ON CONFLICT DO NOTHING
     return found.first(conn, values) is not None
 
@@ -549,12 +554,7 @@ _REINDEX_COLUMNS = (
     *("last_refined_seq", "next_seq", "flush_pending", "created_at", "updated_at"),
 )
 _REINDEX_INSERT = {
-    dialect: database.Prepared(
-        module.insert(tables.raw_files)
-        .values({k: sa.bindparam(k, type_=tables.raw_files.c[k].type) for k in _REINDEX_COLUMNS})
-        .on_conflict_do_nothing()
-    )
-    for dialect, module in (("postgresql", postgresql), ("sqlite", sqlite))
+    d: database.Prepared(_inserting(d, _REINDEX_COLUMNS)) for d in ("postgresql", "sqlite")
 }
 
 
