@@ -100,9 +100,16 @@ class _Compiled:
         ]
         #: positional drivers (SQLite's qmark): each bind in the statement's order
         self.ordered: list[tuple[str, Any, Callable[[Any], Any] | None]] | None = None
+        #: for :meth:`bind_many` on such a driver (two binds or more): a row's values in one
+        #: C call, and the positions of those that have a converter
+        self._take: Callable[[Mapping[str, Any]], tuple[Any, ...]] | None = None
+        self._convert: list[tuple[int, Callable[[Any], Any]]] = []
         if self.positional is not None:
             by_name = {name: (key, default, process) for name, key, default, process in self.binds}
             self.ordered = [by_name[name] for name in self.positional]
+            if len(self.ordered) > 1:
+                self._take = operator.itemgetter(*[key for key, _, _ in self.ordered])
+                self._convert = [(i, p) for i, (_, _, p) in enumerate(self.ordered) if p]
         columns = getattr(statement, "exported_columns", ())
         self.columns = [c.key for c in columns]
         self.results = [
@@ -123,10 +130,9 @@ class _Compiled:
         """:meth:`bind` of each mapping. On a positional driver, the rows that hold every key
         are taken apart in one C call each (``itemgetter``) and only the values with a
         converter are converted: a flush binds a catalog row and a search row per message."""
-        if self.ordered is None or len(self.ordered) < 2:
+        take, convert = self._take, self._convert
+        if take is None:
             return [self.bind(p) for p in params]
-        take = operator.itemgetter(*[key for key, _, _ in self.ordered])
-        convert = [(i, process) for i, (_, _, process) in enumerate(self.ordered) if process]
         bound = []
         for p in params:
             try:
@@ -135,10 +141,10 @@ class _Compiled:
                 bound.append(self.bind(p))
                 continue
             if convert:
-                values = list(values)
+                converted = list(values)
                 for i, process in convert:
-                    values[i] = process(values[i])
-                values = tuple(values)
+                    converted[i] = process(converted[i])
+                values = tuple(converted)
             bound.append(values)
         return bound
 
