@@ -65,7 +65,8 @@ _UNESCAPE = re.compile(r"\n\\(?=\\*#{1,2} .* (?:user|assistant|tool|system)$)", 
 _TOOL_LINE = re.compile(r"\*\*tool\*\*: (.*)")
 _CALL_LINE = re.compile(r"\*\*tool call\*\*: ([^\n]+)")  #: a tool call's first line (format.md)
 _BREAKS = re.compile(r"(?:\r?\n)*")
-_TS = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,6})?Z")
+#: a UTC timestamp of the file's form (:func:`format_ts` leaves no trailing zero in a fraction)
+TS = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,6})?Z")
 #: characters a YAML double-quoted scalar must escape (quotes, breaks, non-printables)
 _YAML_ESCAPE = re.compile('[\\\\"\x00-\x1f\x7f-\x9f\u2028\u2029\ufeff\ufffe\uffff]')
 _YAML_NAMED = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t", "\r": "\\r"}
@@ -349,7 +350,7 @@ def _header_from_mapping(data: object) -> Header:
             raise errors.FormatError(
                 f"frontmatter field {key} must be a string, got {data.get(key)!r}"
             )
-    if not isinstance(started, str) or not _TS.fullmatch(started):
+    if not isinstance(started, str) or not TS.fullmatch(started):
         raise errors.FormatError(
             f"frontmatter field started_at is not a UTC timestamp: {started!r}"
         )

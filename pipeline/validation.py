@@ -8,6 +8,7 @@ refuse the same mistake with the same message: ``messages[0].ts: …``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import functools
@@ -44,8 +45,6 @@ _TOOL_NAME = (
 )
 AGENT_ID_PATTERN = "^[A-Za-z0-9_.-]{1,64}$"
 _AGENT_ID = re.compile(AGENT_ID_PATTERN)
-#: a timestamp as :func:`document.format_ts` writes it
-_FILE_TS = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{0,5}[1-9])?Z", re.ASCII)
 #: a \u escape of half a UTF-16 surrogate pair, which JSON parsers refuse on its own
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
@@ -104,11 +103,12 @@ def normalize_ts(value: object, *, default: dt.datetime | None = None) -> str:
     if not isinstance(value, str):
         raise errors.InvalidInput(f"bad timestamp {value!r}")
     text = value.strip()
-    try:  # already the file's form (as most clients send it) and a real time: kept
-        if _FILE_TS.fullmatch(text) and dt.datetime.fromisoformat(text[:-1]):
+    # already the file's form, as most clients send it (no trailing zero in a fraction), and
+    # a real time: kept as it is
+    if document.TS.fullmatch(text) and not ("." in text and text[-2] == "0"):
+        with contextlib.suppress(ValueError):  # not a real time: said below
+            dt.datetime.fromisoformat(text[:-1])
             return text
-    except ValueError:
-        pass  # not a real time: said below
     if text.endswith(("Z", "z")):
         text = text[:-1] + "+00:00"
     try:
