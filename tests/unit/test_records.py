@@ -4,45 +4,32 @@ dataclass' own ``__init__``, faster for a whole row, and falls back to it for an
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 
+import factories
 import pytest
 
 from pipeline import tables
 
-WHEN = dt.datetime(2026, 12, 3, 9, 30)
-
 
 def _file_row() -> dict[str, object]:
-    values: dict[str, object] = {f.name: None for f in dataclasses.fields(tables.FileRow)}
-    values.update(
-        file_id="f1",
-        path="raw/sessions/f1.md",
-        source_type="session",
-        agent_id="a",
-        session_key="s",
-        metadata_json="{}",
-        started_at=WHEN,
-        status="new",
-        next_seq=4,
-        flushed_seq=3,
-        flushed_bytes=120,
-        flush_pending=False,
-        last_refined_seq=0,
-        refine_epoch=0,
-        created_at=WHEN,
-        updated_at=WHEN,
-        next_sequence=7,
-    )
-    return values
+    """A whole ``raw_files`` row as a mapping, as the index reads it."""
+    row = factories.file_row("f1")
+    return dataclasses.asdict(dataclasses.replace(row, next_seq=4, flushed_seq=3, next_sequence=7))
 
 
-def test_a_whole_row_makes_the_same_frozen_record() -> None:
+def test_a_whole_row_makes_the_same_frozen_record(monkeypatch: pytest.MonkeyPatch) -> None:
     values = _file_row()
+    expected = tables.FileRow(**values)  # type: ignore[arg-type]
+
+    def init(self: object, **kwargs: object) -> None:
+        raise AssertionError("a whole row went through __init__")
+
+    monkeypatch.setattr(tables.FileRow, "__init__", init)
     made = tables.FileRow.of(values)
+    monkeypatch.undo()
     assert type(made) is tables.FileRow
-    assert made == tables.FileRow(**values)  # type: ignore[arg-type]
-    assert hash(made) == hash(tables.FileRow(**values))  # type: ignore[arg-type]
+    assert made == expected
+    assert hash(made) == hash(expected)
     assert made.next_seq == 4 and made.next_sequence == 7
     with pytest.raises(dataclasses.FrozenInstanceError):
         made.next_seq = 5  # type: ignore[misc]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 from hypothesis import given
 from hypothesis import strategies as st
@@ -46,13 +47,24 @@ def test_many_rows_bind_as_each_alone(rows: list[dict[str, Any]]) -> None:
         assert one.bind_many(ids) == [one.bind(r) for r in ids]
 
 
-def test_a_datetime_is_converted_and_a_missing_key_defaults() -> None:
+def test_a_datetime_is_converted_and_a_missing_key_defaults(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     compiled = MESSAGE_ROW._for(sqlite.dialect())
+    alone: list[dict[str, Any]] = []  # the rows bound one by one: only the one missing a key
+    real_bind = compiled.bind
+
+    def bind(params: dict[str, Any]) -> Any:
+        alone.append(params)
+        return real_bind(params)
+
+    monkeypatch.setattr(compiled, "bind", bind)
     when = dt.datetime(2026, 12, 3, 9, 30, 1, 5)
     full = {"id": 1, "file_id": "f", "seq": 1, "byte_offset": 0, "byte_length": 9, "ts": when}
     bound = compiled.bind_many(
         [{**full, "role": "tool", "tool_name": "grep"}, {**full, "role": "user"}]
     )
+    assert [row.get("tool_name", "missing") for row in alone] == ["missing"]
     assert [b[-3:] for b in bound] == [
         ("2026-12-03 09:30:01.000005", "tool", "grep"),
         ("2026-12-03 09:30:01.000005", "user", None),

@@ -292,6 +292,17 @@ def test_normalize_ts(value: object, want: str) -> None:
     assert document.HEADING.fullmatch(f"# {want} user")
 
 
+def test_a_timestamp_in_the_files_form_is_kept_as_it_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checked (a real time), not parsed, converted and formatted again."""
+
+    def formatted(when: dt.datetime) -> str:
+        raise AssertionError(f"formatted {when} again")
+
+    monkeypatch.setattr(document, "format_ts", formatted)
+    for text in ("2026-08-03T11:18:06Z", "0999-01-01T00:00:00.000001Z", "2026-08-03T11:18:06.5Z"):
+        assert validation.normalize_ts(text) == text
+
+
 def test_normalize_ts_default_is_receive_time() -> None:
     when = dt.datetime(2026, 8, 3, 13, 18, 6, tzinfo=dt.timezone(dt.timedelta(hours=2)))
     assert validation.normalize_ts(None, default=when) == "2026-08-03T11:18:06Z"
