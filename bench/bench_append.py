@@ -36,7 +36,6 @@ import os
 import pstats
 import queue
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -48,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+import subrun
 
 # the code measured: this checkout's, or another tree's (--code, a --baseline round's)
 if "--code" in sys.argv:
@@ -342,10 +342,7 @@ def against(baseline: Path, plan: dict[int, int], rounds: int, where: Path | Non
             argv = [sys.executable, __file__, "--case", "--code", str(code)]
             argv += ["--quick"] if plan[1] == 300 else []
             argv += ["--dir", str(where)] if where else []
-            done = subprocess.run(argv, capture_output=True, text=True, check=False)
-            if done.returncode:
-                raise SystemExit(f"the round of {code} failed:\n{done.stderr}")
-            for batch, rate in json.loads(done.stdout.strip().splitlines()[-1]).items():
+            for batch, rate in subrun.case(argv, f"the round of {code}").items():
                 best[name][batch] = max(best[name].get(batch, 0.0), rate)
     print(f"SQLite ingest+flush, msg/s, best of {rounds} alternating rounds; baseline {baseline}")
     print()

@@ -182,16 +182,29 @@ class Wrk:
     socket_errors: int
     p50_ms: float
     p99_ms: float
+    #: CPU µs the server process (``run_wrk``'s ``pid``, every thread) spent a 2xx answer
+    cpu_us: float | None = None
 
 
-def run_wrk(name: str, url: str, seconds: float, clients: int, tmp: Path) -> Wrk:
-    """``wrk`` on ``url``'s ``POST /v1/append`` for ``seconds`` (after a 2 s warm-up)."""
+def process_cpu(pid: int) -> float:
+    """CPU seconds a process has used so far, all its threads (Linux: ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_wrk(
+    name: str, url: str, seconds: float, clients: int, tmp: Path, *, pid: int | None = None
+) -> Wrk:
+    """``wrk`` on ``url``'s ``POST /v1/append`` for ``seconds`` (after a 2 s warm-up); with
+    ``pid``, that server process' CPU over the measured run too."""
     script = tmp / "append.lua"
     script.write_text(WRK_SCRIPT)
     found: dict[str, Any] = {}
+    cpu = 0.0
     for length in (2.0, seconds):  # a warm-up, then the measured run
         prefix = f"wrk-{uuid.uuid4().hex[:6]}"
         argv = ["wrk", "-t2", f"-c{clients}", f"-d{length:g}s", "--timeout", "30s"]
+        before = process_cpu(pid) if pid else 0.0
         done = subprocess.run(
             [*argv, "-s", str(script), url, "--", prefix],
             capture_output=True,
@@ -199,6 +212,7 @@ def run_wrk(name: str, url: str, seconds: float, clients: int, tmp: Path) -> Wrk
             check=True,
             timeout=length + 60,
         )
+        cpu = process_cpu(pid) - before if pid else 0.0
         line = next(x for x in done.stdout.splitlines() if x.startswith("WRK "))
         found = json.loads(line.removeprefix("WRK "))
     ok = found["requests"] - found["non2xx"]
@@ -209,6 +223,7 @@ def run_wrk(name: str, url: str, seconds: float, clients: int, tmp: Path) -> Wrk
         found["socket_errors"],
         found["p50_ms"],
         found["p99_ms"],
+        cpu / max(ok, 1) * 1e6 if pid else None,
     )
     print(f"  wrk: {result.rate:.0f} appends/s, p99 {result.p99_ms:.1f} ms", file=sys.stderr)
     return result

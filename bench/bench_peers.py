@@ -34,7 +34,6 @@ import contextlib
 import json
 import os
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import threading
@@ -42,6 +41,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+import subrun
 
 ROOT = Path(__file__).resolve().parents[1]
 HERMES_PYTHON = ROOT / ".venv-hermes" / "bin" / "python"
@@ -249,13 +250,7 @@ def _run(python: Path, code: Path, case: str, messages: int) -> dict[str, float]
         argv += ["--threads", str(THREADS), "--size", str(SIZE)]
     else:
         argv = [str(python), __file__, "--case", case, "--code", str(code)]
-    done = subprocess.run(
-        [*argv, "--messages", str(messages)], capture_output=True, text=True, check=False
-    )
-    if done.returncode:
-        raise SystemExit(f"{case} on {code} failed:\n{done.stderr}")
-    rates: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
-    return rates
+    return subrun.case([*argv, "--messages", str(messages)], f"{case} on {code}")
 
 
 def main() -> int:

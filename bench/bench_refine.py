@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import subrun
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -95,11 +96,7 @@ def measure(files: int, messages: int) -> dict[str, float]:
 def _run(code: Path, files: int, messages: int) -> dict[str, float]:
     argv = [sys.executable, __file__, "--case", "--code", str(code)]
     argv += ["--files", str(files), "--messages", str(messages)]
-    done = subprocess.run(argv, capture_output=True, text=True, check=False)
-    if done.returncode:
-        raise SystemExit(f"the round on {code} failed:\n{done.stderr}")
-    rates: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
-    return rates
+    return subrun.case(argv, f"the round on {code}")
 
 
 def main() -> int:

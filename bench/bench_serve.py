@@ -22,20 +22,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
+import subrun
 
 ROOT = Path(__file__).resolve().parents[1]
-PORT = 8741
-TICK = os.sysconf("SC_CLK_TCK")
 
 
 def round_case(files: int, rounds: int) -> dict[str, float]:
@@ -81,79 +77,40 @@ def round_case(files: int, rounds: int) -> dict[str, float]:
     return {"cpu us a file": cpu / (rounds * files) * 1e6}
 
 
-def _cpu(pid: int) -> float:
-    """CPU seconds of a process so far (every thread)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
-
-
 def wrk_case(code: Path, seconds: float, tmp: Path) -> dict[str, float]:
-    """A fresh ``sgme serve`` of ``code`` under ``wrk``."""
-    from bench_http import WRK_SCRIPT
+    """A fresh ``sgme serve`` of ``code`` (bench_http's settings) under bench_http's ``wrk``,
+    with the server's CPU."""
+    import bench_http  # here, not above: it imports the tests' harness, and with it pipeline
+    import harness
 
-    script = tmp / "append.lua"
-    script.write_text(WRK_SCRIPT)
     data = Path(tempfile.mkdtemp(prefix="sgme-serve-", dir=tmp))
+    port = harness.free_port()
+    serve = ["serve", "--data-dir", str(data), "--port", str(port), "--log-level", "warning"]
     boot = f"import sys; sys.path.insert(0, {str(code)!r}); from pipeline.cli import main; "
-    argv = [sys.executable, "-c", boot + "sys.exit(main())", "serve", "--data-dir", str(data)]
-    argv += ["--port", str(PORT), "--log-level", "warning"]
-    env = {**os.environ, "SGME_REFINE_IDLE_SECONDS": "1"}
-    proc = subprocess.Popen(
-        argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-    )
-    url = f"http://127.0.0.1:{PORT}"
+    argv = [sys.executable, "-c", boot + "sys.exit(main())", *serve]
+    children = harness.Procs(tmp / "logs")
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                raise SystemExit(f"sgme serve of {code} ended with {proc.returncode}")
-            try:
-                if httpx.get(f"{url}/v1/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit(f"sgme serve of {code} did not start")
-            time.sleep(0.1)
-        found: dict[str, float] = {}
-        for length in (2.0, seconds):
-            before = _cpu(proc.pid)
-            load = ["wrk", "-t2", "-c50", f"-d{length:g}s", "--timeout", "30s", "-s", str(script)]
-            done = subprocess.run(
-                [*load, url, "--", f"serve-{time.monotonic_ns()}"],
-                capture_output=True,
-                text=True,
-                check=True,
-                timeout=length + 60,
-            )
-            spent = _cpu(proc.pid) - before
-            line = next(x for x in done.stdout.splitlines() if x.startswith("WRK "))
-            found = json.loads(line.removeprefix("WRK "))
-        ok = found["requests"] - found["non2xx"]
-        return {
-            "appends/s": ok / found["seconds"],
-            "cpu us an append": spent / max(ok, 1) * 1e6,
-            "p99 ms": found["p99_ms"],
-            "non-2xx": found["non2xx"],
-        }
+        proc = children.start("serve", serve, harness.clean_env(**bench_http.SETTINGS), argv=argv)
+        url = f"http://127.0.0.1:{port}"
+        with httpx.Client(base_url=url) as client:
+            harness.wait_healthy(client, proc, timeout=60)
+        found = bench_http.run_wrk(f"sgme serve of {code}", url, seconds, 50, tmp, pid=proc.pid)
     finally:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+        children.close()
         shutil.rmtree(data, ignore_errors=True)
+    assert found.cpu_us is not None
+    return {
+        "appends/s": found.rate,
+        "cpu us an append": found.cpu_us,
+        "p99 ms": found.p99_ms,
+        "non-2xx": found.non2xx,
+    }
 
 
 def _round_run(code: Path, files: int, rounds: int) -> dict[str, float]:
     argv = [sys.executable, __file__, "--case", "--code", str(code)]
     argv += ["--files", str(files), "--rounds-per-run", str(rounds)]
-    done = subprocess.run(argv, capture_output=True, text=True, check=False)
-    if done.returncode:
-        raise SystemExit(f"the flush rounds of {code} failed:\n{done.stderr}")
-    found: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
-    return found
+    return subrun.case(argv, f"the flush rounds of {code}")
 
 
 def _table(title: str, keys: list[str], runs: dict[str, list[dict[str, float]]]) -> None:
