@@ -3,6 +3,7 @@ that are all there or cut back, no symlinks — and the per-file lock files."""
 
 from __future__ import annotations
 
+import shutil
 import threading
 from pathlib import Path
 
@@ -84,6 +85,30 @@ def test_a_file_lock_excludes_other_holders_and_is_reentrant(tmp_path: Path) -> 
         thread.join(5)
         assert len(refused) == 1
     with theirs.lock("f1", timeout=1):  # free again
+        pass
+
+
+def test_a_lock_file_removed_under_a_long_running_holder_still_excludes(tmp_path: Path) -> None:
+    # A process keeps its lock files open. If `.locks` is removed (an operator's cleanup, a
+    # restore), the next process makes new lock files: the first must lock those too, not
+    # the removed ones it still holds open, or the two would write one file at once.
+    server, cli = store.LockFiles(tmp_path), store.LockFiles(tmp_path)
+    with server.lock("f1", timeout=1):  # its descriptor on the lock file is kept
+        pass
+    shutil.rmtree(tmp_path / ".locks")
+    # the other makes the lock file anew and holds it
+    with (
+        cli.lock("f1", timeout=1),
+        pytest.raises(errors.LockTimeout),
+        server.lock("f1", timeout=0.2),
+    ):
+        pass
+    # free again, and taken on the lock file now there
+    with (
+        server.lock("f1", timeout=1),
+        pytest.raises(errors.LockTimeout),
+        cli.lock("f1", timeout=0.2),
+    ):
         pass
 
 
