@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import sqlalchemy as sa
 
-from pipeline import anomalies, database, document, errors, index, l1, reader, refs, tables
+from pipeline import anomalies, database, document, errors, index, l1, leases, reader, refs, tables
 from pipeline.tables import Kind, Status
 
 log = logging.getLogger(__name__)
@@ -356,29 +356,10 @@ def run(
 @contextlib.contextmanager
 def heartbeat(db: database.Database, c: Claim, *, lease_seconds: float) -> Iterator[None]:
     """Renew the claim's lease every third of ``lease_seconds`` while the block runs, so a
-    slow refiner keeps its claim while a lost job frees its file within one lease."""
-    stop = threading.Event()
-
-    def renew() -> None:
-        while not stop.wait(lease_seconds / 3):
-            try:
-                with db.transaction() as conn:
-                    held = index.renew_lease(
-                        conn, c.file_id, epoch=c.epoch, lease_seconds=lease_seconds, now=db.now()
-                    )
-            except errors.SgmeError as exc:
-                log.warning("could not renew the lease of %s: %s", c.file_id, exc.detail)
-                continue
-            if not held:
-                return  # replaced (a full re-refine, an expired lease): the commit is fenced
-
-    thread = threading.Thread(target=renew, name=f"lease-{c.file_id[:8]}", daemon=True)
-    thread.start()
-    try:
+    slow refiner keeps its claim while a lost job frees its file within one lease (one thread
+    renews every running job's: :mod:`pipeline.leases`)."""
+    with leases.KEEPER.holding(db, c.file_id, epoch=c.epoch, lease_seconds=lease_seconds):
         yield
-    finally:
-        stop.set()
-        thread.join()
 
 
 def commit(db: database.Database, c: Claim, items: Sequence[Item], *, refiner: str) -> bool:

@@ -1,0 +1,132 @@
+"""The leases of the refinement jobs running in this process, renewed by one thread
+(docs/design.md §4).
+
+A job holds its claim's lease while the refiner works, and the lease is short
+(``refine_lease_seconds``) so that a job lost with its worker frees its file soon. One thread
+renews the lease of every running job a third of a lease after it was taken or last renewed.
+A thread of its own for each job cost a thread start and join per claim: about 6% of a
+claim's CPU (``bench/bench_refine.py``), and more wall time while other threads hold the GIL.
+The thread ends after :data:`IDLE_SECONDS` without a job; the next job starts it again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Iterator
+
+from pipeline import database, errors, forks, index
+
+log = logging.getLogger(__name__)
+
+IDLE_SECONDS = 30.0  #: the renewing thread ends after this long without a running job
+
+
+@dataclasses.dataclass(eq=False)
+class _Lease:
+    db: database.Database
+    file_id: str
+    epoch: int
+    lease_seconds: float
+    due: float  #: ``time.monotonic()`` of its next renewal
+
+
+class Keeper:
+    """The running jobs' leases of one process (:data:`KEEPER`), and the thread renewing
+    them while there are any."""
+
+    def __init__(self) -> None:
+        self._reset()
+        forks.reset_in_child(self)
+
+    def _reset(self) -> None:
+        self._changed = threading.Condition(threading.Lock())
+        self._leases: set[_Lease] = set()
+        self._thread: threading.Thread | None = None
+        self._last = time.monotonic()  #: when the last job ended (or the keeper was made)
+
+    def after_fork_in_child(self) -> None:
+        """A child renews none of its parent's leases: those jobs run in the parent."""
+        self._reset()
+
+    @contextlib.contextmanager
+    def holding(
+        self, db: database.Database, file_id: str, *, epoch: int, lease_seconds: float
+    ) -> Iterator[None]:
+        """Renew the lease of ``file_id``'s claim ``epoch`` every third of ``lease_seconds``
+        while the block runs, until a renewal finds the claim replaced."""
+        lease = _Lease(db, file_id, epoch, lease_seconds, time.monotonic() + lease_seconds / 3)
+        with self._changed:
+            self._leases.add(lease)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="sgme-leases", daemon=True)
+                self._thread.start()
+            else:
+                self._changed.notify()  # its renewal may be due before the one waited for
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._leases.discard(lease)
+                self._last = time.monotonic()
+                self._changed.notify()  # the thread's wait is measured from the last job
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                due = self._due()
+                if due is None:
+                    self._thread = None
+                    return
+            for lease in due:
+                self._renew(lease)
+
+    def _due(self) -> list[_Lease] | None:
+        """The leases to renew now, once there are any (the lock held); None once the keeper
+        has been idle for :data:`IDLE_SECONDS`."""
+        while True:
+            now = time.monotonic()
+            if not self._leases:
+                if now - self._last >= IDLE_SECONDS:
+                    return None
+                self._changed.wait(IDLE_SECONDS - (now - self._last))
+                continue
+            due = [lease for lease in self._leases if lease.due <= now]
+            if due:
+                return due
+            self._changed.wait(min(lease.due for lease in self._leases) - now)
+
+    def _renew(self, lease: _Lease) -> None:
+        lease.due = time.monotonic() + lease.lease_seconds / 3
+        db = lease.db
+        try:
+            with db.transaction() as conn:
+                held = index.renew_lease(
+                    conn,
+                    lease.file_id,
+                    epoch=lease.epoch,
+                    lease_seconds=lease.lease_seconds,
+                    now=db.now(),
+                )
+        except errors.SgmeError as exc:  # tried again a third of a lease later
+            log.warning("could not renew the lease of %s: %s", lease.file_id, exc.detail)
+            return
+        if not held:  # replaced (a full re-refine, an expired lease): the commit is fenced
+            with self._changed:
+                self._leases.discard(lease)
+
+    def renewing(self) -> int:
+        """How many leases are being renewed (tests)."""
+        with self._changed:
+            return len(self._leases)
+
+    def running(self) -> bool:
+        """Whether the renewing thread runs (tests)."""
+        with self._changed:
+            return self._thread is not None
+
+
+KEEPER = Keeper()  #: this process's

@@ -1,0 +1,106 @@
+"""The lease keeper (:mod:`pipeline.leases`): one thread renews every running refinement job's
+lease, stops renewing a claim that was replaced, and ends when no job runs. Real threads on
+real time, briefly (docs/design.md §9)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import helpers
+import pytest
+from conftest import set_row
+
+from pipeline import database, journal, leases, refine
+
+LEASE = 1.0  #: seconds; renewed every third of it
+
+
+def _file(db: database.Database, data_dir: Path, session: str) -> str:
+    body = {
+        "agent_id": "hermes",
+        "session_key": session,
+        "messages": [{"role": "user", "content": "I prefer option 1."}],
+    }
+    result = journal.ingest(db, body)
+    journal.flush(db, data_dir, result.file_id)
+    return result.file_id
+
+
+def _claim(db: database.Database, file_id: str) -> refine.Claim:
+    found = refine.claim(db, file_id, lease_seconds=LEASE)
+    assert found is not None
+    return found
+
+
+def _renewing_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "sgme-leases"]
+
+
+def test_one_thread_renews_the_lease_of_every_running_job(
+    db: database.Database, data_dir: Path
+) -> None:
+    live = database.Database(db.engine)  # the system's clock: the leases run on real time
+    files = [_file(db, data_dir, f"s{i}") for i in range(3)]
+    claims = [_claim(live, file_id) for file_id in files]
+    started = threading.Barrier(len(claims) + 1)
+    done = threading.Event()
+
+    def job(c: refine.Claim) -> None:
+        with refine.heartbeat(live, c, lease_seconds=LEASE):
+            started.wait()
+            done.wait(30)
+
+    jobs = [threading.Thread(target=job, args=(c,)) for c in claims]
+    for thread in jobs:
+        thread.start()
+    try:
+        started.wait()
+        deadline = time.monotonic() + 2.5 * LEASE  # each lease would have run out twice
+        while time.monotonic() < deadline:
+            assert [refine.claim(live, f, lease_seconds=LEASE) for f in files] == [None] * 3
+            time.sleep(LEASE / 10)
+        assert len(_renewing_threads()) == 1
+        assert leases.KEEPER.renewing() == 3
+    finally:
+        done.set()
+        for thread in jobs:
+            thread.join()
+    assert leases.KEEPER.renewing() == 0
+    # nothing renews them any more: each file is claimable again once its lease ran out
+    again = helpers.wait_for(
+        lambda: refine.claim(live, files[0], lease_seconds=LEASE),
+        timeout=5 * LEASE,
+        what="the last renewed lease to run out",
+    )
+    assert again.epoch == claims[0].epoch + 1
+
+
+def test_a_replaced_claim_is_no_longer_renewed(db: database.Database, data_dir: Path) -> None:
+    live = database.Database(db.engine)
+    file_id = _file(db, data_dir, "replaced")
+    c = _claim(live, file_id)
+    with refine.heartbeat(live, c, lease_seconds=LEASE):
+        assert leases.KEEPER.renewing() == 1
+        set_row(db, file_id, refine_epoch=c.epoch + 1)  # a full re-refine took the file over
+        helpers.wait_for(
+            lambda: leases.KEEPER.renewing() == 0,
+            timeout=3 * LEASE,
+            what="the keeper to drop the replaced claim",
+        )
+
+
+def test_the_renewing_thread_ends_when_no_job_runs_and_the_next_job_starts_it(
+    db: database.Database, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(leases, "IDLE_SECONDS", 0.2)
+    live = database.Database(db.engine)
+    first, second = (_file(db, data_dir, name) for name in ("first", "second"))
+    with refine.heartbeat(live, _claim(live, first), lease_seconds=LEASE):
+        assert leases.KEEPER.running()
+    helpers.wait_for(lambda: not _renewing_threads(), timeout=10, what="the thread to end")
+    assert not leases.KEEPER.running()
+    with refine.heartbeat(live, _claim(live, second), lease_seconds=LEASE):
+        assert leases.KEEPER.running()
+        assert leases.KEEPER.renewing() == 1
