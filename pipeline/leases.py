@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import threading
 import time
 from collections.abc import Iterator
@@ -47,6 +48,8 @@ class Keeper:
         self._leases: set[_Lease] = set()
         self._thread: threading.Thread | None = None
         self._last = time.monotonic()  #: when the last job ended (or the keeper was made)
+        #: when the thread looks at the leases next (a lease due earlier must wake it)
+        self._wakes = math.inf
 
     def after_fork_in_child(self) -> None:
         """A child renews none of its parent's leases: those jobs run in the parent."""
@@ -64,15 +67,14 @@ class Keeper:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="sgme-leases", daemon=True)
                 self._thread.start()
-            else:
-                self._changed.notify()  # its renewal may be due before the one waited for
+            elif lease.due < self._wakes:  # due before the thread would look again
+                self._changed.notify()
         try:
             yield
         finally:
-            with self._changed:
+            with self._changed:  # not notified: when it wakes, the thread finds the lease gone
                 self._leases.discard(lease)
                 self._last = time.monotonic()
-                self._changed.notify()  # the thread's wait is measured from the last job
 
     def _run(self) -> None:
         while True:
@@ -92,12 +94,17 @@ class Keeper:
             if not self._leases:
                 if now - self._last >= IDLE_SECONDS:
                     return None
-                self._changed.wait(IDLE_SECONDS - (now - self._last))
+                self._wait(self._last + IDLE_SECONDS, now)
                 continue
             due = [lease for lease in self._leases if lease.due <= now]
             if due:
+                self._wakes = now  # renewing: a lease added meanwhile is looked at after
                 return due
-            self._changed.wait(min(lease.due for lease in self._leases) - now)
+            self._wait(min(lease.due for lease in self._leases), now)
+
+    def _wait(self, until: float, now: float) -> None:
+        self._wakes = until
+        self._changed.wait(until - now)
 
     def _renew(self, lease: _Lease) -> None:
         lease.due = time.monotonic() + lease.lease_seconds / 3
@@ -122,6 +129,12 @@ class Keeper:
         """How many leases are being renewed (tests)."""
         with self._changed:
             return len(self._leases)
+
+    def wakes(self) -> float:
+        """When the thread looks at the leases next, unless a lease due earlier wakes it
+        (``time.monotonic()``; tests)."""
+        with self._changed:
+            return self._wakes
 
     def running(self) -> bool:
         """Whether the renewing thread runs (tests)."""

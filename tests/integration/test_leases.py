@@ -104,3 +104,24 @@ def test_the_renewing_thread_ends_when_no_job_runs_and_the_next_job_starts_it(
     with refine.heartbeat(live, _claim(live, second), lease_seconds=LEASE):
         assert leases.KEEPER.running()
         assert leases.KEEPER.renewing() == 1
+
+
+def test_a_shorter_lease_taken_while_the_thread_waits_for_a_longer_one_is_renewed_in_time(
+    db: database.Database, data_dir: Path
+) -> None:
+    live = database.Database(db.engine)
+    long_file, short_file = (_file(db, data_dir, name) for name in ("long", "short"))
+    long_claim = refine.claim(live, long_file, lease_seconds=60)
+    assert long_claim is not None
+    short_claim = _claim(live, short_file)
+    with refine.heartbeat(live, long_claim, lease_seconds=60):  # its first renewal in 20 s
+        helpers.wait_for(
+            lambda: leases.KEEPER.wakes() > time.monotonic() + 10,
+            timeout=10,
+            what="the thread to wait for the long lease's renewal",
+        )
+        with refine.heartbeat(live, short_claim, lease_seconds=LEASE):
+            deadline = time.monotonic() + 2.5 * LEASE
+            while time.monotonic() < deadline:
+                assert refine.claim(live, short_file, lease_seconds=LEASE) is None
+                time.sleep(LEASE / 10)
