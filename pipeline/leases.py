@@ -5,7 +5,8 @@ A job holds its claim's lease while the refiner works, and the lease is short
 (``refine_lease_seconds``) so that a job lost with its worker frees its file soon. One thread
 renews the lease of every running job a third of a lease after it was taken or last renewed.
 A thread of its own for each job cost a thread start and join per claim: about 6% of a
-claim's CPU (``bench/bench_refine.py``), and more wall time while other threads hold the GIL.
+claim's CPU in a profile of ``bench/bench_refine.py``, and more wall time while other threads
+hold the GIL (a third of a job's, in ``sgme serve`` under load).
 The thread ends after :data:`IDLE_SECONDS` without a job; the next job starts it again.
 """
 
