@@ -285,7 +285,8 @@ class Record:
     @classmethod
     def from_row(cls, row: sa.Row[Any]) -> Self:
         """Build from a result row whose columns are the record's fields."""
-        return cls.of(row._mapping)
+        # a dict: a row's own key view never compares equal to a set (:meth:`of`'s check)
+        return cls.of(dict(zip(row._fields, row, strict=True)))
 
     @classmethod
     def of(cls, values: Mapping[Any, Any]) -> Self:
@@ -342,8 +343,10 @@ class FileRow(Record):
         return value
 
     def to_json(self) -> dict[str, Any]:
-        """The row as the API shows it."""
-        data = dataclasses.asdict(self)
+        """The row as the API shows it. Its values are all scalars, so a plain copy of the
+        fields (``dataclasses.asdict`` deep-copies each: 26 µs a row, most of a listing's
+        time, against about 4) gives the same dict."""
+        data = {name: getattr(self, name) for name in _FILE_ROW_FIELDS}
         data.pop("metadata_json")
         data["metadata"] = self.metadata
         data["message_count"] = self.flushed_seq
@@ -352,6 +355,9 @@ class FileRow(Record):
             if isinstance(value, dt.datetime):
                 data[key] = iso(value)
         return data
+
+
+_FILE_ROW_FIELDS = tuple(field.name for field in dataclasses.fields(FileRow))
 
 
 @dataclasses.dataclass(frozen=True)

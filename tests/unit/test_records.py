@@ -4,9 +4,11 @@ dataclass' own ``__init__``, faster for a whole row, and falls back to it for an
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 
 import factories
 import pytest
+import sqlalchemy as sa
 
 from pipeline import tables
 
@@ -48,3 +50,38 @@ def test_a_partial_or_foreign_mapping_goes_through_init() -> None:
         tables.FileRow.of({**_file_row(), "stray": 1})
     with pytest.raises(TypeError):
         tables.FileRow.of({"file_id": "f1"})
+
+
+def test_a_result_row_takes_the_whole_row_way(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``from_row`` with a row as SQLAlchemy returns it: its own key view never compared
+    equal to a set, so every listing went through ``__init__`` (twice the time)."""
+    values = _file_row()
+    engine = sa.create_engine("sqlite://")
+    with engine.begin() as conn:
+        tables.raw_files.create(conn)
+        conn.execute(sa.insert(tables.raw_files), values)
+        row = conn.execute(sa.select(tables.raw_files)).one()
+    expected = tables.FileRow(**values)  # type: ignore[arg-type]
+
+    def init(self: object, **kwargs: object) -> None:
+        raise AssertionError("a whole row went through __init__")
+
+    monkeypatch.setattr(tables.FileRow, "__init__", init)
+    made = tables.FileRow.from_row(row)
+    monkeypatch.undo()
+    assert made == expected
+
+
+def test_to_json_is_the_deep_copy_it_replaced() -> None:
+    row = tables.FileRow.of(_file_row())
+    data = dataclasses.asdict(row)
+    data.pop("metadata_json")
+    data["metadata"] = row.metadata
+    data["message_count"] = row.flushed_seq
+    data["pending_messages"] = row.next_seq - 1 - row.flushed_seq
+    for key, value in data.items():
+        if isinstance(value, dt.datetime):
+            data[key] = tables.iso(value)
+    made = row.to_json()
+    assert made == data
+    assert list(made) == list(data)  # the same order of keys in the answer
