@@ -344,8 +344,8 @@ class FileRow(Record):
 
     def to_json(self) -> dict[str, Any]:
         """The row as the API shows it. Its values are all scalars, so a plain copy of the
-        fields (``dataclasses.asdict`` deep-copies each: 26 µs a row, most of a listing's
-        time, against about 4) gives the same dict."""
+        fields gives what ``dataclasses.asdict`` did by deep-copying each (a listing's JSON
+        took 26 µs a row with it, 6 without)."""
         data = {name: getattr(self, name) for name in _FILE_ROW_FIELDS}
         data.pop("metadata_json")
         data["metadata"] = self.metadata

@@ -19,14 +19,19 @@ def _file_row() -> dict[str, object]:
     return dataclasses.asdict(dataclasses.replace(row, next_seq=4, flushed_seq=3, next_sequence=7))
 
 
-def test_a_whole_row_makes_the_same_frozen_record(monkeypatch: pytest.MonkeyPatch) -> None:
-    values = _file_row()
-    expected = tables.FileRow(**values)  # type: ignore[arg-type]
+def _refuse_init(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make ``FileRow.__init__`` fail the test until ``monkeypatch.undo()``."""
 
     def init(self: object, **kwargs: object) -> None:
         raise AssertionError("a whole row went through __init__")
 
     monkeypatch.setattr(tables.FileRow, "__init__", init)
+
+
+def test_a_whole_row_makes_the_same_frozen_record(monkeypatch: pytest.MonkeyPatch) -> None:
+    values = _file_row()
+    expected = tables.FileRow(**values)  # type: ignore[arg-type]
+    _refuse_init(monkeypatch)
     made = tables.FileRow.of(values)
     monkeypatch.undo()
     assert type(made) is tables.FileRow
@@ -62,26 +67,19 @@ def test_a_result_row_takes_the_whole_row_way(monkeypatch: pytest.MonkeyPatch) -
         conn.execute(sa.insert(tables.raw_files), values)
         row = conn.execute(sa.select(tables.raw_files)).one()
     expected = tables.FileRow(**values)  # type: ignore[arg-type]
-
-    def init(self: object, **kwargs: object) -> None:
-        raise AssertionError("a whole row went through __init__")
-
-    monkeypatch.setattr(tables.FileRow, "__init__", init)
+    _refuse_init(monkeypatch)
     made = tables.FileRow.from_row(row)
     monkeypatch.undo()
     assert made == expected
 
 
-def test_to_json_is_the_deep_copy_it_replaced() -> None:
+def test_to_json_shows_every_field_as_the_deep_copy_did() -> None:
     row = tables.FileRow.of(_file_row())
-    data = dataclasses.asdict(row)
-    data.pop("metadata_json")
-    data["metadata"] = row.metadata
-    data["message_count"] = row.flushed_seq
-    data["pending_messages"] = row.next_seq - 1 - row.flushed_seq
-    for key, value in data.items():
-        if isinstance(value, dt.datetime):
-            data[key] = tables.iso(value)
     made = row.to_json()
-    assert made == data
-    assert list(made) == list(data)  # the same order of keys in the answer
+    copied = dataclasses.asdict(row)  # what it was made from before
+    del copied["metadata_json"]
+    assert "metadata_json" not in made and made["metadata"] == row.metadata
+    assert list(made)[: len(copied)] == list(copied)  # the fields first, in their order
+    for key, value in copied.items():
+        assert made[key] == (tables.iso(value) if isinstance(value, dt.datetime) else value)
+    assert (made["message_count"], made["pending_messages"]) == (3, 0)
