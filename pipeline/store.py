@@ -269,10 +269,11 @@ class _Stripe:
     Threads wait on the in-process lock (no polling), and only its holder touches the lock
     file. That one tries ``flock`` without blocking on a descriptor kept open (about 1 µs),
     then checks that the path still names the file it has open (a removed ``.locks`` is made
-    anew by the next process: about 4 µs a lock and release); only when another process
-    holds the file does it wait, through :mod:`filelock` (which polls and opens the path
-    afresh). A :class:`filelock.FileLock` alone costs about 140 µs per acquire and release
-    here, more than the rest of a one-message flush's own work.
+    anew by the next process; a lock and its release take 3.7 µs with the check against 1.9
+    without, ``timeit``); only when another process holds the file does it wait, through
+    :mod:`filelock` (which polls and opens the path afresh). A :class:`filelock.FileLock`
+    alone costs about 140 µs per acquire and release here, more than the rest of a
+    one-message flush's own work.
     """
 
     def __init__(self, path: str) -> None:
