@@ -32,6 +32,21 @@ class SystemClock:
 SYSTEM = SystemClock()
 
 
+def naive_utc(when: dt.datetime) -> dt.datetime:
+    """A time a caller gave, as the index compares times: naive UTC (a naive one is UTC already).
+
+    An offset can carry a time past the ends of what ``datetime`` holds
+    (``0001-01-01T00:00:00+00:01`` is a minute before the year 1); such a bound is clamped to the
+    end it crossed, which selects exactly what the bound itself would.
+    """
+    if when.tzinfo is None:
+        return when
+    try:
+        return when.astimezone(dt.UTC).replace(tzinfo=None)
+    except OverflowError:
+        return dt.datetime.min if when.year == dt.MINYEAR else dt.datetime.max
+
+
 class ManualClock:
     """A clock that stands still until :meth:`advance` moves it (tests and simulations).
 

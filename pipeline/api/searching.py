@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query
 from pydantic import BeforeValidator
 
-from pipeline import catalog, refs, search, terms, validation
+from pipeline import catalog, clock, refs, search, terms, validation
 from pipeline.api import models
 from pipeline.api.deps import ServiceDep, problems
 from pipeline.api.security import Reader
@@ -30,10 +30,9 @@ _DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
 Time = Annotated[dt.datetime | None, BeforeValidator(_dated)]
 
 
-def _utc(value: dt.datetime | None) -> dt.datetime | None:
-    if value is None or value.tzinfo is None:
-        return value
-    return value.astimezone(dt.UTC).replace(tzinfo=None)
+def utc(value: dt.datetime | None) -> dt.datetime | None:
+    """A time parameter as the index compares times (:func:`pipeline.clock.naive_utc`)."""
+    return None if value is None else clock.naive_utc(value)
 
 
 @router.get("/v1/search", response_model=models.Hits, responses=problems(422, 503))
@@ -78,8 +77,8 @@ def search_messages(
         session_key=session_key,
         file_id=file_id,
         role=role,
-        since=_utc(since),
-        until=_utc(until),
+        since=utc(since),
+        until=utc(until),
     )
     found = service.search(q, filters, limit=limit, match=match)
     return search.hits_of(found)

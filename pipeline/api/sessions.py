@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
@@ -10,18 +9,11 @@ from fastapi import APIRouter, Query
 from pipeline import sessions, validation
 from pipeline.api import models
 from pipeline.api.deps import ServiceDep, problems
-from pipeline.api.searching import Time
+from pipeline.api.searching import Time, utc
 from pipeline.api.security import Reader
 
 router = APIRouter(tags=["files"])
 SourceType = Literal["session", "upload", "external"]
-
-
-def utc(value: dt.datetime | None) -> dt.datetime | None:
-    """A time parameter as the index stores times (naive UTC; a naive one is taken as UTC)."""
-    if value is None or value.tzinfo is None:
-        return value
-    return value.astimezone(dt.UTC).replace(tzinfo=None)
 
 
 @router.get("/v1/sessions", response_model=models.Sessions, responses=problems(422, 503))

@@ -6,7 +6,7 @@ import argparse
 import datetime as dt
 import re
 
-from pipeline import catalog, search, terms
+from pipeline import catalog, clock, search, terms
 from pipeline.cli.context import Add, Context, print_json
 
 
@@ -90,4 +90,4 @@ def _time(text: str) -> dt.datetime:
         when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an ISO 8601 date or time: {text!r}") from None
-    return when.astimezone(dt.UTC).replace(tzinfo=None) if when.tzinfo else when
+    return clock.naive_utc(when)

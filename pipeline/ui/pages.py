@@ -32,7 +32,18 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from pipeline import auth, catalog, document, errors, refs, search, sessions, tables, validation
+from pipeline import (
+    auth,
+    catalog,
+    clock,
+    document,
+    errors,
+    refs,
+    search,
+    sessions,
+    tables,
+    validation,
+)
 from pipeline.service import Service
 from pipeline.settings import Ui
 from pipeline.ui import render
@@ -189,7 +200,7 @@ def _time(params: Mapping[str, str], name: str, *, end_of_day: bool) -> dt.datet
         when = dt.datetime.fromisoformat(raw.replace("Z", "+00:00"))
     except ValueError:
         raise errors.InvalidInput(f"{name}: a date (YYYY-MM-DD) or a time, got {raw!r}") from None
-    return when.astimezone(dt.UTC).replace(tzinfo=None) if when.tzinfo else when
+    return clock.naive_utc(when)
 
 
 def message_url(file_id: str, seq: int, *, page: int) -> str:

@@ -420,6 +420,24 @@ def test_search_times_are_rfc_3339_as_the_schema_says(app: Api) -> None:
         assert r.status_code == 200 and len(r.json()["hits"]) == hits, r.text
 
 
+def test_times_past_the_ends_of_the_calendar_select_as_their_bound_would(app: Api) -> None:
+    """An offset can put a valid RFC 3339 time a minute before the year 1 or after 9999: the
+    bound is clamped, not a 500 (schemathesis found the first)."""
+    app.append(body("s1", {"role": "user", "content": "green tea", "ts": TS1}), wait=True)
+    first, last = "0001-01-01T00:00:00+00:01", "9999-12-31T23:59:59-00:01"
+    for params, hits in (
+        ({"since": first}, 1),
+        ({"until": first}, 0),
+        ({"since": last}, 0),
+        ({"until": last}, 1),
+        ({"since": first, "until": last}, 1),
+    ):
+        r = app.client.get("/v1/search", params={"q": "tea", **params})
+        assert r.status_code == 200 and len(r.json()["hits"]) == hits, (params, r.text)
+        r = app.client.get("/v1/sessions", params=params)
+        assert r.status_code == 200 and r.json()["total"] == hits, (params, r.text)
+
+
 def test_search_ranks_by_default_and_match_is_any_or_all(app: Api) -> None:
     app.append(
         body(

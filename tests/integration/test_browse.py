@@ -187,6 +187,11 @@ def test_the_api_and_the_view_without_tokens(api: TestClient, store: dict[str, s
     r = api.get(f"/ui/files/{store['calls']}", params={"after": 2})
     assert 'id="seq-4"' in r.text and 'id="seq-2"' not in r.text
     assert api.get("/ui", params={"since": "soon"}).status_code == 422
+    # a time an offset carries past the year 1 is clamped there, not a 500
+    r = api.get("/ui", params={"since": "0001-01-01T00:00:00+00:01"})
+    assert r.status_code == 200 and "1–3 of 4 sessions" in r.text
+    r = api.get("/ui/search", params={"q": "Postgres audit", "until": "0001-01-01T00:00+00:01"})
+    assert r.status_code == 200 and 'class="hit"' not in r.text
     assert api.get("/ui/status").status_code == 200
     assert api.get("/ui/search", params={"q": "Postgres audit"}).text.count('class="hit"') == 3
     # the login form's rules hold with auth off too: the API's own checks of a write (its
@@ -271,6 +276,9 @@ def test_cli_ls_show_l1_search_and_refine(sgme: Sgme, store: dict[str, str]) -> 
     assert [h["file_id"] for h in since] == [store["beta"]]
     until = sgme("search", "Postgres", "--until", "2026-01-15T00:00:00Z", "--json").json()
     assert {h["file_id"] for h in until["hits"]} == {store["old"]}
+    first = ("--since", "0001-01-01T00:00:00+00:01", "--until", "9999-12-31T23:59:59-00:01")
+    every = sgme("search", "Postgres", "audit", *first, "--json").json()["hits"]
+    assert {h["file_id"] for h in every} == {store["old"], store["beta"]}
     one = sgme("search", "Postgres", "--file-id", store["beta"], "--json").json()["hits"]
     assert [h["file_id"] for h in one] == [store["beta"]]
 
