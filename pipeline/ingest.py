@@ -20,7 +20,7 @@ import datetime as dt
 import functools
 import json
 import uuid
-from typing import Any
+from typing import Any, Protocol
 
 import sqlalchemy as sa
 
@@ -94,19 +94,6 @@ def append(
     result = db.commit(work)
     assert isinstance(result, AppendResult)  # only a queued append is held
     return result
-
-
-def append_many(
-    db: database.Database, bodies: list[validation.Append], *, limits: Backlog | None = None
-) -> list[AppendResult | BaseException]:
-    """:func:`append` for several appends at once (the HTTP path's batches): each committed
-    in a savepoint of one shared transaction, or refused alone; each one's result or error, in
-    order."""
-    now = db.now()
-    works = [
-        functools.partial(apply_append, append=body, limits=limits, now=now) for body in bodies
-    ]
-    return db.group.run_many(works)  # type: ignore[arg-type]  # unqueued: never Held
 
 
 def queued(
@@ -263,22 +250,9 @@ def _write(
     if row is None:
         row = _create(conn, append, now)
         first = row.next_seq
-    rendered = "".join(
-        document.render_block(m, first=first + i == 1) for i, m in enumerate(append.messages)
-    )
-    if first == 1:
-        rendered = document.render_frontmatter(_header(row)) + rendered
     last = first + len(append.messages) - 1
-    ledger.add_journal(
-        conn,
-        file_id=row.file_id,
-        first_seq=first,
-        last_seq=last,
-        last_ts=max((m.ts for m in append.messages), key=document.parse_ts),
-        data=rendered,
-        size=len(rendered.encode("utf-8")),
-        created_at=now,
-    )
+    header = _header(row) if first == 1 else None
+    ledger.add_journal(conn, **journal_values(row.file_id, append, first, now, header=header))
     if append.sequence is None:
         index.record_append(conn, row.file_id, next_seq=last + 1, now=now)
     elif not index.record_sequenced(
@@ -292,7 +266,57 @@ def _write(
         raise errors.InternalError(
             f"the next sequence of {row.file_id} moved although its session was locked"
         )
-    result = AppendResult(
+    result = result_of(row, first, last)
+    idempotency.remember(
+        conn, append.agent_id, append.idempotency_key, append.digest, result.to_json(), now=now
+    )
+    return result
+
+
+def journal_values(
+    file_id: str,
+    append: validation.Append,
+    first: int,
+    now: dt.datetime,
+    *,
+    header: document.Header | None = None,
+) -> dict[str, Any]:
+    """The journal row of an append that takes seqs from ``first`` in ``file_id``: its
+    rendered blocks (seq 1 gets ``#``; the file's first append, given its ``header``, also the
+    frontmatter)."""
+    rendered = "".join(
+        document.render_block(m, first=first + i == 1) for i, m in enumerate(append.messages)
+    )
+    if header is not None:
+        rendered = document.render_frontmatter(header) + rendered
+    return {
+        "file_id": file_id,
+        "first_seq": first,
+        "last_seq": first + len(append.messages) - 1,
+        "last_ts": max((m.ts for m in append.messages), key=document.parse_ts),
+        "data": rendered,
+        "size": len(rendered.encode("utf-8")),
+        "created_at": now,
+    }
+
+
+class Appended(Protocol):
+    """What an append's answer reads of its session's row (as it was before the append)."""
+
+    @property
+    def file_id(self) -> str: ...
+
+    @property
+    def status(self) -> str: ...
+
+    @property
+    def flush_pending(self) -> bool: ...
+
+
+def result_of(row: Appended, first: int, last: int) -> AppendResult:
+    """The answer to an append given seqs ``first`` to ``last`` in ``row``'s file (before the
+    append: a flush is kicked when none was pending)."""
+    return AppendResult(
         file_id=row.file_id,
         first_seq=first,
         last_seq=last,
@@ -300,10 +324,6 @@ def _write(
         status=row.status,
         kick=not row.flush_pending,
     )
-    idempotency.remember(
-        conn, append.agent_id, append.idempotency_key, append.digest, result.to_json(), now=now
-    )
-    return result
 
 
 def _header(row: tables.FileRow) -> document.Header:

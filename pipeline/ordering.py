@@ -38,6 +38,7 @@ import dataclasses
 import datetime as dt
 import hashlib
 import json
+from typing import Protocol
 
 import sqlalchemy as sa
 
@@ -55,6 +56,16 @@ from pipeline import (
 from pipeline.tables import Kind
 
 MAX_WAIT_SECONDS = 30 * 86400  #: the longest ``order_wait_seconds`` allowed (30 days)
+
+
+class Numbered(Protocol):
+    """What :func:`check_unsequenced` reads of a session's row."""
+
+    @property
+    def session_key(self) -> str: ...
+
+    @property
+    def next_sequence(self) -> int | None: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,9 +130,7 @@ def expected(row: tables.FileRow | None) -> int:
     return row.next_sequence
 
 
-def check_unsequenced(
-    conn: sa.Connection, row: tables.FileRow | None, session: ledger.Session
-) -> None:
+def check_unsequenced(conn: sa.Connection, row: Numbered | None, session: ledger.Session) -> None:
     """Refuse an append without a sequence to a session that numbers its appends: its row
     says so, or, with no file yet, numbered appends wait for its first (then the caller
     holds the session's :func:`lock`)."""

@@ -20,6 +20,7 @@ from pipeline import (
     audit,
     auth,
     backlog,
+    batches,
     catalog,
     database,
     document,
@@ -149,7 +150,7 @@ class Service(Views, Upkeep):
                 answers[i] = exc
                 continue
             ready.append((i, scrubbed, redacted))
-        done = ingest.append_many(
+        done = batches.append_many(
             self.db, [body for _, body, _ in ready], limits=self.settings.backlog
         )
         for (i, _, redacted), result in zip(ready, done, strict=True):

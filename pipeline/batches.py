@@ -1,0 +1,267 @@
+"""Appends in batches (docs/design.md §3, appends over HTTP): the appends that arrived together,
+applied with a few statements for all of them.
+
+On SQLite the group committer's transaction holds the database's one write lock, and every
+statement lets go of the GIL and must win it back, behind the threads that read and answer
+requests: an append made its five or six driver calls (a savepoint, the session's row, the
+journal row, the row's update, the release) each with a wait of its own under the lock. Here
+the *plain* appends of a batch — no ``sequence``, no ``idempotency_key``, to a session that
+has no other append in the batch — share them: their sessions' rows in one ``SELECT``, their
+journal rows in one multi-row ``INSERT``, the rows' ``next_seq`` in one ``UPDATE``. Everything
+an append is refused for (a session that numbers its appends, a full backlog of its file) is
+decided from the row in Python, before anything is written, and refuses that append alone; an
+append to a session with no file yet goes through :func:`ingest.apply_append` in a savepoint of
+its own (it creates the row) and the session's next appends follow it in the batch.
+
+The other appends run as before, one piece of work each, in the same group and its one durable
+commit. A batch whose statements failed as a whole (a bug, a full disk) is run again one
+append at a time, so an append fails alone, as it would have. PostgreSQL keeps the piece per
+append: its row locks and round trips are another matter.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple, cast
+
+import sqlalchemy as sa
+
+from pipeline import backlog, database, errors, ingest, ordering, tables, validation
+from pipeline.ledger import Session
+from pipeline.settings import Backlog
+
+_R = tables.raw_files.c
+
+
+class _Row(NamedTuple):
+    """What a batch reads of a session's row: not the whole row, whose eight times are eight
+    strings to parse."""
+
+    file_id: str
+    agent_id: str
+    source_type: str
+    session_key: str
+    status: str
+    next_seq: int
+    flushed_seq: int
+    flush_pending: bool
+    next_sequence: int | None
+
+
+MAX_ROWS = 128  #: rows a statement names at most (SQLite binds at most 32,766 values)
+
+
+def append_many(
+    db: database.Database, bodies: list[validation.Append], *, limits: Backlog | None = None
+) -> list[ingest.AppendResult | BaseException]:
+    """:func:`ingest.append` for several appends at once: each committed in one shared
+    transaction or refused alone; each one's result or error, in order."""
+    now = db.now()
+    plain = _plain(bodies) if not db.postgres else []
+    if len(plain) < 2:
+        return _one_by_one(db, bodies, limits=limits, now=now)
+    rest = [i for i in range(len(bodies)) if i not in set(plain)]
+    batch = functools.partial(
+        apply_batch, appends=[bodies[i] for i in plain], limits=limits, now=now
+    )
+    works: list[Callable[[sa.Connection], object]] = [batch]
+    works += [_single(bodies[i], limits, now) for i in rest]
+    done = db.group.run_many(works)
+    answers: list[ingest.AppendResult | BaseException | None] = [None] * len(bodies)
+    together: Sequence[object]
+    if isinstance(done[0], errors.IndexUnavailable):  # the group failed: so does each
+        together = [done[0]] * len(plain)
+    elif isinstance(done[0], BaseException):  # the batch alone: run its appends one by one
+        together = _one_by_one(db, [bodies[i] for i in plain], limits=limits, now=now)
+    else:
+        together = cast(list[object], done[0])
+    for i, outcome in zip([*plain, *rest], [*together, *done[1:]], strict=True):
+        assert isinstance(outcome, ingest.AppendResult | BaseException)
+        answers[i] = outcome
+    assert all(answer is not None for answer in answers)
+    return answers  # type: ignore[return-value]
+
+
+def _one_by_one(
+    db: database.Database,
+    bodies: list[validation.Append],
+    *,
+    limits: Backlog | None,
+    now: dt.datetime,
+) -> list[ingest.AppendResult | BaseException]:
+    """Each append a piece of work of its own, in one group."""
+    works = [_single(body, limits, now) for body in bodies]
+    return db.group.run_many(works)  # type: ignore[arg-type]  # unqueued: never Held
+
+
+def _single(
+    body: validation.Append, limits: Backlog | None, now: dt.datetime
+) -> Callable[[sa.Connection], object]:
+    return functools.partial(ingest.apply_append, append=body, limits=limits, now=now)
+
+
+def _plain(bodies: Sequence[validation.Append]) -> list[int]:
+    """The indexes of the appends the batch may take: without a sequence or an idempotency
+    key, to a session no other kind of append in ``bodies`` goes to (so that the appends of
+    one session are applied in their order)."""
+    mixed = {
+        ordering.session_of(body)
+        for body in bodies
+        if body.sequence is not None or body.idempotency_key is not None
+    }
+    return [
+        i
+        for i, body in enumerate(bodies)
+        if body.sequence is None
+        and body.idempotency_key is None
+        and ordering.session_of(body) not in mixed
+    ]
+
+
+def apply_batch(
+    conn: sa.Connection,
+    *,
+    appends: Sequence[validation.Append],
+    limits: Backlog | None,
+    now: dt.datetime,
+) -> list[ingest.AppendResult | errors.SgmeError]:
+    """The plain appends of a batch, inside the caller's transaction; each one's result or
+    the error that refused it, in order."""
+    rows = find_sessions(conn, {ordering.session_of(append) for append in appends})
+    journal: list[dict[str, object]] = []
+    moved: dict[str, int] = {}  #: file_id -> its next_seq after the batch
+    results: list[ingest.AppendResult | errors.SgmeError] = []
+    for i, append in enumerate(appends):
+        session = ordering.session_of(append)
+        row = rows.get(session)
+        if row is None or row.next_seq == 1:  # its first append: the one-append path
+            results.append(_new_session(conn, f"b{i}", append, limits, now))
+            rows.update(find_sessions(conn, {session}))
+            continue
+        try:
+            ordering.check_unsequenced(conn, row, session)
+            first = row.next_seq
+            if limits is not None:
+                backlog.check_file(first - 1 - row.flushed_seq, len(append.messages), limits)
+        except errors.SgmeError as exc:
+            results.append(exc)
+            continue
+        last = first + len(append.messages) - 1
+        journal.append(ingest.journal_values(row.file_id, append, first, now))
+        results.append(ingest.result_of(row, first, last))
+        rows[session] = row._replace(next_seq=last + 1, flush_pending=True)
+        moved[row.file_id] = last + 1
+    for start in range(0, len(journal), MAX_ROWS):
+        _INSERT_JOURNAL.execute(conn, journal[start : start + MAX_ROWS])
+    files = [{"file_id": f, "next_seq": n, "updated_at": now} for f, n in moved.items()]
+    for start in range(0, len(files), MAX_ROWS):
+        _RECORD_APPENDS.execute(conn, files[start : start + MAX_ROWS])
+    return results
+
+
+def _new_session(
+    conn: sa.Connection,
+    name: str,
+    append: validation.Append,
+    limits: Backlog | None,
+    now: dt.datetime,
+) -> ingest.AppendResult | errors.SgmeError:
+    """:func:`ingest.apply_append` in a savepoint of its own: its result, or its error with
+    nothing it did left behind."""
+    database.savepoint(conn, name, "begin")
+    try:
+        result = ingest.apply_append(conn, append=append, limits=limits, now=now)
+    except errors.SgmeError as exc:
+        if isinstance(exc, errors.IndexUnavailable):
+            raise
+        database.savepoint(conn, name, "rollback")
+        return exc
+    database.savepoint(conn, name, "release")
+    assert isinstance(result, ingest.AppendResult)  # not queued: never held
+    return result
+
+
+def find_sessions(conn: sa.Connection, sessions: set[Session]) -> dict[Session, _Row]:
+    """The rows of ``sessions`` that have one (SQLite: the transaction holds the write lock)."""
+    found: dict[Session, _Row] = {}
+    keys = list(sessions)
+    for start in range(0, len(keys), MAX_ROWS):
+        part = keys[start : start + MAX_ROWS]
+        params = {
+            f"{name}_{i}": value
+            for i, key in enumerate(part)
+            for name, value in zip(_SESSION, key, strict=True)
+        }
+        for row in _FIND_SESSIONS.rows(conn, len(part), params):
+            record = _Row(**row)
+            found[Session(record.agent_id, record.source_type, record.session_key)] = record
+    return found
+
+
+class _Sized:
+    """A statement written for ``n`` rows at once (its binds suffixed ``_0`` … ``_{n-1}``),
+    built and compiled once per ``n``: one driver call for all the rows, where
+    ``executemany`` makes one per row and lets go of the GIL between them."""
+
+    def __init__(self, build: Callable[[int], Any]) -> None:
+        self._build = build
+        self._by_size: dict[int, database.Prepared] = {}
+
+    def _prepared(self, n: int) -> database.Prepared:
+        found = self._by_size.get(n)
+        if found is None:
+            found = self._by_size[n] = database.Prepared(self._build(n))
+        return found
+
+    def execute(self, conn: sa.Connection, rows: Sequence[dict[str, object]]) -> None:
+        params = {f"{key}_{i}": value for i, row in enumerate(rows) for key, value in row.items()}
+        self._prepared(len(rows)).execute(conn, params)
+
+    def rows(self, conn: sa.Connection, n: int, params: Mapping[str, object]) -> list[Any]:
+        return list(self._prepared(n).rows(conn, params))
+
+
+def _journal_rows(n: int) -> Any:
+    columns = database.binds(tables.append_journal)
+    return sa.insert(tables.append_journal).values(
+        [
+            {key: sa.bindparam(f"{key}_{i}", type_=bind.type) for key, bind in columns.items()}
+            for i in range(n)
+        ]
+    )
+
+
+def _record_appends(n: int) -> Any:
+    """Each file's ``next_seq``, a flush pending, for ``n`` files."""
+    ids = [sa.bindparam(f"file_id_{i}", type_=_R.file_id.type) for i in range(n)]
+    seqs = [sa.bindparam(f"next_seq_{i}", type_=_R.next_seq.type) for i in range(n)]
+    return (
+        sa.update(tables.raw_files)
+        .where(_R.file_id.in_(ids))
+        .values(
+            next_seq=sa.case(*zip((_R.file_id == f for f in ids), seqs, strict=True)),
+            flush_pending=True,
+            updated_at=sa.bindparam("updated_at_0", type_=_R.updated_at.type),
+        )
+    )
+
+
+def _find_sessions(n: int) -> Any:
+    # OR of equalities, not a row value IN a list: SQLite searches the session index for
+    # each (MULTI-INDEX OR) where it would scan the table for the IN
+    return sa.select(*(_R[name] for name in _Row._fields)).where(
+        sa.or_(
+            *(
+                sa.and_(*(_R[name] == sa.bindparam(f"{name}_{i}") for name in _SESSION))
+                for i in range(n)
+            )
+        )
+    )
+
+
+_SESSION = ("agent_id", "source_type", "session_key")
+_INSERT_JOURNAL = _Sized(_journal_rows)
+_RECORD_APPENDS = _Sized(_record_appends)
+_FIND_SESSIONS = _Sized(_find_sessions)
