@@ -5,6 +5,7 @@ session's order, its own refusal — on both databases."""
 from __future__ import annotations
 
 import dataclasses
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -113,7 +114,10 @@ def test_a_batch_of_plain_appends_makes_one_statement_of_each_kind(
     svc = _service(db, data_dir, database_url)
     for session in ("s1", "s2", "s3"):
         helpers.append(svc, _body(session, "first"))
-    raw = db._committer.conn.connection.dbapi_connection  # type: ignore[union-attr]
+    held = db._committer
+    assert held is not None
+    raw = held.conn.connection.dbapi_connection
+    assert isinstance(raw, sqlite3.Connection)
     sql: list[str] = []
     raw.set_trace_callback(sql.append)
     try:
