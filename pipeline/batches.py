@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, cast
 
 import sqlalchemy as sa
@@ -48,9 +48,6 @@ class _Row(NamedTuple):
     flushed_seq: int
     flush_pending: bool
     next_sequence: int | None
-
-
-MAX_ROWS = 128  #: rows a statement names at most (SQLite binds at most 32,766 values)
 
 
 def append_many(
@@ -153,11 +150,9 @@ def apply_batch(
         results.append(ingest.result_of(row, first, last))
         rows[session] = row._replace(next_seq=last + 1, flush_pending=True)
         moved[row.file_id] = last + 1
-    for start in range(0, len(journal), MAX_ROWS):
-        _INSERT_JOURNAL.execute(conn, journal[start : start + MAX_ROWS])
+    _INSERT_JOURNAL.execute(conn, journal)
     files = [{"file_id": f, "next_seq": n, "updated_at": now} for f, n in moved.items()]
-    for start in range(0, len(files), MAX_ROWS):
-        _RECORD_APPENDS.execute(conn, files[start : start + MAX_ROWS])
+    _RECORD_APPENDS.execute(conn, files)
     return results
 
 
@@ -186,41 +181,11 @@ def _new_session(
 def find_sessions(conn: sa.Connection, sessions: set[Session]) -> dict[Session, _Row]:
     """The rows of ``sessions`` that have one (SQLite: the transaction holds the write lock)."""
     found: dict[Session, _Row] = {}
-    keys = list(sessions)
-    for start in range(0, len(keys), MAX_ROWS):
-        part = keys[start : start + MAX_ROWS]
-        params = {
-            f"{name}_{i}": value
-            for i, key in enumerate(part)
-            for name, value in zip(_SESSION, key, strict=True)
-        }
-        for row in _FIND_SESSIONS.rows(conn, len(part), params):
-            record = _Row(**row)
-            found[Session(record.agent_id, record.source_type, record.session_key)] = record
+    keys = [dict(zip(_SESSION, session, strict=True)) for session in sessions]
+    for row in _FIND_SESSIONS.rows(conn, keys):
+        record = _Row(**row)
+        found[Session(record.agent_id, record.source_type, record.session_key)] = record
     return found
-
-
-class _Sized:
-    """A statement written for ``n`` rows at once (its binds suffixed ``_0`` … ``_{n-1}``),
-    built and compiled once per ``n``: one driver call for all the rows, where
-    ``executemany`` makes one per row and lets go of the GIL between them."""
-
-    def __init__(self, build: Callable[[int], Any]) -> None:
-        self._build = build
-        self._by_size: dict[int, database.Prepared] = {}
-
-    def _prepared(self, n: int) -> database.Prepared:
-        found = self._by_size.get(n)
-        if found is None:
-            found = self._by_size[n] = database.Prepared(self._build(n))
-        return found
-
-    def execute(self, conn: sa.Connection, rows: Sequence[dict[str, object]]) -> None:
-        params = {f"{key}_{i}": value for i, row in enumerate(rows) for key, value in row.items()}
-        self._prepared(len(rows)).execute(conn, params)
-
-    def rows(self, conn: sa.Connection, n: int, params: Mapping[str, object]) -> list[Any]:
-        return list(self._prepared(n).rows(conn, params))
 
 
 def _journal_rows(n: int) -> Any:
@@ -262,6 +227,6 @@ def _find_sessions(n: int) -> Any:
 
 
 _SESSION = ("agent_id", "source_type", "session_key")
-_INSERT_JOURNAL = _Sized(_journal_rows)
-_RECORD_APPENDS = _Sized(_record_appends)
-_FIND_SESSIONS = _Sized(_find_sessions)
+_INSERT_JOURNAL = database.Sized(_journal_rows)
+_RECORD_APPENDS = database.Sized(_record_appends)
+_FIND_SESSIONS = database.Sized(_find_sessions)

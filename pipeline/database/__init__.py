@@ -25,13 +25,14 @@ from pipeline.database.engines import (
 )
 from pipeline.database.locks import advisory_lock, advisory_locks, transaction_lock
 from pipeline.database.schema import check_schema, migrate, revisions
-from pipeline.database.statements import Prepared, binds, insert, is_postgres, savepoint
+from pipeline.database.statements import Prepared, Sized, binds, insert, is_postgres, savepoint
 from pipeline.database.transactions import Database
 
 __all__ = [
     "Again",
     "Database",
     "Prepared",
+    "Sized",
     "advisory_lock",
     "advisory_locks",
     "binds",

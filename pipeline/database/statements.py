@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import operator
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -80,6 +80,45 @@ class Prepared:
     def rowcount(self, conn: sa.Connection, params: Mapping[str, Any] | None = None) -> int:
         """Run once; the number of rows changed."""
         return int(self.execute(conn, params).rowcount)
+
+
+class Sized:
+    """A statement written for ``n`` rows at once, built by ``build(n)`` with its bind names
+    suffixed ``_0`` … ``_{n-1}`` and compiled once per ``n``: one driver call for many rows,
+    at most :data:`MAX_ROWS` a statement. ``executemany`` makes one call per row, and on
+    SQLite each lets go of the GIL and must win it back — waits behind the threads answering
+    requests that a transaction holding the write lock makes everyone pay for."""
+
+    MAX_ROWS = 128  #: rows a statement names at most (SQLite binds at most 32,766 values)
+
+    def __init__(self, build: Callable[[int], Any]) -> None:
+        self._build = build
+        self._by_size: dict[int, Prepared] = {}
+
+    def _prepared(self, n: int) -> Prepared:
+        found = self._by_size.get(n)
+        if found is None:
+            found = self._by_size[n] = Prepared(self._build(n))
+        return found
+
+    def _chunks(self, rows: Sequence[Mapping[str, Any]]) -> Iterator[tuple[Prepared, Any]]:
+        for start in range(0, len(rows), self.MAX_ROWS):
+            part = rows[start : start + self.MAX_ROWS]
+            params = {f"{k}_{i}": v for i, row in enumerate(part) for k, v in row.items()}
+            yield self._prepared(len(part)), params
+
+    def execute(self, conn: sa.Connection, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Run for ``rows`` (each row's values by their names without the suffix)."""
+        for prepared, params in self._chunks(rows):
+            prepared.execute(conn, params)
+
+    def rows(self, conn: sa.Connection, rows: Sequence[Mapping[str, Any]]) -> list[Any]:
+        """Every row a query for ``rows`` finds, converted as SQLAlchemy would."""
+        return [
+            found
+            for prepared, params in self._chunks(rows)
+            for found in prepared.rows(conn, params)
+        ]
 
 
 class _Compiled:
