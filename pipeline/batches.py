@@ -59,7 +59,8 @@ def append_many(
     plain = _plain(bodies) if not db.postgres else []
     if len(plain) < 2:
         return _one_by_one(db, bodies, limits=limits, now=now)
-    rest = [i for i in range(len(bodies)) if i not in set(plain)]
+    taken = set(plain)
+    rest = [i for i in range(len(bodies)) if i not in taken]
     batch = functools.partial(
         apply_batch, appends=[bodies[i] for i in plain], limits=limits, now=now
     )
