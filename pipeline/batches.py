@@ -29,6 +29,7 @@ from typing import Any, NamedTuple, cast
 import sqlalchemy as sa
 
 from pipeline import backlog, database, errors, ingest, ordering, tables, validation
+from pipeline.database.commits import in_savepoint
 from pipeline.ledger import Session
 from pipeline.settings import Backlog
 
@@ -67,7 +68,6 @@ def append_many(
     works: list[Callable[[sa.Connection], object]] = [batch]
     works += [_single(bodies[i], limits, now) for i in rest]
     done = db.group.run_many(works)
-    answers: list[ingest.AppendResult | BaseException | None] = [None] * len(bodies)
     together: Sequence[object]
     if isinstance(done[0], errors.IndexUnavailable):  # the group failed: so does each
         together = [done[0]] * len(plain)
@@ -75,11 +75,8 @@ def append_many(
         together = _one_by_one(db, [bodies[i] for i in plain], limits=limits, now=now)
     else:
         together = cast(list[object], done[0])
-    for i, outcome in zip([*plain, *rest], [*together, *done[1:]], strict=True):
-        assert isinstance(outcome, ingest.AppendResult | BaseException)
-        answers[i] = outcome
-    assert all(answer is not None for answer in answers)
-    return answers  # type: ignore[return-value]
+    outcomes = dict(zip([*plain, *rest], [*together, *done[1:]], strict=True))
+    return [outcomes[i] for i in range(len(bodies))]
 
 
 def _one_by_one(
@@ -164,19 +161,13 @@ def _new_session(
     limits: Backlog | None,
     now: dt.datetime,
 ) -> ingest.AppendResult | errors.SgmeError:
-    """:func:`ingest.apply_append` in a savepoint of its own: its result, or its error with
-    nothing it did left behind."""
-    database.savepoint(conn, name, "begin")
-    try:
-        result = ingest.apply_append(conn, append=append, limits=limits, now=now)
-    except errors.SgmeError as exc:
-        if isinstance(exc, errors.IndexUnavailable):
-            raise
-        database.savepoint(conn, name, "rollback")
-        return exc
-    database.savepoint(conn, name, "release")
-    assert isinstance(result, ingest.AppendResult)  # not queued: never held
-    return result
+    """:func:`ingest.apply_append` in a savepoint of its own, as the group runs a piece: its
+    result, or its error with nothing it did left behind."""
+    work = functools.partial(ingest.apply_append, append=append, limits=limits, now=now)
+    kind, value = in_savepoint(conn, name, work)
+    assert kind != "again"  # only a key can race, and a plain append has none
+    assert isinstance(value, ingest.AppendResult | errors.SgmeError)  # not queued: never held
+    return value
 
 
 def find_sessions(conn: sa.Connection, sessions: set[Session]) -> dict[Session, _Row]:

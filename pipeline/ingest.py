@@ -300,7 +300,7 @@ def journal_values(
     }
 
 
-class Appended(Protocol):
+class SessionRow(Protocol):
     """What an append's answer reads of its session's row (as it was before the append)."""
 
     @property
@@ -313,7 +313,7 @@ class Appended(Protocol):
     def flush_pending(self) -> bool: ...
 
 
-def result_of(row: Appended, first: int, last: int) -> AppendResult:
+def result_of(row: SessionRow, first: int, last: int) -> AppendResult:
     """The answer to an append given seqs ``first`` to ``last`` in ``row``'s file (before the
     append: a flush is kicked when none was pending)."""
     return AppendResult(

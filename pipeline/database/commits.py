@@ -186,7 +186,7 @@ class Group:
                         outcomes.append((group[0], *_alone(conn, group[0].run)))
                     else:
                         for i, work in enumerate(group):
-                            outcomes.append((work, *_in_savepoint(conn, f"g{i}", work.run)))
+                            outcomes.append((work, *in_savepoint(conn, f"g{i}", work.run)))
             except _Undone as undone:  # the lone piece failed; its transaction rolled back
                 if undone.kind == "failed" and _aborted(undone.error) and not last:
                     continue
@@ -246,7 +246,7 @@ def _alone(conn: sa.Connection, run: Callable[[sa.Connection], Any]) -> tuple[st
         raise _Undone("failed", engines.mapped(exc)) from exc
 
 
-def _in_savepoint(
+def in_savepoint(
     conn: sa.Connection, name: str, run: Callable[[sa.Connection], Any]
 ) -> tuple[str, Any]:
     """Run one piece of work in a savepoint: ``("done", value)``, ``("again", None)`` or
