@@ -361,16 +361,18 @@ def _write_chunk(
 Runner = Callable[[list[Callable[[], None]]], list[BaseException | None]]
 
 
+def outcome(thunk: Callable[[], None]) -> BaseException | None:
+    """Run ``thunk``: the exception it raised, or None (what a :data:`Runner` reports)."""
+    try:
+        thunk()
+    except Exception as exc:
+        return exc
+    return None
+
+
 def serially(thunks: list[Callable[[], None]]) -> list[BaseException | None]:
     """The :data:`Runner` that runs each thunk in turn on the calling thread."""
-    outcomes: list[BaseException | None] = []
-    for thunk in thunks:
-        try:
-            thunk()
-            outcomes.append(None)
-        except Exception as exc:
-            outcomes.append(exc)
-    return outcomes
+    return [outcome(thunk) for thunk in thunks]
 
 
 @dataclasses.dataclass

@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from pipeline import errors, refine
+from pipeline import errors, flush, refine
 from pipeline.service import Queue
 
 log = logging.getLogger(__name__)
@@ -197,13 +197,5 @@ class FlushThreads:
     def _run(self, thunks: Thunks) -> list[BaseException | None]:
         """Run ``thunks`` on the sync pool (inline when there is one): each one's exception."""
         if len(thunks) <= 1 or self._pool is None:
-            return [_outcome(thunk) for thunk in thunks]
-        return list(self._pool.map(_outcome, thunks))
-
-
-def _outcome(thunk: Callable[[], None]) -> BaseException | None:
-    try:
-        thunk()
-    except Exception as exc:
-        return exc
-    return None
+            return flush.serially(thunks)
+        return list(self._pool.map(flush.outcome, thunks))

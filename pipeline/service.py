@@ -43,8 +43,9 @@ from pipeline import (
     tables,
     terms,
     validation,
+    waits,
 )
-from pipeline.flush import FlushResult, Runner
+from pipeline.flush import FlushResult, Round, Runner
 from pipeline.settings import Settings
 from pipeline.tables import Kind
 from pipeline.upkeep import Upkeep
@@ -111,6 +112,8 @@ class Service(Views, Upkeep):
         self.policies = privacy.Policies(
             db, default=settings.redact_secrets, cache_seconds=settings.token_cache_seconds
         )
+        #: the flushes that appends wait for, combined in rounds (pipeline.waits)
+        self.waits = waits.Waits(self._round, self.flush)
 
     # -----------------------------------------------------------------------------------------
     # appends
@@ -220,7 +223,7 @@ class Service(Views, Upkeep):
                 self.kick(result.file_id)
             return Appended(result, redacted=redacted)
         try:
-            flushed = self.flush(result.file_id)
+            flushed = self.waits.flushed(result.file_id, result.last_seq)
         except errors.SgmeError as exc:
             log.warning("flush of %s after its append failed: %s", result.file_id, exc.detail)
             self.kick(result.file_id)
@@ -249,6 +252,12 @@ class Service(Views, Upkeep):
     def flush_round(self, file_ids: list[str], *, run: Runner | None = None) -> list[str]:
         """A batched flush (:func:`flush.flush_many`, the syncs through ``run``), then what
         :meth:`flush` does after one; the files to flush on their own (:meth:`flush`)."""
+        done = self._round(file_ids, run or flush.serially)
+        for file_id in done.later:
+            self.kick(file_id)
+        return done.alone
+
+    def _round(self, file_ids: list[str], run: Runner) -> Round:
         s = self.settings
         done = flush.flush_many(
             self.db,
@@ -256,12 +265,10 @@ class Service(Views, Upkeep):
             s.data_dir,
             file_ids,
             chunk_bytes=s.backlog.flush_chunk_bytes,
-            run=run or flush.serially,
+            run=run,
         )
-        for file_id in done.later:
-            self.kick(file_id)
         self._after_flushes(list(done.results.values()))
-        return done.alone
+        return done
 
     def _after_flushes(self, results: list[FlushResult]) -> None:
         again, due = flush.follow_up(results, refine=self.settings.refine, now=self.db.now())

@@ -1,0 +1,147 @@
+"""The flushes that appends wait for (``wait=flushed``), combined (docs/design.md §3).
+
+An append that waits is answered once its messages are in the file. Flushed on each caller's
+own thread, the waits of concurrent sessions each pay a read snapshot, a commit and a share of
+the process' GIL of their own. :class:`Waits` combines them as the group committer combines
+commits: a caller queues its file, and the caller that finds no flush running *leads* one
+flush round (:func:`pipeline.flush.flush_many`: one snapshot, the files' syncs in parallel,
+one commit) of every file queued so far, while the others wait for it. There is no timer: a
+round is whatever queued while the previous one ran, so a lone caller's flush starts at once.
+
+A caller whose file the round did not reach far enough (past the round's byte budget, or a
+chunk short of its seq) queues it again at the front, for the next round; a file the round
+hands back (damaged, busy, archived) is flushed on its own by the leader, and its waiters get
+that flush's answer or error.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import os
+import threading
+from collections.abc import Callable
+
+from pipeline import errors, flush, forks
+from pipeline.flush import FlushResult, Round, Runner
+
+#: threads that run a round's writes and ``fdatasync`` calls side by side (one process-wide
+#: pool: the disk takes concurrent syncs about as fast as one)
+SYNC_THREADS = 8
+
+#: ``flush_round(file_ids, run)``: one round, its syncs through ``run``
+RoundFunction = Callable[[list[str], Runner], Round]
+Outcome = FlushResult | BaseException
+
+
+@dataclasses.dataclass(eq=False)
+class _Wait:
+    file_id: str
+    seq: int  #: the last seq the caller appended: flushed once the file's flushed_seq reaches it
+    outcome: Outcome | None = None
+
+
+class Waits:
+    """Combined flushes of the files that appends wait for (one per service)."""
+
+    def __init__(self, flush_round: RoundFunction, flush_alone: Callable[[str], FlushResult]):
+        self._round = flush_round
+        self._alone = flush_alone
+        self._cond = threading.Condition()
+        self._queue: list[_Wait] = []
+        self._leading = False
+        #: rounds led and the waits they settled (tests and benchmarks read these)
+        self.rounds = 0
+        self.settled = 0
+        forks.reset_in_child(self)
+
+    def after_fork_in_child(self) -> None:
+        """A child forked while a thread of the parent led a round waits for nobody."""
+        self._cond = threading.Condition()
+        self._queue, self._leading = [], False
+
+    def queued(self) -> int:
+        """Waits queued for the next round (not the ones a round is flushing)."""
+        with self._cond:
+            return len(self._queue)
+
+    def leading(self) -> bool:
+        """Whether a round (or the flush of a lone file) is running."""
+        with self._cond:
+            return self._leading
+
+    def flushed(self, file_id: str, seq: int) -> FlushResult:
+        """The flush that put ``file_id`` in its file up to ``seq`` (in a round, or on its
+        own); the error of that flush raised (:class:`errors.SgmeError`, or a bug)."""
+        mine = _Wait(file_id, seq)
+        with self._cond:
+            self._queue.append(mine)
+        while True:
+            with self._cond:
+                while mine.outcome is None and self._leading:
+                    self._cond.wait()
+                if mine.outcome is not None:
+                    if isinstance(mine.outcome, BaseException):
+                        raise mine.outcome
+                    return mine.outcome
+                self._leading = True
+                batch, self._queue = self._queue, []
+            self._lead(batch)
+
+    def _lead(self, batch: list[_Wait]) -> None:
+        """One round for ``batch``; each wait settled, or queued again for the next round."""
+        outcomes: dict[str, Outcome] = {}
+        failure: BaseException | None = None
+        try:
+            outcomes = self._flush([*dict.fromkeys(wait.file_id for wait in batch)])
+        except BaseException as exc:  # every wait of the batch is answered with it
+            failure = exc
+            raise
+        finally:
+            with self._cond:
+                again = []
+                for wait in batch:
+                    got = failure or outcomes.get(wait.file_id)
+                    if got is None or (isinstance(got, FlushResult) and got.flushed_seq < wait.seq):
+                        again.append(wait)  # not reached: the next round's first
+                    else:
+                        wait.outcome = got
+                self._queue[:0] = again
+                self._leading = False
+                self.rounds += 1
+                self.settled += len(batch) - len(again)
+                self._cond.notify_all()
+
+    def _flush(self, file_ids: list[str]) -> dict[str, Outcome]:
+        """A round of ``file_ids``, then the files it handed back one by one; each file's
+        result or error (none for a file past the round's budget). One file is flushed on
+        its own at once: a round of one shares nothing and costs more."""
+        done = self._round(file_ids, _run) if len(file_ids) > 1 else Round(alone=file_ids)
+        outcomes: dict[str, Outcome] = dict(done.results)
+        for file_id in done.alone:
+            try:
+                outcomes[file_id] = self._alone(file_id)
+            except errors.SgmeError as exc:
+                outcomes[file_id] = exc
+        return outcomes
+
+
+_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_pool_pid = 0
+_pool_lock = threading.Lock()
+
+
+def _run(thunks: list[Callable[[], None]]) -> list[BaseException | None]:
+    """The :data:`Runner` of waited rounds: one thunk on the calling thread, more on the
+    process' sync pool (made at first use, and again in a forked child)."""
+    if len(thunks) <= 1:
+        return flush.serially(thunks)
+    global _pool, _pool_pid
+    with _pool_lock:
+        if _pool is None or _pool_pid != os.getpid():
+            _pool = concurrent.futures.ThreadPoolExecutor(
+                SYNC_THREADS, thread_name_prefix="sgme-wait-sync"
+            )
+            _pool_pid = os.getpid()
+        pool = _pool
+    return list(pool.map(flush.outcome, thunks))

@@ -1,0 +1,117 @@
+"""Appends that wait for their file (``wait=flushed``) share flush rounds (pipeline.waits), on
+SQLite and PostgreSQL: every wait is answered once its messages are in the file, and a damaged
+file fails only its own waits."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import helpers
+
+from pipeline import database, integrity, reader
+from pipeline.service import Appended, Service
+from pipeline.settings import Settings
+
+
+def _body(key: str, text: str) -> dict[str, Any]:
+    messages = [{"role": "user", "content": text}]
+    return {"agent_id": "hermes", "session_key": key, "messages": messages}
+
+
+class Waiting(threading.Thread):
+    def __init__(self, service: Service, body: dict[str, Any]) -> None:
+        super().__init__(daemon=True)
+        self.service, self.body = service, body
+        self.answer: Appended | BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.answer = helpers.append(self.service, self.body, wait=True)
+        except BaseException as exc:
+            self.answer = exc
+
+
+def _behind_a_held_file(
+    service: Service, held: str, bodies: list[dict[str, Any]]
+) -> tuple[Waiting, list[Waiting]]:
+    """A wait for ``held`` whose flush waits for the file's lock, which the test holds until
+    the waits of ``bodies`` queued behind it; both, once answered."""
+    file_id = helpers.append(service, _body(held, "more")).result.file_id
+    with service.file_locks.hold(file_id):
+        first = Waiting(service, _body(held, "waited"))
+        first.start()
+        helpers.wait_for(service.waits.leading, what="the held file's flush")
+        rest = [Waiting(service, body) for body in bodies]
+        for waiting in rest:
+            waiting.start()
+        helpers.wait_for(lambda: service.waits.queued() == len(bodies), what="waits queued")
+    for waiting in [first, *rest]:
+        waiting.join(30)
+        assert not waiting.is_alive()
+    return first, rest
+
+
+def _service(db: database.Database, data_dir: Path, database_url: str) -> Service:
+    return helpers.service(db, Settings(data_dir=data_dir, database_url=database_url))
+
+
+def test_concurrent_waits_share_a_round_and_each_is_in_its_file(
+    db: database.Database, data_dir: Path, database_url: str
+) -> None:
+    service = _service(db, data_dir, database_url)
+    keys = [f"s{i}" for i in range(6)]
+    for key in keys:
+        helpers.append(service, _body(key, f"{key} first"), wait=True)
+    rounds = service.waits.rounds
+    first, rest = _behind_a_held_file(
+        service, "held", [_body(key, f"{key} second") for key in keys]
+    )
+    assert service.waits.rounds == rounds + 2  # the held file's flush, then one round of six
+    for waiting in [first, *rest]:
+        assert isinstance(waiting.answer, Appended)
+        assert waiting.answer.flushed and waiting.answer.status == "new"
+    for key, waiting in zip(keys, rest, strict=True):
+        assert isinstance(waiting.answer, Appended)
+        file_id = waiting.answer.result.file_id
+        texts = [m.content for m in reader.messages(db, data_dir, file_id)]
+        assert texts == [f"{key} first", f"{key} second"]
+        assert helpers.file_row(db, file_id).flushed_seq == 2
+    assert integrity.fsck(db, data_dir) == []
+
+
+def test_a_damaged_file_fails_only_its_own_wait(
+    db: database.Database, data_dir: Path, database_url: str, tmp_path: Path
+) -> None:
+    service = _service(db, data_dir, database_url)
+    ids = [helpers.append(service, _body(k, "first"), wait=True).result.file_id for k in "ab"]
+    path = data_dir / helpers.file_row(db, ids[0]).path
+    elsewhere = tmp_path / "elsewhere.md"
+    elsewhere.write_bytes(path.read_bytes())
+    path.unlink()
+    path.symlink_to(elsewhere)  # file "a" is no longer a file of ours: refused, recorded
+    _, (damaged, plain) = _behind_a_held_file(
+        service, "held", [_body("a", "second"), _body("b", "second")]
+    )
+    assert isinstance(damaged.answer, Appended) and isinstance(plain.answer, Appended)
+    # acknowledged (in the journal) but not in the file: the client must not send it again
+    assert (damaged.answer.flushed, damaged.answer.result.last_seq) == (False, 2)
+    assert helpers.file_row(db, ids[0]).status == "error"
+    assert plain.answer.flushed
+    assert [m.content for m in reader.messages(db, data_dir, ids[1])] == ["first", "second"]
+
+
+def test_a_wait_is_answered_when_its_append_is_flushed_by_someone_else(
+    db: database.Database, data_dir: Path, database_url: str
+) -> None:
+    """A replayed append (its idempotency key seen) waits for nothing more: its seq is in."""
+    service = _service(db, data_dir, database_url)
+    body = {**_body("k", "once"), "idempotency_key": "key-1"}
+    first: Callable[[], Appended] = lambda: helpers.append(service, body, wait=True)  # noqa: E731
+    answers = [first(), first()]
+    assert [(a.flushed, a.result.replayed, a.result.last_seq) for a in answers] == [
+        (True, False, 1),
+        (True, True, 1),
+    ]

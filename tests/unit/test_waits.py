@@ -1,0 +1,173 @@
+"""The combined flushes of waiting appends (:mod:`pipeline.waits`), with rounds and flushes of
+one file played by fakes: who shares a round, who waits again, who gets which error."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from pipeline import errors, waits
+from pipeline.flush import FlushResult, Round, Runner
+
+
+def result(file_id: str, seq: int) -> FlushResult:
+    return FlushResult(file_id, 1, 10, seq, "new")
+
+
+class Fakes:
+    """A round function and a flush of one file that record their calls; the flush of the
+    file ``"gate"`` holds until :attr:`release` is set (the round everybody else queues
+    behind)."""
+
+    def __init__(self, rounds: list[Callable[[list[str]], Round]]) -> None:
+        self.planned = rounds
+        self.rounds: list[list[str]] = []
+        self.alone: list[str] = []
+        self.release = threading.Event()
+        self.alone_answers: dict[str, Callable[[], FlushResult]] = {}
+
+    def round(self, file_ids: list[str], run: Runner) -> Round:
+        self.rounds.append(file_ids)
+        return self.planned.pop(0)(file_ids)
+
+    def flush_alone(self, file_id: str) -> FlushResult:
+        self.alone.append(file_id)
+        if file_id == "gate":
+            assert self.release.wait(10)
+        return self.alone_answers.get(file_id, lambda: result(file_id, 99))()
+
+
+def every(seq: int) -> Callable[[list[str]], Round]:
+    return lambda file_ids: Round(results={f: result(f, seq) for f in file_ids})
+
+
+class Caller(threading.Thread):
+    """A thread that waits for one file, keeping its answer or its error."""
+
+    def __init__(self, combined: waits.Waits, file_id: str, seq: int) -> None:
+        super().__init__(daemon=True)
+        self.combined, self.file_id, self.seq = combined, file_id, seq
+        self.answer: Any = None
+
+    def run(self) -> None:
+        try:
+            self.answer = self.combined.flushed(self.file_id, self.seq)
+        except BaseException as exc:
+            self.answer = exc
+
+
+def behind_a_gate(
+    fakes: Fakes, combined: waits.Waits, calls: list[tuple[str, int]]
+) -> Iterator[Caller]:
+    """Callers for ``calls``, all queued while the flush of ``"gate"`` holds, then released;
+    yields each once it answered, in the order of ``calls``."""
+    gates = fakes.alone.count("gate") + 1
+    gate = Caller(combined, "gate", 1)
+    gate.start()
+    _poll(lambda: fakes.alone.count("gate") == gates)
+    callers = [Caller(combined, file_id, seq) for file_id, seq in calls]
+    for caller in callers:
+        caller.start()
+    _poll(lambda: combined.queued() == len(calls))
+    fakes.release.set()
+    for caller in [gate, *callers]:
+        caller.join(10)
+        assert not caller.is_alive()
+    yield from callers
+
+
+def _poll(condition: Callable[[], bool]) -> None:
+    done = threading.Event()
+    for _ in range(1000):
+        if condition():
+            return
+        done.wait(0.01)
+    raise AssertionError("condition not reached")
+
+
+def test_a_lone_wait_is_flushed_on_its_own_at_once() -> None:
+    fakes = Fakes([])
+    combined = waits.Waits(fakes.round, fakes.flush_alone)
+    assert combined.flushed("a", 3) == result("a", 99)
+    assert (fakes.rounds, fakes.alone) == ([], ["a"])
+    assert (combined.rounds, combined.settled) == (1, 1)
+
+
+def test_waits_queued_while_a_flush_runs_share_the_next_round() -> None:
+    fakes = Fakes([every(5)])
+    combined = waits.Waits(fakes.round, fakes.flush_alone)
+    calls = [("b", 2), ("c", 5), ("b", 4), ("d", 1)]
+    answers = [caller.answer for caller in behind_a_gate(fakes, combined, calls)]
+    assert fakes.rounds == [["b", "c", "d"]]  # one round, each file once, in queue order
+    assert answers == [result("b", 5), result("c", 5), result("b", 5), result("d", 5)]
+    assert (combined.rounds, combined.settled) == (2, 5)
+
+
+def test_a_file_the_round_did_not_reach_is_waited_for_again_first() -> None:
+    # the first round leaves b short of seq 4 and c past its byte budget; the next round is
+    # theirs (two files again), in the order they were queued
+    short = lambda ids: Round(  # noqa: E731
+        results={"b": result("b", 2), "d": result("d", 7)}, later=["c"]
+    )
+    fakes = Fakes([short, every(6)])
+    combined = waits.Waits(fakes.round, fakes.flush_alone)
+    callers = list(behind_a_gate(fakes, combined, [("b", 4), ("c", 1), ("d", 7)]))
+    assert fakes.rounds == [["b", "c", "d"], ["b", "c"]]
+    assert [c.answer for c in callers] == [result("b", 6), result("c", 6), result("d", 7)]
+
+
+def test_files_handed_back_are_flushed_alone_and_fail_alone() -> None:
+    handed = lambda ids: Round(results={"b": result("b", 1)}, alone=["c", "d"])  # noqa: E731
+    fakes = Fakes([handed])
+    combined = waits.Waits(fakes.round, fakes.flush_alone)
+
+    def damaged() -> FlushResult:
+        raise errors.FileDamaged("d is damaged")
+
+    fakes.alone_answers["d"] = damaged
+    callers = list(behind_a_gate(fakes, combined, [("b", 1), ("c", 1), ("d", 1)]))
+    assert fakes.alone == ["gate", "c", "d"]
+    assert [c.answer for c in callers[:2]] == [result("b", 1), result("c", 99)]
+    assert isinstance(callers[2].answer, errors.FileDamaged)
+
+
+def test_a_failed_round_fails_every_wait_in_it_and_the_next_one_runs() -> None:
+    def broken(ids: list[str]) -> Round:
+        raise errors.IndexUnavailable("index unreachable")
+
+    fakes = Fakes([broken, every(3)])
+    combined = waits.Waits(fakes.round, fakes.flush_alone)
+    callers = list(behind_a_gate(fakes, combined, [("b", 1), ("c", 1)]))
+    assert all(isinstance(c.answer, errors.IndexUnavailable) for c in callers)
+    assert callers[0].answer is callers[1].answer
+    assert combined.queued() == 0
+    # nobody is left leading: the next waits are flushed
+    fakes.release.clear()
+    again = list(behind_a_gate(fakes, combined, [("b", 2), ("c", 2)]))
+    assert [c.answer for c in again] == [result("b", 3), result("c", 3)]
+
+
+def test_the_syncs_of_a_round_run_side_by_side_and_report_each_error() -> None:
+    started = threading.Barrier(3, timeout=10)
+    ran: list[int] = []
+
+    def sync(i: int) -> None:
+        started.wait()  # all three at once, or the barrier breaks
+        ran.append(i)
+        if i == 1:
+            raise OSError("disk on fire")
+
+    outcomes = waits._run([lambda i=i: sync(i) for i in range(3)])  # type: ignore[misc]
+    assert sorted(ran) == [0, 1, 2]
+    assert [type(o) for o in outcomes] == [type(None), OSError, type(None)]
+
+
+@pytest.mark.parametrize("count", [0, 1])
+def test_one_sync_or_none_runs_on_the_calling_thread(count: int) -> None:
+    threads: list[threading.Thread] = []
+    outcomes = waits._run([lambda: threads.append(threading.current_thread())] * count)
+    assert outcomes == [None] * count
+    assert threads == [threading.current_thread()] * count
