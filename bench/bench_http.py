@@ -148,28 +148,39 @@ uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
 #: wrk's script: one message per request, to one of 25 sessions per wrk thread (50 in all, as
 #: the Python clients), named after the run's prefix (wrk's first argument after ``--``)
 WRK_SCRIPT = """
-local prefix, id, n = "wrk", 0, 0
-local threads = 0
+local prefix, path, id, n = "wrk", "/v1/append", 0, 0
+local threads = {}
 setup = function(thread)
-  threads = threads + 1
-  thread:set("id", threads)
+  table.insert(threads, thread)
+  thread:set("id", #threads)
 end
 init = function(args)
   prefix = args[1] or prefix
+  path = args[2] or path
 end
 request = function()
   n = n + 1
   local body = '{"agent_id":"bench","session_key":"' .. prefix .. '-' .. id .. '-' .. (n % 25)
     .. '","messages":[{"role":"user","content":"Just chatter ' .. n .. ', nothing more."}]}'
-  return wrk.format("POST", "/v1/append", {["Content-Type"] = "application/json"}, body)
+  return wrk.format("POST", path, {["Content-Type"] = "application/json"}, body)
 end
 done = function(summary, latency, requests)
   local e = summary.errors
+  local ok200 = 0
+  for _, thread in ipairs(threads) do ok200 = ok200 + (thread:get("ok200") or 0) end
   io.write(string.format(
     'WRK {"requests": %d, "seconds": %f, "non2xx": %d, "socket_errors": %d, '
-    .. '"p50_ms": %f, "p99_ms": %f}\\n',
+    .. '"p50_ms": %f, "p99_ms": %f, "ok200": %d}\\n',
     summary.requests, summary.duration / 1e6, e.status, e.connect + e.read + e.write + e.timeout,
-    latency:percentile(50) / 1000, latency:percentile(99) / 1000))
+    latency:percentile(50) / 1000, latency:percentile(99) / 1000, ok200))
+end
+"""
+#: added to :data:`WRK_SCRIPT` to count the 200 answers (``?wait=flushed``: in the file), a Lua
+#: call an answer that the plain runs leave out
+WRK_COUNT_200 = """
+ok200 = 0
+response = function(status, headers, body)
+  if status == 200 then ok200 = ok200 + 1 end
 end
 """
 
@@ -184,6 +195,10 @@ class Wrk:
     p99_ms: float
     #: CPU µs the server process (``run_wrk``'s ``pid``, every thread) spent a 2xx answer
     cpu_us: float | None = None
+    #: 2xx answers in all, and the 200 ones (counted with ``?wait=flushed`` only: the appends
+    #: answered once in the file)
+    answers: int = 0
+    ok200: int = 0
 
 
 def process_cpu(pid: int) -> float:
@@ -193,12 +208,20 @@ def process_cpu(pid: int) -> float:
 
 
 def run_wrk(
-    name: str, url: str, seconds: float, clients: int, tmp: Path, *, pid: int | None = None
+    name: str,
+    url: str,
+    seconds: float,
+    clients: int,
+    tmp: Path,
+    *,
+    pid: int | None = None,
+    path: str = "/v1/append",
 ) -> Wrk:
-    """``wrk`` on ``url``'s ``POST /v1/append`` for ``seconds`` (after a 2 s warm-up); with
-    ``pid``, that server process' CPU over the measured run too."""
+    """``wrk`` on ``url``'s ``POST path`` (``/v1/append``, or with ``?wait=flushed``: then the
+    200 answers are counted) for ``seconds`` (after a 2 s warm-up); with ``pid``, that server
+    process' CPU over the measured run too."""
     script = tmp / "append.lua"
-    script.write_text(WRK_SCRIPT)
+    script.write_text(WRK_SCRIPT + (WRK_COUNT_200 if "wait=" in path else ""))
     found: dict[str, Any] = {}
     cpu = 0.0
     for length in (2.0, seconds):  # a warm-up, then the measured run
@@ -206,7 +229,7 @@ def run_wrk(
         argv = ["wrk", "-t2", f"-c{clients}", f"-d{length:g}s", "--timeout", "30s"]
         before = process_cpu(pid) if pid else 0.0
         done = subprocess.run(
-            [*argv, "-s", str(script), url, "--", prefix],
+            [*argv, "-s", str(script), url, "--", prefix, path],
             capture_output=True,
             text=True,
             check=True,
@@ -224,6 +247,8 @@ def run_wrk(
         found["p50_ms"],
         found["p99_ms"],
         cpu / max(ok, 1) * 1e6 if pid else None,
+        ok,
+        found["ok200"],
     )
     print(f"  wrk: {result.rate:.0f} appends/s, p99 {result.p99_ms:.1f} ms", file=sys.stderr)
     return result

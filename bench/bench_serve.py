@@ -8,12 +8,15 @@ round, and the server under ``wrk`` with the CPU it spent an append.
 * ``wrk``: a fresh ``sgme serve`` per run (the bench's settings: ``refine_idle_seconds`` 1),
   ``wrk -t2 -c50`` with bench_http's script (50 sessions, one short message an append), 2 s
   of warm-up then ``--seconds`` measured; appends a second, the server process' CPU µs an
-  append (``/proc``: every thread, the in-process worker included) and ``wrk``'s p99.
+  append (``/proc``: every thread, the in-process worker included) and ``wrk``'s p99. With
+  ``--wait-flushed`` every append asks ``?wait=flushed``, and the answers that were not 200
+  (acknowledged only: their flush failed) are counted.
 
 Each tree runs once per round, rounds alternate the trees, and every run is printed: on a
 shared machine only a range over alternating runs says more than the noise.
 
     .venv/bin/python bench/bench_serve.py [--baseline DIR ...] [--runs 3] [--only round|wrk]
+                                          [--wait-flushed]
 
 ``DIR`` is a tree of other code (``git archive REV pipeline workers | tar -x -C DIR``).
 """
@@ -77,9 +80,9 @@ def round_case(files: int, rounds: int) -> dict[str, float]:
     return {"cpu us a file": cpu / (rounds * files) * 1e6}
 
 
-def wrk_case(code: Path, seconds: float, tmp: Path) -> dict[str, float]:
+def wrk_case(code: Path, seconds: float, tmp: Path, *, wait: bool = False) -> dict[str, float]:
     """A fresh ``sgme serve`` of ``code`` (bench_http's settings) under bench_http's ``wrk``,
-    with the server's CPU."""
+    with the server's CPU; with ``wait``, every append asks ``?wait=flushed``."""
     import bench_http  # here, not above: it imports the tests' harness, and with it pipeline
     import harness
 
@@ -94,7 +97,9 @@ def wrk_case(code: Path, seconds: float, tmp: Path) -> dict[str, float]:
         url = f"http://127.0.0.1:{port}"
         with httpx.Client(base_url=url) as client:
             harness.wait_healthy(client, proc, timeout=60)
-        found = bench_http.run_wrk(f"sgme serve of {code}", url, seconds, 50, tmp, pid=proc.pid)
+        path = "/v1/append?wait=flushed" if wait else "/v1/append"
+        name = f"sgme serve of {code}"
+        found = bench_http.run_wrk(name, url, seconds, 50, tmp, pid=proc.pid, path=path)
     finally:
         children.close()
         shutil.rmtree(data, ignore_errors=True)
@@ -104,6 +109,8 @@ def wrk_case(code: Path, seconds: float, tmp: Path) -> dict[str, float]:
         "cpu us an append": found.cpu_us,
         "p99 ms": found.p99_ms,
         "non-2xx": found.non2xx,
+        # answered 2xx but not 200: acknowledged only, their flush failed (wait=flushed)
+        "not in the file": found.answers - found.ok200 if wait else 0,
     }
 
 
@@ -130,6 +137,9 @@ def main() -> int:
     parser.add_argument("--files", type=int, default=50, help="files a flush round")
     parser.add_argument("--rounds-per-run", type=int, default=40)
     parser.add_argument("--seconds", type=float, default=6.0, help="measured under wrk")
+    parser.add_argument(
+        "--wait-flushed", action="store_true", help="under wrk, every append ?wait=flushed"
+    )
     parser.add_argument("--case", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--code", type=Path, default=ROOT, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -155,10 +165,14 @@ def main() -> int:
         with tempfile.TemporaryDirectory(prefix="sgme-bench-serve-") as tmp:
             for _ in range(args.runs):
                 for name, code in trees.items():
-                    served[name].append(wrk_case(code, args.seconds, Path(tmp)))
+                    served[name].append(
+                        wrk_case(code, args.seconds, Path(tmp), wait=args.wait_flushed)
+                    )
+        waited = ", ?wait=flushed" if args.wait_flushed else ""
         _table(
-            f"sgme serve under wrk (50 connections, {args.seconds:g} s a run)",
-            ["appends/s", "cpu us an append", "p99 ms", "non-2xx"],
+            f"sgme serve under wrk (50 connections{waited}, {args.seconds:g} s a run)",
+            ["appends/s", "cpu us an append", "p99 ms", "non-2xx"]
+            + (["not in the file"] if args.wait_flushed else []),
             served,
         )
     return 0
