@@ -8,10 +8,10 @@ flush round (:func:`pipeline.flush.flush_many`: one snapshot, the files' syncs i
 one commit) of every file queued so far, while the others wait for it. There is no timer: a
 round is whatever queued while the previous one ran, so a lone caller's flush starts at once.
 
-A caller whose file the round did not reach far enough (past the round's byte budget, or a
-chunk short of its seq) queues it again at the front, for the next round; a file the round
-hands back (damaged, busy, archived) is flushed on its own by the leader, and its waiters get
-that flush's answer or error.
+A caller whose file the round did not reach far enough (past the round's byte budget, or one
+chunk written and more left before its seq) queues it again at the front, for the next
+round; a file the round hands back (damaged, busy, archived) is flushed on its own by the
+leader, and its waiters get that flush's answer or error.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ class Waits:
                 again = []
                 for wait in batch:
                     got = failure or outcomes.get(wait.file_id)
-                    if got is None or (isinstance(got, FlushResult) and got.flushed_seq < wait.seq):
+                    if got is None or _short(got, wait.seq):
                         again.append(wait)  # not reached: the next round's first
                     else:
                         wait.outcome = got
@@ -124,6 +124,13 @@ class Waits:
             except errors.SgmeError as exc:
                 outcomes[file_id] = exc
         return outcomes
+
+
+def _short(got: Outcome, seq: int) -> bool:
+    """Whether a flush stopped short of ``seq`` with more of the file to write (a round
+    writes one chunk a file). One that says nothing is left is taken as it is, as a flush
+    of one file's answer always was: waiting again could not bring ``seq`` any closer."""
+    return isinstance(got, FlushResult) and got.flushed_seq < seq and got.more
 
 
 _pool: concurrent.futures.ThreadPoolExecutor | None = None

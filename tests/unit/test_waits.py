@@ -107,16 +107,25 @@ def test_waits_queued_while_a_flush_runs_share_the_next_round() -> None:
 
 
 def test_a_file_the_round_did_not_reach_is_waited_for_again_first() -> None:
-    # the first round leaves b short of seq 4 and c past its byte budget; the next round is
-    # theirs (two files again), in the order they were queued
-    short = lambda ids: Round(  # noqa: E731
-        results={"b": result("b", 2), "d": result("d", 7)}, later=["c"]
-    )
+    # the first round leaves b short of seq 4 with more to write and c past its byte budget;
+    # the next round is theirs (two files again), in the order they were queued
+    more = FlushResult("b", 1, 10, 2, "new", more=True)  # one chunk written, more left
+    short = lambda ids: Round(results={"b": more, "d": result("d", 7)}, later=["c"])  # noqa: E731
     fakes = Fakes([short, every(6)])
     combined = waits.Waits(fakes.round, fakes.flush_alone)
     callers = list(behind_a_gate(fakes, combined, [("b", 4), ("c", 1), ("d", 7)]))
     assert fakes.rounds == [["b", "c", "d"], ["b", "c"]]
     assert [c.answer for c in callers] == [result("b", 6), result("c", 6), result("d", 7)]
+
+
+def test_a_flush_short_of_the_seq_with_nothing_left_is_the_answer() -> None:
+    """A file whose journal holds nothing more (it cannot reach the seq) is not waited for
+    again, round after round: its flush's answer is taken as a flush of one file's was."""
+    fakes = Fakes([every(1)])
+    combined = waits.Waits(fakes.round, fakes.flush_alone)
+    callers = list(behind_a_gate(fakes, combined, [("b", 3), ("c", 1)]))
+    assert fakes.rounds == [["b", "c"]]
+    assert [c.answer for c in callers] == [result("b", 1), result("c", 1)]
 
 
 def test_files_handed_back_are_flushed_alone_and_fail_alone() -> None:
