@@ -134,21 +134,29 @@ def _short(got: Outcome, seq: int) -> bool:
 
 
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
-_pool_pid = 0
 _pool_lock = threading.Lock()
+
+
+def _forget_pool() -> None:
+    """In a forked child: the parent's pool threads are not there, and its lock may have
+    been held by one of them."""
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pool)
 
 
 def _run(thunks: list[Callable[[], None]]) -> list[BaseException | None]:
     """The :data:`Runner` of waited rounds: one thunk on the calling thread, more on the
-    process' sync pool (made at first use, and again in a forked child)."""
+    process' sync pool (made at first use)."""
     if len(thunks) <= 1:
         return flush.serially(thunks)
-    global _pool, _pool_pid
+    global _pool
     with _pool_lock:
-        if _pool is None or _pool_pid != os.getpid():
+        if _pool is None:
             _pool = concurrent.futures.ThreadPoolExecutor(
                 SYNC_THREADS, thread_name_prefix="sgme-wait-sync"
             )
-            _pool_pid = os.getpid()
         pool = _pool
     return list(pool.map(flush.outcome, thunks))

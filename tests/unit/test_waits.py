@@ -3,6 +3,8 @@ one file played by fakes: who shares a round, who waits again, who gets which er
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -180,3 +182,29 @@ def test_one_sync_or_none_runs_on_the_calling_thread(count: int) -> None:
     outcomes = waits._run([lambda: threads.append(threading.current_thread())] * count)
     assert outcomes == [None] * count
     assert threads == [threading.current_thread()] * count
+
+
+def test_a_forked_child_runs_its_own_syncs_and_leads_its_own_rounds() -> None:
+    """A child forked while the parent's pool exists and a round runs gets neither: its
+    syncs run on threads of its own and its first wait leads."""
+    waits._run([lambda: None, lambda: None])  # the parent's pool, made
+    fakes = Fakes([])
+    combined = waits.Waits(fakes.round, fakes.flush_alone)
+    leading = Caller(combined, "gate", 1)
+    leading.start()
+    _poll(combined.leading)
+    pid = os.fork()
+    if pid == 0:  # the child: neither the pool's threads nor the leading thread are here
+        signal.alarm(10)  # a child that waits for them is killed, and the test fails
+        ran: list[int] = []
+        try:
+            outcomes = waits._run([lambda: ran.append(1), lambda: ran.append(2)])
+            answer = combined.flushed("a", 1)
+            ok = outcomes == [None, None] and sorted(ran) == [1, 2] and answer == result("a", 99)
+        except BaseException:
+            ok = False
+        os._exit(0 if ok else 1)
+    fakes.release.set()
+    leading.join(10)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
