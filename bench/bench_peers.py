@@ -21,9 +21,9 @@ DIR`` (a tree of unchanged code: ``git archive main pipeline workers | tar -x -C
 same SGME cases also run on that code in the same rounds, so a change is measured against
 what it changed.
 
-Growth: the same one-stream ``flushed`` rate in a session that already holds 10,000 messages
-against one that holds 10 (target: within 10%): the cost of an append must not grow with its
-file.
+Growth: the library's one-stream ``journal.ingest`` + ``journal.flush`` rate in a session that
+already holds 10,000 messages against one that holds 10 (target: within 10%): the cost of an
+append must not grow with its file.
 
     .venv/bin/python bench/bench_peers.py [--messages 2000] [--rounds 3] [--baseline DIR]
 """
