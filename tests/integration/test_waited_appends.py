@@ -91,9 +91,11 @@ def test_a_damaged_file_fails_only_its_own_wait(
     elsewhere.write_bytes(path.read_bytes())
     path.unlink()
     path.symlink_to(elsewhere)  # file "a" is no longer a file of ours: refused, recorded
+    rounds = service.waits.rounds
     _, (damaged, plain) = _behind_a_held_file(
         service, "held", [_body("a", "second"), _body("b", "second")]
     )
+    assert service.waits.rounds == rounds + 2  # the held file's flush, then a and b together
     assert isinstance(damaged.answer, Appended) and isinstance(plain.answer, Appended)
     # acknowledged (in the journal) but not in the file: the client must not send it again
     assert (damaged.answer.flushed, damaged.answer.result.last_seq) == (False, 2)

@@ -9,6 +9,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import helpers
 import pytest
 
 from pipeline import errors, waits
@@ -69,25 +70,16 @@ def behind_a_gate(
     gates = fakes.alone.count("gate") + 1
     gate = Caller(combined, "gate", 1)
     gate.start()
-    _poll(lambda: fakes.alone.count("gate") == gates)
+    helpers.wait_for(lambda: fakes.alone.count("gate") == gates, what="the gate's flush")
     callers = [Caller(combined, file_id, seq) for file_id, seq in calls]
     for caller in callers:
         caller.start()
-    _poll(lambda: combined.queued() == len(calls))
+    helpers.wait_for(lambda: combined.queued() == len(calls), what="the waits queued")
     fakes.release.set()
     for caller in [gate, *callers]:
         caller.join(10)
         assert not caller.is_alive()
     yield from callers
-
-
-def _poll(condition: Callable[[], bool]) -> None:
-    done = threading.Event()
-    for _ in range(1000):
-        if condition():
-            return
-        done.wait(0.01)
-    raise AssertionError("condition not reached")
 
 
 def test_a_lone_wait_is_flushed_on_its_own_at_once() -> None:
@@ -192,7 +184,7 @@ def test_a_forked_child_runs_its_own_syncs_and_leads_its_own_rounds() -> None:
     combined = waits.Waits(fakes.round, fakes.flush_alone)
     leading = Caller(combined, "gate", 1)
     leading.start()
-    _poll(combined.leading)
+    helpers.wait_for(combined.leading, what="the round in progress")
     pid = os.fork()
     if pid == 0:  # the child: neither the pool's threads nor the leading thread are here
         signal.alarm(10)  # a child that waits for them is killed, and the test fails
