@@ -97,47 +97,57 @@ def _streams(threads: int, per: int, append: Callable[[str], Any]) -> float:
     return time.perf_counter() - started
 
 
-def flushed(messages: int, threads: int, size: int) -> dict[str, float]:
-    """``wait=flushed``: ``Service.append(wait=True)``, each message, one stream and
-    ``threads`` (the flush on the caller's thread, combined with the other callers' where the
-    code combines them)."""
-    from pipeline import runtime, settings, validation
+@contextlib.contextmanager
+def _runtime() -> Iterator[Any]:
+    """A new embedded store's :class:`pipeline.runtime.Runtime` (the ``SGME_BACKLOG_*``
+    settings of the environment), closed afterwards."""
+    from pipeline import runtime, settings
 
-    text = _text(size)
-    rates = {}
     with tempfile.TemporaryDirectory(prefix="sgme-peer-") as tmp:
         environ = {k: v for k, v in os.environ.items() if k.startswith("SGME_BACKLOG_")}
         conf = settings.Settings.load(environ=environ, data_dir=str(Path(tmp) / "data"))
         rt = runtime.Runtime.open(conf, migrate=True)
-        service = rt.service(None)
-
-        def append(key: str) -> None:
-            messages = [{"role": "user", "content": text}]
-            body = {"agent_id": "peer", "session_key": key, "messages": messages}
-            answer = service.append(validation.parse_append(body, conf.limits), wait=True)
-            assert answer.flushed, "a waited append was answered before its flush"
-
         try:
-            rates = _flushed_rates(messages, threads, append)
+            yield rt
         finally:
             rt.close()
-    return rates
 
 
-def _flushed_rates(messages: int, threads: int, append: Callable[[str], None]) -> dict[str, float]:
-    """The ``flushed`` rates and CPU of ``append``: one stream, then ``threads`` sessions."""
-    append("warm")
-    started, cpu = time.perf_counter(), time.process_time()
-    for _ in range(messages):
-        append("one")
-    per = messages // threads
-    rates = {
-        "flushed one stream": messages / (time.perf_counter() - started),
-        "cpu flushed one stream": (time.process_time() - cpu) / messages * 1e6,
-    }
-    cpu = time.process_time()
-    rates[f"flushed {threads} sessions"] = per * threads / _streams(threads, per, append)
-    rates[f"cpu flushed {threads} sessions"] = (time.process_time() - cpu) / (per * threads) * 1e6
+def _appender(service: Any, size: int, *, wait: bool) -> Callable[[str], None]:
+    """``append(session_key)``: one message of ``size`` bytes through ``service.append``."""
+    from pipeline import validation
+
+    messages = [{"role": "user", "content": _text(size)}]
+    limits = service.settings.limits
+
+    def append(key: str) -> None:
+        body = {"agent_id": "peer", "session_key": key, "messages": messages}
+        answer = service.append(validation.parse_append(body, limits), wait=wait)
+        assert answer.flushed or not wait, "a waited append was answered before its flush"
+
+    return append
+
+
+def flushed(messages: int, threads: int, size: int) -> dict[str, float]:
+    """``wait=flushed``: ``Service.append(wait=True)``, each message, one stream and
+    ``threads`` (the flush on the caller's thread, combined with the other callers' where the
+    code combines them)."""
+    with _runtime() as rt:
+        append = _appender(rt.service(None), size, wait=True)
+        append("warm")
+        started, cpu = time.perf_counter(), time.process_time()
+        for _ in range(messages):
+            append("one")
+        rates = {
+            "flushed one stream": messages / (time.perf_counter() - started),
+            "cpu flushed one stream": (time.process_time() - cpu) / messages * 1e6,
+        }
+        per = messages // threads
+        cpu = time.process_time()
+        rates[f"flushed {threads} sessions"] = per * threads / _streams(threads, per, append)
+        rates[f"cpu flushed {threads} sessions"] = (
+            (time.process_time() - cpu) / (per * threads) * 1e6
+        )
     return rates
 
 
@@ -149,30 +159,19 @@ class _NoJobs:
 def acknowledged(messages: int, threads: int, size: int) -> dict[str, float]:
     """The durable acknowledgement (``Service.append``) with the embedded service's flusher
     writing the files in this process; the clock stops once every message is in its file."""
-    from pipeline import flush_threads, runtime, settings, validation
+    from pipeline import flush_threads
 
-    text = _text(size)
     rates = {}
-    with tempfile.TemporaryDirectory(prefix="sgme-peer-") as tmp:
-        environ = {k: v for k, v in os.environ.items() if k.startswith("SGME_BACKLOG_")}
-        conf = settings.Settings.load(environ=environ, data_dir=str(Path(tmp) / "data"))
-        rt = runtime.Runtime.open(conf, migrate=True)
+    with _runtime() as rt:
         options = {}
-        if hasattr(conf.backlog, "flush_linger"):  # as workers/app.py builds it, where it can
-            options["linger"] = conf.backlog.flush_linger
+        if hasattr(rt.settings.backlog, "flush_linger"):  # as workers/app.py builds it
+            options["linger"] = rt.settings.backlog.flush_linger
         queue = flush_threads.FlushThreads(_NoJobs(), threads=FLUSH_THREADS, **options)  # type: ignore[arg-type]
         service = rt.service(queue)
         # as workers/app.py starts the embedded service's flushes (rounds, where the code has them)
         flush_round = getattr(service, "flush_round", None)
         queue.start(service.flush, *([flush_round] if flush_round else []))
-
-        def append(key: str) -> None:
-            body = {
-                "agent_id": "peer",
-                "session_key": key,
-                "messages": [{"role": "user", "content": text}],
-            }
-            service.append(validation.parse_append(body, conf.limits))
+        append = _appender(service, size, wait=False)
 
         def written() -> None:
             while True:
@@ -201,7 +200,6 @@ def acknowledged(messages: int, threads: int, size: int) -> dict[str, float]:
             )
         finally:
             queue.close()
-            rt.close()
     return rates
 
 
