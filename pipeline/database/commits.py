@@ -14,10 +14,17 @@ hands the lead to the first caller still queued and returns.
 
 Work is a function of a Connection; it may run more than once (a group whose transaction
 failed on a deadlock is run again from the start, and work that raises :class:`Again` is
-queued for the next group), so it must only touch the database. A group whose every run
-deadlocked (its pieces lock rows that another process's group locks in another order) is
-run one piece at a time: alone, a piece holds only its own locks, so it cannot wait in a
-circle with another group through a piece of its own.
+queued for the next group), so it must only touch the database.
+
+A group runs its pieces in the order of their *keys* (the file whose row each one locks),
+pieces without a key first, pieces of one key in the order they came: every group of every
+process then takes the row locks of PostgreSQL in one order, so two groups never wait for
+each other in a circle. In arrival order they did: on PostgreSQL + Redis the API's groups of
+appends and a worker's groups of flushes and refinement commits deadlocked about once a
+second, each deadlock held both for ``deadlock_timeout`` (docs/benchmarks.md). A group whose
+every run deadlocked anyway (a piece without a key that locks a row) is run one piece at a
+time: alone, a piece holds only its own locks, so it cannot wait in a circle with another
+group through a piece of its own.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ import collections
 import contextlib
 import dataclasses
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 import sqlalchemy as sa
@@ -60,6 +67,8 @@ class Again(Exception):
 class _Work(Generic[T]):
     run: Callable[[sa.Connection], T]
     durable: bool
+    #: the file whose row the work locks (the group's order), or None
+    key: str | None = None
     #: set when the work is finished, or when its caller must take the lead; only a caller
     #: that queued behind a leader waits (a leader's own work needs none)
     wake: threading.Event | None = None
@@ -94,11 +103,16 @@ class Group:
         #: groups committed and pieces of work in them (tests and benchmarks read these)
         self.groups = 0
         self.works = 0
+        #: runs of a group that the database aborted (a deadlock, a serialization failure)
+        self.aborted = 0
 
-    def run(self, work: Callable[[sa.Connection], T], *, durable: bool = True) -> T:
+    def run(
+        self, work: Callable[[sa.Connection], T], *, durable: bool = True, key: str | None = None
+    ) -> T:
         """Run ``work`` in a transaction shared with whatever else is queued; its value once
-        that transaction committed, or its error (database errors as :mod:`pipeline.errors`)."""
-        mine: _Work[T] = _Work(work, durable)
+        that transaction committed, or its error (database errors as :mod:`pipeline.errors`).
+        ``key``: the file whose row it locks, where it is known (the order of the group)."""
+        mine: _Work[T] = _Work(work, durable, key)
         with self._mutex:
             self._queue.append(mine)
             follower = self._leading
@@ -117,12 +131,20 @@ class Group:
         return mine.outcome()
 
     def run_many(
-        self, works: list[Callable[[sa.Connection], T]], *, durable: bool = True
+        self,
+        works: list[Callable[[sa.Connection], T]],
+        *,
+        durable: bool = True,
+        keys: Sequence[str | None] | None = None,
     ) -> list[T | BaseException]:
         """:meth:`run` for several pieces of work from one caller, queued together (one
         thread hand-off for all, where :meth:`run` from as many threads makes one each): each
-        one's value once its transaction committed, or its error, in order."""
-        mine: list[_Work[T]] = [_Work(work, durable) for work in works]
+        one's value once its transaction committed, or its error, in order. ``keys``: each
+        one's key, as :meth:`run` takes it."""
+        keyed = [None] * len(works) if keys is None else keys
+        mine: list[_Work[T]] = [
+            _Work(work, durable, key) for work, key in zip(works, keyed, strict=True)
+        ]
         if not mine:
             return []
         with self._mutex:
@@ -176,6 +198,7 @@ class Group:
     def _commit(self, group: list[_Work[Any]]) -> list[_Work[Any]]:
         """Run a group in one transaction and settle each piece of work; the pieces to run
         again. A lone piece runs without a savepoint (its failure is its transaction's)."""
+        group = sorted(group, key=_lock_order)
         for attempt in range(DEADLOCK_ATTEMPTS):
             last = attempt + 1 == DEADLOCK_ATTEMPTS
             outcomes: list[tuple[_Work[Any], str, Any]] = []
@@ -188,10 +211,14 @@ class Group:
                         for i, work in enumerate(group):
                             outcomes.append((work, *in_savepoint(conn, f"g{i}", work.run)))
             except _Undone as undone:  # the lone piece failed; its transaction rolled back
-                if undone.kind == "failed" and _aborted(undone.error) and not last:
-                    continue
+                if undone.kind == "failed" and _aborted(undone.error):
+                    self._count_abort()
+                    if not last:
+                        continue
                 outcomes = [(group[0], undone.kind, undone.error)]
             except errors.SgmeError as exc:
+                if _aborted(exc):
+                    self._count_abort()
                 if _aborted(exc) and not last:
                     continue
                 if _aborted(exc) and len(group) > 1:
@@ -220,6 +247,15 @@ class Group:
         with self._mutex:
             self.groups += 1
             self.works += works
+
+    def _count_abort(self) -> None:
+        with self._mutex:
+            self.aborted += 1
+
+
+def _lock_order(work: _Work[Any]) -> tuple[bool, str]:
+    """Pieces without a key first, then by key (``sorted`` keeps the order of equal ones)."""
+    return (work.key is not None, work.key or "")
 
 
 def _wake(work: _Work[Any]) -> None:

@@ -293,10 +293,14 @@ class Database:
                 self._readers.held = None
             raise engines.map_error(exc) from exc
 
-    def commit(self, work: Callable[[sa.Connection], T], *, durable: bool = True) -> T:
+    def commit(
+        self, work: Callable[[sa.Connection], T], *, durable: bool = True, key: str | None = None
+    ) -> T:
         """Run ``work`` in a transaction shared with whatever else this process is committing
-        at the moment (:class:`commits.Group`); its value once that transaction committed."""
-        return self.group.run(work, durable=durable)
+        at the moment (:class:`commits.Group`); its value once that transaction committed.
+        ``key``: the file whose row ``work`` locks, where the caller knows it (the groups
+        lock rows in the order of their keys)."""
+        return self.group.run(work, durable=durable, key=key)
 
 
 @contextlib.contextmanager
