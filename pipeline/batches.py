@@ -52,14 +52,20 @@ class _Row(NamedTuple):
 
 
 def append_many(
-    db: database.Database, bodies: list[validation.Append], *, limits: Backlog | None = None
+    db: database.Database,
+    bodies: list[validation.Append],
+    *,
+    limits: Backlog | None = None,
+    keys: Sequence[str | None] | None = None,
 ) -> list[ingest.AppendResult | BaseException]:
     """:func:`ingest.append` for several appends at once: each committed in one shared
-    transaction or refused alone; each one's result or error, in order."""
+    transaction or refused alone; each one's result or error, in order. ``keys``: each
+    one's session's file where it is known (:class:`ingest.KnownFiles`), for the order in
+    which PostgreSQL's row locks are taken (SQLite takes none)."""
     now = db.now()
     plain = _plain(bodies) if not db.postgres else []
     if len(plain) < 2:
-        return _one_by_one(db, bodies, limits=limits, now=now)
+        return _one_by_one(db, bodies, limits=limits, now=now, keys=keys)
     taken = set(plain)
     rest = [i for i in range(len(bodies)) if i not in taken]
     batch = functools.partial(
@@ -85,10 +91,11 @@ def _one_by_one(
     *,
     limits: Backlog | None,
     now: dt.datetime,
+    keys: Sequence[str | None] | None = None,
 ) -> list[ingest.AppendResult | BaseException]:
     """Each append a piece of work of its own, in one group."""
     works = [_single(body, limits, now) for body in bodies]
-    return db.group.run_many(works)  # type: ignore[arg-type]  # unqueued: never Held
+    return db.group.run_many(works, keys=keys)  # type: ignore[arg-type]  # never Held
 
 
 def _single(

@@ -21,6 +21,7 @@ import functools
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -352,7 +353,7 @@ def _write_chunk(
         applied(conn, [chunk])
         return next_seq
 
-    next_seq = db.commit(commit, durable=False)
+    next_seq = db.commit(commit, durable=False, key=row.file_id)
     fault("committed")
     return chunk.advanced(), next_seq
 
@@ -469,14 +470,25 @@ def flush_many(
         fault("written")
         now = db.now()
 
+        # each file's row updated in file order, as every group takes its locks
+        # (pipeline.database.commits)
+        steps: dict[str, Callable[[sa.Connection], Any]] = {
+            **{
+                row.file_id: functools.partial(index.settle_flush, file_id=row.file_id)
+                for row in settle
+            },
+            **{chunk.row.file_id: functools.partial(chunk.advance, now=now) for chunk in written},
+        }
+
         def commit(conn: sa.Connection) -> tuple[list[bool], list[int | None]]:
-            settled = [index.settle_flush(conn, row.file_id) for row in settle]
-            advanced = [chunk.advance(conn, now) for chunk in written]
+            done = {file_id: steps[file_id](conn) for file_id in sorted(steps)}
+            settled = [done[row.file_id] for row in settle]
+            advanced = [done[chunk.row.file_id] for chunk in written]
             applied(conn, [c for c, seq in zip(written, advanced, strict=True) if seq is not None])
             return settled, advanced
 
         try:
-            settled, advanced = db.commit(commit, durable=False)
+            settled, advanced = db.commit(commit, durable=False, key=min(steps, default=None))
         except errors.SgmeError:
             done.alone.extend(chunk.row.file_id for chunk in written)
             done.alone.extend(row.file_id for row in settle)

@@ -82,16 +82,50 @@ class Held:
     kick: str | None = None
 
 
+#: sessions :class:`KnownFiles` remembers before it starts over
+KNOWN_FILES = 100_000
+
+
+class KnownFiles:
+    """The file of each session this process appended to lately: the key its next append
+    takes in a group (:mod:`pipeline.database.commits`), so that the append locks the
+    file's row in the same order as the flushes and refinements of other processes, which
+    know their file. Past :data:`KNOWN_FILES` sessions it starts over. A session it does not
+    know (its first append, or its first since then) goes without a key: first in its group,
+    where it may meet the deadlock the order avoids, which the group survives by running
+    again. A key that is out of date (the session's file was erased and made again) orders
+    its group wrongly in the same way, and changes nothing else."""
+
+    def __init__(self, size: int = KNOWN_FILES) -> None:
+        self.size = size
+        self._files: dict[ledger.Session, str] = {}
+
+    def key(self, append: validation.Append) -> str | None:
+        """The file the session of ``append`` was last known to have, or None."""
+        return self._files.get(ordering.session_of(append))
+
+    def learn(self, append: validation.Append, file_id: str) -> None:
+        """The session of ``append`` has the file ``file_id``."""
+        if len(self._files) >= self.size:
+            self._files.clear()
+        self._files[ordering.session_of(append)] = file_id
+
+
 def append(
-    db: database.Database, body: validation.Append, *, limits: Backlog | None = None
+    db: database.Database,
+    body: validation.Append,
+    *,
+    limits: Backlog | None = None,
+    key: str | None = None,
 ) -> AppendResult:
     """Commit an append to the journal (the acknowledgement point); nothing is written when
     anything in it is refused. The caller enqueues a flush when ``result.kick`` is true (no
     flush was already pending for the file). With ``limits``, an append that would leave more
     than ``max_file_messages`` waiting for the file's flush is :class:`errors.Overloaded`. A
-    ``sequence`` that is not the one its session expects next is :class:`errors.OutOfOrder`."""
+    ``sequence`` that is not the one its session expects next is :class:`errors.OutOfOrder`.
+    ``key``: the session's file, where the caller knows it (:class:`KnownFiles`)."""
     work = functools.partial(apply_append, append=body, limits=limits, now=db.now())
-    result = db.commit(work)
+    result = db.commit(work, key=key)
     assert isinstance(result, AppendResult)  # only a queued append is held
     return result
 
@@ -102,6 +136,7 @@ def queued(
     *,
     limits: Backlog | None = None,
     wait_seconds: float,
+    key: str | None = None,
 ) -> AppendResult | Held:
     """:func:`append` for an append that came through the queue, where nobody waits for an
     answer: one ahead of its session's order is held until its predecessor lands (or
@@ -114,7 +149,7 @@ def queued(
         queued=True,
         wait_seconds=wait_seconds,
     )
-    return db.commit(work)
+    return db.commit(work, key=key)
 
 
 def upload(db: database.Database, body: validation.Upload) -> AppendResult:

@@ -273,7 +273,8 @@ def claim(db: database.Database, file_id: str, *, lease_seconds: float) -> Claim
     """Reserve the file's unrefined segment for one job, or None if it is leased or done."""
     now = db.now()
     found = db.commit(
-        lambda conn: index.claim_segment(conn, file_id, lease_seconds=lease_seconds, now=now)
+        lambda conn: index.claim_segment(conn, file_id, lease_seconds=lease_seconds, now=now),
+        key=file_id,
     )
     return Claim(file_id, *found) if found else None
 
@@ -396,7 +397,7 @@ def commit(db: database.Database, c: Claim, items: Sequence[Item], *, refiner: s
         l1.add_items(conn, [{**r, "agent_id": row.agent_id} for r in rows], now=now)
         return True
 
-    return db.commit(work)
+    return db.commit(work, key=c.file_id)
 
 
 def fail(db: database.Database, c: Claim, detail: str) -> bool:

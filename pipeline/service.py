@@ -114,6 +114,8 @@ class Service(Views, Upkeep):
         )
         #: the flushes that appends wait for, combined in rounds (pipeline.waits)
         self.waits = waits.Waits(self._round, self.flush)
+        #: each session's file, the order of an append's row lock (pipeline.ingest)
+        self.known = ingest.KnownFiles()
 
     # -----------------------------------------------------------------------------------------
     # appends
@@ -137,7 +139,9 @@ class Service(Views, Upkeep):
         :class:`errors.InsufficientStorage` when the disk could not take the backlog."""
         body, redacted = self._scrub(body)
         self.admission.check(backlog.estimate(body))
-        result = ingest.append(self.db, body, limits=self.settings.backlog)
+        limits, key = self.settings.backlog, self.known.key(body)
+        result = ingest.append(self.db, body, limits=limits, key=key)
+        self.known.learn(body, result.file_id)
         return self._acknowledged(result, wait=wait, redacted=redacted)
 
     def append_many(self, bodies: list[validation.Append]) -> list[Appended | errors.SgmeError]:
@@ -153,11 +157,12 @@ class Service(Views, Upkeep):
                 answers[i] = exc
                 continue
             ready.append((i, scrubbed, redacted))
-        done = batches.append_many(
-            self.db, [body for _, body, _ in ready], limits=self.settings.backlog
-        )
-        for (i, _, redacted), result in zip(ready, done, strict=True):
+        bodies = [body for _, body, _ in ready]
+        keys = [self.known.key(body) for body in bodies]
+        done = batches.append_many(self.db, bodies, limits=self.settings.backlog, keys=keys)
+        for (i, body, redacted), result in zip(ready, done, strict=True):
             if isinstance(result, ingest.AppendResult):
+                self.known.learn(body, result.file_id)
                 answers[i] = self._acknowledged(result, wait=False, redacted=redacted)
             elif isinstance(result, errors.SgmeError):
                 answers[i] = result
@@ -183,13 +188,13 @@ class Service(Views, Upkeep):
                 raise errors.InvalidInput("idempotency_key is required for sgme.append tasks")
             append, redacted = self._scrub(validation.parse_append(body, s.limits))
             self.admission.check(backlog.estimate(append))
-            done = ingest.queued(
-                self.db, append, limits=s.backlog, wait_seconds=s.order_wait_seconds
-            )
+            wait, key = s.order_wait_seconds, self.known.key(append)
+            done = ingest.queued(self.db, append, limits=s.backlog, wait_seconds=wait, key=key)
             if isinstance(done, ingest.Held):
                 if done.kick is not None:
                     self.kick(done.kick)
                 return done
+            self.known.learn(append, done.file_id)
             return self._acknowledged(done, wait=False, redacted=redacted)
         except errors.PermanentError as exc:
             with self.db.transaction() as conn:

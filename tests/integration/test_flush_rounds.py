@@ -14,12 +14,14 @@ from typing import Any
 import helpers
 import pytest
 import sqlalchemy as sa
+from conftest import set_row
 
 from pipeline import (
     anomalies,
     database,
     flush,
     flush_threads,
+    index,
     integrity,
     journal,
     locks,
@@ -69,6 +71,35 @@ def test_a_round_writes_every_file_with_one_commit(db: database.Database, data_d
         )
     # exactly what a flush of one file writes: the chain checks out
     assert integrity.fsck(db, data_dir) == []
+
+
+def test_a_round_updates_its_files_rows_in_file_order(
+    db: database.Database, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever order its files come in (the order every group takes PostgreSQL's row locks
+    in, pipeline.database.commits); the files with nothing to write among them too."""
+    ids = [journal.ingest(db, _body(f"s{i}")).file_id for i in range(6)]
+    settled = journal.ingest(db, _body("s-settled")).file_id
+    flush.flush(db, _locks(db, data_dir), data_dir, settled)
+    set_row(db, settled, flush_pending=True)  # pending, with nothing left to write
+    updated: list[str] = []
+    advance, settle = index.advance_flushed, index.settle_flush
+
+    def advancing(conn: sa.Connection, file_id: str, **kw: Any) -> int | None:
+        updated.append(file_id)
+        return advance(conn, file_id, **kw)
+
+    def settling(conn: sa.Connection, file_id: str) -> bool:
+        updated.append(file_id)
+        return settle(conn, file_id)
+
+    monkeypatch.setattr(index, "advance_flushed", advancing)
+    monkeypatch.setattr(index, "settle_flush", settling)
+    given = sorted([*ids, settled], reverse=True)
+    done = flush.flush_many(db, _locks(db, data_dir), data_dir, given)
+    assert (done.alone, done.later) == ([], [])
+    assert updated == sorted(given)
+    assert {i: r.messages for i, r in done.results.items()} == {**dict.fromkeys(ids, 1), settled: 0}
 
 
 @pytest.mark.parametrize("round_", [True, False], ids=["round", "one file"])

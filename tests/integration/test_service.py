@@ -10,9 +10,9 @@ from typing import Any
 import helpers
 import pytest
 
-from pipeline import anomalies, database, errors, index
+from pipeline import anomalies, database, errors, index, validation
 from pipeline.clock import ManualClock
-from pipeline.service import Service
+from pipeline.service import Appended, Service
 from pipeline.settings import Refine, Settings
 
 
@@ -48,6 +48,42 @@ def test_an_append_kicks_once_until_its_file_is_flushed(
     assert (flushed.messages, flushed.flushed_seq) == (2, 2)
     # two messages wait for refinement: due by count, so the flush claimed and submitted it
     assert [(c.file_id, c.lo, c.hi) for c in queue.claims] == [(first.file_id, 0, 2)]
+
+
+def test_an_append_to_a_known_session_locks_in_its_files_order(
+    service: Service, db: database.Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its piece of the group goes with the session's file as its key (the order of
+    PostgreSQL's row locks, pipeline.database.commits); a session not known yet goes
+    without one. The same for appends that arrive together and for queued ones."""
+    seen: list[str | None] = []
+    run, run_many = db.group.run, db.group.run_many
+
+    def run_keyed(work: Any, *, durable: bool = True, key: str | None = None) -> Any:
+        seen.append(key)
+        return run(work, durable=durable, key=key)
+
+    def run_many_keyed(works: Any, *, durable: bool = True, keys: Any = None) -> Any:
+        seen.extend(keys or [None] * len(works))
+        return run_many(works, durable=durable, keys=keys)
+
+    monkeypatch.setattr(db.group, "run", run_keyed)
+    monkeypatch.setattr(db.group, "run_many", run_many_keyed)
+    first = helpers.append(service, _body("s", "one")).result
+    helpers.append(service, _body("s", "two"))
+    limits = service.settings.limits
+    bodies = [validation.parse_append(_body(k, "three"), limits) for k in "st"]
+    answers = service.append_many(bodies)
+    queued = service.append_queued(_body("s", "four", idempotency_key="k4"))
+    assert isinstance(queued, Appended)
+    other = answers[1]
+    assert isinstance(other, Appended)
+    assert other.result.file_id != first.file_id
+    if db.postgres:  # appends that arrive together: a piece each
+        assert seen == [None, first.file_id, first.file_id, None, first.file_id]
+    else:  # one piece for all of them (pipeline.batches): SQLite takes no row locks
+        assert seen == [None, first.file_id, None, first.file_id]
+    assert service.known.key(bodies[1]) == other.result.file_id
 
 
 def test_a_task_body_without_a_key_is_recorded_and_dropped(
