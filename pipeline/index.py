@@ -42,7 +42,7 @@ _FIND = database.Prepared(
         _R.source_type == sa.bindparam("source_type"),
         _R.session_key == sa.bindparam("session_key"),
     )
-    .with_for_update()
+    .with_for_update(key_share=True)  # FOR NO KEY UPDATE: docs/design.md §3, lock order
 )
 _UPDATE_FILE: dict[tuple[str, ...], sa.Update] = {}  #: _update's statements by column set
 _INSERT_FILE: dict[tuple[str, ...], database.Prepared] = {}  #: by dialect and column set

@@ -91,3 +91,28 @@ def test_a_damaged_file_becomes_error_once(db: database.Database) -> None:
             sa.select(tables.raw_files.c.status).where(tables.raw_files.c.file_id == file_id)
         ).scalar()
     assert (first, again, status) == (True, False, "error")
+
+
+def test_an_appends_lock_on_its_row_lets_a_flush_catalog_the_file(
+    postgres_db: database.Database,
+) -> None:
+    """The append path locks its session's row against other appends and flushes' updates of
+    it (``FOR NO KEY UPDATE``), not against the rows that only refer to it: a flush's
+    catalog rows (their foreign key) go in while an append of the file is uncommitted."""
+    db = postgres_db
+    file_id = _insert(db)
+    row = {
+        "file_id": file_id,
+        "seq": 1,
+        "byte_offset": 0,
+        "byte_length": 10,
+        "ts": db.now(),
+        "role": "user",
+    }
+    with db.transaction() as conn:
+        assert index.find_file(conn, "a", "session", file_id) is not None  # locked till the end
+        with db.engine.connect() as other, other.begin():
+            other.exec_driver_sql("SET LOCAL lock_timeout = '2s'")  # FOR UPDATE: it times out
+            other.execute(sa.insert(tables.messages).values(row))
+    with db.reading() as conn:
+        assert conn.scalar(sa.select(sa.func.count()).select_from(tables.messages)) == 1
