@@ -449,9 +449,9 @@ def _compress_batch(
                 store.fsync_dir(folder)
             fault("renamed")
             now = db.now()
-            updated = (
-                db.commit(functools.partial(_mark_all, packed=placed, now=now)) if placed else []
-            )
+            placed.sort(key=lambda p: p.row.file_id)  # the order of every group's row locks
+            mark = functools.partial(_mark_all, packed=placed, now=now)
+            updated = db.commit(mark, key=placed[0].row.file_id) if placed else []
             for p, ok in zip(placed, updated, strict=True):
                 try:
                     outcomes[p.row.file_id] = _settle(p, ok, fault)

@@ -21,6 +21,7 @@ from pipeline import (
     catalog,
     database,
     errors,
+    index,
     integrity,
     journal,
     ledger,
@@ -67,6 +68,31 @@ def _age(db: database.Database, file_id: str, days: float) -> None:
 
 def _live_files(data_dir: Path) -> list[Path]:
     return sorted(p for p in (data_dir / "raw").rglob("*") if p.is_file())
+
+
+def test_a_batch_marks_its_files_archived_in_file_order(
+    db: database.Database,
+    data_dir: Path,
+    file_locks: locks.FileLocks,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Whatever order its files come in: the order every group takes PostgreSQL's row locks
+    in (pipeline.database.commits)."""
+    file_ids = [_refined_file(db, data_dir, f"s{i}") for i in range(5)]
+    for file_id in file_ids:
+        _age(db, file_id, 40)
+    marked: list[str] = []
+    mark = index.mark_archived
+
+    def marking(conn: sa.Connection, row: tables.FileRow, *, path: str, now: dt.datetime) -> bool:
+        marked.append(row.file_id)
+        return mark(conn, row, path=path, now=now)
+
+    monkeypatch.setattr(index, "mark_archived", marking)
+    given = sorted(file_ids, reverse=True)
+    outcomes = dict(archive.compress_many(db, file_locks, data_dir, given))
+    assert all(isinstance(o, archive.Outcome) for o in outcomes.values()), outcomes
+    assert marked == sorted(file_ids)
 
 
 def test_cold_files_only_fully_refined_and_old(db: database.Database, data_dir: Path) -> None:
