@@ -5,7 +5,10 @@ whatever it holds. So the transactions that arrive while one commits do not each
 disk flush of their own: they queue, and the next one to commit takes everything queued into
 one transaction (a *group*), each piece of work in a savepoint of its own, and commits once.
 Work that fails (a bad request, a conflict, a full backlog) rolls back to its savepoint and
-fails alone; the rest commit. Every caller gets its answer only after its group's commit.
+fails alone; the rest commit. Every caller gets its answer only after its group's commit. On
+PostgreSQL, where a savepoint and its release are two round trips, a group runs first
+without them (*optimistic*): a piece that fails then fails alone, the transaction rolls
+back, and the rest run again in savepoints.
 
 There is no timer: a group is whatever queued while the previous one committed, so a lone
 caller commits at once, and under load groups grow by themselves. The caller that finds no
@@ -94,9 +97,15 @@ class Group:
     ``durable``); a group's commit is durable when any of its work is, so lazy work that
     queues behind an acknowledgement rides on its disk flush and costs no commit of its own."""
 
-    def __init__(self, db: Transactions, *, max_group: int = MAX_GROUP) -> None:
+    def __init__(
+        self, db: Transactions, *, max_group: int = MAX_GROUP, optimistic: bool = False
+    ) -> None:
         self.db = db
         self.max_group = max_group
+        #: whether a group runs first without savepoints (PostgreSQL: a savepoint and its
+        #: release are two round trips a piece; on SQLite two calls of a few µs, and a piece
+        #: that fails would cost the group a second run)
+        self.optimistic = optimistic
         self._mutex = threading.Lock()
         self._queue: collections.deque[_Work[Any]] = collections.deque()
         self._leading = False
@@ -197,11 +206,18 @@ class Group:
 
     def _commit(self, group: list[_Work[Any]]) -> list[_Work[Any]]:
         """Run a group in one transaction and settle each piece of work; the pieces to run
-        again. A lone piece runs without a savepoint (its failure is its transaction's)."""
+        again. A lone piece runs without a savepoint (its failure is its transaction's), and
+        so does an :attr:`optimistic` group at first: when one of its pieces fails, that
+        piece is settled with its failure, the transaction rolls back, and the rest run again
+        in savepoints."""
         group = sorted(group, key=_lock_order)
-        for attempt in range(DEADLOCK_ATTEMPTS):
+        early: list[tuple[_Work[Any], str, Any]] = []  #: settled by a run without savepoints
+        bare = self.optimistic and len(group) > 1
+        attempt = 0
+        outcomes: list[tuple[_Work[Any], str, Any]] = []
+        while group:
             last = attempt + 1 == DEADLOCK_ATTEMPTS
-            outcomes: list[tuple[_Work[Any], str, Any]] = []
+            outcomes = []
             try:
                 durable = any(work.durable for work in group)
                 with self.db.committing(durable=durable) as conn:
@@ -209,28 +225,48 @@ class Group:
                         outcomes.append((group[0], *_alone(conn, group[0].run)))
                     else:
                         for i, work in enumerate(group):
-                            outcomes.append((work, *in_savepoint(conn, f"g{i}", work.run)))
-            except _Undone as undone:  # the lone piece failed; its transaction rolled back
+                            ran = (
+                                _bare(conn, work) if bare else in_savepoint(conn, f"g{i}", work.run)
+                            )
+                            outcomes.append((work, *ran))
+            except _Undone as undone:
+                if undone.work is not None:  # failed without a savepoint: the rest with them
+                    early.append((undone.work, undone.kind, undone.error))
+                    group = [work for work in group if work is not undone.work]
+                    bare = False
+                    outcomes = []
+                    continue
                 if undone.kind == "failed" and _aborted(undone.error):
                     self._count_abort()
                     if not last:
+                        attempt += 1
                         continue
                 outcomes = [(group[0], undone.kind, undone.error)]
             except errors.SgmeError as exc:
                 if _aborted(exc):
                     self._count_abort()
-                if _aborted(exc) and not last:
-                    continue
+                    if not last:
+                        attempt += 1
+                        continue
+                again = self._settle(early)
                 if _aborted(exc) and len(group) > 1:
                     # Deadlocked every time: the pieces' row locks cross those of another
                     # process's group. Alone, each holds its own locks only, and goes on.
-                    return [w for work in group for w in self._commit([work])]
+                    return again + [w for work in group for w in self._commit([work])]
                 # Nothing committed: every piece that had not failed alone fails with it.
                 failed = {id(w): v for w, kind, v in outcomes if kind == "failed"}
                 for work in group:
                     work.fail(failed.get(id(work), exc))
-                return []
+                return again
             break
+        again = self._settle([*early, *outcomes])
+        if len(early) + len(outcomes) > len(again):
+            self._count(len(early) + len(outcomes) - len(again))
+        return again
+
+    @staticmethod
+    def _settle(outcomes: list[tuple[_Work[Any], str, Any]]) -> list[_Work[Any]]:
+        """Give each piece its outcome; the pieces to run again."""
         again = []
         for work, kind, value in outcomes:
             if kind == "again":
@@ -239,8 +275,6 @@ class Group:
                 work.fail(value)
             else:
                 work.succeed(value)
-        if len(again) < len(group):
-            self._count(len(group) - len(again))
         return again
 
     def _count(self, works: int) -> None:
@@ -264,13 +298,16 @@ def _wake(work: _Work[Any]) -> None:
 
 
 class _Undone(Exception):
-    """A lone piece of work that failed (``kind`` ``"failed"`` or ``"again"``): raised out of
-    its transaction so that it rolls back."""
+    """A piece of work that failed (``kind`` ``"failed"`` or ``"again"``), alone or in a group
+    without savepoints (``work``): raised out of its transaction so that it rolls back."""
 
-    def __init__(self, kind: str, error: BaseException | None) -> None:
+    def __init__(
+        self, kind: str, error: BaseException | None, work: _Work[Any] | None = None
+    ) -> None:
         super().__init__(kind)
         self.kind = kind
         self.error = error
+        self.work = work
 
 
 def _alone(conn: sa.Connection, run: Callable[[sa.Connection], Any]) -> tuple[str, Any]:
@@ -280,6 +317,21 @@ def _alone(conn: sa.Connection, run: Callable[[sa.Connection], Any]) -> tuple[st
         raise _Undone("again", None) from None
     except Exception as exc:
         raise _Undone("failed", engines.mapped(exc)) from exc
+
+
+def _bare(conn: sa.Connection, work: _Work[Any]) -> tuple[str, Any]:
+    """Run one piece of a group without a savepoint: ``("done", value)``, or raised: a lost
+    connection or a deadlock as the whole group's error, any other failure as the piece's
+    (:class:`_Undone`, the group's transaction rolls back)."""
+    try:
+        return "done", work.run(conn)
+    except Again:
+        raise _Undone("again", None, work) from None
+    except Exception as exc:
+        error = engines.mapped(exc)
+        if isinstance(error, errors.IndexUnavailable):  # aborted or lost: so is the group
+            raise error from exc
+        raise _Undone("failed", error, work) from exc
 
 
 def in_savepoint(

@@ -120,7 +120,7 @@ class Database:
         #: how long a thread waits for the in-process write lock (SQLite's busy timeout)
         self.busy_timeout = busy_timeout
         self._writer: threading.RLock | None = None if self.postgres else threading.RLock()
-        self.group = commits.Group(self)
+        self.group = commits.Group(self, optimistic=self.postgres)
         self._committer: _Held | None = None
         self._readers = threading.local()
         self._held_lock = threading.Lock()
@@ -133,7 +133,7 @@ class Database:
         next use here (:meth:`_Held.usable` checks the process), never closed."""
         if self._writer is not None:
             self._writer = threading.RLock()
-        self.group = commits.Group(self)
+        self.group = commits.Group(self, optimistic=self.postgres)
         self._held_lock = threading.Lock()
 
     @classmethod

@@ -16,7 +16,7 @@ import pytest
 import sqlalchemy as sa
 
 from pipeline import anomalies, clock, database, errors, index, journal, tables
-from pipeline.database import commits
+from pipeline.database import commits, statements
 
 THREADS = 12
 
@@ -86,14 +86,17 @@ def test_work_queued_behind_a_commit_shares_the_next_one(db: database.Database) 
     assert _kinds(db) == [f"k{i:02d}" for i in range(THREADS)]
 
 
-def test_a_failing_piece_fails_alone_and_leaves_nothing(db: database.Database) -> None:
+@pytest.mark.parametrize("optimistic", [False, True], ids=["savepoints", "optimistic"])
+def test_a_failing_piece_fails_alone_and_leaves_nothing(
+    db: database.Database, optimistic: bool
+) -> None:
     def failing(conn: sa.Connection) -> str:
         anomalies.record(
             conn, None, "bad", "written, then rolled back to its savepoint", now=clock.SYSTEM.now()
         )
         raise errors.Conflict("this request contradicts what is recorded")
 
-    group = commits.Group(db)
+    group = commits.Group(db, optimistic=optimistic)
     _, rest = _run_behind_a_held_commit(
         group, _anomaly("first"), [_anomaly("a"), failing, _anomaly("b")]
     )
@@ -102,7 +105,50 @@ def test_a_failing_piece_fails_alone_and_leaves_nothing(db: database.Database) -
     assert _kinds(db) == ["a", "b", "first"]
 
 
-def test_a_piece_that_must_run_again_goes_into_the_next_group(db: database.Database) -> None:
+def test_an_optimistic_group_takes_savepoints_only_once_a_piece_fails(
+    db: database.Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As on PostgreSQL (where each costs two round trips): a group runs without them; when a
+    piece fails, it fails alone, the group's transaction rolls back, and the rest run again in
+    savepoints: what each caller is told and what is stored are as with them all along."""
+    taken: list[str] = []
+    savepoint = statements.savepoint
+
+    def counted(conn: sa.Connection, name: str, action: str) -> None:
+        taken.append(action)
+        savepoint(conn, name, action)
+
+    monkeypatch.setattr(statements, "savepoint", counted)
+    runs: list[str] = []
+
+    def piece(kind: str) -> Callable[[sa.Connection], str]:
+        def work(conn: sa.Connection) -> str:
+            runs.append(kind)
+            return _anomaly(kind)(conn)
+
+        return work
+
+    def failing(conn: sa.Connection) -> str:
+        runs.append("bad")
+        anomalies.record(conn, None, "bad", "written, then rolled back", now=clock.SYSTEM.now())
+        raise errors.Conflict("this request contradicts what is recorded")
+
+    group = commits.Group(db, optimistic=True)
+    _, rest = _run_behind_a_held_commit(group, piece("first"), [piece("a"), piece("b")])
+    assert (rest, taken, runs) == (["a", "b"], [], ["first", "a", "b"])
+    runs.clear()
+    _, rest = _run_behind_a_held_commit(group, piece("second"), [piece("c"), failing, piece("d")])
+    assert rest[0] == "c" and rest[2] == "d"
+    assert isinstance(rest[1], errors.Conflict)
+    assert runs == ["second", "c", "bad", "c", "d"]  # the failing piece ran once
+    assert taken == ["begin", "release"] * 2  # c and d, in the second run
+    assert _kinds(db) == ["a", "b", "c", "d", "first", "second"]
+
+
+@pytest.mark.parametrize("optimistic", [False, True], ids=["savepoints", "optimistic"])
+def test_a_piece_that_must_run_again_goes_into_the_next_group(
+    db: database.Database, optimistic: bool
+) -> None:
     runs: list[int] = []
 
     def racing(conn: sa.Connection) -> str:
@@ -114,14 +160,17 @@ def test_a_piece_that_must_run_again_goes_into_the_next_group(db: database.Datab
             raise commits.Again
         return _anomaly("again")(conn)
 
-    group = commits.Group(db)
+    group = commits.Group(db, optimistic=optimistic)
     _, rest = _run_behind_a_held_commit(group, _anomaly("first"), [racing, _anomaly("x")])
     assert rest == ["again", "x"] and len(runs) == 2
     assert group.groups == 3  # first; x (racing went back); racing alone
     assert _kinds(db) == ["again", "first", "x"]
 
 
-def test_a_failed_transaction_fails_every_piece_and_commits_none(db: database.Database) -> None:
+@pytest.mark.parametrize("optimistic", [False, True], ids=["savepoints", "optimistic"])
+def test_a_failed_transaction_fails_every_piece_and_commits_none(
+    db: database.Database, optimistic: bool
+) -> None:
     if db.postgres:
 
         def breaking(conn: sa.Connection) -> str:
@@ -146,7 +195,7 @@ def test_a_failed_transaction_fails_every_piece_and_commits_none(db: database.Da
 
         failure = errors.ConstraintViolation
 
-    group = commits.Group(db)
+    group = commits.Group(db, optimistic=optimistic)
     _, rest = _run_behind_a_held_commit(
         group, _anomaly("first"), [_anomaly("a"), breaking, _anomaly("b")]
     )
@@ -155,8 +204,9 @@ def test_a_failed_transaction_fails_every_piece_and_commits_none(db: database.Da
     assert (group.groups, group.works) == (1, 1)
 
 
+@pytest.mark.parametrize("optimistic", [False, True], ids=["savepoints", "optimistic"])
 def test_a_group_that_deadlocks_every_time_goes_one_piece_at_a_time(
-    db: database.Database,
+    db: database.Database, optimistic: bool
 ) -> None:
     """A group whose pieces lock rows another process's group locks in another order may be
     aborted on every run; then each piece runs alone, holding only its own locks, and every
@@ -180,7 +230,7 @@ def test_a_group_that_deadlocks_every_time_goes_one_piece_at_a_time(
 
         return work
 
-    group = commits.Group(Deadlocking())
+    group = commits.Group(Deadlocking(), optimistic=optimistic)
     first, rest = _run_behind_a_held_commit(group, piece("first"), [piece(k) for k in "abc"])
     assert [first, *rest] == ["first", "a", "b", "c"]  # nobody was told of the deadlocks
     assert _kinds(db) == ["a", "b", "c", "first"]  # each stored once
