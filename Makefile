@@ -79,6 +79,8 @@ bench: $(STAMP) $(HERMES_STAMP) wrk
 	$(BIN)/python bench/bench_append.py
 	$(BIN)/python bench/bench_refine.py
 	$(BIN)/python bench/bench_serve.py
+	$(BIN)/python bench/bench_serve.py --only production
+	$(BIN)/python bench/bench_groups.py
 	$(BIN)/python bench/bench_parse.py
 	$(BIN)/python bench/bench_archive.py
 	$(BIN)/python bench/bench_reindex.py

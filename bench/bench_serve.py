@@ -12,10 +12,16 @@ round, and the server under ``wrk`` with the CPU it spent an append.
   ``--wait-flushed`` every append asks ``?wait=flushed``, and the answers that were not 200
   (acknowledged only: their flush failed) are counted.
 
+* ``production`` (only with ``--only production``): PostgreSQL + Redis of each tree, as
+  bench_http runs it (``sgme api``, ``sgme worker --pool threads --concurrency 4``, ``sgme
+  beat``, a database of the run's own), under the same ``wrk``: appends a second, p99, and
+  the deadlocks PostgreSQL broke during the measured run (``pg_stat_database``).
+
 Each tree runs once per round, rounds alternate the trees, and every run is printed: on a
 shared machine only a range over alternating runs says more than the noise.
 
-    .venv/bin/python bench/bench_serve.py [--baseline DIR ...] [--runs 3] [--only round|wrk]
+    .venv/bin/python bench/bench_serve.py [--baseline DIR ...] [--runs 3]
+                                          [--only round|wrk|production]
                                           [--wait-flushed]
 
 ``DIR`` is a tree of other code (``git archive REV pipeline workers | tar -x -C DIR``).
@@ -26,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -114,6 +121,60 @@ def wrk_case(code: Path, seconds: float, tmp: Path, *, wait: bool = False) -> di
     }
 
 
+def production_case(code: Path, seconds: float, tmp: Path) -> dict[str, float]:
+    """PostgreSQL + Redis of ``code`` as bench_http runs them (``sgme api``, ``sgme worker
+    --pool threads``, ``sgme beat``; a database and a Redis database of the run's own) under
+    bench_http's ``wrk``, with the deadlocks PostgreSQL broke during the measured run."""
+    import bench_http  # here, not above: it imports the tests' harness, and with it pipeline
+    import harness
+    import sqlalchemy as sa
+    from conftest import scratch_database
+
+    from pipeline import database
+
+    boot = f"import sys; sys.path.insert(0, {str(code)!r}); from pipeline.cli import main; "
+    argv = [sys.executable, "-c", boot + "sys.exit(main())"]
+    data = Path(tempfile.mkdtemp(prefix="sgme-production-", dir=tmp))
+    children = harness.Procs(tmp / "logs")
+    with scratch_database("sgme_bench") as url, harness.redis_database():
+        env = harness.clean_env(**bench_http.SETTINGS)
+        common = ["--data-dir", str(data), "--database-url", url]
+        broker = ["--broker-url", bench_http.REDIS_URL, "--log-level", "warning"]
+        engine = sa.create_engine(database.normalize_url(url))
+        deadlocks = sa.text(
+            "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"
+        )
+        try:
+            migrate = [*argv, "migrate", *common]
+            subprocess.run(migrate, env=env, check=True, capture_output=True, timeout=120)
+            port = harness.free_port()
+            for name, args in (
+                ("worker", ["worker", *common, *broker, "--pool", "threads", "--concurrency", "4"]),
+                ("beat", ["beat", *common, *broker]),
+                ("api", ["api", *common, *broker, "--port", str(port)]),
+            ):
+                proc = children.start(name, args, env, argv=[*argv, *args])
+            url_api = f"http://127.0.0.1:{port}"
+            with httpx.Client(base_url=url_api) as client:
+                harness.wait_healthy(client, proc, timeout=60)
+            with engine.connect() as conn:
+                before = conn.execute(deadlocks).scalar_one()
+            found = bench_http.run_wrk(f"PostgreSQL + Redis of {code}", url_api, seconds, 50, tmp)
+            time.sleep(1.0)  # a backend reports its counts when its transaction ends
+            with engine.connect() as conn:
+                after = conn.execute(deadlocks).scalar_one()
+        finally:
+            children.close()
+            engine.dispose()
+            shutil.rmtree(data, ignore_errors=True)
+    return {
+        "appends/s": found.rate,
+        "p99 ms": found.p99_ms,
+        "non-2xx": found.non2xx,
+        "deadlocks": after - before,
+    }
+
+
 def _round_run(code: Path, files: int, rounds: int) -> dict[str, float]:
     argv = [sys.executable, __file__, "--case", "--code", str(code)]
     argv += ["--files", str(files), "--rounds-per-run", str(rounds)]
@@ -133,7 +194,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--baseline", type=Path, action="append", default=[])
     parser.add_argument("--runs", type=int, default=3, help="alternating runs of each tree")
-    parser.add_argument("--only", choices=("round", "wrk"))
+    parser.add_argument("--only", choices=("round", "wrk", "production"))
     parser.add_argument("--files", type=int, default=50, help="files a flush round")
     parser.add_argument("--rounds-per-run", type=int, default=40)
     parser.add_argument("--seconds", type=float, default=6.0, help="measured under wrk")
@@ -148,6 +209,20 @@ def main() -> int:
         print(json.dumps(round_case(args.files, args.rounds_per_run)))
         return 0
     trees = {"sgme": ROOT, **{str(path): path for path in args.baseline}}
+    if args.only == "production":
+        if shutil.which("wrk") is None:
+            raise SystemExit("wrk is not installed (make wrk)")
+        stacks: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
+        with tempfile.TemporaryDirectory(prefix="sgme-bench-serve-") as tmp:
+            for _ in range(args.runs):
+                for name, code in trees.items():
+                    stacks[name].append(production_case(code, args.seconds, Path(tmp)))
+        _table(
+            f"PostgreSQL + Redis under wrk (50 connections, {args.seconds:g} s a run)",
+            ["appends/s", "p99 ms", "non-2xx", "deadlocks"],
+            stacks,
+        )
+        return 0
     if args.only != "wrk":
         rounds: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
         for _ in range(args.runs):
