@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -181,6 +182,20 @@ def _round_run(code: Path, files: int, rounds: int) -> dict[str, float]:
     return subrun.case(argv, f"the flush rounds of {code}")
 
 
+def _under_wrk(
+    trees: dict[str, Path], runs: int, case: Callable[[Path, Path], dict[str, float]]
+) -> dict[str, list[dict[str, float]]]:
+    """``case(code, tmp)`` of each tree, ``runs`` times, the trees alternating."""
+    if shutil.which("wrk") is None:
+        raise SystemExit("wrk is not installed (make wrk)")
+    found: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
+    with tempfile.TemporaryDirectory(prefix="sgme-bench-serve-") as tmp:
+        for _ in range(runs):
+            for name, code in trees.items():
+                found[name].append(case(code, Path(tmp)))
+    return found
+
+
 def _table(title: str, keys: list[str], runs: dict[str, list[dict[str, float]]]) -> None:
     print(f"\n{title}\n")
     print("| code | " + " | ".join(f"{k} (each run)" for k in keys) + " |")
@@ -210,13 +225,9 @@ def main() -> int:
         return 0
     trees = {"sgme": ROOT, **{str(path): path for path in args.baseline}}
     if args.only == "production":
-        if shutil.which("wrk") is None:
-            raise SystemExit("wrk is not installed (make wrk)")
-        stacks: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
-        with tempfile.TemporaryDirectory(prefix="sgme-bench-serve-") as tmp:
-            for _ in range(args.runs):
-                for name, code in trees.items():
-                    stacks[name].append(production_case(code, args.seconds, Path(tmp)))
+        stacks = _under_wrk(
+            trees, args.runs, lambda code, tmp: production_case(code, args.seconds, tmp)
+        )
         _table(
             f"PostgreSQL + Redis under wrk (50 connections, {args.seconds:g} s a run)",
             ["appends/s", "p99 ms", "non-2xx", "deadlocks"],
@@ -234,15 +245,11 @@ def main() -> int:
             rounds,
         )
     if args.only != "round":
-        if shutil.which("wrk") is None:
-            raise SystemExit("wrk is not installed (make wrk)")
-        served: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
-        with tempfile.TemporaryDirectory(prefix="sgme-bench-serve-") as tmp:
-            for _ in range(args.runs):
-                for name, code in trees.items():
-                    served[name].append(
-                        wrk_case(code, args.seconds, Path(tmp), wait=args.wait_flushed)
-                    )
+        served = _under_wrk(
+            trees,
+            args.runs,
+            lambda code, tmp: wrk_case(code, args.seconds, tmp, wait=args.wait_flushed),
+        )
         waited = ", ?wait=flushed" if args.wait_flushed else ""
         _table(
             f"sgme serve under wrk (50 connections{waited}, {args.seconds:g} s a run)",
