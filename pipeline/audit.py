@@ -50,6 +50,27 @@ def pending(conn: sa.Connection, file_id: str) -> bool:
     return _UNFINISHED.first(conn, {"file_id": file_id}) is not None
 
 
+_R = tables.raw_files.c
+_FILE_AND_PENDING = database.Prepared(
+    sa.select(
+        tables.raw_files,
+        sa.exists()
+        .where(_A.file_id == _R.file_id, _A.finished_at.is_(None))
+        .label("removal_unfinished"),
+    ).where(_R.file_id == sa.bindparam("file_id"))
+)
+
+
+def file_and_pending(conn: sa.Connection, file_id: str) -> tuple[tables.FileRow | None, bool]:
+    """The row of ``file_id`` (None if there is none) and :func:`pending`, in one statement:
+    every flush asks both."""
+    found = _FILE_AND_PENDING.first(conn, {"file_id": file_id})
+    if found is None:  # an erased file's removal may be unfinished all the same
+        return None, pending(conn, file_id)
+    unfinished = bool(found.pop("removal_unfinished"))
+    return tables.FileRow.of(found), unfinished
+
+
 def unfinished(
     conn: sa.Connection, *, file_id: str | None = None, before: dt.datetime | None = None
 ) -> list[tables.AuditRow]:

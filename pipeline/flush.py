@@ -176,9 +176,9 @@ def _snapshot(
     flush again) and its first journal rows, in one snapshot; None while a redaction of the
     file is unfinished (unless ``settled``: finished just now)."""
     with db.reading(held=True) as conn:
-        if not settled and audit.pending(conn, file_id):
+        row, unfinished = audit.file_and_pending(conn, file_id)
+        if unfinished and not settled:
             return None
-        row = index.get_file(conn, file_id)
         if row is None:
             raise errors.NotFound(f"no file {file_id}")
         upto = row.next_seq - 1
@@ -428,8 +428,8 @@ def flush_many(
                 if budget <= 0:
                     done.later.append(file_id)
                     continue
-                row = index.get_file(conn, file_id)
-                if row is None or row.status == Status.ARCHIVED or audit.pending(conn, file_id):
+                row, unfinished = audit.file_and_pending(conn, file_id)
+                if row is None or row.status == Status.ARCHIVED or unfinished:
                     done.alone.append(file_id)
                     continue
                 upto = row.next_seq - 1

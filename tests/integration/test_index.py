@@ -9,7 +9,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from pipeline import anomalies, database, index, tables
+from pipeline import anomalies, audit, database, index, tables
 from pipeline.tables import Kind, Status
 
 
@@ -116,3 +116,31 @@ def test_an_appends_lock_on_its_row_lets_a_flush_catalog_the_file(
             other.execute(sa.insert(tables.messages).values(row))
     with db.reading() as conn:
         assert conn.scalar(sa.select(sa.func.count()).select_from(tables.messages)) == 1
+
+
+def test_a_flush_reads_its_files_row_and_unfinished_removal_at_once(
+    db: database.Database,
+) -> None:
+    """``audit.file_and_pending``: the row and whether a removal in the file is unfinished,
+    as ``get_file`` and ``audit.pending`` say them; and for a file whose row is gone too."""
+    file_id, other = _insert(db), _insert(db)
+    gone = str(uuid.uuid4())  # an erased file: no row, its removal unfinished
+    with db.transaction() as conn:
+        for target in (file_id, gone):
+            audit.record(
+                conn, now=db.now(), action=audit.ERASE, file_id=target, agent_id="a", actor="t"
+            )
+    with db.reading() as conn:
+        found = {f: audit.file_and_pending(conn, f) for f in (file_id, other, gone)}
+        rows = {f: index.get_file(conn, f) for f in (file_id, other)}
+    assert found == {
+        file_id: (rows[file_id], True),
+        other: (rows[other], False),
+        gone: (None, True),
+    }
+    with db.transaction() as conn:
+        for row in audit.unfinished(conn):
+            audit.finish(conn, row.id, now=db.now())
+    with db.reading() as conn:
+        assert audit.file_and_pending(conn, file_id) == (rows[file_id], False)
+        assert audit.file_and_pending(conn, gone) == (None, False)
