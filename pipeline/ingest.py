@@ -82,8 +82,9 @@ class Held:
     kick: str | None = None
 
 
-#: sessions :class:`KnownFiles` remembers before it starts over
-KNOWN_FILES = 100_000
+#: sessions :class:`KnownFiles` remembers before it starts over: a few MB (about 25 MB if
+#: every key were 512 characters past the BMP)
+KNOWN_FILES = 10_000
 
 
 class KnownFiles:
