@@ -312,6 +312,12 @@ def test_groups_locking_rows_in_their_keys_order_never_deadlock(postgres_url: st
         for kind in (row1, row2):
             anomalies.record(conn, None, kind, "a row to lock", now=clock.SYSTEM.now())
     holding = {id(db): threading.Event(), id(other): threading.Event()}
+    # a transaction waiting for this one (for a row it locked): PostgreSQL's lock table
+    waited_for = sa.text(
+        "SELECT 1 FROM pg_locks w JOIN pg_locks mine ON w.transactionid = mine.transactionid"
+        " WHERE mine.pid = pg_backend_pid() AND mine.locktype = 'transactionid'"
+        " AND mine.granted AND NOT w.granted"
+    )
 
     def locking(handle: database.Database, kind: str) -> Callable[[sa.Connection], str]:
         def work(conn: sa.Connection) -> str:
@@ -321,7 +327,14 @@ def test_groups_locking_rows_in_their_keys_order_never_deadlock(postgres_url: st
             if not mine.is_set():  # the group's first piece: give the other group its turn
                 mine.set()
                 theirs = holding[id(other if handle is db else db)]
-                theirs.wait(1.5)  # it never comes while it waits for our row
+                # it holds its first row too (and both ask for the other's next), or it waits
+                # for ours
+                helpers.wait_for(
+                    lambda: theirs.is_set() or conn.execute(waited_for).first(),
+                    timeout=10,
+                    what="the other group's first row, or its wait for ours",
+                    poll=0.005,
+                )
             return kind
 
         return work
