@@ -95,7 +95,8 @@ class KnownFiles:
     know (its first append, or its first since then) goes without a key: first in its group,
     where it may meet the deadlock the order avoids, which the group survives by running
     again. A key that is out of date (the session's file was erased and made again) orders
-    its group wrongly in the same way, and changes nothing else."""
+    its group wrongly in the same way, and changes nothing else. With ``size`` 0 it remembers
+    nothing (SQLite, which takes no row locks)."""
 
     def __init__(self, size: int = KNOWN_FILES) -> None:
         self.size = size
@@ -103,10 +104,12 @@ class KnownFiles:
 
     def key(self, append: validation.Append) -> str | None:
         """The file the session of ``append`` was last known to have, or None."""
-        return self._files.get(ordering.session_of(append))
+        return self._files.get(ordering.session_of(append)) if self.size else None
 
     def learn(self, append: validation.Append, file_id: str) -> None:
         """The session of ``append`` has the file ``file_id``."""
+        if not self.size:
+            return
         if len(self._files) >= self.size:
             self._files.clear()
         self._files[ordering.session_of(append)] = file_id

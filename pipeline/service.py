@@ -115,7 +115,7 @@ class Service(Views, Upkeep):
         #: the flushes that appends wait for, combined in rounds (pipeline.waits)
         self.waits = waits.Waits(self._round, self.flush)
         #: each session's file, the order of an append's row lock (pipeline.ingest)
-        self.known = ingest.KnownFiles()
+        self.known = ingest.KnownFiles(ingest.KNOWN_FILES if db.postgres else 0)
 
     # -----------------------------------------------------------------------------------------
     # appends

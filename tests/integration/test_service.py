@@ -53,9 +53,10 @@ def test_an_append_kicks_once_until_its_file_is_flushed(
 def test_an_append_to_a_known_session_locks_in_its_files_order(
     service: Service, db: database.Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Its piece of the group goes with the session's file as its key (the order of
-    PostgreSQL's row locks, pipeline.database.commits); a session not known yet goes
-    without one. The same for appends that arrive together and for queued ones."""
+    """On PostgreSQL its piece of the group goes with the session's file as its key (the
+    order of the row locks, pipeline.database.commits); a session not known yet goes without
+    one. The same for appends that arrive together and for queued ones. SQLite takes no row
+    locks: nothing is remembered, no piece has a key."""
     seen: list[str | None] = []
     run, run_many = db.group.run, db.group.run_many
 
@@ -81,9 +82,10 @@ def test_an_append_to_a_known_session_locks_in_its_files_order(
     assert other.result.file_id != first.file_id
     if db.postgres:  # appends that arrive together: a piece each
         assert seen == [None, first.file_id, first.file_id, None, first.file_id]
-    else:  # one piece for all of them (pipeline.batches): SQLite takes no row locks
-        assert seen == [None, first.file_id, None, first.file_id]
-    assert service.known.key(bodies[1]) == other.result.file_id
+        assert service.known.key(bodies[1]) == other.result.file_id
+    else:  # the two that arrived together are one piece (pipeline.batches)
+        assert seen == [None, None, None, None]
+        assert service.known.key(bodies[1]) is None
 
 
 def test_a_task_body_without_a_key_is_recorded_and_dropped(

@@ -30,3 +30,9 @@ def test_past_its_size_it_starts_over() -> None:
     known.learn(_append("b"), "file-b")
     known.learn(_append("c"), "file-c")
     assert [known.key(_append(k)) for k in "abc"] == [None, None, "file-c"]
+
+
+def test_with_no_size_it_remembers_nothing() -> None:
+    known = ingest.KnownFiles(size=0)
+    known.learn(_append("s"), "file-1")
+    assert known.key(_append("s")) is None
