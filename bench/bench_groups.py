@@ -61,11 +61,9 @@ def main() -> int:
     args = parser.parse_args()
     found: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
     with scratch_database("sgme_bench_groups") as url:
-        engine = database.create_engine(url)
-        database.migrate(engine)
-        engine.dispose()
         db = database.Database.from_url(url)
         try:
+            database.migrate(db.engine)
             for t in range(args.threads):  # the sessions' files exist before the clock starts
                 journal.ingest(db, _body(f"s{t}"))
             for _ in range(args.blocks):

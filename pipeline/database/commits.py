@@ -234,7 +234,6 @@ class Group:
                     early.append((undone.work, undone.kind, undone.error))
                     group = [work for work in group if work is not undone.work]
                     bare = False
-                    outcomes = []
                     continue
                 if undone.kind == "failed" and _aborted(undone.error):
                     self._count_abort()
