@@ -3,6 +3,7 @@ one file played by fakes: who shares a round, who waits again, who gets which er
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import threading
@@ -28,12 +29,14 @@ class Fakes:
     def __init__(self, rounds: list[Callable[[list[str]], Round]]) -> None:
         self.planned = rounds
         self.rounds: list[list[str]] = []
+        self.leaders: list[threading.Thread] = []  #: the thread that ran each round
         self.alone: list[str] = []
         self.release = threading.Event()
         self.alone_answers: dict[str, Callable[[], FlushResult]] = {}
 
     def round(self, file_ids: list[str], run: Runner) -> Round:
         self.rounds.append(file_ids)
+        self.leaders.append(threading.current_thread())
         return self.planned.pop(0)(file_ids)
 
     def flush_alone(self, file_id: str) -> FlushResult:
@@ -120,6 +123,57 @@ def test_a_flush_short_of_the_seq_with_nothing_left_is_the_answer() -> None:
     callers = list(behind_a_gate(fakes, combined, [("b", 3), ("c", 1)]))
     assert fakes.rounds == [["b", "c"]]
     assert [c.answer for c in callers] == [result("b", 1), result("c", 1)]
+
+
+def test_the_lead_passes_to_the_first_caller_still_queued() -> None:
+    """After a round, only the callers it settled are woken, and the caller first in the
+    queue leads the next round: the first of those whose file the round left short, put back
+    at the front in their order."""
+    short = {"c": FlushResult("c", 1, 10, 1, "new", more=True)}
+    short["d"] = dataclasses.replace(short["c"], file_id="d")
+    first = lambda ids: Round(results={f: short.get(f) or result(f, 1) for f in ids})  # noqa: E731
+    fakes = Fakes([first, every(2)])
+    combined = waits.Waits(fakes.round, fakes.flush_alone)
+    callers = list(behind_a_gate(fakes, combined, [("b", 1), ("c", 2), ("d", 2)]))
+    again = [f for f in fakes.rounds[0] if f in short]
+    assert sorted(fakes.rounds[0]) == ["b", "c", "d"] and fakes.rounds[1] == again
+    led = [next(c.file_id for c in callers if c is leader) for leader in fakes.leaders]
+    assert led == [fakes.rounds[0][0], again[0]]  # the first queued wait's caller, each time
+    assert [c.answer for c in callers] == [result("b", 1), result("c", 2), result("d", 2)]
+    assert (combined.rounds, combined.settled, combined.leading()) == (3, 4, False)
+
+
+def test_a_round_wakes_only_the_callers_it_settled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No caller is woken to find it has nothing to do: each is woken once when its wait
+    settles, and once more only when it is to lead (the first queued after the gate's flush,
+    then c, which the first round left short)."""
+    woken: dict[str, int] = {}
+
+    class Counted(waits._Wait):
+        def __init__(self, file_id: str, seq: int) -> None:
+            super().__init__(file_id, seq)
+            event = self.woken
+
+            def counted_set() -> None:
+                woken[file_id] = woken.get(file_id, 0) + 1
+                threading.Event.set(event)
+
+            event.set = counted_set  # type: ignore[method-assign]
+
+    monkeypatch.setattr(waits, "_Wait", Counted)
+    short = FlushResult("c", 1, 10, 1, "new", more=True)
+    first = lambda ids: Round(results={f: short if f == "c" else result(f, 1) for f in ids})  # noqa: E731
+    fakes = Fakes([first])
+    combined = waits.Waits(fakes.round, fakes.flush_alone)
+    callers = list(behind_a_gate(fakes, combined, [("b", 1), ("c", 2), ("d", 1), ("e", 1)]))
+    assert fakes.alone == ["gate", "c"]  # c's second flush: a round of one file
+    answers = [result("b", 1), result("c", 99), result("d", 1), result("e", 1)]
+    assert [c.answer for c in callers] == answers
+    # once settled (c: by the flush of its own), once more to lead: the first queued caller
+    # after the gate's flush, then c
+    expected = {"gate": 1, "b": 1, "c": 2, "d": 1, "e": 1}
+    expected[fakes.rounds[0][0]] += 1
+    assert woken == expected
 
 
 def test_files_handed_back_are_flushed_alone_and_fail_alone() -> None:
