@@ -62,6 +62,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -199,6 +200,8 @@ class Wrk:
     #: answered once in the file)
     answers: int = 0
     ok200: int = 0
+    #: CPU µs each of ``run_wrk``'s ``others`` (processes) spent a 2xx answer
+    others_cpu_us: tuple[float, ...] = ()
 
 
 def process_cpu(pid: int) -> float:
@@ -216,18 +219,21 @@ def run_wrk(
     *,
     pid: int | None = None,
     path: str = "/v1/append",
+    others: Sequence[int] = (),
 ) -> Wrk:
     """``wrk`` on ``url``'s ``POST path`` (``/v1/append``, or with ``?wait=flushed``: then the
     200 answers are counted) for ``seconds`` (after a 2 s warm-up); with ``pid``, that server
-    process' CPU over the measured run too."""
+    process' CPU over the measured run too, and each of ``others``' (a worker's, say)."""
     script = tmp / "append.lua"
     script.write_text(WRK_SCRIPT + (WRK_COUNT_200 if "wait=" in path else ""))
     found: dict[str, Any] = {}
     cpu = 0.0
+    spent: list[float] = []
     for length in (2.0, seconds):  # a warm-up, then the measured run
         prefix = f"wrk-{uuid.uuid4().hex[:6]}"
         argv = ["wrk", "-t2", f"-c{clients}", f"-d{length:g}s", "--timeout", "30s"]
         before = process_cpu(pid) if pid else 0.0
+        others_before = [process_cpu(other) for other in others]
         done = subprocess.run(
             [*argv, "-s", str(script), url, "--", prefix, path],
             capture_output=True,
@@ -236,6 +242,7 @@ def run_wrk(
             timeout=length + 60,
         )
         cpu = process_cpu(pid) - before if pid else 0.0
+        spent = [process_cpu(o) - b for o, b in zip(others, others_before, strict=True)]
         line = next(x for x in done.stdout.splitlines() if x.startswith("WRK "))
         found = json.loads(line.removeprefix("WRK "))
     ok = found["requests"] - found["non2xx"]
@@ -249,6 +256,7 @@ def run_wrk(
         cpu / max(ok, 1) * 1e6 if pid else None,
         ok,
         found["ok200"],
+        tuple(s / max(ok, 1) * 1e6 for s in spent),
     )
     print(f"  wrk: {result.rate:.0f} appends/s, p99 {result.p99_ms:.1f} ms", file=sys.stderr)
     return result

@@ -15,6 +15,7 @@ round, and the server under ``wrk`` with the CPU it spent an append.
 * ``production`` (only with ``--only production``): PostgreSQL + Redis of each tree, as
   bench_http runs it (``sgme api``, ``sgme worker --pool threads --concurrency 4``, ``sgme
   beat``, a database of the run's own), under the same ``wrk``: appends a second, p99, and
+  the CPU the API and the worker processes spent an append (``/proc``, every thread) and
   the deadlocks PostgreSQL broke during the measured run (``pg_stat_database``).
 
 Each tree runs once per round, rounds alternate the trees, and every run is printed: on a
@@ -149,18 +150,28 @@ def production_case(code: Path, seconds: float, tmp: Path) -> dict[str, float]:
             migrate = [*argv, "migrate", *common]
             subprocess.run(migrate, env=env, check=True, capture_output=True, timeout=120)
             port = harness.free_port()
+            pids = {}
             for name, args in (
                 ("worker", ["worker", *common, *broker, "--pool", "threads", "--concurrency", "4"]),
                 ("beat", ["beat", *common, *broker]),
                 ("api", ["api", *common, *broker, "--port", str(port)]),
             ):
                 proc = children.start(name, args, env, argv=[*argv, *args])
+                pids[name] = proc.pid
             url_api = f"http://127.0.0.1:{port}"
             with httpx.Client(base_url=url_api) as client:
                 harness.wait_healthy(client, proc, timeout=60)
             with engine.connect() as conn:
                 before = conn.execute(deadlocks).scalar_one()
-            found = bench_http.run_wrk(f"PostgreSQL + Redis of {code}", url_api, seconds, 50, tmp)
+            found = bench_http.run_wrk(
+                f"PostgreSQL + Redis of {code}",
+                url_api,
+                seconds,
+                50,
+                tmp,
+                pid=pids["api"],
+                others=[pids["worker"]],
+            )
             time.sleep(1.0)  # a backend reports its counts when its transaction ends
             with engine.connect() as conn:
                 after = conn.execute(deadlocks).scalar_one()
@@ -171,6 +182,8 @@ def production_case(code: Path, seconds: float, tmp: Path) -> dict[str, float]:
     return {
         "appends/s": found.rate,
         "p99 ms": found.p99_ms,
+        "api cpu us an append": found.cpu_us or 0.0,
+        "worker cpu us an append": found.others_cpu_us[0],
         "non-2xx": found.non2xx,
         "deadlocks": after - before,
     }
@@ -230,7 +243,14 @@ def main() -> int:
         )
         _table(
             f"PostgreSQL + Redis under wrk (50 connections, {args.seconds:g} s a run)",
-            ["appends/s", "p99 ms", "non-2xx", "deadlocks"],
+            [
+                "appends/s",
+                "p99 ms",
+                "api cpu us an append",
+                "worker cpu us an append",
+                "non-2xx",
+                "deadlocks",
+            ],
             stacks,
         )
         return 0
