@@ -112,7 +112,7 @@ class Service(Views, Upkeep):
         self.policies = privacy.Policies(
             db, default=settings.redact_secrets, cache_seconds=settings.token_cache_seconds
         )
-        #: the flushes that appends wait for, combined in rounds (pipeline.waits)
+        #: the flushes that appends (and flush tasks) wait for, in rounds (pipeline.waits)
         self.waits = waits.Waits(self._round, self.flush)
         #: each session's file, the order of an append's row lock (pipeline.ingest)
         self.known = ingest.KnownFiles(ingest.KNOWN_FILES if db.postgres else 0)
@@ -253,6 +253,12 @@ class Service(Views, Upkeep):
             raise
         self._after_flushes([result])
         return result
+
+    def flush_together(self, file_id: str) -> FlushResult:
+        """:meth:`flush`, in one round with the files other threads of this process flush at
+        the same moment (the worker's flush tasks on a thread pool), as waited appends share
+        theirs (:mod:`pipeline.waits`); at once and on its own when nobody else flushes."""
+        return self.waits.flushed(file_id, 0)
 
     def flush_round(self, file_ids: list[str], *, run: Runner | None = None) -> list[str]:
         """A batched flush (:func:`flush.flush_many`, the syncs through ``run``), then what

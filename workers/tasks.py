@@ -65,11 +65,12 @@ def register(app: Celery, service: Service, *, deployment: str, header: str) -> 
 
     @app.task(name="sgme.flush", **flushes)
     def flush(self: Task, file_id: str) -> None:
-        """Write a file's pending journal rows, then dispatch its refinement if it is due."""
+        """Write a file's pending journal rows, then dispatch its refinement if it is due; in
+        one round with the flush tasks other threads of this worker run at the moment."""
         # A damaged file is recorded as an anomaly and logged (once) by the service; a retry
         # would change nothing, and the sweeper comes back to it anyway.
         with contextlib.suppress(errors.FileDamaged):
-            service.flush(file_id)
+            service.flush_together(file_id)
 
     @app.task(name="sgme.append", **appends)
     def append(self: Task, **body: Any) -> None:

@@ -1,6 +1,7 @@
 """Appends that wait for their file (``wait=flushed``) share flush rounds (pipeline.waits), on
 SQLite and PostgreSQL: every wait is answered once its messages are in the file, and a damaged
-file fails only its own waits."""
+file fails only its own waits. The worker's flush tasks on a thread pool share rounds the
+same way."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 import helpers
 
 from pipeline import database, integrity, reader
+from pipeline.flush import FlushResult
 from pipeline.service import Appended, Service
 from pipeline.settings import Settings
 
@@ -117,3 +119,47 @@ def test_a_replayed_append_is_answered_from_the_file_as_it_is(
         (True, True, 1),
     ]
     assert [m.content for m in reader.messages(db, data_dir, answers[0].result.file_id)] == ["once"]
+
+
+class Flushing(threading.Thread):
+    """A flush task's call (``Service.flush_together``), on a thread of its own."""
+
+    def __init__(self, service: Service, file_id: str) -> None:
+        super().__init__(daemon=True)
+        self.service, self.file_id = service, file_id
+        self.answer: FlushResult | BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.answer = self.service.flush_together(self.file_id)
+        except BaseException as exc:
+            self.answer = exc
+
+
+def test_flush_tasks_on_threads_share_a_round(
+    db: database.Database, data_dir: Path, database_url: str
+) -> None:
+    """The worker's flush tasks running on a thread pool at the same moment flush their files
+    in one round (as waited appends do); each file is written once, in full."""
+    service = _service(db, data_dir, database_url)
+    ids = [helpers.append(service, _body(f"s{i}", "first")).result.file_id for i in range(5)]
+    held = helpers.append(service, _body("held", "first")).result.file_id
+    rounds, groups = service.waits.rounds, db.group.groups
+    with service.file_locks.hold(held):
+        first = Flushing(service, held)
+        first.start()
+        helpers.wait_for(service.waits.leading, what="the held file's flush")
+        rest = [Flushing(service, file_id) for file_id in ids]
+        for flushing in rest:
+            flushing.start()
+        helpers.wait_for(lambda: service.waits.queued() == len(ids), what="flushes queued")
+    for flushing in [first, *rest]:
+        flushing.join(30)
+        assert not flushing.is_alive()
+        assert isinstance(flushing.answer, FlushResult)
+        assert (flushing.answer.messages, flushing.answer.flushed_seq) == (1, 1)
+    assert service.waits.rounds == rounds + 2  # the held file's flush, then one round of five
+    assert db.group.groups == groups + 2  # and one commit each
+    for file_id in [held, *ids]:
+        assert [m.content for m in reader.messages(db, data_dir, file_id)] == ["first"]
+    assert integrity.fsck(db, data_dir) == []
