@@ -15,8 +15,16 @@ its own (it creates the row) and the session's next appends follow it in the bat
 
 The other appends run as before, one piece of work each, in the same group and its one durable
 commit. A batch whose statements failed as a whole (a bug, a full disk) is run again one
-append at a time, so an append fails alone, as it would have. PostgreSQL keeps the piece per
-append: its row locks and round trips are another matter.
+append at a time, so an append fails alone, as it would have.
+
+On PostgreSQL each statement is a round trip: an append alone made three (its row, the journal
+row, the row's update), most of the API's CPU under load. The batch makes three for all, and
+takes its rows' locks (``FOR NO KEY UPDATE``, as an append alone does) in file order, in one
+statement (a batch of more than :attr:`database.Sized.MAX_ROWS` sessions, more than the API
+ever puts in one, in file order within each of its statements), at the place of its first
+known file in the group's order (docs/design.md §3, "Lock order"). A session whose file is not
+known yet may lock out of that order, as an append alone of such a session does; a deadlock
+then costs the group a second run.
 """
 
 from __future__ import annotations
@@ -63,7 +71,7 @@ def append_many(
     one's session's file where it is known (:class:`ingest.KnownFiles`), for the order in
     which PostgreSQL's row locks are taken (SQLite takes none)."""
     now = db.now()
-    plain = _plain(bodies) if not db.postgres else []
+    plain = _plain(bodies)
     if len(plain) < 2:
         return _one_by_one(db, bodies, limits=limits, now=now, keys=keys)
     taken = set(plain)
@@ -73,7 +81,9 @@ def append_many(
     )
     works: list[Callable[[sa.Connection], object]] = [batch]
     works += [_single(bodies[i], limits, now) for i in rest]
-    done = db.group.run_many(works)
+    keyed = [None] * len(bodies) if keys is None else keys
+    first = min((k for k in (keyed[i] for i in plain) if k is not None), default=None)
+    done = db.group.run_many(works, keys=[first, *(keyed[i] for i in rest)])
     together: Sequence[object]
     if isinstance(done[0], errors.IndexUnavailable):  # the group failed: so does each
         together = [done[0]] * len(plain)
@@ -178,7 +188,8 @@ def _new_session(
 
 
 def find_sessions(conn: sa.Connection, sessions: set[Session]) -> dict[Session, _Row]:
-    """The rows of ``sessions`` that have one (SQLite: the transaction holds the write lock)."""
+    """The rows of ``sessions`` that have one, locked (SQLite: the transaction holds the write
+    lock; PostgreSQL: each row, in file order)."""
     found: dict[Session, _Row] = {}
     keys = [dict(zip(_SESSION, session, strict=True)) for session in sessions]
     for row in _FIND_SESSIONS.rows(conn, keys):
@@ -214,14 +225,20 @@ def _record_appends(n: int) -> Any:
 
 def _find_sessions(n: int) -> Any:
     # OR of equalities, not a row value IN a list: SQLite searches the session index for
-    # each (MULTI-INDEX OR) where it would scan the table for the IN
-    return sa.select(*(_R[name] for name in _Row._fields)).where(
-        sa.or_(
-            *(
-                sa.and_(*(_R[name] == sa.bindparam(f"{name}_{i}") for name in _SESSION))
-                for i in range(n)
+    # each (MULTI-INDEX OR) where it would scan the table for the IN. The order and the lock
+    # are PostgreSQL's (SQLite renders no FOR clause; a sort of a batch's rows costs nothing)
+    return (
+        sa.select(*(_R[name] for name in _Row._fields))
+        .where(
+            sa.or_(
+                *(
+                    sa.and_(*(_R[name] == sa.bindparam(f"{name}_{i}") for name in _SESSION))
+                    for i in range(n)
+                )
             )
         )
+        .order_by(_R.file_id)
+        .with_for_update(key_share=True)
     )
 
 

@@ -89,7 +89,10 @@ class Sized:
     SQLite each lets go of the GIL and must win it back — waits behind the threads answering
     requests that a transaction holding the write lock makes everyone pay for."""
 
-    MAX_ROWS = 128  #: rows a statement names at most (SQLite binds at most 32,766 values)
+    #: rows a statement names at most (SQLite binds at most 32,766 values): as many as the
+    #: appends of one of the API's batches, whose rows PostgreSQL then locks in one statement,
+    #: in one order (pipeline.batches)
+    MAX_ROWS = 256
 
     def __init__(self, build: Callable[[int], Any]) -> None:
         self._build = build

@@ -1,23 +1,27 @@
-"""Appends in batches (pipeline.batches): the plain appends of a batch share their statements
-on SQLite, and every append still gets the answer it would have got alone — its seqs in its
-session's order, its own refusal — on both databases."""
+"""Appends in batches (pipeline.batches): the plain appends of a batch share their statements,
+and every append still gets the answer it would have got alone — its seqs in its session's
+order, its own refusal — on both databases; on PostgreSQL the batch locks its sessions' rows
+in file order, as every group takes its locks."""
 
 from __future__ import annotations
 
 import dataclasses
 import sqlite3
+import threading
 from pathlib import Path
 from typing import Any
 
 import helpers
 import pytest
+import sqlalchemy as sa
 
 from pipeline import batches, database, errors, ingest, service, validation
 from pipeline.settings import Backlog, Settings
 
 AGENT = "batch"
-#: the shared statements are SQLite's (PostgreSQL runs each append alone)
+#: the statements counted through SQLite's trace callback
 SQLITE_ONLY = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+POSTGRES_ONLY = pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
 
 
 def _body(session: str, text: str, **extra: Any) -> dict[str, Any]:
@@ -77,9 +81,10 @@ def test_a_batch_answers_each_append_as_it_would_alone(
             _body("num", "n2", sequence=2),
         ],
     )
-    # SQLite takes the plain ones together; "num" has a numbered append in the batch, so
-    # its plain one goes alone (and is refused there); PostgreSQL runs each alone
-    assert batched == ([] if db.postgres else [6])
+    # the plain ones go together; "num" has a numbered append in the batch, so its plain one
+    # goes alone (and is refused there: on PostgreSQL, whose group runs first without
+    # savepoints, that refusal runs the group, and so the batch, again)
+    assert batched == ([6, 6] if db.postgres else [6])
     done = [x.result if isinstance(x, service.Appended) else x for x in answers]
     a3, new1, a4, plain_num, new2, a5, a6, k1, n2 = done
     assert isinstance(a3, ingest.AppendResult) and (a3.file_id, a3.first_seq) == (a, 3)
@@ -131,7 +136,6 @@ def test_a_batch_of_plain_appends_makes_one_statement_of_each_kind(
     assert not any(s.startswith("SAVEPOINT") for s in sql), sql  # one piece: no savepoint
 
 
-@SQLITE_ONLY
 def test_a_batch_whose_statements_fail_runs_its_appends_one_by_one(
     db: database.Database, data_dir: Path, database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -155,3 +159,47 @@ def test_a_batch_whose_statements_fail_runs_its_appends_one_by_one(
     assert [(x.result.file_id, x.result.first_seq) for x in answers] == [(a, 2), (b, 2), (a, 3)]
     assert _texts(svc, a) == ["a1", "a2", "a3"]  # nothing of the failed batch stayed
     assert _texts(svc, b) == ["b1", "b2"]
+
+
+@POSTGRES_ONLY
+def test_a_batch_locks_its_sessions_rows_in_file_order(
+    db: database.Database, data_dir: Path, database_url: str
+) -> None:
+    """While another transaction holds the middle one of three sessions' rows, a batch of
+    appends to all three has locked the first (in file order) and waits, the last untouched:
+    it takes the rows as every group of every process takes its locks (no wait in a circle
+    with a flush round, which locks its files in the same order)."""
+    svc = _service(db, data_dir, database_url)
+    files = {helpers.append(svc, _body(s, "first")).result.file_id: s for s in ("x", "y", "z")}
+    lo, mid, hi = sorted(files)
+    done: list[Any] = []
+    with db.engine.connect() as holder, holder.begin():
+        holder.exec_driver_sql(
+            "SELECT 1 FROM raw_files WHERE file_id = %(f)s FOR UPDATE", {"f": mid}
+        )
+        appending = threading.Thread(
+            target=lambda: done.extend(_batch(svc, [_body(s, "second") for s in "zyx"])),
+            daemon=True,
+        )
+        appending.start()
+
+        def locked(file_id: str) -> bool:
+            with db.engine.connect() as probe, probe.begin():
+                sql = "SELECT 1 FROM raw_files WHERE file_id = %(f)s FOR UPDATE NOWAIT"
+                try:
+                    probe.exec_driver_sql(sql, {"f": file_id})
+                except sa.exc.OperationalError:
+                    return True
+                return False
+
+        helpers.wait_for(lambda: locked(lo), what="the batch's lock on the first row")
+        assert not locked(hi)  # it waits for the middle one before it takes the last
+        assert appending.is_alive() and not done
+    appending.join(30)
+    assert not appending.is_alive()
+    assert [(x.result.file_id, x.result.first_seq) for x in done] == [
+        (f, 2) for f in sorted(files, key=lambda f: files[f], reverse=True)
+    ]
+    # a table this small is scanned in whatever order; the statement asks for the file order
+    sql = str(batches._find_sessions(3).compile(dialect=db.engine.dialect))
+    assert sql.endswith("ORDER BY raw_files.file_id FOR NO KEY UPDATE"), sql

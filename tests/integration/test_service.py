@@ -80,10 +80,12 @@ def test_an_append_to_a_known_session_locks_in_its_files_order(
     other = answers[1]
     assert isinstance(other, Appended)
     assert other.result.file_id != first.file_id
-    if db.postgres:  # appends that arrive together: a piece each
-        assert seen == [None, first.file_id, first.file_id, None, first.file_id]
+    # the two that arrived together are one piece (pipeline.batches), whose key is the
+    # first of its known files' (it locks its rows in file order)
+    if db.postgres:
+        assert seen == [None, first.file_id, first.file_id, first.file_id]
         assert service.known.key(bodies[1]) == other.result.file_id
-    else:  # the two that arrived together are one piece (pipeline.batches)
+    else:
         assert seen == [None, None, None, None]
         assert service.known.key(bodies[1]) is None
 
