@@ -192,7 +192,8 @@ def find_sessions(conn: sa.Connection, sessions: set[Session]) -> dict[Session, 
     lock; PostgreSQL: each row, in file order)."""
     found: dict[Session, _Row] = {}
     keys = [dict(zip(_SESSION, session, strict=True)) for session in sessions]
-    for row in _FIND_SESSIONS.rows(conn, keys):
+    statement = _LOCK_SESSIONS if conn.dialect.name == "postgresql" else _FIND_SESSIONS
+    for row in statement.rows(conn, keys):
         record = _Row(**row)
         found[Session(record.agent_id, record.source_type, record.session_key)] = record
     return found
@@ -225,24 +226,25 @@ def _record_appends(n: int) -> Any:
 
 def _find_sessions(n: int) -> Any:
     # OR of equalities, not a row value IN a list: SQLite searches the session index for
-    # each (MULTI-INDEX OR) where it would scan the table for the IN. The order and the lock
-    # are PostgreSQL's (SQLite renders no FOR clause; a sort of a batch's rows costs nothing)
-    return (
-        sa.select(*(_R[name] for name in _Row._fields))
-        .where(
-            sa.or_(
-                *(
-                    sa.and_(*(_R[name] == sa.bindparam(f"{name}_{i}") for name in _SESSION))
-                    for i in range(n)
-                )
+    # each (MULTI-INDEX OR) where it would scan the table for the IN
+    return sa.select(*(_R[name] for name in _Row._fields)).where(
+        sa.or_(
+            *(
+                sa.and_(*(_R[name] == sa.bindparam(f"{name}_{i}") for name in _SESSION))
+                for i in range(n)
             )
         )
-        .order_by(_R.file_id)
-        .with_for_update(key_share=True)
     )
+
+
+def _lock_sessions(n: int) -> Any:
+    """:func:`_find_sessions` with PostgreSQL's row locks, as an append alone takes its row's
+    (``FOR NO KEY UPDATE``), taken in file order."""
+    return _find_sessions(n).order_by(_R.file_id).with_for_update(key_share=True)
 
 
 _SESSION = ("agent_id", "source_type", "session_key")
 _INSERT_JOURNAL = database.Sized(_journal_rows)
 _RECORD_APPENDS = database.Sized(_record_appends)
 _FIND_SESSIONS = database.Sized(_find_sessions)
+_LOCK_SESSIONS = database.Sized(_lock_sessions)

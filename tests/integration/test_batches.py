@@ -201,5 +201,5 @@ def test_a_batch_locks_its_sessions_rows_in_file_order(
         (f, 2) for f in sorted(files, key=lambda f: files[f], reverse=True)
     ]
     # a table this small is scanned in whatever order; the statement asks for the file order
-    sql = str(batches._find_sessions(3).compile(dialect=db.engine.dialect))
+    sql = str(batches._lock_sessions(3).compile(dialect=db.engine.dialect))
     assert sql.endswith("ORDER BY raw_files.file_id FOR NO KEY UPDATE"), sql
