@@ -125,28 +125,13 @@ def test_a_flush_short_of_the_seq_with_nothing_left_is_the_answer() -> None:
     assert [c.answer for c in callers] == [result("b", 1), result("c", 1)]
 
 
-def test_the_lead_passes_to_the_first_caller_still_queued() -> None:
-    """After a round, only the callers it settled are woken, and the caller first in the
-    queue leads the next round: the first of those whose file the round left short, put back
-    at the front in their order."""
-    short = {"c": FlushResult("c", 1, 10, 1, "new", more=True)}
-    short["d"] = dataclasses.replace(short["c"], file_id="d")
-    first = lambda ids: Round(results={f: short.get(f) or result(f, 1) for f in ids})  # noqa: E731
-    fakes = Fakes([first, every(2)])
-    combined = waits.Waits(fakes.round, fakes.flush_alone)
-    callers = list(behind_a_gate(fakes, combined, [("b", 1), ("c", 2), ("d", 2)]))
-    again = [f for f in fakes.rounds[0] if f in short]
-    assert sorted(fakes.rounds[0]) == ["b", "c", "d"] and fakes.rounds[1] == again
-    led = [next(c.file_id for c in callers if c is leader) for leader in fakes.leaders]
-    assert led == [fakes.rounds[0][0], again[0]]  # the first queued wait's caller, each time
-    assert [c.answer for c in callers] == [result("b", 1), result("c", 2), result("d", 2)]
-    assert (combined.rounds, combined.settled, combined.leading()) == (3, 4, False)
-
-
-def test_a_round_wakes_only_the_callers_it_settled(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_round_wakes_the_callers_it_settled_and_hands_the_lead_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """No caller is woken to find it has nothing to do: each is woken once when its wait
-    settles, and once more only when it is to lead (the first queued after the gate's flush,
-    then c, which the first round left short)."""
+    settles, and once more only when it is to lead. After a round the caller first in the
+    queue leads the next: the first of those whose file the round left short, put back at
+    the front in their order."""
     woken: dict[str, int] = {}
 
     class Counted(waits._Wait):
@@ -161,18 +146,23 @@ def test_a_round_wakes_only_the_callers_it_settled(monkeypatch: pytest.MonkeyPat
             event.set = counted_set  # type: ignore[method-assign]
 
     monkeypatch.setattr(waits, "_Wait", Counted)
-    short = FlushResult("c", 1, 10, 1, "new", more=True)
-    first = lambda ids: Round(results={f: short if f == "c" else result(f, 1) for f in ids})  # noqa: E731
-    fakes = Fakes([first])
+    short = {"c": FlushResult("c", 1, 10, 1, "new", more=True)}
+    short["d"] = dataclasses.replace(short["c"], file_id="d")
+    first = lambda ids: Round(results={f: short.get(f) or result(f, 1) for f in ids})  # noqa: E731
+    fakes = Fakes([first, every(2)])
     combined = waits.Waits(fakes.round, fakes.flush_alone)
-    callers = list(behind_a_gate(fakes, combined, [("b", 1), ("c", 2), ("d", 1), ("e", 1)]))
-    assert fakes.alone == ["gate", "c"]  # c's second flush: a round of one file
-    answers = [result("b", 1), result("c", 99), result("d", 1), result("e", 1)]
-    assert [c.answer for c in callers] == answers
-    # once settled (c: by the flush of its own), once more to lead: the first queued caller
-    # after the gate's flush, then c
-    expected = {"gate": 1, "b": 1, "c": 2, "d": 1, "e": 1}
+    callers = list(behind_a_gate(fakes, combined, [("b", 1), ("c", 2), ("d", 2)]))
+    again = [f for f in fakes.rounds[0] if f in short]
+    assert sorted(fakes.rounds[0]) == ["b", "c", "d"] and fakes.rounds[1] == again
+    led = [next(c.file_id for c in callers if c is leader) for leader in fakes.leaders]
+    assert led == [fakes.rounds[0][0], again[0]]  # the first queued wait's caller, each time
+    assert [c.answer for c in callers] == [result("b", 1), result("c", 2), result("d", 2)]
+    assert (combined.rounds, combined.settled, combined.leading()) == (3, 4, False)
+    # once settled, once more to lead: the first queued after the gate's flush, then the
+    # first of the two the first round left short
+    expected = {"gate": 1, "b": 1, "c": 1, "d": 1}
     expected[fakes.rounds[0][0]] += 1
+    expected[again[0]] += 1
     assert woken == expected
 
 
