@@ -6,6 +6,7 @@ same way."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,37 +23,56 @@ def _body(key: str, text: str) -> dict[str, Any]:
     return {"agent_id": "hermes", "session_key": key, "messages": messages}
 
 
-class Waiting(threading.Thread):
-    def __init__(self, service: Service, body: dict[str, Any]) -> None:
+class Calling(threading.Thread):
+    """A call on a thread of its own, keeping its answer or its error."""
+
+    def __init__(self, call: Callable[[], Any]) -> None:
         super().__init__(daemon=True)
-        self.service, self.body = service, body
-        self.answer: Appended | BaseException | None = None
+        self.call = call
+        self.answer: Any = None
 
     def run(self) -> None:
         try:
-            self.answer = helpers.append(self.service, self.body, wait=True)
+            self.answer = self.call()
         except BaseException as exc:
             self.answer = exc
 
 
+def waited_append(service: Service, body: dict[str, Any]) -> Calling:
+    """An append that waits for its file."""
+    return Calling(lambda: helpers.append(service, body, wait=True))
+
+
+def flush_task(service: Service, file_id: str) -> Calling:
+    """A flush task's call (``Service.flush_together``)."""
+    return Calling(lambda: service.flush_together(file_id))
+
+
+def _behind_a_held_lock(
+    service: Service, held: str, first: Calling, rest: list[Calling]
+) -> tuple[Calling, list[Calling]]:
+    """``first`` (which flushes ``held``) waits for the file's lock, which the test holds
+    until ``rest`` queued behind it; both, once answered."""
+    with service.file_locks.hold(held):
+        first.start()
+        helpers.wait_for(service.waits.leading, what="the held file's flush")
+        for calling in rest:
+            calling.start()
+        helpers.wait_for(lambda: service.waits.queued() == len(rest), what="waits queued")
+    for calling in [first, *rest]:
+        calling.join(30)
+        assert not calling.is_alive()
+    return first, rest
+
+
 def _behind_a_held_file(
     service: Service, held: str, bodies: list[dict[str, Any]]
-) -> tuple[Waiting, list[Waiting]]:
+) -> tuple[Calling, list[Calling]]:
     """A wait for ``held`` whose flush waits for the file's lock, which the test holds until
     the waits of ``bodies`` queued behind it; both, once answered."""
     file_id = helpers.append(service, _body(held, "more")).result.file_id
-    with service.file_locks.hold(file_id):
-        first = Waiting(service, _body(held, "waited"))
-        first.start()
-        helpers.wait_for(service.waits.leading, what="the held file's flush")
-        rest = [Waiting(service, body) for body in bodies]
-        for waiting in rest:
-            waiting.start()
-        helpers.wait_for(lambda: service.waits.queued() == len(bodies), what="waits queued")
-    for waiting in [first, *rest]:
-        waiting.join(30)
-        assert not waiting.is_alive()
-    return first, rest
+    first = waited_append(service, _body(held, "waited"))
+    return _behind_a_held_lock(service, file_id, first, [waited_append(service, b) for b in bodies])
 
 
 def _service(db: database.Database, data_dir: Path, database_url: str) -> Service:
@@ -121,21 +141,6 @@ def test_a_replayed_append_is_answered_from_the_file_as_it_is(
     assert [m.content for m in reader.messages(db, data_dir, answers[0].result.file_id)] == ["once"]
 
 
-class Flushing(threading.Thread):
-    """A flush task's call (``Service.flush_together``), on a thread of its own."""
-
-    def __init__(self, service: Service, file_id: str) -> None:
-        super().__init__(daemon=True)
-        self.service, self.file_id = service, file_id
-        self.answer: FlushResult | BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            self.answer = self.service.flush_together(self.file_id)
-        except BaseException as exc:
-            self.answer = exc
-
-
 def test_flush_tasks_on_threads_share_a_round(
     db: database.Database, data_dir: Path, database_url: str
 ) -> None:
@@ -145,19 +150,12 @@ def test_flush_tasks_on_threads_share_a_round(
     ids = [helpers.append(service, _body(f"s{i}", "first")).result.file_id for i in range(5)]
     held = helpers.append(service, _body("held", "first")).result.file_id
     rounds, groups = service.waits.rounds, db.group.groups
-    with service.file_locks.hold(held):
-        first = Flushing(service, held)
-        first.start()
-        helpers.wait_for(service.waits.leading, what="the held file's flush")
-        rest = [Flushing(service, file_id) for file_id in ids]
-        for flushing in rest:
-            flushing.start()
-        helpers.wait_for(lambda: service.waits.queued() == len(ids), what="flushes queued")
-    for flushing in [first, *rest]:
-        flushing.join(30)
-        assert not flushing.is_alive()
-        assert isinstance(flushing.answer, FlushResult)
-        assert (flushing.answer.messages, flushing.answer.flushed_seq) == (1, 1)
+    first, rest = _behind_a_held_lock(
+        service, held, flush_task(service, held), [flush_task(service, f) for f in ids]
+    )
+    for task in [first, *rest]:
+        assert isinstance(task.answer, FlushResult)
+        assert (task.answer.messages, task.answer.flushed_seq) == (1, 1)
     assert service.waits.rounds == rounds + 2  # the held file's flush, then one round of five
     assert db.group.groups == groups + 2  # and one commit each
     for file_id in [held, *ids]:
