@@ -16,8 +16,8 @@ leader, and its waiters get that flush's answer or error.
 As in the group committer, each caller waits on an event of its own: after a round the
 leader wakes the callers it settled and hands the lead to the first caller still queued,
 and nobody else. (One condition notified for all woke every waiting caller after every
-round, to find, most of them, that it had to wait again: at 16 sessions 25.5 context
-switches a waited append against 22.3, and 1.07x the appends, docs/benchmarks.md.)
+round, to find, most of them, that it had to wait again: at 16 sessions 25.0–26.2 context
+switches a waited append against 21.8–23.1 now, docs/benchmarks.md twelfth pass.)
 """
 
 from __future__ import annotations
