@@ -21,12 +21,15 @@ import threading
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from importlib import metadata as importlib_metadata
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import sqlalchemy as sa
 
 from pipeline import anomalies, database, document, errors, index, l1, leases, reader, refs, tables
 from pipeline.tables import Kind, Status
+
+if TYPE_CHECKING:
+    from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
 REFINER_GROUP = "sgme.refiners"
@@ -93,7 +96,11 @@ class Item:
 
 class Refiner(Protocol):
     """Turns a window into L1 items. Raise :class:`errors.RefinerError` for a retryable
-    failure (anything else a refiner raises is treated the same way)."""
+    failure (anything else a refiner raises is treated the same way).
+
+    A refiner whose work is Python in this process (no waiting on a model or a service) may
+    say ``parallel = False``: its jobs then take turns, one at a time in a process
+    (:meth:`Refiners.turn`), instead of contending for the interpreter and the write lock."""
 
     name: str
 
@@ -126,27 +133,63 @@ def load_refiner(name: str, options: Mapping[str, Any] | None = None) -> Refiner
 
 class Refiners:
     """The configured refiner, loaded on first use (its plug-in may be slow to import, or
-    missing) and then shared by everything that refines in the process."""
+    missing) and then shared by everything that refines in the process, with the turns its
+    jobs take (``jobs_at_once``: the ``refine_jobs_at_once`` setting; 0 leaves it to the
+    refiner, :class:`Refiner`)."""
 
-    def __init__(self, name: str, options: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self, name: str, options: Mapping[str, Any] | None = None, *, jobs_at_once: int = 0
+    ) -> None:
         self.name = name
         self.options = dict(options or {})
+        self.jobs_at_once = jobs_at_once
         self._loaded: Refiner | None = None
+        #: the jobs' turns, sized when the refiner is loaded (None: no limit)
+        self._turns: threading.BoundedSemaphore | None = None
         self._lock = threading.Lock()
 
     @classmethod
-    def given(cls, refiner: Refiner) -> Refiners:
+    def configured(cls, settings: Settings) -> Refiners:
+        """The holder of the refiner ``settings`` name."""
+        return cls(
+            settings.refiner, settings.refiner_options, jobs_at_once=settings.refine.jobs_at_once
+        )
+
+    @classmethod
+    def given(cls, refiner: Refiner, *, jobs_at_once: int = 0) -> Refiners:
         """A holder of a refiner made elsewhere (a program that embeds the library, a test)."""
-        found = cls(refiner.name)
+        found = cls(refiner.name, jobs_at_once=jobs_at_once)
         found._loaded = refiner
+        found._turns = found._sized(refiner)
         return found
 
     def get(self) -> Refiner:
         """The refiner, loaded once."""
         with self._lock:
             if self._loaded is None:
-                self._loaded = load_refiner(self.name, self.options)
+                refiner = load_refiner(self.name, self.options)
+                self._turns = self._sized(refiner)
+                self._loaded = refiner
             return self._loaded
+
+    @contextlib.contextmanager
+    def turn(self) -> Iterator[None]:
+        """One of the jobs' turns, held while the block runs: at most ``jobs_at_once`` jobs of
+        this process at a time, or one for a refiner that is not ``parallel``; no limit
+        before the refiner is loaded (a process' first jobs, one of which loads it). The
+        builtin refiner's jobs in parallel only took turns at the interpreter and at SQLite's
+        write lock: one at a time, ``sgme serve`` made about a tenth more appends a second
+        under load (docs/benchmarks.md, thirteenth pass)."""
+        turns = self._turns
+        if turns is None:
+            yield
+            return
+        with turns:
+            yield
+
+    def _sized(self, refiner: Refiner) -> threading.BoundedSemaphore | None:
+        limit = self.jobs_at_once or (0 if getattr(refiner, "parallel", True) else 1)
+        return threading.BoundedSemaphore(limit) if limit else None
 
 
 # ---------------------------------------------------------------------------------------------

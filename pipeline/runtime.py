@@ -90,7 +90,7 @@ class Runtime:
         self.file_locks = locks.FileLocks(
             db, settings.data_dir, timeout=settings.lock_timeout, flock=settings.file_locks
         )
-        self.refiners = refine.Refiners(settings.refiner, settings.refiner_options)
+        self.refiners = refine.Refiners.configured(settings)
         self._workers = workers
 
     @classmethod

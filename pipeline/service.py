@@ -106,7 +106,7 @@ class Service(Views, Upkeep):
         self.db = db
         self.file_locks = file_locks
         self.queue = queue
-        self.refiners = refiners or refine.Refiners(settings.refiner, settings.refiner_options)
+        self.refiners = refiners or refine.Refiners.configured(settings)
         self.admission = backlog.Admission(db, settings.data_dir, settings.backlog)
         #: whether each agent's input has its secrets redacted (pipeline.privacy)
         self.policies = privacy.Policies(
@@ -351,28 +351,29 @@ class Service(Views, Upkeep):
     # refinement
 
     def refine_segment(self, c: refine.Claim, *, final: bool) -> bool:
-        """Run a claim's job and commit it if the claim still holds; then dispatch the file
-        again (more may have been flushed meanwhile). A transient failure is raised for the
-        caller to retry, unless this is the ``final`` attempt: then, as for a permanent one,
-        the file becomes ``error`` with a ``refine_failed`` anomaly. True when committed."""
-        committed = self._run_claim(c, final=final)
-        if committed:
-            self.dispatch([c.file_id])
+        """Run the claim in the job's turn (:meth:`refine.Refiners.turn`; its lease renewed
+        while it waits), commit it if it still holds, dispatch the file again. A transient
+        failure is raised for a retry, unless the attempt is ``final``: then the file becomes
+        ``error`` with a ``refine_failed`` anomaly, as for a permanent one. True if committed."""
+        lease = refine.heartbeat(self.db, c, lease_seconds=self.settings.refine.lease_seconds)
+        with lease, self.refiners.turn():
+            committed = self._run_claim(c, final=final)
+            if committed:
+                self.dispatch([c.file_id])
         return committed
 
     def _run_claim(self, c: refine.Claim, *, final: bool) -> bool:
         r = self.settings.refine
         started = time.perf_counter()
         try:
-            with refine.heartbeat(self.db, c, lease_seconds=r.lease_seconds):
-                items = refine.run(
-                    self.db,
-                    self.data_dir,
-                    self.refiners.get(),
-                    c,
-                    budget_tokens=r.window_tokens,
-                    overlap=r.overlap_messages,
-                )
+            items = refine.run(
+                self.db,
+                self.data_dir,
+                self.refiners.get(),
+                c,
+                budget_tokens=r.window_tokens,
+                overlap=r.overlap_messages,
+            )
             return refine.commit(self.db, c, items, refiner=self.settings.refiner)
         except errors.SgmeError as exc:
             where = (c.file_id, c.lo, c.hi)
@@ -391,11 +392,11 @@ class Service(Views, Upkeep):
         attempt: the file is marked as docs/design.md §4 says). The segments committed."""
         if full:
             refine.request_full(self.db, file_id)
-        lease = self.settings.refine.lease_seconds
-        runs = 0
+        lease, runs = self.settings.refine.lease_seconds, 0
         while (c := refine.claim(self.db, file_id, lease_seconds=lease)) is not None:
-            if not self._run_claim(c, final=True):
-                break
+            with refine.heartbeat(self.db, c, lease_seconds=lease):
+                if not self._run_claim(c, final=True):
+                    break
             runs += 1
         return runs
 

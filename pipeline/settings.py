@@ -115,6 +115,11 @@ class Refine:
     #: seconds after a full re-refine over HTTP finished before the next one of the same file
     #: is accepted (while it runs, none is): each can cost real money with an LLM refiner
     cooldown_seconds: float = 300.0
+    #: jobs one process refines at once (0: the refiner's own choice, one for a refiner whose
+    #: work is Python in this process, as the builtin's is: parallel jobs would only take
+    #: turns at the interpreter and at SQLite's write lock; no limit for one that waits on a
+    #: model or a service)
+    jobs_at_once: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -74,6 +74,7 @@ class BuiltinRefiner:
     """Pattern-based extraction; same input, same items."""
 
     name = "builtin"
+    parallel = False  #: its work is Python in this process: jobs take turns (Refiners.turn)
 
     def __init__(self, **options: object) -> None:
         if options:
