@@ -17,6 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
 from pipeline import errors, ui, validation
@@ -116,6 +117,12 @@ def create_app(service: Service) -> FastAPI:
             allowed = _allowed(app, request, (headers or {}).get("Allow", ""))
             headers = {**(headers or {}), "Allow": allowed}
         return problem(exc.status_code, kind, "HTTPError", str(exc.detail), headers=headers)
+
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(_request: Request, _exc: ClientDisconnect) -> Response:
+        # the client left before its request's body arrived: nothing was done, and no one
+        # reads the answer (not a bug of ours to log)
+        return Response(status_code=400)
 
     @app.exception_handler(Exception)
     async def _bug(_request: Request, exc: Exception) -> JSONResponse:

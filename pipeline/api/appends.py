@@ -17,6 +17,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from pipeline import auth, errors, validation
@@ -147,6 +148,8 @@ class FastAppend:
             return
         try:
             response = await append(Request(scope, receive))
+        except ClientDisconnect:  # gone before its body arrived: nothing appended, no one to answer
+            return
         except errors.SgmeError as exc:
             response = self.refuse(exc)
         except Exception as exc:  # a bug: logged with its traceback by refuse
