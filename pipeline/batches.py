@@ -192,7 +192,7 @@ def find_sessions(conn: sa.Connection, sessions: set[Session]) -> dict[Session, 
     lock; PostgreSQL: each row, in file order)."""
     found: dict[Session, _Row] = {}
     keys = [dict(zip(_SESSION, session, strict=True)) for session in sessions]
-    statement = _LOCK_SESSIONS if conn.dialect.name == "postgresql" else _FIND_SESSIONS
+    statement = _LOCK_SESSIONS if database.is_postgres(conn) else _FIND_SESSIONS
     for row in statement.rows(conn, keys):
         record = _Row(**row)
         found[Session(record.agent_id, record.source_type, record.session_key)] = record
