@@ -119,10 +119,11 @@ def create_app(service: Service) -> FastAPI:
         return problem(exc.status_code, kind, "HTTPError", str(exc.detail), headers=headers)
 
     @app.exception_handler(ClientDisconnect)
-    async def _gone(_request: Request, _exc: ClientDisconnect) -> Response:
+    async def _gone(_request: Request, _exc: ClientDisconnect) -> JSONResponse:
         # the client left before its request's body arrived: nothing was done, and no one
         # reads the answer (not a bug of ours to log)
-        return Response(status_code=400)
+        detail = "the client disconnected before its request body arrived"
+        return problem(400, "http-error", "HTTPError", detail)
 
     @app.exception_handler(Exception)
     async def _bug(_request: Request, exc: Exception) -> JSONResponse:
