@@ -268,22 +268,23 @@ def bench_search(url: str, data_dir: Path, name: str, total: int) -> list[str]:
 
 @contextlib.contextmanager
 def without_terms() -> Iterator[None]:
-    """``catalog.add`` writing the rows but not the search terms, and no terms made for it
-    (the flush makes them before its commit, with ``catalog.message_terms``)."""
-    real, real_terms = catalog.add, catalog.message_terms
+    """The flush's catalog writing the rows but not the search terms, and no terms made for it
+    (the flush makes them before its commit, with ``catalog.ready``)."""
+    real_ready, real_add = catalog.ready, catalog.add_ready
 
-    def rows_only(conn: Any, owner: Any, found: Any, words: Any = None) -> None:
-        if found:
-            catalog.add_rows(conn, owner, found)
+    def rows_ready(owner: Any, found: Any, *, postgres: bool) -> Any:
+        return owner, list(found)
 
-    def no_terms(found: Any) -> list[list[str]]:
-        return [[] for _ in found]
+    def add_rows(conn: Any, files: Any) -> None:
+        for owner, found in files:
+            if found:
+                catalog.add_rows(conn, owner, found)
 
-    catalog.add, catalog.message_terms = rows_only, no_terms
+    catalog.ready, catalog.add_ready = rows_ready, add_rows
     try:
         yield
     finally:
-        catalog.add, catalog.message_terms = real, real_terms
+        catalog.ready, catalog.add_ready = real_ready, real_add
 
 
 def bench_cost(url: str, data_dir: Path, name: str, appends: int) -> list[str]:

@@ -30,9 +30,6 @@ _INSERT_ROWS = sa.insert(tables.messages).returning(_M.id, sort_by_parameter_ord
 _INSERT_ROW = database.Prepared(
     sa.insert(tables.messages).values(id=sa.bindparam("id"), **database.binds(tables.messages))
 )
-_FTS_INSERT = database.Prepared(
-    sa.text("INSERT INTO message_terms (rowid, terms, tags) VALUES (:id, :terms, :tags)")
-)
 _MAX_ID = database.Prepared(sa.select(sa.func.max(_M.id).label("id")))
 _PG_INSERT = sa.text("INSERT INTO message_terms (id, tsv) VALUES (:id, CAST(:tsv AS tsvector))")
 
@@ -64,9 +61,8 @@ def _tags(owner: Owner, role: str) -> str:
 
 
 class Entry(NamedTuple):
-    """One message's catalog row and search terms, made without the database: what
-    :func:`add` writes for it (``reindex`` makes them in worker processes, then
-    :func:`add_entries` writes many files' at once)."""
+    """One message's catalog row and search terms on PostgreSQL, made without the database
+    (:class:`Ready`)."""
 
     seq: int
     byte_offset: int
@@ -97,12 +93,9 @@ def entries(owner: Owner, found: Sequence[document.Located], *, postgres: bool) 
     return made
 
 
-_IDS_OF = "SELECT file_id, seq, id FROM messages WHERE file_id IN ({})"
-
-
-def add_entries(conn: sa.Connection, files: Sequence[tuple[Owner, Sequence[Entry]]]) -> None:
-    """:func:`add` for many files at once, from their :func:`entries`: the rows in one
-    executemany, the terms in another."""
+def _add_entries(conn: sa.Connection, files: Sequence[tuple[Owner, Sequence[Entry]]]) -> None:
+    """PostgreSQL: many files' :func:`entries` at once, the rows in one statement (their ids
+    returned), the terms in another."""
     rows = [
         {
             "file_id": owner.file_id,
@@ -118,27 +111,10 @@ def add_entries(conn: sa.Connection, files: Sequence[tuple[Owner, Sequence[Entry
     ]
     if not rows:
         return
-    if database.is_postgres(conn):
-        ids = list(conn.execute(_INSERT_ROWS, rows).scalars())
-        all_entries = [e for _, found in files for e in found]
-        conn.execute(
-            _PG_INSERT, [{"id": i, "tsv": e.terms} for i, e in zip(ids, all_entries, strict=True)]
-        )
-        return
-    _INSERT_ROW.many(conn, rows)
-    owners = [owner.file_id for owner, found in files if found]
-    new_ids: dict[tuple[str, int], int] = {}
-    for start in range(0, len(owners), 500):  # well within SQLite's bound on parameters
-        chunk = owners[start : start + 500]
-        found_ids = conn.exec_driver_sql(_IDS_OF.format(",".join("?" * len(chunk))), tuple(chunk))
-        new_ids.update(((file_id, seq), i) for file_id, seq, i in found_ids)
-    _FTS_INSERT.many(
-        conn,
-        [
-            {"id": new_ids[owner.file_id, e.seq], "terms": e.terms, "tags": _tags(owner, e.role)}
-            for owner, found in files
-            for e in found
-        ],
+    ids = list(conn.execute(_INSERT_ROWS, rows).scalars())
+    all_entries = [e for _, found in files for e in found]
+    conn.execute(
+        _PG_INSERT, [{"id": i, "tsv": e.terms} for i, e in zip(ids, all_entries, strict=True)]
     )
 
 
@@ -154,7 +130,7 @@ _FTS_BOUND = "INSERT INTO message_terms (rowid, terms, tags) VALUES (?, ?, ?)"
 
 
 def bound_entries(owner: Owner, found: Sequence[document.Located]) -> list[tuple[Any, ...]]:
-    """SQLite: each message of ``found`` as :func:`add_bound` writes it — its catalog row
+    """SQLite: each message of ``found`` as :func:`add_ready` writes it — its catalog row
     (``file_id, seq, byte_offset, byte_length, ts, role, tool_name``) then its terms and tags,
     the values as SQLite's driver takes them."""
     assert _SQLITE_TS is not None  # a DATETIME is stored as text on SQLite
@@ -178,62 +154,52 @@ def bound_entries(owner: Owner, found: Sequence[document.Located]) -> list[tuple
     return made
 
 
-def add_bound(conn: sa.Connection, found: Sequence[tuple[Any, ...]]) -> None:
-    """SQLite: :func:`add` for many files' messages at once, from their :func:`bound_entries`:
-    the rows in one executemany, the terms in another."""
+def _add_bound(conn: sa.Connection, found: Sequence[tuple[Any, ...]]) -> None:
+    """SQLite: many files' :func:`bound_entries` at once, the rows in one executemany, the
+    terms in another."""
     if not found:
         return
     ids = _next_ids(conn, len(found))
-    conn.exec_driver_sql(_INSERT_BOUND, [(i, *e[:7]) for i, e in zip(ids, found, strict=True)])
-    conn.exec_driver_sql(_FTS_BOUND, [(i, e[7], e[8]) for i, e in zip(ids, found, strict=True)])
-
-
-#: a file's flushed messages, as :func:`add_many` takes them: its owner, its blocks, and the
-#: blocks' :func:`message_terms` (None: made here)
-Flushed = tuple[Owner, Sequence[document.Located], Sequence[list[str]] | None]
-
-
-def add(
-    conn: sa.Connection,
-    owner: Owner,
-    found: Sequence[document.Located],
-    words: Sequence[list[str]] | None = None,
-) -> None:
-    """Catalog flushed messages of a file and index their text (in the flush's commit).
-    ``words`` are the messages' :func:`message_terms`, where the caller made them before its
-    transaction (the flush does: the write lock is not held while they are made)."""
-    add_many(conn, [(owner, found, words)])
-
-
-def add_many(conn: sa.Connection, files: Sequence[Flushed]) -> None:
-    """:func:`add` for the files of a flush round at once: their rows in one statement, their
-    terms in another, whatever the number of files."""
-    rows: list[dict[str, Any]] = []
-    texts: list[list[str]] = []
-    tags: list[str] = []
-    for owner, found, words in files:
-        rows += [_row(owner, located) for located in found]
-        texts += message_terms(found) if words is None else words
-        tags += [_tags(owner, located.message.role) for located in found]
-    if not rows:
-        return
-    ids = _insert_rows(conn, rows)
-    if database.is_postgres(conn):
-        tsvs = [{"id": i, "tsv": terms.tsvector(w)} for i, w in zip(ids, texts, strict=True)]
-        conn.execute(_PG_INSERT, tsvs)
-        return
-    _FTS_INSERT.many(
-        conn,
-        [
-            {"id": i, "terms": " ".join(w), "tags": t}
-            for i, w, t in zip(ids, texts, tags, strict=True)
-        ],
+    database.many_bound(conn, _INSERT_BOUND, [(i, *e[:7]) for i, e in zip(ids, found, strict=True)])
+    database.many_bound(
+        conn, _FTS_BOUND, [(i, e[7], e[8]) for i, e in zip(ids, found, strict=True)]
     )
 
 
-def message_terms(found: Sequence[document.Located]) -> list[list[str]]:
-    """The search terms of each message of ``found``, for :func:`add`."""
-    return [terms.terms(located.message.content) for located in found]
+@dataclasses.dataclass(frozen=True)
+class Ready:
+    """A file's flushed messages made ready for the catalog without the database (:func:`ready`):
+    their rows' values and their search terms, so that the transaction adding them
+    (:func:`add_ready`) only gives them ids and inserts them. A flush makes them before its
+    commit, where SQLite's write lock and the group commit are not held; ``reindex`` in its
+    worker processes."""
+
+    owner: Owner
+    entries: list[Entry] = dataclasses.field(default_factory=list)  #: on PostgreSQL
+    #: on SQLite: the values as the driver takes them (:func:`bound_entries`)
+    bound: list[tuple[Any, ...]] = dataclasses.field(default_factory=list)
+
+
+def ready(owner: Owner, found: Sequence[document.Located], *, postgres: bool) -> Ready:
+    """The :class:`Ready` of ``found`` for the database ``postgres`` names."""
+    if postgres:
+        return Ready(owner, entries=entries(owner, found, postgres=True))
+    return Ready(owner, bound=bound_entries(owner, found))
+
+
+def add_ready(conn: sa.Connection, files: Sequence[Ready]) -> None:
+    """Catalog many files' flushed messages and index their text, from their :func:`ready`:
+    the rows in one statement and the terms in another, whatever the number of files."""
+    if database.is_postgres(conn):
+        _add_entries(conn, [(f.owner, f.entries) for f in files])
+    else:
+        _add_bound(conn, [e for f in files for e in f.bound])
+
+
+def add(conn: sa.Connection, owner: Owner, found: Sequence[document.Located]) -> None:
+    """Catalog flushed messages of a file and index their text (in the transaction that
+    advances the file past them)."""
+    add_ready(conn, [ready(owner, found, postgres=database.is_postgres(conn))])
 
 
 def add_rows(conn: sa.Connection, owner: Owner, found: Sequence[document.Located]) -> list[int]:

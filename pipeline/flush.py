@@ -235,8 +235,9 @@ class _Chunk:
     seq: int  #: the last seq in it
     head: str  #: the chain head after it
     ended_at: dt.datetime
-    #: the search terms of each block, made before the commit: not under the write lock
-    words: list[list[str]]
+    #: the blocks' catalog rows and search terms, made before the commit: not under the
+    #: write lock
+    cataloged: catalog.Ready
 
     def advance(self, conn: sa.Connection, now: dt.datetime) -> int | None:
         """The fenced update of the file's row (:func:`applied` writes the rest); the file's
@@ -268,9 +269,7 @@ def applied(conn: sa.Connection, chunks: Sequence[_Chunk]) -> None:
     rows' deletion and their messages' catalog rows and terms, a round's files at once (a
     statement each, not a statement each per file)."""
     ledger.delete_journals(conn, [(chunk.row.file_id, chunk.seq) for chunk in chunks])
-    catalog.add_many(
-        conn, [(catalog.Owner.of(chunk.row), chunk.found, chunk.words) for chunk in chunks]
-    )
+    catalog.add_ready(conn, [chunk.cataloged for chunk in chunks])
 
 
 def _gap(row: tables.FileRow, batch: list[tables.JournalRow]) -> str | None:
@@ -283,9 +282,10 @@ def _gap(row: tables.FileRow, batch: list[tables.JournalRow]) -> str | None:
     return None
 
 
-def _prepare(row: tables.FileRow, batch: list[tables.JournalRow]) -> _Chunk:
-    """The chunk of ``batch`` (which :func:`_gap` found continuous): its bytes, blocks and
-    chain head. A journal that does not parse is a bug (:class:`errors.InternalError`)."""
+def _prepare(row: tables.FileRow, batch: list[tables.JournalRow], *, postgres: bool) -> _Chunk:
+    """The chunk of ``batch`` (which :func:`_gap` found continuous): its bytes, blocks, chain
+    head and catalog rows (for the database ``postgres`` names). A journal that does not
+    parse is a bug (:class:`errors.InternalError`)."""
     seq = batch[-1].last_seq
     data = "".join(entry.data for entry in batch).encode("utf-8")
     expected = row.flushed_bytes
@@ -312,7 +312,8 @@ def _prepare(row: tables.FileRow, batch: list[tables.JournalRow]) -> _Chunk:
         start = located.offset - expected
         head = document.chain_extend(head, data[start : start + located.length])
     ended_at = max(document.parse_ts(e.last_ts) for e in batch).replace(tzinfo=None)
-    return _Chunk(row, data, found, seq, head.hex(), ended_at, catalog.message_terms(found))
+    cataloged = catalog.ready(catalog.Owner.of(row), found, postgres=postgres)
+    return _Chunk(row, data, found, seq, head.hex(), ended_at, cataloged)
 
 
 def _write(path: Path, chunk: _Chunk, *, exists: bool) -> None:
@@ -341,7 +342,7 @@ def _write_chunk(
     gap = _gap(row, batch)
     if gap is not None:
         raise _damaged(db, row.file_id, Kind.JOURNAL_GAP, gap)
-    chunk = _prepare(row, batch)
+    chunk = _prepare(row, batch, postgres=db.postgres)
     _write(path, chunk, exists=exists)
     fault("written")
     now = db.now()
@@ -454,7 +455,8 @@ def flush_many(
                 if (current or 0) != row.flushed_bytes or _gap(row, batch) is not None:
                     done.alone.append(row.file_id)
                     continue
-                chunks.append((path, _prepare(row, batch), current is not None))
+                chunk = _prepare(row, batch, postgres=db.postgres)
+                chunks.append((path, chunk, current is not None))
             except errors.SgmeError:
                 done.alone.append(row.file_id)
         outcomes = run(

@@ -397,10 +397,7 @@ def reindex(
         files = [(r.file_id, r.archived, r.values) for r in batch]
         with db.transaction() as conn:
             new = index.reindex_files(conn, files, now=db.now())
-            if db.postgres:
-                catalog.add_entries(conn, [(r.owner, r.entries) for r in batch if r.owner])
-            else:
-                catalog.add_bound(conn, [e for r in batch for e in r.bound])
+            catalog.add_ready(conn, [r.cataloged for r in batch if r.cataloged is not None])
         inserted += new
         updated += len(batch) - new
         if progress:

@@ -40,10 +40,7 @@ class Read:
     file_id: str
     archived: bool
     values: dict[str, Any] = dataclasses.field(default_factory=dict)
-    owner: catalog.Owner | None = None
-    entries: list[catalog.Entry] = dataclasses.field(default_factory=list)  #: on PostgreSQL
-    #: on SQLite: the messages as :func:`catalog.add_bound` writes them (cheaper to hand over)
-    bound: list[tuple[Any, ...]] = dataclasses.field(default_factory=list)
+    cataloged: catalog.Ready | None = None  #: its messages' catalog rows and search terms
     unreadable: str | None = None  #: why the file could not be read
     misplaced: str | None = None  #: a file in the directory of another source type
 
@@ -87,11 +84,8 @@ def read(data_dir: Path, source_type: str, path: Path, *, postgres: bool) -> Rea
         "chain_head": head.hex(),
     }
     owner = catalog.Owner(header.file_id, header.agent_id, header.session_key)
-    if postgres:
-        made = catalog.entries(owner, found, postgres=True)
-        return Read(file_id, archived, values, owner, made, misplaced=misplaced)
-    bound = catalog.bound_entries(owner, found)
-    return Read(file_id, archived, values, owner, bound=bound, misplaced=misplaced)
+    cataloged = catalog.ready(owner, found, postgres=postgres)
+    return Read(file_id, archived, values, cataloged, misplaced=misplaced)
 
 
 def _read_chunk(data_dir: Path, files: Sequence[tuple[str, Path]], postgres: bool) -> list[Read]:

@@ -25,7 +25,15 @@ from pipeline.database.engines import (
 )
 from pipeline.database.locks import advisory_lock, advisory_locks, transaction_lock
 from pipeline.database.schema import check_schema, migrate, revisions
-from pipeline.database.statements import Prepared, Sized, binds, insert, is_postgres, savepoint
+from pipeline.database.statements import (
+    Prepared,
+    Sized,
+    binds,
+    insert,
+    is_postgres,
+    many_bound,
+    savepoint,
+)
 from pipeline.database.transactions import Database
 
 __all__ = [
@@ -41,6 +49,7 @@ __all__ = [
     "insert",
     "is_postgres",
     "is_postgres_url",
+    "many_bound",
     "map_error",
     "mapped",
     "migrate",

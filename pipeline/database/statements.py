@@ -235,6 +235,17 @@ def _driver(conn: sa.Connection) -> Any:
     return driver
 
 
+def many_bound(conn: sa.Connection, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+    """Run ``sql`` (in the driver's own parameter style) once per row of ``rows``, values
+    already in the driver's form, in one ``executemany`` on the driver: :class:`Prepared`
+    for values made elsewhere (a flush's catalog rows, made before its transaction)."""
+    cursor = _driver(conn).cursor()
+    try:
+        cursor.executemany(sql, rows)
+    except conn.dialect.loaded_dbapi.Error as exc:
+        raise _mapped(conn, sql, exc) from exc
+
+
 def _mapped(conn: sa.Connection, sql: str, exc: Exception) -> errors.SgmeError:
     wrapped = sa_exc.DBAPIError.instance(sql, None, exc, conn.dialect.loaded_dbapi.Error)
     return engines.map_error(wrapped)

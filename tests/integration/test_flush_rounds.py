@@ -154,14 +154,19 @@ def test_a_rounds_messages_are_cataloged_at_once_each_under_its_own_id(
         body = {"agent_id": "hermes", "session_key": f"s{i}", "messages": msgs}
         ids.append(journal.ingest(db, body).file_id)
     assert ids[0] == earlier.file_id
-    ran: list[str] = []
-    real_many = database.Prepared.many
+    ran: list[str] = []  #: the statements run once per row, in one driver call
+    real_many, real_bound = database.Prepared.many, database.many_bound
 
     def many(self: database.Prepared, conn: sa.Connection, params: Any) -> None:
         ran.append(self._for(conn.dialect).sql.split("(")[0].strip())
         real_many(self, conn, params)
 
+    def many_bound(conn: sa.Connection, sql: str, rows: Any) -> None:
+        ran.append(sql.split("(")[0].strip())
+        real_bound(conn, sql, rows)
+
     monkeypatch.setattr(database.Prepared, "many", many)
+    monkeypatch.setattr(database, "many_bound", many_bound)
     assert flush.flush_many(db, _locks(db, data_dir), data_dir, ids).alone == []
     monkeypatch.undo()
     if not db.postgres:  # PostgreSQL sends the rows in one INSERT … RETURNING
