@@ -6,6 +6,7 @@ handed-back files on their own — on SQLite and PostgreSQL."""
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,6 +20,7 @@ from conftest import set_row
 from pipeline import (
     anomalies,
     database,
+    document,
     flush,
     flush_threads,
     index,
@@ -103,15 +105,17 @@ def test_a_round_updates_its_files_rows_in_file_order(
 
 
 @pytest.mark.parametrize("round_", [True, False], ids=["round", "one file"])
-def test_the_search_terms_are_made_before_the_commit(
+def test_the_catalog_rows_and_search_terms_are_made_before_the_commit(
     db: database.Database, data_dir: Path, monkeypatch: pytest.MonkeyPatch, round_: bool
 ) -> None:
-    """SQLite has one writer: the flush makes its messages' terms before its transaction, so
-    an acknowledgement queued behind the flush's commit does not wait for them."""
+    """SQLite has one writer: the flush makes its messages' terms and catalog rows (their
+    timestamps parsed) before its transaction, so an acknowledgement queued behind the flush's
+    commit does not wait for them."""
     ids = [journal.ingest(db, _body(f"s{i}", f"green tea number {i}")).file_id for i in range(3)]
     in_commit = False
     made: list[bool] = []  # for each text whose terms were made: inside a commit?
-    real_committing, real_terms = db.committing, terms.terms
+    parsed: list[bool] = []  # for each timestamp parsed: inside a commit?
+    real_committing, real_terms, real_parse_ts = db.committing, terms.terms, document.parse_ts
 
     @contextlib.contextmanager
     def committing(*, durable: bool = True) -> Iterator[sa.Connection]:
@@ -127,6 +131,11 @@ def test_the_search_terms_are_made_before_the_commit(
         made.append(in_commit)
         return real_terms(text)
 
+    def parse_ts(text: str) -> dt.datetime:
+        parsed.append(in_commit)
+        return real_parse_ts(text)
+
+    monkeypatch.setattr(document, "parse_ts", parse_ts)
     monkeypatch.setattr(db, "committing", committing)
     monkeypatch.setattr(terms, "terms", watched)
     if round_:
@@ -135,6 +144,8 @@ def test_the_search_terms_are_made_before_the_commit(
         for file_id in ids:
             flush.flush(db, _locks(db, data_dir), data_dir, file_id)
     assert made == [False, False, False]
+    assert len(parsed) >= 3  # a message's row, at least
+    assert True not in parsed
     monkeypatch.undo()
     found = search.search(db, data_dir, "green tea", limit=10, match="all")
     assert sorted(hit.file_id for hit in found) == sorted(ids)
