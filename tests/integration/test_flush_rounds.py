@@ -144,7 +144,7 @@ def test_the_catalog_rows_and_search_terms_are_made_before_the_commit(
         for file_id in ids:
             flush.flush(db, _locks(db, data_dir), data_dir, file_id)
     assert made == [False, False, False]
-    assert len(parsed) >= 3  # a message's row, at least
+    assert len(parsed) >= 3  # each chunk's end, at least
     assert True not in parsed
     monkeypatch.undo()
     found = search.search(db, data_dir, "green tea", limit=10, match="all")
