@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
+import datetime as dt
 import json
 import multiprocessing
 import os
@@ -60,17 +61,17 @@ def read(data_dir: Path, source_type: str, path: Path, *, postgres: bool) -> Rea
         header = document.parse_header(yaml_text)
         if header.file_id != file_id:
             raise errors.FormatError(f"file_id {header.file_id!r} is not the file's own")
-        started_at = document.parse_ts(header.started_at).replace(tzinfo=None)
+        started_at = _when(header.started_at, "started_at").replace(tzinfo=None)
         upload_ts = document.format_ts(started_at) if header.source_type == "upload" else None
         found = document.locate(data, upload_ts=upload_ts)
         head, count = document.chain(data)
+        ended_at = max(_when(f.message.ts, f"message {f.message.seq}") for f in found)
     except (UnicodeDecodeError, errors.SgmeError) as exc:
         detail = exc.detail if isinstance(exc, errors.SgmeError) else f"not UTF-8: {exc}"
         return Read(file_id, archived, unreadable=detail)
     misplaced = None
     if not archived and header.source_type != source_type:
         misplaced = f"a {header.source_type} file in raw/{path.parent.name}"
-    last_ts = max((f.message.ts for f in found), key=document.parse_ts)
     values = {
         "path": path.relative_to(data_dir).as_posix(),
         "source_type": header.source_type,
@@ -78,7 +79,7 @@ def read(data_dir: Path, source_type: str, path: Path, *, postgres: bool) -> Rea
         "session_key": header.session_key,
         "metadata_json": json.dumps(dict(header.metadata), ensure_ascii=False),
         "started_at": started_at,
-        "ended_at": document.parse_ts(last_ts).replace(tzinfo=None),
+        "ended_at": ended_at.replace(tzinfo=None),
         "flushed_seq": count,
         "flushed_bytes": len(data),
         "chain_head": head.hex(),
@@ -86,6 +87,15 @@ def read(data_dir: Path, source_type: str, path: Path, *, postgres: bool) -> Rea
     owner = catalog.Owner(header.file_id, header.agent_id, header.session_key)
     cataloged = catalog.ready(owner, found, postgres=postgres)
     return Read(file_id, archived, values, cataloged, misplaced=misplaced)
+
+
+def _when(ts: str, what: str) -> dt.datetime:
+    """A timestamp of a file as a time. The format's pattern takes a heading whose date does
+    not exist (a hand edit: month 13): a :class:`errors.FormatError`, the file unreadable."""
+    try:
+        return document.parse_ts(ts)
+    except ValueError as exc:
+        raise errors.FormatError(f"{what}: {ts} is not a time ({exc})") from None
 
 
 def _read_chunk(data_dir: Path, files: Sequence[tuple[str, Path]], postgres: bool) -> list[Read]:

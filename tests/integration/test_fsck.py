@@ -144,6 +144,12 @@ def _change_time(data: bytes) -> bytes:
     return data.replace(heading, f"## {TS[4]} assistant\n".encode())
 
 
+def _time_that_is_no_time(data: bytes) -> bytes:
+    heading = f"## {TS[1]} assistant\n".encode()
+    assert data.count(heading) == 1
+    return data.replace(heading, heading.replace(b"2026-08-03", b"2026-13-03"))
+
+
 def _insert_copy(data: bytes) -> bytes:
     prefix, blocks = blocks_of(data)
     return prefix + b"".join([blocks[0], blocks[1], blocks[1], *blocks[2:]])
@@ -181,6 +187,7 @@ TAMPERINGS: dict[str, tuple[Tamper, set[str], bool]] = {
     "swap-two-blocks": (_swap_blocks, {"chain_mismatch"}, True),
     "change-a-heading-role": (_change_role, {"chain_mismatch"}, True),
     "change-a-heading-time": (_change_time, {"chain_mismatch"}, True),
+    "a-heading-time-that-is-no-time": (_time_that_is_no_time, {"chain_mismatch"}, False),
     "insert-a-copied-block": (_insert_copy, {"uncommitted_tail", "chain_mismatch"}, False),
     "replay-the-last-block": (_replay_last_block, {"uncommitted_tail"}, True),
     "append-bytes": (lambda d: d + b"trailing junk\n", {"uncommitted_tail"}, True),
@@ -396,3 +403,34 @@ def test_reindex_in_batches_by_worker_processes_makes_what_the_flushes_made(
     assert _catalog(db) == rows
     assert _found(db) == searched
     assert integrity.fsck(db, data_dir) == []
+
+
+def test_reindex_reports_a_heading_whose_time_is_no_time_and_goes_on(
+    db: database.Database, data_dir: Path, file_locks: locks.FileLocks
+) -> None:
+    """A heading the format's pattern takes but whose date does not exist (a hand edit: month
+    13) makes its file unreadable to ``reindex``, which rebuilds the other files."""
+    ids = make_files(db, data_dir)
+    path = path_of(db, data_dir, ids["target"])
+    data = path.read_bytes()
+    heading = f"## {TS[1]} assistant\n".encode()
+    assert data.count(heading) == 1
+    path.write_bytes(data.replace(heading, heading.replace(b"2026-08-03", b"2026-13-03")))
+    with db.transaction() as conn:
+        conn.execute(sa.delete(tables.append_keys))
+        catalog.clear(conn)
+        conn.execute(sa.delete(tables.raw_files))
+
+    report = integrity.reindex(db, file_locks, data_dir)
+    assert (report.scanned, report.inserted, report.updated) == (4, 3, 0)
+    assert [(p.file_id, p.kind) for p in report.failed] == [
+        (ids["target"], integrity.Finding.UNREADABLE)
+    ]
+    assert "2026-13-03T11:18:02Z" in report.failed[0].detail
+    with db.reading() as conn:
+        kinds = [(a.file_id, a.kind) for a in anomalies.listed(conn)]
+    assert (ids["target"], "reindex_unreadable") in kinds
+    with db.reading() as conn:
+        assert sorted(r.file_id for r in index.list_files(conn)) == sorted(
+            file_id for name, file_id in ids.items() if name != "target"
+        )
