@@ -17,7 +17,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
-import datetime as dt
 import json
 import multiprocessing
 import os
@@ -61,11 +60,11 @@ def read(data_dir: Path, source_type: str, path: Path, *, postgres: bool) -> Rea
         header = document.parse_header(yaml_text)
         if header.file_id != file_id:
             raise errors.FormatError(f"file_id {header.file_id!r} is not the file's own")
-        started_at = _when(header.started_at, "started_at").replace(tzinfo=None)
+        started_at = document.checked_ts(header.started_at, "started_at").replace(tzinfo=None)
         upload_ts = document.format_ts(started_at) if header.source_type == "upload" else None
         found = document.locate(data, upload_ts=upload_ts)
         head, count = document.chain(data)
-        ended_at = max(_when(f.message.ts, f"message {f.message.seq}") for f in found)
+        ended_at = max(document.checked_ts(f.message.ts, f"message {f.message.seq}") for f in found)
     except (UnicodeDecodeError, errors.SgmeError) as exc:
         detail = exc.detail if isinstance(exc, errors.SgmeError) else f"not UTF-8: {exc}"
         return Read(file_id, archived, unreadable=detail)
@@ -87,15 +86,6 @@ def read(data_dir: Path, source_type: str, path: Path, *, postgres: bool) -> Rea
     owner = catalog.Owner(header.file_id, header.agent_id, header.session_key)
     cataloged = catalog.ready(owner, found, postgres=postgres)
     return Read(file_id, archived, values, cataloged, misplaced=misplaced)
-
-
-def _when(ts: str, what: str) -> dt.datetime:
-    """A timestamp of a file as a time. The format's pattern takes a heading whose date does
-    not exist (a hand edit: month 13): a :class:`errors.FormatError`, the file unreadable."""
-    try:
-        return document.parse_ts(ts)
-    except ValueError as exc:
-        raise errors.FormatError(f"{what}: {ts} is not a time ({exc})") from None
 
 
 def _read_chunk(data_dir: Path, files: Sequence[tuple[str, Path]], postgres: bool) -> list[Read]:

@@ -434,3 +434,21 @@ def test_reindex_reports_a_heading_whose_time_is_no_time_and_goes_on(
         assert sorted(r.file_id for r in index.list_files(conn)) == sorted(
             file_id for name, file_id in ids.items() if name != "target"
         )
+
+
+def test_the_catalog_made_from_the_files_skips_a_heading_whose_time_is_no_time(
+    db: database.Database, data_dir: Path
+) -> None:
+    """What the migrations that make the catalog run (``integrity.catalog_all``): a file with
+    such a heading is counted as unreadable and gets no rows; the others are cataloged."""
+    ids = make_files(db, data_dir)
+    path = path_of(db, data_dir, ids["target"])
+    heading = f"## {TS[1]} assistant\n".encode()
+    path.write_bytes(
+        path.read_bytes().replace(heading, heading.replace(b"2026-08-03", b"2026-13-03"))
+    )
+    with db.transaction() as conn:
+        catalog.clear(conn)
+        assert integrity.catalog_all(conn, data_dir) == (3, 1)
+        cataloged = {r.file_id for r in conn.execute(sa.select(tables.messages.c.file_id))}
+    assert cataloged == {file_id for name, file_id in ids.items() if name != "target"}
