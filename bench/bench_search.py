@@ -17,8 +17,8 @@
    ``journal.flush``, which writes the catalog and the terms in its commit).
 3. The cost of the search index to the append path: one-message appends through
    ``journal.ingest`` + ``journal.flush`` with the catalog as it is, and with the terms left
-   out (``catalog.add`` writing only the rows), interleaved rounds, best of each. Target: at
-   most 15% fewer appends/s.
+   out (the flush's ``catalog.add_ready`` writing only the rows, no search rows and no terms
+   made), interleaved rounds, best of each. Target: at most 15% fewer appends/s.
 
     .venv/bin/python bench/bench_search.py [--messages 1000000] [--only reads|search|cost]
 """
