@@ -151,16 +151,6 @@ def parse_ts(text: str) -> dt.datetime:
     return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
-def checked_ts(text: str, what: str) -> dt.datetime:
-    """:func:`parse_ts` of a timestamp read from a file (``what`` names it). The format's
-    pattern takes a heading whose date does not exist (a hand edit: month 13): a
-    :class:`errors.FormatError`, which makes the file unreadable to whoever reads it."""
-    try:
-        return parse_ts(text)
-    except ValueError as exc:
-        raise errors.FormatError(f"{what}: {text} is not a time ({exc})") from None
-
-
 # ---------------------------------------------------------------------------------------------
 # render
 

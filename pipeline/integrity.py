@@ -215,12 +215,12 @@ def locate_file(
     data: bytes, *, source_type: str, started_at: dt.datetime
 ) -> list[document.Located]:
     """Every message of a whole file's bytes and where its block is. A heading whose date does
-    not exist is a :class:`errors.FormatError` (:func:`document.checked_ts`): the file does
+    not exist is a :class:`errors.FormatError` (:func:`recovery.checked_ts`): the file does
     not parse, and its messages are neither cataloged nor compared with the catalog."""
     upload_ts = document.format_ts(started_at) if source_type == "upload" else None
     found = document.locate(data, upload_ts=upload_ts)
     for located in found:
-        document.checked_ts(located.message.ts, f"message {located.message.seq}")
+        recovery.checked_ts(located.message.ts, f"message {located.message.seq}")
     return found
 
 

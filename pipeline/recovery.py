@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
+import datetime as dt
 import json
 import multiprocessing
 import os
@@ -60,11 +61,11 @@ def read(data_dir: Path, source_type: str, path: Path, *, postgres: bool) -> Rea
         header = document.parse_header(yaml_text)
         if header.file_id != file_id:
             raise errors.FormatError(f"file_id {header.file_id!r} is not the file's own")
-        started_at = document.checked_ts(header.started_at, "started_at").replace(tzinfo=None)
+        started_at = checked_ts(header.started_at, "started_at").replace(tzinfo=None)
         upload_ts = document.format_ts(started_at) if header.source_type == "upload" else None
         found = document.locate(data, upload_ts=upload_ts)
         head, count = document.chain(data)
-        ended_at = max(document.checked_ts(f.message.ts, f"message {f.message.seq}") for f in found)
+        ended_at = max(checked_ts(f.message.ts, f"message {f.message.seq}") for f in found)
     except (UnicodeDecodeError, errors.SgmeError) as exc:
         detail = exc.detail if isinstance(exc, errors.SgmeError) else f"not UTF-8: {exc}"
         return Read(file_id, archived, unreadable=detail)
@@ -86,6 +87,16 @@ def read(data_dir: Path, source_type: str, path: Path, *, postgres: bool) -> Rea
     owner = catalog.Owner(header.file_id, header.agent_id, header.session_key)
     cataloged = catalog.ready(owner, found, postgres=postgres)
     return Read(file_id, archived, values, cataloged, misplaced=misplaced)
+
+
+def checked_ts(text: str, what: str) -> dt.datetime:
+    """:func:`document.parse_ts` of a timestamp read from a file (``what`` names it). The
+    format's pattern takes a heading whose date does not exist (a hand edit: month 13): a
+    :class:`errors.FormatError`, which makes the file unreadable to whoever reads it."""
+    try:
+        return document.parse_ts(text)
+    except ValueError as exc:
+        raise errors.FormatError(f"{what}: {text} is not a time ({exc})") from None
 
 
 def _read_chunk(data_dir: Path, files: Sequence[tuple[str, Path]], postgres: bool) -> list[Read]:
