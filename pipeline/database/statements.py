@@ -57,13 +57,9 @@ class Prepared:
         return cursor
 
     def many(self, conn: sa.Connection, params: Sequence[Mapping[str, Any]]) -> None:
-        """Run once per mapping in ``params``, in one driver call (``executemany``)."""
+        """Run once per mapping in ``params``, in one driver call (:func:`many_bound`)."""
         compiled = self._for(conn.dialect)
-        cursor = _driver(conn).cursor()
-        try:
-            cursor.executemany(compiled.sql, compiled.bind_many(params))
-        except conn.dialect.loaded_dbapi.Error as exc:
-            raise _mapped(conn, compiled.sql, exc) from exc
+        many_bound(conn, compiled.sql, compiled.bind_many(params))
 
     def rows(self, conn: sa.Connection, params: Mapping[str, Any] | None = None) -> list[Any]:
         """Every row, its values converted as SQLAlchemy would."""
