@@ -30,6 +30,13 @@ e2e tests use, refining every flush). Targets (issue 22): >= 1.5x the durable en
 these clients; under ``wrk`` >= 1.5x the durable endpoint and >= 0.5x the trivial one; the p99
 acknowledgement at half the measured maximum rate reported.
 
+With the Python clients the table also gives the CPU an append of the client processes and of
+the server's processes (``/proc``, every thread, from the phase's common start to its clients'
+end), and the *CPU ceiling*: the appends a second the machine's cores allow at those two costs
+together. The clients and the server share the cores, so a server cannot be measured past its
+ceiling with these clients, and a ratio target is out of reach of a server whose ceiling is
+below it.
+
 ``--baseline DIR`` adds ``embedded, unchanged code``: ``sgme serve`` importing the package
 from ``DIR`` (``git archive main pipeline workers | tar -x -C DIR``), measured in the same run.
 ``--wrk`` also drives every server with ``wrk`` (Debian's package: a C load generator that is
@@ -210,6 +217,17 @@ def process_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def family(pid: int) -> list[int]:
+    """``pid`` and its descendants now (Linux: ``/proc``): a server's processes (uvicorn's
+    workers, say), whose CPU :func:`run_phase` adds up."""
+    found = [pid]
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        with contextlib.suppress(OSError):
+            for child in task.read_text().split():
+                found += family(int(child))
+    return found
+
+
 def run_wrk(
     name: str,
     url: str,
@@ -360,7 +378,10 @@ def _client(plan: Plan, i: int, out: list[Record], errors: list[str]) -> None:
             out.append((acked - sent, acked, answer.get("file_id", ""), answer.get("last_seq", 0)))
 
 
-def _client_process(plan: Plan) -> tuple[list[Record], list[str]]:
+def _client_process(plan: Plan) -> tuple[list[Record], list[str], float]:
+    """The records and errors of ``plan``'s clients, and the CPU seconds this process spent
+    from the common start to its clients' end (all its threads: what the clients cost the
+    machine's cores, which the server shares)."""
     out: list[Record] = []
     errors: list[str] = []
     threads = [
@@ -369,9 +390,11 @@ def _client_process(plan: Plan) -> tuple[list[Record], list[str]]:
     ]
     for thread in threads:
         thread.start()
+    time.sleep(max(0.0, plan.start_at - time.time()))
+    cpu = time.process_time()
     for thread in threads:
         thread.join(plan.start_at + plan.seconds - time.time() + 60)
-    return out, errors
+    return out, errors, time.process_time() - cpu
 
 
 # ---------------------------------------------------------------------------------------------
@@ -465,10 +488,28 @@ class Phase:
     ack_ms: list[float]
     flushed_ms: list[float]
     refined_ms: list[float]
+    #: CPU seconds of the client processes, and of the server's (``run_phase``'s ``pid``:
+    #: every thread; None when not measured), from the phase's start to its clients' end
+    client_cpu: float = 0.0
+    server_cpu: float | None = None
 
     @property
     def rate(self) -> float:
         return self.appends / self.seconds
+
+    def cpu_us(self, seconds: float | None) -> float:
+        """``seconds`` of CPU in µs an append (NaN: not measured, or no append)."""
+        if seconds is None or not self.appends:
+            return float("nan")
+        return seconds / self.appends * 1e6
+
+    @property
+    def ceiling(self) -> float:
+        """The appends a second this machine's cores allow at the measured CPU an append of
+        the clients and the server together: no server can be measured past it with these
+        clients (they use the cores it would need)."""
+        spent = self.cpu_us(self.client_cpu) + self.cpu_us(self.server_cpu)
+        return (os.cpu_count() or 1) * 1e6 / spent if spent == spent else float("nan")
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -488,7 +529,10 @@ def run_phase(
     prefix: str,
     poller: Poller | None,
     settle: float,
+    pids: Sequence[int] = (),
 ) -> Phase:
+    """One phase of the Python clients against ``url``; with ``pids``, the CPU of those
+    server processes over it too."""
     # spawned clients import httpx first: seconds on a loaded machine, and all must start together
     start_at = time.time() + 6.0
     per_proc = [clients // procs + (i < clients % procs) for i in range(procs)]
@@ -498,9 +542,13 @@ def run_phase(
     ]
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(procs) as pool:
-        results = pool.map(_client_process, plans)
-    records = [r for chunk, _ in results for r in chunk]
-    failures = [e for _, errors in results for e in errors]
+        pending = pool.map_async(_client_process, plans)
+        time.sleep(max(0.0, start_at - time.time()))
+        before = sum(map(process_cpu, pids))
+        results = pending.get()
+        server_cpu = sum(map(process_cpu, pids)) - before if pids else None
+    records = [r for chunk, _, _ in results for r in chunk]
+    failures = [e for _, errors, _ in results for e in errors]
     if failures:
         print(f"  {len(failures)} failed requests, e.g. {failures[0]}", file=sys.stderr)
     print(
@@ -514,6 +562,8 @@ def run_phase(
         ack_ms=[r[0] * 1000 for r in records],
         flushed_ms=[],
         refined_ms=[],
+        client_cpu=sum(cpu for _, _, cpu in results),
+        server_cpu=server_cpu,
     )
     if poller is None:
         return phase
@@ -544,7 +594,11 @@ class Result:
 WRK_RESULTS: list[Wrk] = []
 
 
-def bench_server(name: str, url: str, args: argparse.Namespace, *, pipeline: bool) -> Result:
+def bench_server(
+    name: str, url: str, args: argparse.Namespace, *, pipeline: bool, pids: Sequence[int] = ()
+) -> Result:
+    """wrk (with ``--wrk``) and the Python clients' phases against ``url``; ``pids``: the
+    server's processes, whose CPU the Python clients' phases report."""
     print(f"{name}:", file=sys.stderr)
     if args.wrk:
         WRK_RESULTS.append(run_wrk(name, url, args.seconds, args.clients, Path(args.tmp)))
@@ -575,6 +629,7 @@ def bench_server(name: str, url: str, args: argparse.Namespace, *, pipeline: boo
             prefix=f"max-{uuid.uuid4().hex[:6]}",
             poller=poller,
             settle=args.settle,
+            pids=pids,
         )
         half = run_phase(
             url,
@@ -585,6 +640,7 @@ def bench_server(name: str, url: str, args: argparse.Namespace, *, pipeline: boo
             prefix=f"half-{uuid.uuid4().hex[:6]}",
             poller=poller,
             settle=args.settle,
+            pids=pids,
         )
     finally:
         if poller:
@@ -603,7 +659,7 @@ def run_trivial(args: argparse.Namespace, children: harness.Procs) -> Result:
     proc = children.start("trivial", [], _env(), argv=argv)
     url = f"http://127.0.0.1:{port}"
     _wait_healthy(url, proc)
-    return bench_server(TRIVIAL_NAME, url, args, pipeline=False)
+    return bench_server(TRIVIAL_NAME, url, args, pipeline=False, pids=family(proc.pid))
 
 
 def run_durable(args: argparse.Namespace, children: harness.Procs, tmp: Path) -> Result:
@@ -612,7 +668,7 @@ def run_durable(args: argparse.Namespace, children: harness.Procs, tmp: Path) ->
     proc = children.start("durable", [], _env(), argv=argv)
     url = f"http://127.0.0.1:{port}"
     _wait_healthy(url, proc)
-    return bench_server(DURABLE_NAME, url, args, pipeline=False)
+    return bench_server(DURABLE_NAME, url, args, pipeline=False, pids=family(proc.pid))
 
 
 def run_embedded(
@@ -630,7 +686,7 @@ def run_embedded(
     url = f"http://127.0.0.1:{port}"
     _wait_healthy(url, proc)
     name = "embedded, unchanged code" if code else "embedded (sgme serve)"
-    return bench_server(name, url, args, pipeline=True)
+    return bench_server(name, url, args, pipeline=True, pids=family(proc.pid))
 
 
 def run_production(
@@ -643,12 +699,12 @@ def run_production(
         broker = ["--broker-url", REDIS_URL, "--log-level", args.log_level]
         children.run(["migrate", *common], env)
         port = harness.free_port()
-        children.start(
+        worker = children.start(
             "worker",
             ["worker", *common, *broker, "--pool", "threads", "--concurrency", str(args.workers)],
             env,
         )
-        children.start("beat", ["beat", *common, *broker], env)
+        beat = children.start("beat", ["beat", *common, *broker], env)
         api = children.start(
             "api",
             ["api", *common, *broker, "--port", str(port), "--workers", str(api_processes)],
@@ -659,8 +715,9 @@ def run_production(
         name = "postgres+redis (api+worker+beat)"
         if api_processes > 1:
             name = f"postgres+redis, {api_processes} API processes"
+        pids = [p for proc in (api, worker, beat) for p in family(proc.pid)]
         try:
-            return bench_server(name, url, args, pipeline=True)
+            return bench_server(name, url, args, pipeline=True, pids=pids)
         finally:
             children.close()
 
@@ -693,6 +750,10 @@ def _ms(value: float) -> str:
     return "-" if value != value else f"{value:.1f}"  # NaN: nothing measured
 
 
+def _count(value: float) -> str:
+    return "-" if value != value else f"{value:,.0f}"  # NaN: nothing measured
+
+
 def _median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
@@ -706,6 +767,9 @@ def print_table(results: list[Result], notes: list[str]) -> None:
         "appends/s",
         "vs durable",
         "vs trivial",
+        "client CPU µs",
+        "server CPU µs",
+        "CPU ceiling/s",
         "ack p50 ms",
         "ack p99 ms",
         "half rate/s",
@@ -726,6 +790,9 @@ def print_table(results: list[Result], notes: list[str]) -> None:
                 f"{r.max.rate:.0f}",
                 f"{r.max.rate / durable:.2f}",
                 f"{r.max.rate / trivial:.2f}",
+                _count(r.max.cpu_us(r.max.client_cpu)),
+                _count(r.max.cpu_us(r.max.server_cpu)),
+                _count(r.max.ceiling),
                 _ms(_percentile(r.max.ack_ms, 50)),
                 _ms(_percentile(r.max.ack_ms, 99)),
                 f"{half.rate:.0f}" if half else "-",
@@ -741,6 +808,11 @@ def print_table(results: list[Result], notes: list[str]) -> None:
     print("|" + "---|" * len(header))
     for row in rows:
         print("| " + " | ".join(str(c) for c in row) + " |")
+    print()
+    print("client / server CPU µs: CPU time an append of the client processes and of the")
+    print("server's, at the maximum rate; CPU ceiling: the appends a second the machine's")
+    print(f"{os.cpu_count()} CPUs allow at those two costs together (no server is measured past")
+    print("it with these clients on this machine).")
     print()
     print("Targets: >= 1.5x durable (the p99 at half rate is reported).")
     for r in results:
