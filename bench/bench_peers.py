@@ -21,11 +21,15 @@ DIR`` (a tree of unchanged code: ``git archive main pipeline workers | tar -x -C
 same SGME cases also run on that code in the same rounds, so a change is measured against
 what it changed.
 
+``--stages``: where a waited append's time goes (one stream, each part's CPU and wall time a
+message, timed by wrapping the functions that do it: the timing adds a little to each).
+
 Growth: the library's one-stream ``journal.ingest`` + ``journal.flush`` rate in a session that
 already holds 10,000 messages against one that holds 10 (target: within 10%): the cost of an
 append must not grow with its file.
 
     .venv/bin/python bench/bench_peers.py [--messages 2000] [--rounds 3] [--baseline DIR]
+                                          [--growth] [--stages]
 """
 
 from __future__ import annotations
@@ -260,6 +264,68 @@ def growth(messages: int, size: int) -> dict[str, float]:
     return rates
 
 
+#: the parts of a waited append that :func:`stages` times: (label, module, attribute[, class])
+_STAGES: tuple[tuple[str, str, str, str | None], ...] = (
+    ("validation (parse_append)", "pipeline.validation", "parse_append", None),
+    ("Service.append, in all (the rest)", "pipeline.service", "append", "Service"),
+    ("acknowledgement (ingest, its durable commit)", "pipeline.ingest", "append", None),
+    ("flush, in all", "pipeline.flush", "flush", None),
+    ("flush: its read snapshot", "pipeline.flush", "_snapshot", None),
+    ("flush: blocks, chain and catalog rows made", "pipeline.flush", "_prepare", None),
+    ("flush: the file's write and fdatasync", "pipeline.store", "append", None),
+    ("flush: its commit (lazy)", "pipeline.flush", "_write_chunk.commit", None),
+)
+
+
+def stages(messages: int, threads: int, size: int) -> dict[str, float]:
+    """Where a waited append's time goes, one stream: the CPU and wall µs a message of each
+    part (:data:`_STAGES`; the thread's CPU clock, so a part's wait is in its wall time only).
+    The parts are timed by wrapping the functions that do them."""
+    import importlib
+
+    from pipeline.database import transactions
+
+    spent: dict[str, float] = {}
+
+    def timed(label: str, run: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            cpu, wall = time.thread_time(), time.perf_counter()
+            try:
+                return run(*args, **kwargs)
+            finally:
+                spent[f"cpu {label}"] = spent.get(f"cpu {label}", 0.0) + time.thread_time() - cpu
+                spent[f"wall {label}"] = (
+                    spent.get(f"wall {label}", 0.0) + time.perf_counter() - wall
+                )
+
+        return wrapper
+
+    commit = transactions.Database.commit
+    lazy = next(label for label, _, name, _ in _STAGES if name == "_write_chunk.commit")
+
+    def commit_timed(self: Any, work: Any, *, durable: bool = True, key: Any = None) -> Any:
+        if durable:
+            return commit(self, work, durable=durable, key=key)
+        return timed(lazy, commit)(self, work, durable=durable, key=key)
+
+    for label, module, name, owner in _STAGES:
+        if name == "_write_chunk.commit":
+            continue
+        target: Any = importlib.import_module(module)
+        if owner is not None:
+            target = getattr(target, owner)
+        setattr(target, name, timed(label, getattr(target, name)))
+    transactions.Database.commit = commit_timed  # type: ignore[method-assign]
+    with _runtime() as rt:
+        append = _appender(rt.service(None), size, wait=True)
+        for _ in range(100):  # warm
+            append("one")
+        spent.clear()
+        for _ in range(messages):
+            append("one")
+    return {key: value / messages * 1e6 for key, value in spent.items()}
+
+
 CASES: dict[str, Callable[[int, int, int], dict[str, float]]] = {
     "ack": acknowledged,
     "flushed": flushed,
@@ -283,13 +349,18 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--baseline", type=Path, help="a tree of the unchanged code")
     parser.add_argument("--growth", action="store_true", help="also the growth table")
-    parser.add_argument("--case", choices=[*CASES, "growth"], help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--stages", action="store_true", help="also where a waited append's time goes"
+    )
+    parser.add_argument("--case", choices=[*CASES, "growth", "stages"], help=argparse.SUPPRESS)
     parser.add_argument("--code", type=Path, default=ROOT, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.case:  # one case, in this process, on the code in args.code
         sys.path.insert(0, str(args.code))
         if args.case == "growth":
             print(json.dumps(growth(args.messages, SIZE)))
+        elif args.case == "stages":
+            print(json.dumps(stages(args.messages, THREADS, SIZE)))
         else:
             print(json.dumps(CASES[args.case](args.messages, THREADS, SIZE)))
         return 0
@@ -373,6 +444,12 @@ def main() -> int:
         for case, rate in grown.items():
             print(f"| {case.removeprefix('at ')} | {rate:,.0f} |")
         print(f"growth: {large / small:.2f}x the rate at 10 messages ({verdict}: within 10%)")
+    if args.stages:
+        timed = _run(Path(sys.executable), ROOT, "stages", args.messages)
+        print("\n| a waited append, one stream | CPU µs a message | wall µs a message |")
+        print("|---|---|---|")
+        for label, *_ in _STAGES:
+            print(f"| {label} | {timed[f'cpu {label}']:.0f} | {timed[f'wall {label}']:.0f} |")
     return 0
 
 
