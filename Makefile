@@ -74,7 +74,8 @@ integration: $(STAMP)
 
 ## make bench: every benchmark (about an hour here); results in docs/benchmarks.md
 bench: $(STAMP) $(HERMES_STAMP) wrk
-	$(BIN)/python bench/bench_peers.py
+	$(BIN)/python bench/bench_peers.py --stages
+	$(BIN)/python bench/bench_wake.py
 	$(BIN)/python bench/bench_http.py --wrk
 	$(BIN)/python bench/bench_append.py
 	$(BIN)/python bench/bench_refine.py
