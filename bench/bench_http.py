@@ -35,7 +35,8 @@ the server's processes (``/proc``, every thread, from the phase's common start t
 end), and the *CPU ceiling*: the appends a second the machine's cores allow at those two costs
 together. The clients and the server share the cores, so a server cannot be measured past its
 ceiling with these clients, and a ratio target is out of reach of a server whose ceiling is
-below it.
+below it. Work a server leaves for after the clients' end (``sgme serve``'s flushes and
+refinement still running) is not in its CPU, so its ceiling is if anything too high.
 
 ``--baseline DIR`` adds ``embedded, unchanged code``: ``sgme serve`` importing the package
 from ``DIR`` (``git archive main pipeline workers | tar -x -C DIR``), measured in the same run.
@@ -488,7 +489,7 @@ class Phase:
     ack_ms: list[float]
     flushed_ms: list[float]
     refined_ms: list[float]
-    #: CPU seconds of the client processes, and of the server's (``run_phase``'s ``pid``:
+    #: CPU seconds of the client processes, and of the server's (``run_phase``'s ``pids``:
     #: every thread; None when not measured), from the phase's start to its clients' end
     client_cpu: float = 0.0
     server_cpu: float | None = None
