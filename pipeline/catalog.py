@@ -70,14 +70,13 @@ class Entry(NamedTuple):
     ts: dt.datetime
     role: str
     tool_name: str | None
-    terms: str  #: FTS5 terms on SQLite, the ``tsvector`` text on PostgreSQL
+    tsv: str  #: the ``tsvector`` text of its search terms
 
 
-def entries(owner: Owner, found: Sequence[document.Located], *, postgres: bool) -> list[Entry]:
-    """The :class:`Entry` of each message of ``found`` (for the database ``postgres`` names)."""
+def entries(owner: Owner, found: Sequence[document.Located]) -> list[Entry]:
+    """The :class:`Entry` of each message of ``found`` (PostgreSQL)."""
     made = []
     for located in found:
-        words = terms.terms(located.message.content)
         row = _row(owner, located)
         made.append(
             Entry(
@@ -87,7 +86,7 @@ def entries(owner: Owner, found: Sequence[document.Located], *, postgres: bool) 
                 row["ts"],
                 row["role"],
                 row["tool_name"],
-                terms.tsvector(words) if postgres else " ".join(words),
+                terms.tsvector(terms.terms(located.message.content)),
             )
         )
     return made
@@ -114,7 +113,7 @@ def _add_entries(conn: sa.Connection, files: Sequence[tuple[Owner, Sequence[Entr
     ids = list(conn.execute(_INSERT_ROWS, rows).scalars())
     all_entries = [e for _, found in files for e in found]
     conn.execute(
-        _PG_INSERT, [{"id": i, "tsv": e.terms} for i, e in zip(ids, all_entries, strict=True)]
+        _PG_INSERT, [{"id": i, "tsv": e.tsv} for i, e in zip(ids, all_entries, strict=True)]
     )
 
 
@@ -194,7 +193,7 @@ class Ready:
 def ready(owner: Owner, found: Sequence[document.Located], *, postgres: bool) -> Ready:
     """The :class:`Ready` of ``found`` for the database ``postgres`` names."""
     if postgres:
-        return Ready(owner, entries=entries(owner, found, postgres=True))
+        return Ready(owner, entries=entries(owner, found))
     return Ready(owner, bound=bound_entries(owner, found))
 
 
