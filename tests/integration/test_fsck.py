@@ -412,10 +412,7 @@ def test_reindex_reports_a_heading_whose_time_is_no_time_and_goes_on(
     13) makes its file unreadable to ``reindex``, which rebuilds the other files."""
     ids = make_files(db, data_dir)
     path = path_of(db, data_dir, ids["target"])
-    data = path.read_bytes()
-    heading = f"## {TS[1]} assistant\n".encode()
-    assert data.count(heading) == 1
-    path.write_bytes(data.replace(heading, heading.replace(b"2026-08-03", b"2026-13-03")))
+    path.write_bytes(_time_that_is_no_time(path.read_bytes()))
     with db.transaction() as conn:
         conn.execute(sa.delete(tables.append_keys))
         catalog.clear(conn)
@@ -443,10 +440,7 @@ def test_the_catalog_made_from_the_files_skips_a_heading_whose_time_is_no_time(
     such a heading is counted as unreadable and gets no rows; the others are cataloged."""
     ids = make_files(db, data_dir)
     path = path_of(db, data_dir, ids["target"])
-    heading = f"## {TS[1]} assistant\n".encode()
-    path.write_bytes(
-        path.read_bytes().replace(heading, heading.replace(b"2026-08-03", b"2026-13-03"))
-    )
+    path.write_bytes(_time_that_is_no_time(path.read_bytes()))
     with db.transaction() as conn:
         catalog.clear(conn)
         assert integrity.catalog_all(conn, data_dir) == (3, 1)
