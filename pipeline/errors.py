@@ -17,7 +17,9 @@
      │    │    └── OutOfOrder        409     out-of-order       a sequence that is not the next one
      │    ├── FileDamaged            409     file-damaged       a file differs from its index
      │    ├── UnsupportedMediaType   415     unsupported-media-type  not the declared body type
-     │    └── RequestTimeout         408     request-timeout    a body that came too slowly
+     │    ├── RequestTimeout         408     request-timeout    a body that came too slowly
+     │    ├── UriTooLong             414     uri-too-long       a request target past its bound
+     │    └── HeadersTooLarge        431     headers-too-large  a request head past its bounds
      ├── Throttled                   429     too-many-requests  repeat after retry_after seconds
      ├── TransientError              503     unavailable        retried by tasks with backoff
      │    ├── LockTimeout            503     lock-timeout       a per-file lock was not acquired
@@ -227,6 +229,21 @@ class RequestTimeout(PermanentError):
 
     type = "request-timeout"
     status = 408
+
+
+class UriTooLong(PermanentError):
+    """A request target (path and query) longer than ``http_max_header_bytes``."""
+
+    type = "uri-too-long"
+    status = 414
+
+
+class HeadersTooLarge(PermanentError):
+    """A request head larger than ``http_max_header_bytes``, or with more than
+    ``http_max_headers`` fields: refused before it is parsed to the end."""
+
+    type = "headers-too-large"
+    status = 431
 
 
 class Throttled(SgmeError):

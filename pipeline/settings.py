@@ -65,6 +65,10 @@ class Http:
     body_timeout: float = 10.0
     min_body_rate: int = 16 * 1024  #: bytes per second a body must average after that
     header_timeout: float = 30.0  #: seconds for a request head to arrive (then closed)
+    #: bytes of a request head (its target and header fields) at most: 431 past it (a
+    #: target alone past it: 414), answered before the rest of the head is read
+    max_header_bytes: int = 64 * 1024
+    max_headers: int = 100  #: header fields of one request at most (431 past it)
     keepalive_timeout: float = 5.0  #: seconds an idle keep-alive connection is kept
     #: open connections at most; past it, one that is waiting for a request head — or else
     #: the one whose body arrives slowest — is closed to make room for the new one
@@ -72,6 +76,10 @@ class Http:
     #: open connections one client address may hold; past it, its own idle or slowest
     #: connection makes room (so one client cannot take the whole server)
     max_connections_per_client: int = 256
+    #: answers one client address may have streaming at once (a raw download, the event
+    #: stream of ``GET /mcp``: each lasts as long as its client reads); they do not count
+    #: against ``max_connections_per_client``, and past this its oldest stream is closed
+    max_streams_per_client: int = 64
     #: bytes of messages (their blocks in the file) one page of ``/messages`` or one ref's
     #: neighbours hold at most; one message always comes, however large
     max_page_bytes: int = 16 * 1024 * 1024

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import random
 import socket
 import time
 from collections.abc import Iterator
@@ -22,14 +23,21 @@ HEAD_TIMEOUT = "2"
 
 @contextlib.contextmanager
 def server(procs: harness.Procs, tmp_path: Path, **settings: str) -> Iterator[int]:
+    port, _ = serve(procs, tmp_path, **settings)
+    yield port
+
+
+def serve(procs: harness.Procs, tmp_path: Path, **settings: str) -> tuple[int, harness.Proc]:
+    """A ``sgme serve`` of its own data directory with ``settings``, answering: its port and
+    its process (whose log a test reads)."""
     port = harness.free_port()
-    argv = ["serve", "--data-dir", str(tmp_path / "data"), "--port", str(port)]
+    argv = ["serve", "--data-dir", str(tmp_path / f"data-{port}"), "--port", str(port)]
     proc = procs.start(
         f"serve-{port}", [*argv, "--log-level", "warning"], harness.clean_env(**settings)
     )
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
         harness.wait_healthy(client, proc, timeout=60)
-    yield port
+    return port, proc
 
 
 def connect(port: int) -> socket.socket:
@@ -296,3 +304,252 @@ def test_one_client_address_cannot_take_every_connection(
         finally:
             for sock in idle:
                 sock.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# streamed answers: raw downloads and GET /mcp
+
+
+def _store(port: int, *, megabytes: int) -> tuple[str, bytes]:
+    """A flushed session of about ``megabytes`` MB (seeded text): its file_id and raw bytes."""
+    rng = random.Random(megabytes)
+    words = [f"w{n}" for n in range(1000)]
+    chunk = " ".join(rng.choice(words) for _ in range(300_000))  # ~1.5 MB
+    size = max(1, megabytes * 1_000_000 // len(chunk))
+    body = {
+        "agent_id": "a",
+        "session_key": "big",
+        "messages": [{"role": "user", "content": chunk} for _ in range(size)],
+    }
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
+        r = client.post("/v1/append", params={"wait": "flushed"}, json=body)
+        assert r.status_code == 200, r.text
+        file_id = str(r.json()["file_id"])
+        raw = client.get(f"/v1/files/{file_id}/raw")
+        assert raw.status_code == 200
+    return file_id, raw.content
+
+
+def _slow_reader(port: int) -> socket.socket:
+    """A connection whose receive buffer is small, so the server's writes wait for its reads."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 * 1024)
+    sock.settimeout(10)
+    sock.connect(("127.0.0.1", port))
+    return sock
+
+
+def _errors_logged(proc: harness.Proc) -> list[str]:
+    return [line for line in proc.tail(400).splitlines() if "ERROR" in line or "Traceback" in line]
+
+
+@pytest.mark.timeout(120)
+def test_a_raw_download_that_outlasts_the_body_timeout_is_not_cut(
+    procs: harness.Procs, tmp_path: Path
+) -> None:
+    """The body bound times a request's body, not the wait for a disconnect that a streamed
+    answer keeps up while it sends: a download read slowly for several times
+    ``http_body_timeout`` arrives whole."""
+    port, proc = serve(procs, tmp_path, http_body_timeout="1")
+    file_id, expected = _store(port, megabytes=6)
+    with _slow_reader(port) as sock:
+        sock.sendall(f"GET /v1/files/{file_id}/raw HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+        started = time.monotonic()
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += sock.recv(65536)
+        head, _, got = data.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200")
+        while len(got) < len(expected):
+            chunk = sock.recv(32 * 1024)
+            if not chunk:
+                break
+            got += chunk
+            time.sleep(0.02)  # a slow reader, on purpose: ~1.5 MB/s
+        took = time.monotonic() - started
+    assert took > 2, f"the download was not slow enough to test anything ({took:.1f} s)"
+    assert len(got) == len(expected), f"cut at {len(got)} of {len(expected)} bytes"
+    assert got == expected
+    assert _errors_logged(proc) == []
+
+
+def _open_mcp_stream(port: int) -> socket.socket:
+    """A ``GET /mcp`` event stream, its answer's head read."""
+    sock = connect(port)
+    sock.sendall(
+        b"GET /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n"
+        b"MCP-Protocol-Version: 2025-06-18\r\n\r\n"
+    )
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"closed before an answer: {data!r}"
+        data += chunk
+    assert data.startswith(b"HTTP/1.1 200"), data
+    assert b"text/event-stream" in data
+    return sock
+
+
+def test_an_mcp_event_stream_outlives_the_body_timeout(
+    procs: harness.Procs, tmp_path: Path
+) -> None:
+    port, proc = serve(procs, tmp_path, http_body_timeout="1")
+    with _open_mcp_stream(port) as stream:
+        assert not closed_by_server(stream, timeout=3)
+    assert _errors_logged(proc) == []
+
+
+def test_streams_do_not_lock_their_client_out(procs: harness.Procs, tmp_path: Path) -> None:
+    """Answers being streamed (event streams, downloads) do not count against
+    ``http_max_connections_per_client``: with more of them open than the cap, the same
+    address's health checks and appends are answered at once."""
+    with server(procs, tmp_path, http_max_connections_per_client="20") as port:
+        streams = [_open_mcp_stream(port) for _ in range(30)]
+        try:
+            for n in range(3):
+                started = time.monotonic()
+                assert health_status(port) == 200
+                body = {
+                    "agent_id": "a",
+                    "session_key": "s",
+                    "messages": [{"role": "user", "content": f"still served {n}"}],
+                }
+                r = httpx.post(f"http://127.0.0.1:{port}/v1/append", json=body, timeout=10)
+                assert r.status_code == 202, r.text
+                assert time.monotonic() - started < 3
+            assert not any(closed_by_server(s, timeout=0.05) for s in streams)
+        finally:
+            for sock in streams:
+                sock.close()
+
+
+def test_past_its_stream_cap_a_client_loses_its_oldest_streams(
+    procs: harness.Procs, tmp_path: Path
+) -> None:
+    settings = {"http_max_connections_per_client": "20", "http_max_streams_per_client": "25"}
+    with server(procs, tmp_path, **settings) as port:
+        streams = [_open_mcp_stream(port) for _ in range(35)]
+        try:
+            assert health_status(port) == 200
+            closed = [n for n, s in enumerate(streams) if closed_by_server(s, timeout=0.2)]
+            assert len(closed) >= 10, closed
+            assert min(closed) == 0  # the oldest went first
+            assert not closed_by_server(streams[-1], timeout=0.1)  # the newest stays
+        finally:
+            for sock in streams:
+                sock.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# request heads and chunked bodies
+
+
+def _refused(sock: socket.socket) -> tuple[int, dict[str, object]]:
+    status, headers, body = response(sock)
+    assert headers["content-type"].startswith("application/problem+json"), headers
+    assert headers.get("connection") == "close"
+    problem: dict[str, object] = json.loads(body)
+    return status, problem
+
+
+def test_request_heads_past_their_bounds_are_refused(procs: harness.Procs, tmp_path: Path) -> None:
+    settings = {"http_max_header_bytes": "16384", "http_max_headers": "50"}
+    with server(procs, tmp_path, **settings) as port:
+        start = b"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        # one header of 1 MB, sent at once
+        with connect(port) as sock:
+            sock.sendall(start + b"X-Big: " + b"a" * 1_000_000 + b"\r\n\r\n")
+            status, problem = _refused(sock)
+        assert (status, problem["type"]) == (431, "urn:sgme:problem:headers-too-large")
+        assert "16384" in str(problem["detail"])
+        # many small headers
+        with connect(port) as sock:
+            sock.sendall(start + b"".join(b"X-%d: 1\r\n" % n for n in range(60)) + b"\r\n")
+            status, problem = _refused(sock)
+        assert (status, problem["type"]) == (431, "urn:sgme:problem:headers-too-large")
+        assert "50" in str(problem["detail"])
+        # a header that never ends, a kilobyte at a time: refused once past the bound
+        with connect(port) as sock:
+            sock.sendall(start + b"X-Long: ")
+            sent = 0
+            with contextlib.suppress(OSError):
+                while sent < 200_000:
+                    sock.sendall(b"b" * 1024)
+                    sent += 1024
+            status, problem = _refused(sock)
+        assert status == 431 and sent <= 200_000
+        # a target past the bound
+        with connect(port) as sock:
+            sock.sendall(
+                b"GET /v1/health?" + b"q" * 20_000 + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+            )
+            status, problem = _refused(sock)
+        assert (status, problem["type"]) == (414, "urn:sgme:problem:uri-too-long")
+        # ordinary requests, and heads just under the bounds, are served as before
+        with connect(port) as sock:
+            sock.sendall(start + b"X-Big: " + b"a" * 15_000 + b"\r\n\r\n")
+            assert response(sock)[0] == 200
+            sock.sendall(start + b"".join(b"X-%d: 1\r\n" % n for n in range(45)) + b"\r\n")
+            assert response(sock)[0] == 200
+
+
+def _send_chunked(sock: socket.socket, head: bytes, total: int) -> int:
+    """Send ``head`` and a chunked body of up to ``total`` bytes, stopping once an answer has
+    come; how many body bytes went."""
+    sock.sendall(head)
+    sent = 0
+    sock.setblocking(False)
+    try:
+        while sent < total:
+            with contextlib.suppress(BlockingIOError):
+                if sock.recv(1, socket.MSG_PEEK):
+                    break
+            part = b"x" * 65536
+            try:
+                sock.sendall(b"%x\r\n" % len(part) + part + b"\r\n")
+            except (BlockingIOError, BrokenPipeError, ConnectionResetError):
+                break
+            sent += len(part)
+    finally:
+        sock.setblocking(True)
+        sock.settimeout(10)
+    return sent
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", "/v1/append"),
+        ("POST", "/v1/uploads"),
+        ("PUT", "/v1/agents/a/policy"),
+        ("POST", "/v1/refs/0d3d3e7f-2620-4d14-8725-c195f73040e8:1/redact"),
+        ("POST", "/mcp"),
+    ],
+)
+def test_a_chunked_body_gets_413_once_past_the_limit(
+    procs: harness.Procs, tmp_path: Path, method: str, path: str
+) -> None:
+    """Without a Content-Length, the body is counted as it arrives: the answer is 413 as soon
+    as it passes ``http_max_request_bytes``, whatever the route does with its body."""
+    with server(procs, tmp_path, http_max_request_bytes="100000") as port, connect(port) as sock:
+        head = (
+            f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            "Transfer-Encoding: chunked\r\n\r\n"
+        ).encode()
+        sent = _send_chunked(sock, head, 60_000_000)
+        status, problem = _refused(sock)
+        assert (status, problem["type"]) == (413, "urn:sgme:problem:too-large")
+        assert "100000 bytes" in str(problem["detail"])
+        assert sent < 10_000_000, f"{sent} bytes went before the answer"
+
+
+def test_a_slow_body_gets_408_on_every_route(procs: harness.Procs, tmp_path: Path) -> None:
+    with server(procs, tmp_path, http_body_timeout="1") as port:
+        for method, path in (("PUT", "/v1/agents/a/policy"), ("POST", "/v1/uploads")):
+            with connect(port) as sock:
+                sock.sendall(
+                    f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                    "Content-Type: application/json\r\nContent-Length: 200\r\n\r\n{".encode()
+                )
+                status, problem = _refused(sock)
+            assert (status, problem["type"]) == (408, "urn:sgme:problem:request-timeout"), path
