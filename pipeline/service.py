@@ -485,14 +485,16 @@ class Service(Views, Upkeep):
         with self.db.reading() as conn:
             return index.deployment_id(conn)
 
-    def refuse_foreign(self, deployment: str, task: str) -> None:
-        """Record a task of another deployment this one's worker refused (once per
-        deployment and task name, then counted)."""
+    def refuse_foreign(self, deployment: str, task: str, queue: str) -> None:
+        """Record a task of another deployment that this one's worker did not run but passed
+        on to ``queue``, that deployment's own (once per deployment and task name, then
+        counted)."""
         who = deployment[:60]
         detail = (
             f"a {task} task of deployment {who} came to a worker of deployment "
-            f"{self.deployment()}: refused, not run. Two stores share one broker database: "
-            "give each its own (broker_url)"
+            f"{self.deployment()}: not run here, passed on to the queue {queue} (which that "
+            "store's workers consume). Two stores share one broker database: give each its "
+            "own (broker_url)"
         )
         with self.db.transaction() as conn:
             key = f"{who}:{task}"

@@ -236,6 +236,10 @@ class Settings:
     data_dir: Path = Path("data")
     database_url: str = ""
     broker_url: str = "memory://"
+    #: seconds between two assertions, by every running process, that its store owns its
+    #: Redis broker database (key ``sgme:deployment``): a wiped database names the store
+    #: again within this time, before another store can claim it (0: only at start)
+    broker_claim_interval: float = 5.0
     host: str = "127.0.0.1"
     port: int = 8765
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT  #: seconds to wait for a file's lock

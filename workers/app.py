@@ -17,10 +17,10 @@ from celery import Celery, signals
 from kombu.transport import redis as kombu_redis
 from redis import exceptions as redis_exceptions
 
-from pipeline import errors, flush_threads, refine
+from pipeline import flush_threads, refine
 from pipeline.runtime import Runtime
 from pipeline.service import Queue, Service
-from workers import embedded, schedule, tasks
+from workers import deployment, embedded, schedule, tasks
 
 log = logging.getLogger(__name__)
 
@@ -65,19 +65,13 @@ TASK_TIME_LIMIT = 600  #: seconds; must stay below the broker's visibility timeo
 VISIBILITY_TIMEOUT = 3600  #: seconds before Redis redelivers an unacknowledged task
 
 
-#: the message header a task carries its deployment in (docs/design.md §8)
-DEPLOYMENT_HEADER = "sgme_deployment"
-#: the key in the broker's Redis database that names the deployment using it
-BROKER_OWNER_KEY = "sgme:deployment"
-
-
 class CeleryQueue:
     """:class:`pipeline.service.Queue` on a Celery app: tasks carry only ids and numbers, and
     the deployment they belong to."""
 
-    def __init__(self, app: Celery, deployment: str) -> None:
+    def __init__(self, app: Celery, deployment_id: str) -> None:
         self.app = app
-        self.headers = {DEPLOYMENT_HEADER: deployment}
+        self.headers = {deployment.HEADER: deployment_id}
 
     def kick(self, file_id: str) -> None:
         """Enqueue ``sgme.flush``."""
@@ -89,47 +83,13 @@ class CeleryQueue:
         self.app.tasks["sgme.refine_segment"].apply_async(args, headers=self.headers)
 
 
-def claim_broker(broker_url: str, deployment: str) -> None:
-    """Make sure no other deployment uses this broker database: the first process to start
-    names its deployment there; a process of another one refuses to start
-    (:class:`errors.Misconfigured`) instead of taking its tasks. Nothing for the in-memory
-    broker; a broker that cannot be reached is left to Celery's own retries."""
-    if not broker_url.startswith(("redis://", "rediss://", "unix://")):
-        return
-    import redis
-
-    client = redis.Redis.from_url(broker_url, socket_timeout=5, socket_connect_timeout=5)
-    try:
-        client.set(BROKER_OWNER_KEY, deployment, nx=True)
-        found = client.get(BROKER_OWNER_KEY)
-    except redis.RedisError as exc:
-        log.warning("could not check who else uses the broker: %s", exc)
-        return
-    finally:
-        client.close()
-    owner = found.decode() if isinstance(found, bytes) else found
-    if owner is not None and owner != deployment:
-        raise errors.Misconfigured(
-            f"the broker database {_redacted(broker_url)} belongs to deployment "
-            f"{owner}; this store is deployment {deployment}. Two stores sharing one "
-            "broker database would take each other's tasks: give this one its own "
-            f"(broker_url), or, if the other store is gone for good, delete the key "
-            f"{BROKER_OWNER_KEY!r} there"
-        )
-
-
-def _redacted(url: str) -> str:
-    scheme, sep, rest = url.partition("://")
-    return f"{scheme}{sep}{rest.rpartition('@')[2]}" if sep else url
-
-
 def create(runtime: Runtime, *, flush_threads_count: int = 0) -> tuple[Celery, Service]:
     """A Celery app whose tasks call the service it is answered with, made over ``runtime``:
     work for later goes to the app's broker — or, with ``flush_threads_count``, flushes run on
     that many threads of this process (:class:`flush_threads.FlushThreads`, the embedded
     service) and only refinement jobs go to the broker."""
     settings = runtime.settings
-    deployment = runtime.deployment
+    ours = runtime.deployment
     app = Celery("sgme", set_as_current=False)
     memory = settings.broker_url.startswith("memory://")
     broker_url = settings.broker_url
@@ -169,17 +129,17 @@ def create(runtime: Runtime, *, flush_threads_count: int = 0) -> tuple[Celery, S
             "sgme.refine_segment": {"queue": "refine"},
             "sgme.archive_cold_files": {"queue": "archive"},
         },
-        beat_schedule=schedule.beat_schedule(settings, headers={DEPLOYMENT_HEADER: deployment}),
+        beat_schedule=schedule.beat_schedule(settings, headers={deployment.HEADER: ours}),
         beat_scheduler=f"{schedule.__name__}:{schedule.Scheduler.__name__}",
         timezone="UTC",
     )
-    queue: Queue = CeleryQueue(app, deployment)
+    queue: Queue = CeleryQueue(app, ours)
     if flush_threads_count:
         queue = flush_threads.FlushThreads(
             queue, threads=flush_threads_count, linger=settings.backlog.flush_linger
         )
     service = runtime.service(queue)
-    tasks.register(app, service, deployment=deployment, header=DEPLOYMENT_HEADER)
+    tasks.register(app, service, deployment_id=ours)
     # Make this the app every thread falls back to: a task's retry resolves the app through
     # the thread's current app, and a worker thread that fell back to Celery's default app
     # published its retries where no consumer of ours ever saw them.
@@ -202,29 +162,43 @@ def create(runtime: Runtime, *, flush_threads_count: int = 0) -> tuple[Celery, S
 
 
 class CeleryWorkers:
-    """What the ``sgme`` command needs of the workers (:class:`pipeline.runtime.Workers`)."""
+    """What the ``sgme`` command needs of the workers (:class:`pipeline.runtime.Workers`).
+
+    Every process claims its broker database for its store at start and asserts the claim
+    while it runs (:mod:`workers.deployment`); every worker also consumes its store's own queue,
+    where other stores' workers pass on the tasks of this one they took."""
 
     def service(self, runtime: Runtime) -> Service:
         """The API's service: work goes into the broker (``sgme api``)."""
-        claim_broker(runtime.settings.broker_url, runtime.deployment)
+        _keeper(runtime).start()  # for the life of the process
         return create(runtime)[1]
 
     def worker(
         self, runtime: Runtime, *, queues: str, concurrency: int, pool: str, loglevel: str
     ) -> None:
         """Run a worker in the foreground (``sgme worker``)."""
-        claim_broker(runtime.settings.broker_url, runtime.deployment)
+        keeper = _keeper(runtime)
+        if deployment.shared(runtime.settings.broker_url):
+            queues = f"{queues},{deployment.queue(runtime.deployment)}"
         argv = ["worker", "--queues", queues, "--loglevel", loglevel.upper()]
         argv += ["--concurrency", str(concurrency), "--pool", pool, "-E"]
-        create(runtime)[0].worker_main(argv)
+        keeper.start()
+        try:
+            create(runtime)[0].worker_main(argv)
+        finally:
+            keeper.stop()
 
     def beat(self, runtime: Runtime, *, loglevel: str) -> None:
         """Run beat in the foreground (``sgme beat``)."""
-        claim_broker(runtime.settings.broker_url, runtime.deployment)
+        keeper = _keeper(runtime)
         schedule_file = str(runtime.settings.data_dir / ".celerybeat-schedule")
-        create(runtime)[0].start(
-            ["beat", "--loglevel", loglevel.upper(), "--schedule", schedule_file]
-        )
+        keeper.start()
+        try:
+            create(runtime)[0].start(
+                ["beat", "--loglevel", loglevel.upper(), "--schedule", schedule_file]
+            )
+        finally:
+            keeper.stop()
 
     @contextlib.contextmanager
     def embedded(self, runtime: Runtime, *, concurrency: int) -> Iterator[Service]:
@@ -232,13 +206,17 @@ class CeleryWorkers:
         and the service the API shares with them. Flushes run on threads of this process (no
         task per kick); refinement, sweeps and the archive run as Celery tasks of the
         in-process worker."""
-        claim_broker(runtime.settings.broker_url, runtime.deployment)
+        keeper = _keeper(runtime)
+        queues: tuple[str, ...] = QUEUES
+        if deployment.shared(runtime.settings.broker_url):
+            queues = (*QUEUES, deployment.queue(runtime.deployment))
         app, service = create(runtime, flush_threads_count=concurrency)
         assert isinstance(service.queue, flush_threads.FlushThreads)
         service.queue.start(service.flush, service.flush_round)
+        keeper.start()
         try:
             runner = embedded.Embedded(
-                app, queues=QUEUES, data_dir=runtime.settings.data_dir, concurrency=concurrency
+                app, queues=queues, data_dir=runtime.settings.data_dir, concurrency=concurrency
             )
             runner.start()
             try:
@@ -246,7 +224,18 @@ class CeleryWorkers:
             finally:
                 runner.stop()
         finally:
+            keeper.stop()
             service.queue.close()
+
+
+def _keeper(runtime: Runtime) -> deployment.Keeper:
+    """The runtime's claim of its broker, made now (``Misconfigured`` when another store holds
+    it), and the keeper that asserts it while the process runs."""
+    settings = runtime.settings
+    deployment.claim(settings.broker_url, runtime.deployment)
+    return deployment.Keeper(
+        settings.broker_url, runtime.deployment, interval=settings.broker_claim_interval
+    )
 
 
 #: what the ``sgme.workers`` entry point names

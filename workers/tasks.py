@@ -13,9 +13,11 @@ import logging
 from typing import Any
 
 from celery import Celery, Task
+from celery.exceptions import Reject
 
 from pipeline import errors, refine
 from pipeline.service import Service
+from workers import deployment
 
 log = logging.getLogger(__name__)
 BACKOFF_MAX = 300  #: seconds: the longest wait between two retries
@@ -33,22 +35,38 @@ def _retries(max_retries: int, backoff: int) -> dict[str, Any]:
     }
 
 
-def register(app: Celery, service: Service, *, deployment: str, header: str) -> None:
+def register(app: Celery, service: Service, *, deployment_id: str) -> None:
     """Define the tasks on ``app``, each calling into ``service`` (not ``shared``: Celery
     would hand a shared task to every app made later, and this one belongs to ``app``).
 
-    A message whose ``header`` names another deployment is refused — recorded as a
-    ``foreign_task`` anomaly and not run — since it was meant for another store that shares
-    the broker (docs/design.md §8); a message without it (an ingestion service that does not
-    stamp its ``sgme.append`` tasks) is run."""
+    A message whose deployment header names another deployment is not run here, and not
+    dropped: it is passed on to that deployment's own queue, which its workers consume
+    (:mod:`workers.deployment`), and recorded as a ``foreign_task`` anomaly. A message without
+    the header (an ingestion service that does not stamp its ``sgme.append`` tasks) is run."""
 
     class Guarded(Task):  # type: ignore[misc]
         def __call__(self, *args: Any, **kwargs: Any) -> Any:
-            other = self.request.get(header)
-            if other and other != deployment:
-                service.refuse_foreign(str(other), self.name)
+            other = self.request.get(deployment.HEADER)
+            if other and other != deployment_id:
+                self._pass_on(str(other), args, kwargs)
+                service.refuse_foreign(str(other), self.name, deployment.queue(str(other)))
                 return None
             return super().__call__(*args, **kwargs)
+
+        def _pass_on(self, other: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            """The same task (id, arguments, header, retries so far) into ``other``'s queue;
+            should that fail, the message goes back to the broker, to be taken again."""
+            try:
+                self.apply_async(
+                    args,
+                    kwargs,
+                    queue=deployment.queue(other),
+                    headers={deployment.HEADER: other},
+                    task_id=self.request.id,
+                    retries=self.request.retries,
+                )
+            except Exception as exc:
+                raise Reject(exc, requeue=True) from exc
 
     s = service.settings
     flushes = {**_retries(s.flush_max_retries, s.flush_retry_backoff), "base": Guarded}

@@ -145,11 +145,12 @@ def test_invalid_append_tasks_land_in_anomalies(app: Celery, worker: database.Da
     assert _row(worker, "nokey") is None and _row(worker, "badrole") is None
 
 
-def test_a_task_of_another_deployment_is_refused_and_recorded(
+def test_a_task_of_another_deployment_is_passed_on_and_recorded(
     app: Celery, worker: database.Database, runtime: Runtime
 ) -> None:
     """Two stores that share a broker database must not write into each other's index: a
-    task stamped with another deployment is not run; ours and unstamped ones are."""
+    task stamped with another deployment is not run but passed on, whole, to that
+    deployment's own queue; ours and unstamped ones are run."""
     ours = {"sgme_deployment": runtime.deployment}
     theirs = {"sgme_deployment": "0b6c3e6e-5d1f-4f1e-9a65-3b1c2d4e5f60"}
     for _ in range(2):
@@ -167,6 +168,24 @@ def test_a_task_of_another_deployment_is_refused_and_recorded(
     ]
     assert runtime.deployment in found[0].detail and theirs["sgme_deployment"] in found[0].detail
     assert _row(worker, "theirs") is None
+    passed = []
+    with app.connection_for_read() as connection:
+        queue = connection.SimpleQueue(f"sgme.deployment.{theirs['sgme_deployment']}")
+        for _ in range(3):
+            message = queue.get(timeout=10)
+            body_args, body_kwargs, _ = message.decode()
+            headers = message.headers
+            passed.append((headers["task"], headers["sgme_deployment"], body_args, body_kwargs))
+            message.ack()
+        queue.close()
+    assert sorted(passed, key=str) == sorted(
+        [
+            ("sgme.append", theirs["sgme_deployment"], [], _body("theirs", "x")),
+            ("sgme.append", theirs["sgme_deployment"], [], _body("theirs", "x")),
+            ("sgme.flush", theirs["sgme_deployment"], ["f"], {}),
+        ],
+        key=str,
+    )
 
 
 def test_refiner_failing_twice_then_succeeding_refines(
