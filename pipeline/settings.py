@@ -196,6 +196,10 @@ class Ui:
     page_hits: int = 20  #: search hits per page (≤ 100)
     #: characters of a message rendered as Markdown; the rest is shown as plain text
     render_chars: int = 200_000
+    #: Markdown marks (the characters Markdown acts on, line breaks included: what rendering
+    #: costs, ``pipeline.ui.render.MARKS``) one page of a session renders over all its
+    #: messages; past them, the rest of the page is shown as plain text
+    render_page_marks: int = 100_000
     context_chars: int = 300  #: characters of each neighbour shown around a search hit
     context_bytes: int = 64 * 1024  #: bytes of a search hit's neighbours read, at most
     status_anomalies: int = 50  #: anomalies the status page lists, newest first

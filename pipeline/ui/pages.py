@@ -270,12 +270,13 @@ def show_session(request: Request, file_id: str) -> Response:
         row = session.file
         after = _int(params, "after", default=0, high=refs.MAX_SEQ)
         found = service.messages(file_id, after_seq=after, limit=size, agents=caller.agents)
-        shown = [render.show(m, file_id, chars=ui.render_chars) for m in found]
+        budget = render.Budget(ui.render_page_marks)
+        shown = [render.show(m, file_id, chars=ui.render_chars, budget=budget) for m in found]
         last = found[-1].seq if found else after
         items = service.l1_items(file_id=file_id, agents=caller.agents, limit=ui.page_items)
         return _page(
             request, "session.html", caller=caller, file=row, session=session,
-            messages=shown, items=[_item(i, size) for i in items],
+            messages=shown, items=[_item(i, size) for i in items], plain=budget.ran_out,
             earlier=f"/ui/files/{file_id}?after={max(0, after - size)}" if after else None,
             later=f"/ui/files/{file_id}?after={last}" if last < row.flushed_seq else None,
         )  # fmt: skip

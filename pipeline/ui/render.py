@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
+import re
 from typing import Any, Literal
 
 from markdown_it import MarkdownIt
@@ -65,11 +67,58 @@ def _markdown() -> MarkdownIt:
     return md
 
 
-def markdown(text: str, *, chars: int) -> Markup:
+#: the characters Markdown acts on: markdown-it's inline parser stops at each one (its
+#: ``isTerminatorChar``) and tries its rules there, and a line break starts the block rules.
+#: Rendering a text costs about as much as it holds of them (8–15 µs each, with the
+#: highlighting of its code; a run of plain words next to nothing), whatever they spell:
+#: ``"![" * 100000`` is 200,000 of them
+MARKS = "\n!#$%&*+-:<=>@[\\]^_`{}~"
+_NOT_MARKS = str.maketrans("", "", MARKS)
+_MARK = re.compile(f"[{re.escape(MARKS)}]")
+
+
+def marks(text: str) -> int:
+    """How many :data:`MARKS` ``text`` holds: what rendering it costs."""
+    return len(text) - len(text.translate(_NOT_MARKS))
+
+
+class Budget:
+    """What one page may still render: ``left`` marks (:data:`MARKS`, ``ui_render_page_marks``).
+    Markdown and highlighting past it are not done: that text is shown as plain (escaped)
+    text, so a page costs a bounded amount of work however its messages are made."""
+
+    def __init__(self, left: int) -> None:
+        self.left = left
+        self.spent = 0
+        self.ran_out = False  #: some text of the page was shown plain for want of budget
+
+    def take(self, text: str) -> int:
+        """How much of ``text`` (its first characters) may be rendered; its marks are spent.
+        A text that does not fit whole is cut at its last line break before the budget ran
+        out (or where it ran out, on a line that long)."""
+        cost = marks(text)
+        if cost <= self.left:
+            self.left -= cost
+            self.spent += cost
+            return len(text)
+        self.ran_out = True
+        past = next(itertools.islice(_MARK.finditer(text), self.left, None))
+        line = text.rfind("\n", 0, past.start())
+        cut = line + 1 if line >= 0 else past.start()
+        self.spent += marks(text[:cut])
+        self.left = 0
+        return cut
+
+
+def markdown(text: str, *, chars: int, budget: Budget | None = None) -> Markup:
     """``text`` as HTML: Markdown rendered, every HTML tag in it escaped. Past ``chars``
-    characters (``ui_render_chars``) the rest is shown as plain (escaped) text."""
+    characters (``ui_render_chars``), or once ``budget`` is spent, the rest is shown as plain
+    (escaped) text."""
     head, tail = text[:chars], text[chars:]
-    html = _markdown().render(head)
+    if budget is not None:
+        fit = budget.take(head)
+        head, tail = head[:fit], head[fit:] + tail
+    html = _markdown().render(head) if head else ""
     if tail:
         html += f'<pre class="rest">{escape(tail)}</pre>'
     return Markup(html)
@@ -107,23 +156,27 @@ def classify(message: document.Message) -> tuple[Kind, str | None, str]:
     return "text", None, convention.unescape_text(content, role)
 
 
-def _code(text: str, lang: str = "") -> Markup:
-    if lang:
+def _code(text: str, lang: str = "", *, budget: Budget | None = None) -> Markup:
+    """A block of code, highlighted as ``lang`` when the budget holds all of it."""
+    if lang and (budget is None or budget.take(text) == len(text)):
         done = _highlight(text, lang, "")
         if done:
             return Markup(done)
     return Markup('<pre class="code"><code>{}</code></pre>').format(text)
 
 
-def show(message: document.Message, file_id: str, *, chars: int) -> Shown:
-    """A message as the session page shows it (Markdown rendered up to ``chars``)."""
+def show(
+    message: document.Message, file_id: str, *, chars: int, budget: Budget | None = None
+) -> Shown:
+    """A message as the session page shows it (Markdown rendered up to ``chars``, and within
+    the page's ``budget``)."""
     kind, name, text = classify(message)
     if kind == "call":
-        body = _code(text, "json" if text.lstrip().startswith(("{", "[")) else "")
+        body = _code(text, "json" if text.lstrip().startswith(("{", "[")) else "", budget=budget)
     elif kind == "result":
         body = _code(text)
     else:
-        body = markdown(text, chars=chars)
+        body = markdown(text, chars=chars, budget=budget)
     return Shown(
         seq=message.seq,
         source_ref=refs.format(file_id, message.seq),

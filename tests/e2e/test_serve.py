@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -294,3 +295,50 @@ def test_tokens_made_and_revoked_by_the_cli_reach_a_running_server(
             check=proc.check_alive,
         )
         assert time.monotonic() - started < 5 + 2
+
+
+def test_a_pathological_session_page_neither_runs_long_nor_stalls_appends(
+    procs: harness.Procs, tmp_path: Path
+) -> None:
+    """One append of ten messages of ``"![" * 100000`` (2 MB of what Markdown works hardest
+    on): its web page is answered within the page's render budget, the part past it shown as
+    plain text, and another agent's appends are answered while it renders — none waits for
+    the whole page."""
+    with serve(procs, tmp_path / "data") as (_, client):
+        body = {
+            "agent_id": "a",
+            "session_key": "marks",
+            "messages": [{"role": "user", "content": "![" * 100_000} for _ in range(10)],
+        }
+        r = client.post("/v1/append", params={"wait": "flushed"}, json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        file_id = r.json()["file_id"]
+        page: dict[str, Any] = {}
+
+        def fetch() -> None:
+            started = time.monotonic()
+            with httpx.Client(base_url=str(client.base_url), timeout=120) as other:
+                page["response"] = other.get(f"/ui/files/{file_id}")
+            page["seconds"] = time.monotonic() - started
+
+        fetching = threading.Thread(target=fetch)
+        fetching.start()
+        waits = []
+        n = 0
+        while fetching.is_alive() or n < 3:
+            started = time.monotonic()
+            append = {
+                "agent_id": "b",
+                "session_key": "meanwhile",
+                "messages": [{"role": "user", "content": f"while the page renders {n}"}],
+            }
+            assert client.post("/v1/append", json=append).status_code == 202
+            waits.append(time.monotonic() - started)
+            n += 1
+        fetching.join()
+    response = page["response"]
+    assert response.status_code == 200
+    assert "shown as plain text" in response.text
+    assert response.text.count('<pre class="rest">') == 10
+    assert page["seconds"] < 30, f"the page took {page['seconds']:.1f} s"
+    assert max(waits) < page["seconds"], (waits, page["seconds"])
