@@ -69,6 +69,10 @@ def create_app(service: Service) -> FastAPI:
         title="SGME L0",
         version="0.1.0",
         description="The raw layer of SGME: append-only Markdown transcripts, indexed.",
+        # FastAPI's /docs and /redoc load their scripts from a CDN, on the origin that serves
+        # /v1 and /ui: not served (the schema is, at /openapi.json, for any viewer)
+        docs_url=None,
+        redoc_url=None,
         **_NO_TELEMETRY,
     )
     app.state.service = service

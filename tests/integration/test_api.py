@@ -565,6 +565,25 @@ def test_openapi_lists_the_interface(app: Api) -> None:
     assert "text/markdown" in paths["/v1/files/{file_id}/raw"]["get"]["responses"]["200"]["content"]
 
 
+def test_no_page_of_the_api_loads_anything_from_another_origin(app: Api) -> None:
+    """FastAPI's /docs and /redoc pages load their scripts from a CDN, on the origin that
+    serves /v1 and /ui: they are not served (the schema is, at /openapi.json). Every page the
+    app serves at a GET route sends the web view's Content-Security-Policy or is not HTML."""
+    for path in ("/docs", "/redoc", "/docs/oauth2-redirect"):
+        r = app.client.get(path)
+        assert r.status_code == 404, path
+        assert "cdn" not in r.text.lower()
+    assert app.client.get("/openapi.json").status_code == 200
+    for route in app.client.app.routes:  # type: ignore[attr-defined]
+        path = getattr(route, "path", "")
+        if "GET" not in (getattr(route, "methods", None) or set()) or "{" in path:
+            continue
+        r = app.client.get(path, follow_redirects=True)
+        if "text/html" in r.headers.get("content-type", ""):
+            assert r.headers["content-security-policy"].startswith("default-src 'none'"), path
+            assert "http" not in r.headers["content-security-policy"], path
+
+
 def test_openapi_declares_every_answer(app: Api) -> None:
     """The contract a tool can check: problem+json for every 4xx/5xx a route gives, with the
     real codes, and the rules the server applies (patterns, formats, sizes, enums)."""
