@@ -5,7 +5,7 @@ named queries that take a Connection and the caller's ``now``. The kinds are
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import sqlalchemy as sa
 
@@ -62,9 +62,20 @@ def listed(
     return [tables.Anomaly.from_row(row) for row in conn.execute(query)]
 
 
-def count_by_kind(conn: sa.Connection) -> dict[str, int]:
-    """``{kind: count}``, repeats counted."""
+def count_by_kind(conn: sa.Connection, *, agents: Collection[str] | None = None) -> dict[str, int]:
+    """``{kind: count}``, repeats counted (of ``agents``' files only, when given: the
+    anomalies of no file, events of the whole store, are then left out)."""
     query = sa.select(tables.anomalies.c.kind, sa.func.sum(tables.anomalies.c.count)).group_by(
         tables.anomalies.c.kind
     )
+    if agents is not None:
+        query = query.where(of_agents(agents))
     return {kind: int(count) for kind, count in conn.execute(query)}
+
+
+def of_agents(agents: Collection[str]) -> sa.ColumnElement[bool]:
+    """The anomalies of ``agents``' files (a condition on ``anomalies``)."""
+    files = sa.select(tables.raw_files.c.file_id).where(
+        tables.raw_files.c.agent_id.in_(sorted(agents))
+    )
+    return tables.anomalies.c.file_id.in_(files)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
@@ -80,13 +80,21 @@ def stale_journal_files(conn: sa.Connection, older_than: dt.datetime | None) -> 
     return [row[0] for row in conn.execute(query)]
 
 
-def journal_backlog(conn: sa.Connection) -> tuple[int, int, int]:
-    """``(rows, messages, bytes)`` waiting in the journal."""
+def journal_backlog(
+    conn: sa.Connection, *, agents: Collection[str] | None = None
+) -> tuple[int, int, int]:
+    """``(rows, messages, bytes)`` waiting in the journal (of ``agents``' files only, when
+    given)."""
     query = sa.select(
         sa.func.count(),
         sa.func.coalesce(sa.func.sum(_J.last_seq - _J.first_seq + 1), 0),
         sa.func.coalesce(sa.func.sum(_J.size), 0),
     )
+    if agents is not None:
+        files = sa.select(tables.raw_files.c.file_id).where(
+            tables.raw_files.c.agent_id.in_(sorted(agents))
+        )
+        query = query.where(_J.file_id.in_(files))
     rows, messages, size = conn.execute(query).one()
     return int(rows), int(messages), int(size)
 
@@ -208,8 +216,12 @@ def waiting_sessions(conn: sa.Connection, older_than: dt.datetime | None) -> lis
     return [Session(*row) for row in conn.execute(query)]
 
 
-def waiting_backlog(conn: sa.Connection) -> tuple[int, int]:
-    """``(appends, bytes)`` waiting for their predecessors."""
+def waiting_backlog(
+    conn: sa.Connection, *, agents: Collection[str] | None = None
+) -> tuple[int, int]:
+    """``(appends, bytes)`` waiting for their predecessors (of ``agents`` only, when given)."""
     query = sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(_W.size), 0))
+    if agents is not None:
+        query = query.where(_W.agent_id.in_(sorted(agents)))
     appends, size = conn.execute(query).one()
     return int(appends), int(size)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+from collections.abc import Collection
 
 import sqlalchemy as sa
 
@@ -31,8 +32,12 @@ class Overview:
     recent_anomalies: list[tables.Anomaly]
 
 
-def read(db: database.Database, *, recent: int = RECENT_ANOMALIES) -> Overview:
-    """The overview, from one read-only snapshot of the index."""
+def read(
+    db: database.Database, *, recent: int = RECENT_ANOMALIES, agents: Collection[str] | None = None
+) -> Overview:
+    """The overview, from one read-only snapshot of the index: of ``agents``' files only when
+    given (an admin token's agents, as the API scopes it), whose anomalies are then only those
+    of their files (not the store's events, which belong to no file)."""
     r = tables.raw_files.c
     waiting = sa.select(sa.func.min(r.flushed_at)).where(
         r.flushed_seq > r.last_refined_seq, r.status.in_(tables.REFINABLE)
@@ -44,20 +49,23 @@ def read(db: database.Database, *, recent: int = RECENT_ANOMALIES) -> Overview:
         )
         .limit(recent)
     )
+    if agents is not None:
+        waiting = waiting.where(r.agent_id.in_(sorted(agents)))
+        latest = latest.where(anomalies.of_agents(agents))
     with db.reading() as conn:
-        rows, messages, size = ledger.journal_backlog(conn)
-        held, _ = ledger.waiting_backlog(conn)
-        lag, worst = index.refinement_lag(conn)
+        rows, messages, size = ledger.journal_backlog(conn, agents=agents)
+        held, _ = ledger.waiting_backlog(conn, agents=agents)
+        lag, worst = index.refinement_lag(conn, agents=agents)
         return Overview(
             at=db.now(),
             journal_rows=rows,
             journal_messages=messages,
             journal_bytes=size,
             held_appends=held,
-            files_by_status=index.count_files_by_status(conn),
+            files_by_status=index.count_files_by_status(conn, agents=agents),
             lag_messages=lag,
             lag_worst=worst,
             oldest_unrefined=conn.execute(waiting).scalar_one(),
-            anomalies_by_kind=anomalies.count_by_kind(conn),
+            anomalies_by_kind=anomalies.count_by_kind(conn, agents=agents),
             recent_anomalies=[tables.Anomaly.from_row(a) for a in conn.execute(latest)],
         )

@@ -33,7 +33,9 @@ class Views:
         row = reader.get_file(self.db, file_id, agents=agents)
         return sessions.describe(self.db, self.settings.data_dir, row)
 
-    def store_overview(self, *, anomalies: int = overview.RECENT_ANOMALIES) -> overview.Overview:
+    def store_overview(
+        self, *, anomalies: int = overview.RECENT_ANOMALIES, agents: Collection[str] | None = None
+    ) -> overview.Overview:
         """The store's state for an operator: backlog, lag, files by status, the latest
-        ``anomalies``."""
-        return overview.read(self.db, recent=anomalies)
+        ``anomalies`` (of ``agents``' files only, when given)."""
+        return overview.read(self.db, recent=anomalies, agents=agents)

@@ -8,7 +8,7 @@ bounds are the ``ui_*`` settings (:class:`pipeline.settings.Ui`).
 **Who is looking.** The token comes from the ``sgme_token`` cookie that the login form sets
 (or an ``Authorization: Bearer`` header) and is checked by the API's own verifier. While auth
 is off (no token made: loopback only) every page is open, as ``/v1`` is. Pages need the
-``read`` scope; the status page ``admin`` (it counts every agent's files).
+``read`` scope; the status page ``admin`` (and it counts only that token's agents' files).
 
 **The one write.** ``POST /ui/login`` (and ``/ui/logout``) change nothing but the cookie. They
 take only a same-origin ``application/x-www-form-urlencoded`` body: the API's
@@ -362,12 +362,13 @@ def _excerpt(message: document.Message, chars: int) -> str:
 
 @router.get("/ui/status")
 def status_page(request: Request) -> Response:
-    """Backlog, refinement lag, files by status and the latest anomalies."""
+    """Backlog, refinement lag, files by status and the latest anomalies: of the admin
+    token's agents only (all of them for a token of every agent)."""
     service = _service(request)
     shown = _ui(request).status_anomalies
 
     def build(caller: auth.Caller) -> Response:
-        found = service.store_overview(anomalies=shown)
+        found = service.store_overview(anomalies=shown, agents=caller.agents)
         return _page(request, "status.html", caller=caller, o=found, now=found.at)
 
     return _view(request, "admin", build)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import re
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +20,7 @@ import pytest
 from conftest import Sgme
 from starlette.exceptions import StarletteDeprecationWarning
 
-from pipeline import cli, database, sessions
+from pipeline import anomalies, cli, database, sessions
 from pipeline.api import app as api_app
 from pipeline.service import Service
 from pipeline.settings import Settings
@@ -230,7 +231,44 @@ def test_the_api_and_the_view_with_tokens(
     api.cookies.set("sgme_token", reader)
     assert api.get("/ui/files/" + store["old"]).status_code == 200
     assert api.get("/ui/files/" + store["beta"]).status_code == 404
-    assert api.get("/ui/status").status_code == 403  # admin only: it counts every agent
+    assert api.get("/ui/status").status_code == 403  # admin only
+
+
+def test_the_status_page_shows_an_admin_only_its_agents(
+    api: TestClient, service: Service, db: database.Database, store: dict[str, str]
+) -> None:
+    """An admin token for one agent sees that agent's files, backlog, lag and anomalies on
+    ``/ui/status``, as the API scopes it: never another agent's file id, anomaly detail or
+    counts, nor the store's events that belong to no file."""
+    with db.transaction() as conn:
+        now = db.now()
+        anomalies.record(conn, store["old"], "refine_failed", "alpha's own trouble", now=now)
+        anomalies.record(conn, store["beta"], "file_shrunk", "beta's secret trouble", now=now)
+        anomalies.record(conn, None, "append_task_rejected", "session_key='gamma'", now=now)
+    hermes = service.create_token(agent_ids=["alpha"], scopes=["admin"]).secret
+    everyone = service.create_token(agent_ids=["*"], scopes=["admin"]).secret
+
+    api.cookies.set("sgme_token", hermes)
+    page = api.get("/ui/status")
+    assert page.status_code == 200
+    assert store["old"] in page.text and "alpha&#39;s own trouble" in page.text
+    assert store["beta"] not in page.text and "beta" not in page.text
+    assert "gamma" not in page.text and "append_task_rejected" not in page.text
+    files = {
+        status: int(n)
+        for status, n in re.findall(r"<td>(\w+)</td><td class=\"n\">(\d+)", page.text)
+    }
+    assert sum(files.values()) == 3  # alpha's three sessions, not beta's
+
+    api.cookies.set("sgme_token", everyone)
+    page = api.get("/ui/status")
+    assert store["beta"] in page.text and "beta&#39;s secret trouble" in page.text
+    assert "append_task_rejected" in page.text
+    files = {
+        status: int(n)
+        for status, n in re.findall(r"<td>(\w+)</td><td class=\"n\">(\d+)", page.text)
+    }
+    assert sum(files.values()) == 4
 
 
 def test_cli_ls_show_l1_search_and_refine(sgme: Sgme, store: dict[str, str]) -> None:
