@@ -51,6 +51,19 @@ def check_reason(reason: object, *, required: bool = True) -> str:
     return redactor.redact(reason).text
 
 
+def check(
+    db: database.Database, ref: str, *, agents: Collection[str] | None = None
+) -> tables.FileRow:
+    """That ``ref`` names a message :func:`redact` can redact: a source_ref
+    (:class:`errors.InvalidInput`) of a message of a file of ``agents`` (NotFound; Gone when
+    the file was erased); its file's row. Nothing is changed."""
+    file_id, seq = refs.parse(ref)
+    row = _visible(db, file_id, agents)
+    if seq > refs.MAX_SEQ or seq >= row.next_seq:
+        raise errors.NotFound(f"no message {ref}")
+    return row
+
+
 def redact(
     db: database.Database,
     file_locks: locks.FileLocks,
@@ -65,10 +78,8 @@ def redact(
     file is rewritten, what the index derived from it goes. Redacting a message again
     answers with its first redaction and changes nothing. A file of an agent not among
     ``agents`` is NotFound; an erased one Gone."""
+    row = check(db, ref, agents=agents)
     file_id, seq = refs.parse(ref)
-    row = _visible(db, file_id, agents)
-    if seq > refs.MAX_SEQ or seq >= row.next_seq:
-        raise errors.NotFound(f"no message {ref}")
     with db.reading() as conn:
         done = audit.redaction(conn, file_id, seq)
     if done is not None:

@@ -536,7 +536,21 @@ class Service(Views, Upkeep):
         self, refs: Sequence[str], who: rewrite.Who, *, agents: Collection[str] | None = None
     ) -> list[tables.AuditRow]:
         """Redact the messages ``refs`` name, in order (each file rewritten under its lock);
-        then make the database files forget them. Their audit rows."""
+        then make the database files forget them. Their audit rows. Every ref is checked
+        first: when any names no message this caller may redact, nothing is redacted, and
+        the error names each ref at fault."""
+        faults: list[errors.SgmeError] = []
+        for ref in refs:
+            try:
+                redaction.check(self.db, ref, agents=agents)
+            except errors.PermanentError as exc:
+                faults.append(exc)
+        if faults:
+            first = faults[0]
+            detail = "; ".join(f.detail for f in faults)
+            if len(refs) > 1:
+                detail = f"nothing was redacted: {detail}"
+            raise type(first)(detail)
         done = [
             redaction.redact(self.db, self.file_locks, self.data_dir, ref, who, agents=agents)
             for ref in refs

@@ -27,7 +27,9 @@ Protocol = server.guarded_protocol(
 
 
 def app() -> FastAPI:
-    """The app of this process (uvicorn calls it once the process has started)."""
+    """The app of this process (uvicorn calls it once the process has started, its loggers
+    set up)."""
+    server.hide_query_values()
     runtime = Runtime.open(settings)
     app = api_app.create_app(runtime.workers.service(runtime))
     long_running()

@@ -15,6 +15,7 @@ import asyncio
 import collections
 import json
 import logging
+import re
 import resource
 from http import HTTPStatus
 from typing import Any, NoReturn
@@ -431,6 +432,36 @@ def guarded_protocol(http: Http, *, base: type[Any] = HttpToolsProtocol) -> type
     return Guarded
 
 
+class QueryValuesHidden(logging.Filter):
+    """The access log's lines with the values of the query left out (``/v1/search?q=…``): a
+    search is what someone said, and so is the ``next`` of a login a search page sent its
+    visitor to. The parameters' names stay, for whoever reads the log (a name that is not a
+    plain word shows as ``…`` too)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str):
+            path, mark, query = args[2].partition("?")
+            if mark:
+                names = (part.partition("=")[0] for part in query.split("&") if part)
+                shown = "&".join(f"{n if _PLAIN_NAME.fullmatch(n) else '…'}=…" for n in names)
+                record.args = (*args[:2], f"{path}?{shown}", *args[3:])
+        return True
+
+
+_PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,31}")
+ACCESS_LOG = "uvicorn.access"
+
+
+def hide_query_values() -> None:
+    """Keep query values out of uvicorn's access log in this process (uvicorn configures its
+    loggers as it starts; a filter added afterwards stays)."""
+    logging.getLogger(ACCESS_LOG).addFilter(_HIDDEN)
+
+
+_HIDDEN = QueryValuesHidden()
+
+
 def connection_budget(http: Http) -> int:
     """``max_connections``, lowered to what the file descriptor limit allows (the soft limit
     is raised to the hard one first)."""
@@ -457,7 +488,7 @@ def config(app: FastAPI, settings: Settings, *, log_level: str = "info") -> uvic
     import dataclasses
 
     http = dataclasses.replace(settings.http, max_connections=connection_budget(settings.http))
-    return uvicorn.Config(
+    configured = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
@@ -469,6 +500,8 @@ def config(app: FastAPI, settings: Settings, *, log_level: str = "info") -> uvic
         h11_max_incomplete_event_size=http.max_header_bytes,
         proxy_headers=False,  # nothing reads the client address; a proxy's headers are not ours
     )
+    hide_query_values()  # after uvicorn's Config, which sets its loggers up
+    return configured
 
 
 def run(app: FastAPI, settings: Settings, *, log_level: str = "info") -> None:

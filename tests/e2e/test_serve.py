@@ -19,6 +19,7 @@ from typing import Any
 
 import harness
 import httpx
+import pytest
 
 from pipeline import document, store
 
@@ -342,3 +343,34 @@ def test_a_pathological_session_page_neither_runs_long_nor_stalls_appends(
     assert response.text.count('<pre class="rest">') == 10
     assert page["seconds"] < 30, f"the page took {page['seconds']:.1f} s"
     assert max(waits) < page["seconds"], (waits, page["seconds"])
+
+
+@pytest.mark.parametrize("command", [["serve"], ["api", "--workers", "2"]], ids=["serve", "api"])
+def test_the_access_log_keeps_no_query_values(
+    procs: harness.Procs, tmp_path: Path, command: list[str]
+) -> None:
+    """What a search asks for is what someone said: the access log names the path and the
+    query's parameters, never their values — on /v1/search, /ui/search, and the login that a
+    search page sends a visitor to (its ``next``)."""
+    data = ["--data-dir", str(tmp_path / "data")]
+    procs.run(["migrate", *data], harness.clean_env())
+    port = harness.free_port()
+    argv = [*command, *data, "--port", str(port), "--log-level", "info"]
+    proc = procs.start(f"{command[0]}-{port}", argv, harness.clean_env())
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+        harness.wait_healthy(client, proc, timeout=60)
+        assert client.get("/v1/search", params={"q": "turquoise walrus", "limit": 5}).is_success
+        assert client.get("/ui/search", params={"q": "vermilion heron"}).is_success
+        r = client.get("/ui/login", params={"next": "/ui/search?q=saffron+otter"})
+        assert r.is_success
+
+        def logged() -> bool:
+            return proc.tail(400).count('"GET /') >= 4
+
+        harness.wait_until(logged, timeout=10, what="the access log lines")
+    log = proc.tail(400)
+    assert '"GET /v1/search?q=…&limit=… HTTP/1.1" 200' in log, log
+    assert '"GET /ui/search?q=… HTTP/1.1" 200' in log, log
+    assert '"GET /ui/login?next=… HTTP/1.1" 200' in log, log
+    for secret in ("turquoise", "walrus", "vermilion", "heron", "saffron", "otter"):
+        assert secret not in log

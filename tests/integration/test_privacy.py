@@ -295,6 +295,30 @@ def test_cli_redact_erase_audit_and_policy(sgme: Sgme, data_dir: Path) -> None:
     assert key.encode() not in sgme("cat", redacted["file_id"]).out
 
 
+def test_cli_redact_checks_every_ref_before_it_redacts_any(sgme: Sgme) -> None:
+    """``sgme redact A:1 A:99 A:2``: A:99 names no message, so nothing is redacted — not A:1
+    before it, not A:2 after it — and the one-line error names every ref at fault."""
+    body = {"agent_id": AGENT, "session_key": "s", "messages": _messages(3, 1)}
+    file_id = sgme("append", stdin=json.dumps(body)).json()["file_id"]
+    other = "0b6c3e6e-5d1f-4f1e-9a65-3b1c2d4e5f60"
+    before = sgme("cat", file_id).out
+    refs = [f"{file_id}:1", f"{file_id}:99", f"{file_id}:2", f"{other}:1", "nonsense"]
+    run = sgme("redact", *refs, "--reason", "cleanup")
+    assert_one_line_error(
+        run,
+        "nothing was redacted",
+        f"no message {file_id}:99",
+        f"no file {other}",
+        "'nonsense'",
+    )
+    assert f"{file_id}:1 " not in run.err and f"{file_id}:2 " not in run.err
+    assert sgme("cat", file_id).out == before
+    assert sgme("audit", "--json").json() == []
+    done = sgme("redact", f"{file_id}:1", f"{file_id}:2", "--reason", "cleanup", "--json")
+    assert done.code == 0, done.err
+    assert [r["source_ref"] for r in done.json()] == [f"{file_id}:1", f"{file_id}:2"]
+
+
 def test_a_claim_made_before_a_redaction_commits_nothing(
     db: database.Database, data_dir: Path
 ) -> None:
