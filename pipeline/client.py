@@ -485,6 +485,15 @@ class Operations(Generic[Transport]):
         return f"{type(self).__name__}({self.base_url!r})"
 
 
+def _request(call: exchange.Call[Any], http: httpx.Client | httpx.AsyncClient) -> httpx.Request:
+    """The request of ``call``; one that cannot be made (a URL past what httpx takes, 64 KiB:
+    a parameter too long for any route) is :class:`errors.InvalidInput`."""
+    try:
+        return call.request(http)
+    except httpx.InvalidURL as exc:
+        raise errors.InvalidInput(f"the request cannot be sent: {exc}") from None
+
+
 class Client(Operations[httpx.BaseTransport]):
     """The blocking client; use it in a ``with`` block, or :meth:`close` it."""
 
@@ -502,7 +511,7 @@ class Client(Operations[httpx.BaseTransport]):
 
     def _send(self, call: exchange.Call[Any]) -> httpx.Response | httpx.RequestError:
         try:
-            return self._http.send(call.request(self._http))
+            return self._http.send(_request(call, self._http))
         except httpx.RequestError as exc:
             return exc
 
@@ -543,7 +552,7 @@ class AsyncClient(Operations[httpx.AsyncBaseTransport]):
 
     async def _send(self, call: exchange.Call[Any]) -> httpx.Response | httpx.RequestError:
         try:
-            return await self._http.send(call.request(self._http))
+            return await self._http.send(_request(call, self._http))
         except httpx.RequestError as exc:
             return exc
 

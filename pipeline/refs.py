@@ -26,10 +26,40 @@ def span(file_id: str, first: int, last: int) -> tuple[str, ...]:
     return tuple(format(file_id, seq) for seq in range(first, last + 1))
 
 
+_GROUPS = (8, 4, 4, 4, 12)
+_HEX = frozenset("0123456789abcdefABCDEF")
+
+
+def file_id_fault(value: str) -> str:
+    """What keeps ``value`` from being a file_id, in words a person (or a model) can act on."""
+    groups = value.split("-")
+    if tuple(map(len, groups)) != _GROUPS or not set(value.replace("-", "")) <= _HEX:
+        return "a file_id is 32 hexadecimal digits in groups of 8-4-4-4-12"
+    if value != value.lower():
+        return "its letters must be lowercase"
+    if groups[2][0] != "4":
+        return (
+            f"it is a UUID of version {groups[2][0]}, and a file_id is a UUID4 (its third "
+            "group starts with 4)"
+        )
+    return f"its fourth group starts with {groups[3][0]!r}, and a UUID4's with 8, 9, a or b"
+
+
+def ref_fault(value: str) -> str:
+    """What keeps ``value`` from being a source_ref, in words."""
+    file_id, sep, seq = value.rpartition(":")
+    if not sep:
+        return "it has no ':' between a file_id and a seq"
+    if not _FILE_ID.fullmatch(file_id):
+        return f"its file_id: {file_id_fault(file_id)}"
+    return f"its seq {seq[:20]!r} is not a whole number from 1 (ASCII digits, no leading 0)"
+
+
 def check_file_id(value: object) -> str:
     """A lowercase UUID4 as made by the server."""
     if not isinstance(value, str) or not _FILE_ID.fullmatch(value):
-        raise errors.InvalidInput(f"not a file_id (a UUID4): {value!r}")
+        why = file_id_fault(value) if isinstance(value, str) else "not a string"
+        raise errors.InvalidInput(f"not a file_id (a UUID4): {value!r:.80}: {why}")
     return value
 
 
@@ -37,6 +67,6 @@ def parse(ref: str) -> tuple[str, int]:
     """``"file_id:seq"`` → ``(file_id, seq)``; the seq is ASCII digits without a leading 0
     (at most 10 of them: a seq past :data:`MAX_SEQ` names no message, which is NotFound)."""
     file_id, sep, seq = ref.rpartition(":")
-    if not sep or not _SEQ.fullmatch(seq):
-        raise errors.InvalidInput(f"not a source_ref (file_id:seq): {ref!r}")
-    return check_file_id(file_id), int(seq)
+    if not sep or not _SEQ.fullmatch(seq) or not _FILE_ID.fullmatch(file_id):
+        raise errors.InvalidInput(f"not a source_ref (file_id:seq): {ref!r:.80}: {ref_fault(ref)}")
+    return file_id, int(seq)

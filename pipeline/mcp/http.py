@@ -46,6 +46,7 @@ from pipeline.service import Service
 
 PATH = "/mcp"
 AGENT_HEADER = "x-sgme-agent-id"
+AGENT_HEADER_NAME = "X-SGME-Agent-Id"  #: as a person writes it in a client's config
 DEFAULT_AGENT = "mcp"  #: the agent a saved memory belongs to when nothing names one
 _CALLER = "sgme_caller"  #: where the verified caller waits in the request's state
 
@@ -73,6 +74,8 @@ class InProcess:
     """The tools' :class:`tools.Link` on the API: calls to the app's own ``/v1`` routes, in
     process, as the caller of the MCP request."""
 
+    names_agent = "the X-SGME-Agent-Id header (else the token's only agent, else 'mcp')"
+
     def __init__(self, app: ASGIApp) -> None:
         self.transport = httpx.ASGITransport(app=app)
 
@@ -96,18 +99,26 @@ class InProcess:
             yield sgme
 
     def agent_id(self, ctx: Context) -> str:
-        """``X-SGME-Agent-Id``, else the token's only agent, else :data:`DEFAULT_AGENT`."""
+        """``X-SGME-Agent-Id``, else the token's only agent, else :data:`DEFAULT_AGENT` (a
+        token of every agent, or no token while auth is off); a token of several agents must
+        name one in the header."""
         request = self._request(ctx)
         named = request.headers.get(AGENT_HEADER)
         if named:
             try:
                 validation.check_agent_id(named)
             except errors.InvalidInput as exc:
-                raise ToolError(f"{AGENT_HEADER}: {exc.detail}") from None
+                raise ToolError(f"{AGENT_HEADER_NAME}: {exc.detail}") from None
             return named
         caller: auth.Caller | None = getattr(request.state, _CALLER, None)
-        if caller is not None and caller.agents is not None and len(caller.agents) == 1:
-            return next(iter(caller.agents))
+        if caller is not None and caller.agents is not None:
+            if len(caller.agents) == 1:
+                return next(iter(caller.agents))
+            held = ", ".join(sorted(caller.agents))
+            raise ToolError(
+                f"this token holds several agents ({held}): name the one a saved memory "
+                f"belongs to in the {AGENT_HEADER_NAME} header of the MCP connection"
+            )
         return DEFAULT_AGENT
 
 
@@ -117,6 +128,7 @@ def mount(app: FastAPI, refuse: Callable[[errors.SgmeError], Response]) -> None:
     each time the app starts)."""
     service: Service = app.state.service
     server = tools.build(InProcess(app), service.settings.mcp)
+    http_bound = service.settings.http.max_request_bytes
 
     def transport() -> None:
         # The SDK's own Host/Origin check is off: the API's Host allowlist and its SameOrigin
@@ -126,6 +138,9 @@ def mount(app: FastAPI, refuse: Callable[[errors.SgmeError], Response]) -> None:
             stateless_http=True,
             json_response=True,
             transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+            # the API's own bound (http_max_request_bytes, answered as a problem document)
+            # holds: the SDK's 4 MiB refused, as plain text, a note a message may hold (8 MiB)
+            max_request_body_size=http_bound,
         )
 
     async def handle(scope: Scope, receive: Receive, send: Send) -> None:

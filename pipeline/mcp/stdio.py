@@ -26,6 +26,8 @@ DEFAULT_AGENT = "mcp"  #: ``SGME_AGENT_ID`` when unset
 class Configured:
     """The tools' :class:`tools.Link` for stdio: one client of the configured server."""
 
+    names_agent = "SGME_AGENT_ID"
+
     def __init__(self, remote: Remote, sgme: client.AsyncClient) -> None:
         self.remote = remote
         self.sgme = sgme

@@ -16,6 +16,7 @@ crash of the session.
 # (a string annotation could not see those bounds).
 
 import datetime as dt
+import json
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Annotated, Any, Literal, Protocol
@@ -23,9 +24,10 @@ from typing import Annotated, Any, Literal, Protocol
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
-from pydantic import Field
+from mcp.types import CallToolResult, TextContent
+from pydantic import Field, ValidationError
 
-from pipeline import client, errors
+from pipeline import client, errors, sessions, validation
 from pipeline.settings import Mcp
 
 NAME = "sgme"
@@ -42,12 +44,16 @@ class Link(Protocol):
     """Where the tools' calls go: a client for the current request, and the agent a saved
     memory belongs to."""
 
+    #: what names the agent a saved memory belongs to, for a refusal to point at
+    names_agent: str
+
     def connect(self, ctx: Context) -> AbstractAsyncContextManager[client.AsyncClient]:
         """A client of the HTTP API acting for this request's caller."""
         ...
 
     def agent_id(self, ctx: Context) -> str:
-        """The agent_id ``save_memory`` appends as."""
+        """The agent_id ``save_memory`` appends as (a :class:`ToolError` saying what to do
+        when the caller must name one)."""
         ...
 
 
@@ -60,6 +66,34 @@ def refusal(exc: errors.SgmeError) -> str:
     if isinstance(exc, errors.TransientError):
         return f"SGME cannot answer right now ({exc.detail}); try again in a moment"
     return exc.detail
+
+
+Answer = Annotated[CallToolResult, dict[str, Any]]
+
+
+def answer(data: dict[str, Any]) -> CallToolResult:
+    """A tool's answer: ``data`` as structured content, and as compact JSON text for the
+    model (the SDK's own text is indented JSON: a third longer in a small context)."""
+    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=data)
+
+
+class Server(MCPServer[Any]):
+    """The SDK's server, its refusals of arguments said as the API says them: one line per
+    problem (``limit: Input should be greater than or equal to 1``), without pydantic's
+    links to its own documentation."""
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
+    ) -> Any:
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            cause = exc.__cause__
+            if not isinstance(cause, ValidationError):
+                raise
+            said = validation.describe(cause, arguments=True)
+            raise ToolError(f"Error executing tool {name}: {said}") from cause
 
 
 def cut(text: str, limit: int) -> tuple[str, int]:
@@ -88,7 +122,7 @@ def _message(message: Any, limit: int) -> dict[str, Any]:
 def build(link: Link, bounds: Mcp) -> MCPServer[Any]:
     """The MCP server: five tools and one resource template, each call through ``link``, each
     answer within ``bounds``."""
-    server: MCPServer[Any] = MCPServer(NAME, instructions=INSTRUCTIONS, version="0.1.0")
+    server: MCPServer[Any] = Server(NAME, instructions=INSTRUCTIONS, version="0.1.0")
 
     async def calling(ctx: Context, call: Callable[[client.AsyncClient], Any]) -> Any:
         try:
@@ -97,39 +131,76 @@ def build(link: Link, bounds: Mcp) -> MCPServer[Any]:
         except errors.SgmeError as exc:
             raise ToolError(refusal(exc)) from None
 
+    async def where(sgme: client.AsyncClient, file_ids: set[str]) -> dict[str, str | None]:
+        """The working directory of each file's session, where its source recorded one."""
+        found: dict[str, str | None] = {}
+        for file_id in sorted(file_ids):
+            try:
+                found[file_id] = sessions.cwd((await sgme.file(file_id)).metadata)
+            except (errors.NotFound, errors.Gone):  # erased since the search: none to show
+                found[file_id] = None
+        return found
+
     @server.tool()
     async def search_memory(
         query: Annotated[
             str,
             Field(
+                min_length=1,
+                max_length=validation.MAX_QUERY_CHARS,
                 description='a question, words or "quoted phrases", in any language; the '
-                "messages that best answer it come first (they need not hold every word)"
+                "messages that best answer it come first (they need not hold every word)",
             ),
         ],
         ctx: Context,
         session_key: Annotated[
-            str | None, Field(description="only this session (a session_key a hit showed)")
+            str | None,
+            Field(
+                max_length=validation.DEFAULT_LIMITS.max_session_key,
+                description="only this session (a session_key a hit showed)",
+            ),
         ] = None,
         since: Annotated[
-            str | None, Field(description="only messages at or after this time (RFC 3339)")
+            str | None,
+            Field(max_length=40, description="only messages at or after this time (RFC 3339)"),
         ] = None,
         until: Annotated[
-            str | None, Field(description="only messages at or before this time (RFC 3339)")
+            str | None,
+            Field(max_length=40, description="only messages at or before this time (RFC 3339)"),
         ] = None,
         limit: Annotated[int, Field(ge=1, le=bounds.max_search_hits)] = 10,
-    ) -> dict[str, Any]:
+        role: Annotated[
+            Literal["user", "assistant", "tool", "system"] | None,
+            Field(description="only messages of this role (user: what the person said)"),
+        ] = None,
+        agent_id: Annotated[
+            str | None,
+            Field(
+                pattern=validation.AGENT_ID_PATTERN,
+                description="only this agent's messages (default: all you may read)",
+            ),
+        ] = None,
+    ) -> Answer:
         """Search every earlier conversation for messages about something: what was decided,
         said, tried or preferred before. Use it whenever the user refers to earlier work, or
         when knowing what was said before would help. Returns the best hits first, each
-        with its source_ref ("file_id:seq"), time (UTC), role, session_key and a snippet of
-        the message; open_memory with a source_ref shows the message whole, with what was
-        said around it."""
-        found = await calling(
-            ctx,
-            lambda sgme: sgme.search(
-                query, session_key=session_key, since=since, until=until, limit=limit
-            ),
-        )
+        with its source_ref ("file_id:seq"), time (UTC), role, session_key, the session's
+        working directory (cwd) where it was recorded, and a snippet of the message;
+        open_memory with a source_ref shows the message whole, with what was said around it."""
+
+        async def run(sgme: client.AsyncClient) -> tuple[Any, dict[str, str | None]]:
+            found = await sgme.search(
+                query,
+                session_key=session_key,
+                since=since,
+                until=until,
+                limit=limit,
+                role=role,
+                agent_id=agent_id,
+            )
+            return found, await where(sgme, {h.file_id for h in found.hits})
+
+        found, cwds = await calling(ctx, run)
         hits = [
             {
                 "source_ref": h.source_ref,
@@ -137,11 +208,12 @@ def build(link: Link, bounds: Mcp) -> MCPServer[Any]:
                 "role": h.role,
                 "session_key": h.session_key,
                 "agent_id": h.agent_id,
+                "cwd": cwds.get(h.file_id),
                 "snippet": h.snippet,
             }
             for h in found.hits
         ]
-        return {"hits": hits, "count": len(hits)}
+        return answer({"hits": hits, "count": len(hits)})
 
     @server.tool(
         description=f"""Open one remembered message whole (up to {bounds.message_chars:,} \
@@ -152,40 +224,53 @@ through the whole conversation."""
     )
     async def open_memory(
         source_ref: Annotated[
-            str, Field(description='a message\'s "file_id:seq", as a search hit gives it')
+            str,
+            Field(
+                max_length=100,
+                description='a message\'s "file_id:seq", as a search hit gives it',
+            ),
         ],
         ctx: Context,
         context: Annotated[
             int, Field(ge=0, le=bounds.max_context, description="messages to show on each side")
         ] = 2,
-    ) -> dict[str, Any]:
+    ) -> Answer:
         """Open one message with its neighbours (the description above is the model's)."""
         found = await calling(ctx, lambda sgme: sgme.ref(source_ref, context=context))
-        return {
-            "file_id": found.file_id,
-            "session_key": found.session_key,
-            "agent_id": found.agent_id,
-            "message": _message(found.message, bounds.message_chars),
-            "before": [_message(m, bounds.neighbour_chars) for m in found.before],
-            "after": [_message(m, bounds.neighbour_chars) for m in found.after],
-        }
+        return answer(
+            {
+                "file_id": found.file_id,
+                "session_key": found.session_key,
+                "agent_id": found.agent_id,
+                "message": _message(found.message, bounds.message_chars),
+                "before": [_message(m, bounds.neighbour_chars) for m in found.before],
+                "after": [_message(m, bounds.neighbour_chars) for m in found.after],
+            }
+        )
 
     @server.tool()
     async def list_sessions(
         ctx: Context,
         agent_id: Annotated[
-            str | None, Field(description="only this agent's sessions (default: all you may read)")
+            str | None,
+            Field(
+                pattern=validation.AGENT_ID_PATTERN,
+                description="only this agent's sessions (default: all you may read)",
+            ),
         ] = None,
         since: Annotated[
             str | None,
-            Field(description="only sessions active at or after this time (RFC 3339)"),
+            Field(
+                max_length=40, description="only sessions active at or after this time (RFC 3339)"
+            ),
         ] = None,
         limit: Annotated[int, Field(ge=1, le=bounds.max_sessions)] = 20,
-    ) -> dict[str, Any]:
+    ) -> Answer:
         """List conversations, newest first: to see what was worked on recently, or to find
         a session to read. Each has its file_id (for read_session), session_key, title (the
-        source's title or its first words), first and last message times (UTC) and message
-        count; "total" says how many match."""
+        source's title or its first words), the working directory it ran in (cwd, where it
+        was recorded), first and last message times (UTC) and message count; "total" says
+        how many match."""
         page = await calling(
             ctx, lambda sgme: sgme.sessions(agent_id=agent_id, since=since, limit=limit)
         )
@@ -196,13 +281,14 @@ through the whole conversation."""
                 "title": s.title,
                 "agent_id": s.agent_id,
                 "source_type": s.source_type,
+                "cwd": s.cwd,
                 "started_at": s.started_at,
                 "ended_at": s.ended_at,
                 "message_count": s.message_count,
             }
             for s in page.sessions
         ]
-        return {"sessions": listed, "total": page.total}
+        return answer({"sessions": listed, "total": page.total})
 
     @server.tool(
         description=f"""Read a conversation in order, a page at a time: the messages after \
@@ -211,13 +297,15 @@ after_seq, each with its source_ref, time, role and text (long ones cut at \
 at most). Pass next_after_seq back as after_seq for the next page; it is null at the end."""
     )
     async def read_session(
-        file_id: Annotated[str, Field(description="a session's file_id (list_sessions gives it)")],
+        file_id: Annotated[
+            str, Field(max_length=100, description="a session's file_id (list_sessions gives it)")
+        ],
         ctx: Context,
         after_seq: Annotated[
             int, Field(ge=0, description="start after this message number (0: the beginning)")
         ] = 0,
         limit: Annotated[int, Field(ge=1, le=bounds.max_page_messages)] = 50,
-    ) -> dict[str, Any]:
+    ) -> Answer:
         """Read a page of a conversation (the description above is the model's)."""
 
         async def read(sgme: client.AsyncClient) -> tuple[Any, Any]:
@@ -235,13 +323,16 @@ at most). Pass next_after_seq back as after_seq for the next page; it is null at
             shown.append(item)
         last = shown[-1]["seq"] if shown else None
         more = last is not None and last < file.message_count
-        return {
-            "file_id": file_id,
-            "session_key": file.session_key,
-            "message_count": file.message_count,
-            "messages": shown,
-            "next_after_seq": last if more else None,
-        }
+        return answer(
+            {
+                "file_id": file_id,
+                "session_key": file.session_key,
+                "cwd": sessions.cwd(file.metadata),
+                "message_count": file.message_count,
+                "messages": shown,
+                "next_after_seq": last if more else None,
+            }
+        )
 
     @server.tool()
     async def save_memory(
@@ -252,23 +343,33 @@ at most). Pass next_after_seq back as after_seq for the next page; it is null at
             Field(description="the session to add it to (default: one session per day of notes)"),
         ] = None,
         role: Literal["user", "assistant", "system"] = "user",
-    ) -> dict[str, Any]:
+    ) -> Answer:
         """Keep something for later — a decision, a preference, a fact learned — as a message
         in a session of saved memories, stored for good and found by search_memory from then
         on. Returns its source_ref."""
+        if not content.strip():
+            # an append may hold an empty message (a tool that returned nothing happened);
+            # a note with nothing in it is a mistake, kept for ever if stored
+            raise ToolError("content is empty: there is nothing to remember; say what to keep")
         key = session_key or f"saved-{dt.datetime.now(dt.UTC):%Y-%m-%d}"
         agent_id = link.agent_id(ctx)
-        done = await calling(
-            ctx,
-            lambda sgme: sgme.append(
-                agent_id=agent_id,
-                session_key=key,
-                messages=[{"role": role, "content": content}],
-                # answered once the note is in its file, so the model's next search finds it
-                wait=True,
-            ),
-        )
-        return {"source_ref": done.source_refs[0], "session_key": key, "agent_id": agent_id}
+        try:
+            async with link.connect(ctx) as sgme:
+                done = await sgme.append(
+                    agent_id=agent_id,
+                    session_key=key,
+                    messages=[{"role": role, "content": content}],
+                    # answered once the note is in its file, so the model's next search finds it
+                    wait=True,
+                )
+        except errors.Forbidden as exc:
+            said = refusal(exc)
+            if not exc.scope:  # the agent, not a scope: say where the agent came from
+                said += f" (a saved memory belongs to the agent {link.names_agent} names)"
+            raise ToolError(said) from None
+        except errors.SgmeError as exc:
+            raise ToolError(refusal(exc)) from None
+        return answer({"source_ref": done.source_refs[0], "session_key": key, "agent_id": agent_id})
 
     @server.resource(
         "sgme://files/{file_id}",

@@ -32,14 +32,15 @@ class Server:
     """A running ``sgme serve`` with tokens, and what was stored in it."""
 
     url: str
-    tokens: dict[str, str]  #: admin, alpha_read, alpha_write, beta_read
+    tokens: dict[str, str]  #: admin, alpha_read, alpha_write, beta_read, pair_write
     alpha_file: str
     beta_file: str
 
 
 def _token(procs: harness.Procs, data_dir: Path, agent: str, scope: str) -> str:
+    agents = [arg for one in agent.split(",") for arg in ("--agent-id", one)]
     out = procs.run(
-        ["token", "create", "--data-dir", str(data_dir), "--agent-id", agent, "--scope", scope],
+        ["token", "create", "--data-dir", str(data_dir), *agents, "--scope", scope],
         harness.clean_env(),
     )
     return out.strip().splitlines()[-1]
@@ -53,7 +54,7 @@ def _append(client: httpx.Client, token: str, agent: str, key: str, *texts: str)
         json={
             "agent_id": agent,
             "session_key": key,
-            "metadata": {"title": f"{agent} talk"},
+            "metadata": {"title": f"{agent} talk", "cwd": f"/home/{agent}/audit"},
             "messages": [
                 {"role": "user" if i % 2 == 0 else "assistant", "content": t}
                 for i, t in enumerate(texts)
@@ -76,6 +77,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             "alpha_read": _token(procs, data_dir, "alpha", "read"),
             "alpha_write": _token(procs, data_dir, "alpha", "append,read"),
             "beta_read": _token(procs, data_dir, "beta", "read"),
+            "pair_write": _token(procs, data_dir, "alpha,beta", "append,read"),
         }
         port = harness.free_port()
         argv = ["serve", "--data-dir", str(data_dir), "--port", str(port), "--log-level", "warning"]
@@ -134,9 +136,10 @@ async def call(session: ClientSession, tool: str, **arguments: Any) -> dict[str,
     result = await session.call_tool(tool, arguments)
     assert not result.is_error, result.content
     assert result.structured_content is not None
-    # the text the model reads is the same answer
-    text = result.content[0]
-    assert json.loads(getattr(text, "text", "")) == result.structured_content
+    # the text the model reads is the same answer, compact
+    text = getattr(result.content[0], "text", "")
+    assert json.loads(text) == result.structured_content
+    assert text == json.dumps(result.structured_content, separators=(",", ":"), ensure_ascii=False)
     return dict(result.structured_content)
 
 
@@ -161,6 +164,8 @@ async def every_tool(session: ClientSession, server: Server, colour: str) -> Non
         "since",
         "until",
         "limit",
+        "role",
+        "agent_id",
     }
 
     found = await call(session, "search_memory", query="audit Postgres")
@@ -171,6 +176,11 @@ async def every_tool(session: ClientSession, server: Server, colour: str) -> Non
     assert all(r.startswith(server.alpha_file) for r in refs), found
     hit = found["hits"][0]
     assert (hit["role"], hit["session_key"]) == ("assistant", "alpha-1")
+    assert hit["cwd"] == "/home/alpha/audit"  # where the session ran, as its source recorded
+    asked = await call(session, "search_memory", query="audit Postgres", role="user")
+    assert asked["hits"] and {h["role"] for h in asked["hits"]} == {"user"}
+    own = await call(session, "search_memory", query="audit", agent_id="alpha")
+    assert own["hits"] and {h["agent_id"] for h in own["hits"]} == {"alpha"}
     assert "Postgres" in hit["snippet"] and hit["ts"].endswith("Z")
     none = await call(session, "search_memory", query="audit", session_key="nope")
     assert none == {"hits": [], "count": 0}
@@ -185,6 +195,7 @@ async def every_tool(session: ClientSession, server: Server, colour: str) -> Non
     assert listing["total"] == len(listing["sessions"])
     talk = [s for s in listing["sessions"] if s["file_id"] == server.alpha_file]
     assert [(s["title"], s["message_count"]) for s in talk] == [("alpha talk", 4)]
+    assert talk[0]["cwd"] == "/home/alpha/audit"
 
     page = await call(session, "read_session", file_id=server.alpha_file, limit=3)
     assert [m["seq"] for m in page["messages"]] == [1, 2, 3]
@@ -212,6 +223,44 @@ async def every_tool(session: ClientSession, server: Server, colour: str) -> Non
         await session.read_resource(f"sgme://files/{server.beta_file}")
     # bad input is the API's own message
     assert "source_ref" in await refused(session, "open_memory", source_ref="nonsense")
+
+
+async def edges(session: ClientSession, server: Server) -> None:
+    """What a model gets wrong, answered with what to do instead (as the token of agent
+    alpha, append and read)."""
+    long = await refused(session, "search_memory", query="walrus " * 10_000)
+    assert "query" in long and "at most 1000 characters" in long, long
+    for text in (long, await refused(session, "search_memory", query="x", limit=0)):
+        assert "pydantic" not in text and "http" not in text, text
+    version_one = "0d3d3e7f-2620-1d14-8725-c195f73040e8:1"
+    wrong = await refused(session, "open_memory", source_ref=version_one)
+    assert "UUID of version 1" in wrong and "UUID4" in wrong, wrong
+    for blank in ("", "  \n "):
+        empty = await refused(session, "save_memory", content=blank)
+        assert "nothing to remember" in empty, empty
+    # a note as large as a message may be (8 MiB) goes through /mcp whole
+    big = "word " * 1_000_000  # 5 MB
+    saved = await call(session, "save_memory", content=big, session_key="big-notes")
+    with httpx.Client(base_url=server.url, timeout=30.0) as client:
+        r = client.get(
+            f"/v1/refs/{saved['source_ref']}",
+            params={"context": 0},
+            headers={"Authorization": f"Bearer {server.tokens['admin']}"},
+        )
+    assert r.status_code == 200 and r.json()["message"]["content"] == big
+    too_big = await refused(session, "save_memory", content="x" * 9_000_000)
+    assert "8388608" in too_big, too_big[:300]
+
+
+def test_what_a_model_gets_wrong_is_explained(server: Server) -> None:
+    async def scenario() -> None:
+        async with over_http(server, server.tokens["alpha_write"]) as session:
+            await edges(session, server)
+        async with over_http(server, server.tokens["pair_write"]) as session:
+            which = await refused(session, "save_memory", content="whose is this?")
+            assert "X-SGME-Agent-Id" in which and "alpha" in which and "beta" in which, which
+
+    anyio.run(scenario)
 
 
 def test_http_tools_scopes_and_isolation(server: Server, tmp_path: Path) -> None:

@@ -18,6 +18,8 @@ from pipeline.settings import Mcp
 class Unused:
     """A :class:`tools.Link` that no call reaches: listing the tools calls nothing."""
 
+    names_agent = "nothing"
+
     @contextlib.asynccontextmanager
     async def connect(self, ctx: Context) -> AsyncIterator[client.AsyncClient]:
         raise AssertionError("no tool was called")
