@@ -24,7 +24,8 @@ numbered append whose idempotency key was found new:
   recorded once as ``sequence_gap`` (keyed by the missing numbers) and the others follow.
 
 A session uses sequences always or never: an append without one to a session that numbers its
-appends, or with one to a session that had appends without, is refused (422).
+appends, or with one to a session that had appends without, is refused (409 conflict: the
+body is valid, the session's state is what it conflicts with).
 
 All of it runs under the session's locks inside ingest's transaction — its row's, and a
 transaction lock on the session itself (:func:`lock`), as its file may not exist yet — so two
@@ -123,7 +124,7 @@ def expected(row: tables.FileRow | None) -> int:
     if row is None or row.next_seq == 1:
         return 1
     if row.next_sequence is None:
-        raise errors.InvalidInput(
+        raise errors.Conflict(
             f"sequence: session {row.session_key!r} has appends without a sequence; a session "
             "uses sequences always or never"
         )
@@ -135,12 +136,12 @@ def check_unsequenced(conn: sa.Connection, row: Numbered | None, session: ledger
     says so, or, with no file yet, numbered appends wait for its first (then the caller
     holds the session's :func:`lock`)."""
     if row is not None and row.next_sequence is not None:
-        raise errors.InvalidInput(
+        raise errors.Conflict(
             f"sequence is required: session {row.session_key!r} numbers its appends (it "
             f"expects sequence {row.next_sequence} next); a session uses sequences always or never"
         )
     if row is None and ledger.first_waiting(conn, session) is not None:
-        raise errors.InvalidInput(
+        raise errors.Conflict(
             f"sequence is required: appends with a sequence wait for session "
             f"{session.session_key!r}; a session uses sequences always or never"
         )
@@ -234,7 +235,7 @@ def next_release(
     while (first := ledger.first_waiting(conn, session)) is not None:
         try:
             want = expected(row)
-        except errors.InvalidInput as exc:  # the session had appends without a sequence
+        except errors.Conflict as exc:  # the session had appends without a sequence
             _reject(conn, first, exc.detail, now=now)
             continue
         if first.sequence < want:  # its number was applied meanwhile (over HTTP, say)

@@ -311,7 +311,8 @@ AppendSequence = Annotated[
             "anyOf": [{"type": "integer", "minimum": 1, "maximum": refs.MAX_SEQ}, {"type": "null"}],
             "description": "the sender's number for this append, per (agent_id, source_type, "
             "session_key): 1 for the session's first append, then 2, 3, … with no gaps. "
-            "Appends are applied in this order; a session uses sequences always or never",
+            "Appends are applied in this order; a session uses sequences always or never (409 "
+            "conflict otherwise)",
         }
     ),
 ]

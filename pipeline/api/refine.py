@@ -19,7 +19,7 @@ MAX_ID = 2**63 - 1
     "/v1/files/{file_id}/refine",
     status_code=202,
     response_model=models.File | models.RefineRequested,
-    responses=problems(404, 409, 422, 429, 503),
+    responses=problems(404, 409, 410, 422, 429, 503),
 )
 def refine_file(file_id: FileIdPath, service: ServiceDep, caller: Refiner) -> dict[str, Any]:
     """Full re-refine: ``last_refined_seq = 0``; the file's L1 items are replaced when the new

@@ -882,8 +882,9 @@ def test_an_out_of_order_sequence_is_a_409_naming_the_expected_one(app: Api) -> 
     assert app.row(file_id)["next_sequence"] == 3
 
 
-def test_a_session_uses_sequences_always_or_never_a_422(app: Api) -> None:
-    """In-order requests with a sequence interleaved with requests without one: refused."""
+def test_a_session_uses_sequences_always_or_never_a_409(app: Api) -> None:
+    """In-order requests with a sequence interleaved with requests without one: refused as a
+    conflict with the session's state (the body alone is valid: a 422 would say it is not)."""
 
     def sent(session_key: str, n: int, sequence: int | None = None) -> dict[str, Any]:
         extra = {} if sequence is None else {"sequence": sequence}
@@ -895,15 +896,15 @@ def test_a_session_uses_sequences_always_or_never_a_422(app: Api) -> None:
     before = snapshot(app.db, app.data_dir)
     assert_problem(
         app.client.post("/v1/append", json=sent("numbered", 2)),
-        422,
-        "invalid-input",
+        409,
+        "conflict",
         "sequence is required: session 'numbered' numbers its appends (it expects sequence 2 "
         "next); a session uses sequences always or never",
     )
     assert_problem(
         app.client.post("/v1/append", json=sent("plain", 2, sequence=1)),
-        422,
-        "invalid-input",
+        409,
+        "conflict",
         "sequence: session 'plain' has appends without a sequence; a session uses sequences "
         "always or never",
     )

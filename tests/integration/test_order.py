@@ -309,16 +309,16 @@ def test_out_of_order_is_refused_at_once_naming_the_expected_one(db: database.Da
 
 def test_a_session_uses_sequences_always_or_never(db: database.Database) -> None:
     journal.ingest(db, numbered(1, "numbered"))
-    with pytest.raises(errors.InvalidInput, match=r"sequence is required.*expects sequence 2 next"):
+    with pytest.raises(errors.Conflict, match=r"sequence is required.*expects sequence 2 next"):
         journal.ingest(db, numbered(None, "numbered", key="plain"))
     journal.ingest(db, numbered(None, "plain", key="p1"))
-    with pytest.raises(errors.InvalidInput, match="has appends without a sequence"):
+    with pytest.raises(errors.Conflict, match="has appends without a sequence"):
         journal.ingest(db, numbered(1, "plain", key="p2"))
-    with pytest.raises(errors.InvalidInput, match="has appends without a sequence"):
+    with pytest.raises(errors.Conflict, match="has appends without a sequence"):
         queued(db, numbered(5, "plain", key="p3"))
     # numbered appends waiting for a session's first: one without a number is refused too
     queued(db, numbered(2, "waiting"))
-    with pytest.raises(errors.InvalidInput, match="appends with a sequence wait"):
+    with pytest.raises(errors.Conflict, match="appends with a sequence wait"):
         journal.ingest(db, numbered(None, "waiting", key="w"))
     assert row_of(db, "waiting") is None
 
