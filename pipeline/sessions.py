@@ -278,7 +278,7 @@ def _said(role: str, text: str) -> str:
     if call is not None:
         return f"{call.name} {call.arguments}"
     if kind == "result":
-        return convention.parse_result(text)[1]
+        return convention.result_output(convention.parse_result(text)[1])
     if kind in ("thinking", "summary"):
         return convention.marked_text(text)
     return convention.unescape_text(text, role)

@@ -264,6 +264,34 @@ def parse_result(content: str) -> tuple[str | None, str]:
     return None, unescape_text(content, "tool")
 
 
+#: the keys of the JSON Codex records a shell tool's result as
+_CODEX_RESULT = frozenset({"output", "metadata"})
+
+
+def result_output(output: str) -> str:
+    """A tool result's output as a reader shows it. Codex records the results of its shell
+    tools as JSON, ``{"output": "…", "metadata": {"exit_code": 0, "duration_seconds": 0.1}}``:
+    shown by the output's text (with its exit code when that is not 0) rather than as an
+    escaped JSON string. Any other output, as it is. What is stored stays as sent."""
+    text = output.strip()
+    if not (text.startswith("{") and text.endswith("}") and '"output"' in text):
+        return output
+    try:
+        found = json.loads(text)
+    except ValueError:
+        return output
+    if not isinstance(found, dict) or not set(found) <= _CODEX_RESULT:
+        return output
+    shown = found.get("output")
+    if not isinstance(shown, str):
+        return output
+    metadata = found.get("metadata")
+    code = metadata.get("exit_code") if isinstance(metadata, dict) else None
+    if isinstance(code, int) and not isinstance(code, bool) and code != 0:
+        shown = f"{shown.rstrip(chr(10))}\n(exit code {code})"
+    return shown
+
+
 def kind(role: str, content: str) -> str:
     """What a stored message is: ``call``, ``thinking``, ``summary``, ``result`` or
     ``text`` — so a reader or a refiner can fold or skip what is not conversation."""

@@ -91,7 +91,7 @@ class BuiltinRefiner:
             if marked in ("call", "thinking", "summary"):
                 continue
             if marked == "result":
-                output = convention.parse_result(part.content)[1]
+                output = convention.result_output(convention.parse_result(part.content)[1])
                 first = next(iter(_prose_lines(output)), "")
                 found = [("tool_result", f"{part.tool_name}: {_clip(first)}" if first else "")]
             else:

@@ -140,12 +140,14 @@ class Shown:
 
 def classify(message: document.Message) -> tuple[Kind, str | None, str]:
     """What a message is, the tool's name (a call's or a result's), and the text to show: a
-    call's arguments out of their fence, a result's output without its call id, the text of
+    call's arguments out of their fence, a result's output without its call id (a Codex
+    result's JSON by its output text: :func:`convention.result_output`), the text of
     thinking or a summary without its marker line, a text without its escaping backslash."""
     content, role = message.content, message.role
     kind = convention.kind(role, content)
     if kind == "result":
-        return "result", message.tool_name, convention.parse_result(content)[1]
+        output = convention.result_output(convention.parse_result(content)[1])
+        return "result", message.tool_name, output
     call = convention.parse_call(content) if kind == "call" else None
     if call is not None:
         return "call", call.name, call.arguments

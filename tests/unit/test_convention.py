@@ -69,6 +69,30 @@ def test_results_name_their_call_and_outputs_that_look_like_it_are_escaped() -> 
     assert convention.parse_result(sly) == (None, "**call id**: fake\n\nout")
 
 
+CODEX_SHELL = '{"output":"total 12\\nfile_a\\n","metadata":{"exit_code":0,"duration_seconds":0.1}}'
+
+
+def test_a_codex_shell_result_reads_as_its_output_text() -> None:
+    """Codex records its shell tools' results as JSON: a reader shows the output text (its
+    exit code when it is not 0); what is stored stays as sent."""
+    assert convention.result_output(CODEX_SHELL) == "total 12\nfile_a\n"
+    failed = '{"output": "no such file\\n", "metadata": {"exit_code": 2}}'
+    assert convention.result_output(failed) == "no such file\n(exit code 2)"
+    assert convention.result_output('{"output": "bare"}') == "bare"
+    body = convention.result_body(CODEX_SHELL, "call_1")
+    assert convention.parse_result(body) == ("call_1", CODEX_SHELL)  # stored as sent
+    # any other output, JSON or not, reads as it is
+    for other in (
+        '{"output": "x", "error": "y"}',
+        '{"output": 3}',
+        '["output"]',
+        '{"output": "x"',
+        "plain text",
+        "",
+    ):
+        assert convention.result_output(other) == other
+
+
 def test_thinking_and_summaries_are_marked() -> None:
     thought = convention.thinking("Let me check.", "2026-08-03T11:18:06Z")
     assert thought == {

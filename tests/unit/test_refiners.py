@@ -120,11 +120,13 @@ def test_builtin_summarises_tool_results_by_name_and_first_line() -> None:
         ("tool", "```\nonly code\n```", "python"),
         ("tool", "", "noop"),
         ("tool", "I prefer tea.", "echo"),
+        ("tool", '{"output":"On branch main\\n","metadata":{"exit_code":0}}', "shell"),
     )
     assert found(BuiltinRefiner().refine(w)) == [
         ("tool_result", "ls: total 12 files", (ref(1),)),
         ("tool_result", "bash: exit status 0", (ref(2),)),
         ("tool_result", "echo: I prefer tea.", (ref(5),)),
+        ("tool_result", "shell: On branch main", (ref(6),)),  # Codex's JSON: its output
     ]
 
 

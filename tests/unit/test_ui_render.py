@@ -45,6 +45,13 @@ def _message(role: str, content: str, tool_name: str | None = None) -> document.
             ("result", "read_file", "line one\nline two"),
         ),
         ("tool", "no id here", "grep", ("result", "grep", "no id here")),
+        # Codex's shell results are JSON: shown by their output text
+        (
+            "tool",
+            convention.result_body('{"output":"a\\nb\\n","metadata":{"exit_code":0}}', "c1"),
+            "shell",
+            ("result", "shell", "a\nb\n"),
+        ),
         (
             "assistant",
             "**thinking**\n\nthe user wants it short",
