@@ -310,15 +310,47 @@ class _Hit:
     after: str | None
 
 
+def _opened(service: Service, ui: Ui, caller: auth.Caller, ref: str) -> Response:
+    """Go to the page of a session that holds the message ``ref`` names, at it; an error
+    page (422, 404, 410) when it names none the caller may read."""
+    found = service.resolve(ref, context=0, agents=caller.agents)
+    url = message_url(found.file.file_id, found.message.seq, page=ui.page_messages)
+    return RedirectResponse(url, status_code=303, headers=HEADERS)
+
+
+@router.get("/ui/refs/{ref}")
+def open_ref(request: Request, ref: str) -> Response:
+    """The message a ``file_id:seq`` names, on its session's page."""
+    service = _service(request)
+    ui = _ui(request)
+
+    def build(caller: auth.Caller) -> Response:
+        refs.parse(ref)  # what is wrong with one that is not a source_ref, in words
+        return _opened(service, ui, caller, ref)
+
+    return _view(request, "read", build)
+
+
+_PASTED = re.compile(r"\s*\[?\s*([^\s\[\]]+)\s*\]?\s*")
+
+
 @router.get("/ui/search")
 def search_page(request: Request) -> Response:
-    """The search box, and the hits of a query in context."""
+    """The search box, and the hits of a query in context. A ``file_id:seq`` typed or pasted
+    into it (brackets and all, as a recall line shows it) opens that message; a file_id, its
+    session."""
     service = _service(request)
     params = request.query_params
     ui = _ui(request)
 
     def build(caller: auth.Caller) -> Response:
         q = _text(params, "q")
+        pasted = _PASTED.fullmatch(q or "")
+        if pasted and re.fullmatch(refs.SOURCE_REF_PATTERN, pasted[1]):
+            return _opened(service, ui, caller, pasted[1])
+        if pasted and re.fullmatch(refs.FILE_ID_PATTERN, pasted[1]):
+            service.get_file(pasted[1], agents=caller.agents)  # 404 unless the caller's
+            return RedirectResponse(f"/ui/files/{pasted[1]}", status_code=303, headers=HEADERS)
         hits: list[_Hit] = []
         if q is not None:
             filters = catalog.Filters(

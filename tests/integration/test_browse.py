@@ -234,6 +234,30 @@ def test_the_api_and_the_view_with_tokens(
     assert api.get("/ui/status").status_code == 403  # admin only
 
 
+def test_a_pasted_ref_opens_its_message(
+    api: TestClient, service: Service, store: dict[str, str]
+) -> None:
+    """A ``file_id:seq`` (as a hit, an L1 item or the Hermes recall shows it) pasted into the
+    search box, or put after ``/ui/refs/``, opens the page that holds the message, at it."""
+    old = store["old"]
+    for path in (f"/ui/refs/{old}:3", f"/ui/search?q={old}:3", f"/ui/search?q=+[{old}:3]+"):
+        r = api.get(path, follow_redirects=False)
+        assert r.status_code == 303, (path, r.text)
+        assert r.headers["location"] == f"/ui/files/{old}?after=2#seq-3", path  # 2 a page
+    r = api.get(f"/ui/search?q={old}", follow_redirects=False)
+    assert (r.status_code, r.headers["location"]) == (303, f"/ui/files/{old}")
+    assert api.get(f"/ui/refs/{old}:3").text.count('id="seq-3"') == 1
+    assert api.get(f"/ui/refs/{old}:99").status_code == 404
+    bad = api.get("/ui/refs/0d3d3e7f-2620-1d14-8725-c195f73040e8:1")
+    assert bad.status_code == 422 and "UUID of version 1" in bad.text
+    # another agent's message is as absent as one that does not exist
+    reader = service.create_token(agent_ids=["beta"], scopes=["read"]).secret
+    api.cookies.set("sgme_token", reader)
+    assert api.get(f"/ui/refs/{old}:2").status_code == 404
+    r = api.get(f"/ui/search?q={old}:2", follow_redirects=False)
+    assert r.status_code == 404
+
+
 def test_the_status_page_shows_an_admin_only_its_agents(
     api: TestClient, service: Service, db: database.Database, store: dict[str, str]
 ) -> None:
