@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -87,7 +88,11 @@ def main(argv: list[str] | None = None, *, workers: Workers | None = None) -> in
         logging.getLogger("alembic").setLevel(logging.WARNING)
     ctx = Context(args, workers)
     try:
-        return int(args.func(ctx))
+        code = int(args.func(ctx))
+        sys.stdout.flush()  # here, so that a reader gone by now is met below
+        return code
+    except BrokenPipeError:
+        return _reader_gone()
     except errors.SgmeError as exc:
         # One line, even when the detail quotes a multi-line message (a YAML parser's).
         detail = " ".join(line.strip() for line in exc.detail.splitlines() if line.strip())
@@ -100,3 +105,16 @@ def main(argv: list[str] | None = None, *, workers: Workers | None = None) -> in
         return 130
     finally:
         ctx.close()
+
+
+#: what a command whose reader went away exits with: as a Unix tool killed by SIGPIPE (13)
+EXIT_READER_GONE = 128 + 13
+
+
+def _reader_gone() -> int:
+    """The reader of our output closed it (``sgme search --json | head``): stop quietly, as
+    Unix tools do, and keep the interpreter's last flush of stdout from saying so too."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_READER_GONE

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -442,6 +445,29 @@ def test_search_ranks_by_default_all_with_all_and_escapes_control_characters(
     assert sgme("search", "--json", "--all", "what colour was the mugs").json() == {"hits": []}
     every = sgme("search", "--json", "--all", "which", "colour").json()["hits"]
     assert [h["seq"] for h in every] == [1]
+
+
+def test_output_piped_into_a_reader_that_stops_early_ends_quietly(
+    sgme: Sgme, data_dir: Path, database_url: str
+) -> None:
+    """``sgme search … --json | head``: the reader closes the pipe after a few lines; the
+    command stops as Unix tools do (128 + SIGPIPE), without a word on stderr."""
+    messages = [
+        {"role": "user", "content": f"the blue mug number {n} " + "word " * 200, "ts": TS1}
+        for n in range(100)
+    ]
+    assert sgme("append", stdin=append_body("s1", *messages)).code == 0
+    argv = [sys.executable, "-m", "pipeline.cli", "search", "blue", "mug", "--json"]
+    argv += ["--limit", "100", "--data-dir", str(data_dir), "--database-url", database_url]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGME_")}
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env) as run:
+        assert run.stdout is not None and run.stderr is not None
+        assert run.stdout.read(10) == b'{\n  "hits"'
+        run.stdout.close()  # `head` has what it wanted
+        err = run.stderr.read()
+        code = run.wait(60)
+    assert err == b""
+    assert code == 128 + signal.SIGPIPE
 
 
 @pytest.fixture
