@@ -152,7 +152,7 @@ def register(add: Add) -> None:
     ):
         p = add(name, func, text)
         p.add_argument("--host", help="address to bind (default 127.0.0.1)")
-        p.add_argument("--port", type=int, help="port (default 8765)")
+        p.add_argument("--port", type=int, help="port (env SGME_PORT, default 8765)")
         p.add_argument("--broker-url", help="Celery broker (env SGME_BROKER_URL)")
         p.add_argument("--log-level", default="info", help=_LOG_LEVEL)
         if name == "serve":

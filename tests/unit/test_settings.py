@@ -136,3 +136,16 @@ def test_the_mcp_and_view_bounds_are_settings_within_what_their_routes_take() ->
     assert settings.AT_MOST["ui_page_hits"] == search.MAX_LIMIT
     assert settings.AT_MOST["mcp_max_sessions"] == sessions.MAX_LIMIT
     assert settings.AT_MOST["ui_page_sessions"] == sessions.MAX_LIMIT
+
+
+#: the settings that bound what a client, a page or a tool may cost: docs/operations.md names
+#: each one in its table of limits (what it bounds, what a client gets at it)
+BOUNDS = ("http_", "limits_", "backlog_", "mcp_", "ui_", "search_")
+
+
+def test_operations_md_names_every_bound_with_its_setting() -> None:
+    text = (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
+    every = settings.keys()  # a function of the module, not a mapping's keys
+    named = [k for k in every if k.startswith(BOUNDS)]
+    named += ["order_wait_seconds", "token_cache_seconds", "broker_claim_interval"]
+    assert [k for k in named if f"`{k}`" not in text] == []
