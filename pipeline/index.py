@@ -87,30 +87,6 @@ def list_files(
     return [tables.FileRow.from_row(row) for row in conn.execute(query)]
 
 
-def count_files_by_status(
-    conn: sa.Connection, *, agents: Collection[str] | None = None
-) -> dict[str, int]:
-    """``{status: count}`` (of ``agents``' files only, when given)."""
-    query = sa.select(_R.status, sa.func.count()).group_by(_R.status)
-    if agents is not None:
-        query = query.where(_R.agent_id.in_(sorted(agents)))
-    return {status: int(count) for status, count in conn.execute(query)}
-
-
-def refinement_lag(
-    conn: sa.Connection, *, agents: Collection[str] | None = None
-) -> tuple[int, int]:
-    """``(sum, max)`` of ``flushed_seq - last_refined_seq`` over files that can be refined
-    (``agents``' only, when given)."""
-    lag = tables.raw_files.c.flushed_seq - tables.raw_files.c.last_refined_seq
-    query = sa.select(sa.func.coalesce(sa.func.sum(lag), 0), sa.func.coalesce(sa.func.max(lag), 0))
-    query = query.where(tables.raw_files.c.status != Status.ARCHIVED)
-    if agents is not None:
-        query = query.where(_R.agent_id.in_(sorted(agents)))
-    total, worst = conn.execute(query).one()
-    return int(total), int(worst)
-
-
 # ---------------------------------------------------------------------------------------------
 # raw_files: the append protocol (docs/design.md §3)
 

@@ -27,6 +27,7 @@ from pipeline import (
     index,
     ledger,
     locks,
+    overview,
     recovery,
     redaction,
     store,
@@ -260,7 +261,7 @@ def catalog_all(conn: sa.Connection, data_dir: Path) -> tuple[int, int]:
 def count_files(db: database.Database) -> int:
     """How many files the index holds (for progress bars)."""
     with db.reading() as conn:
-        return sum(index.count_files_by_status(conn).values())
+        return sum(overview.count_files_by_status(conn).values())
 
 
 def _disk_files(data_dir: Path) -> Iterator[tuple[str, Path]]:

@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from pipeline import anomalies, database, errors, index, ledger, tables
+from pipeline import anomalies, database, errors, ledger, overview, tables
 
 FLUSH_SECONDS = Histogram(
     "sgme_flush_seconds",
@@ -41,8 +41,8 @@ class IndexCollector(Collector):
             with self.db.reading() as conn:
                 rows, messages, size = ledger.journal_backlog(conn)
                 held, _ = ledger.waiting_backlog(conn)
-                lag_sum, lag_max = index.refinement_lag(conn)
-                statuses = index.count_files_by_status(conn)
+                lag_sum, lag_max = overview.refinement_lag(conn)
+                statuses = overview.count_files_by_status(conn)
                 kinds = anomalies.count_by_kind(conn)
         except errors.SgmeError:
             up = GaugeMetricFamily("sgme_index_up", "Whether the index answered the scrape")

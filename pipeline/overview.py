@@ -10,7 +10,8 @@ from collections.abc import Collection
 
 import sqlalchemy as sa
 
-from pipeline import anomalies, database, index, ledger, tables
+from pipeline import anomalies, database, ledger, tables
+from pipeline.tables import Status
 
 RECENT_ANOMALIES = 50  #: anomalies the overview lists, newest first
 
@@ -32,6 +33,32 @@ class Overview:
     recent_anomalies: list[tables.Anomaly]
 
 
+def _of(agents: Collection[str] | None) -> tuple[sa.ColumnElement[bool], ...]:
+    """The condition that keeps ``agents``' files (None: every file)."""
+    return () if agents is None else (tables.raw_files.c.agent_id.in_(sorted(agents)),)
+
+
+def count_files_by_status(
+    conn: sa.Connection, *, agents: Collection[str] | None = None
+) -> dict[str, int]:
+    """``{status: count}`` (of ``agents``' files only, when given)."""
+    r = tables.raw_files.c
+    query = sa.select(r.status, sa.func.count()).where(*_of(agents)).group_by(r.status)
+    return {status: int(count) for status, count in conn.execute(query)}
+
+
+def refinement_lag(
+    conn: sa.Connection, *, agents: Collection[str] | None = None
+) -> tuple[int, int]:
+    """``(sum, max)`` of ``flushed_seq - last_refined_seq`` over files that can be refined
+    (``agents``' only, when given)."""
+    r = tables.raw_files.c
+    lag = r.flushed_seq - r.last_refined_seq
+    query = sa.select(sa.func.coalesce(sa.func.sum(lag), 0), sa.func.coalesce(sa.func.max(lag), 0))
+    total, worst = conn.execute(query.where(r.status != Status.ARCHIVED, *_of(agents))).one()
+    return int(total), int(worst)
+
+
 def read(
     db: database.Database, *, recent: int = RECENT_ANOMALIES, agents: Collection[str] | None = None
 ) -> Overview:
@@ -49,20 +76,20 @@ def read(
         )
         .limit(recent)
     )
+    waiting = waiting.where(*_of(agents))
     if agents is not None:
-        waiting = waiting.where(r.agent_id.in_(sorted(agents)))
         latest = latest.where(anomalies.of_agents(agents))
     with db.reading() as conn:
         rows, messages, size = ledger.journal_backlog(conn, agents=agents)
         held, _ = ledger.waiting_backlog(conn, agents=agents)
-        lag, worst = index.refinement_lag(conn, agents=agents)
+        lag, worst = refinement_lag(conn, agents=agents)
         return Overview(
             at=db.now(),
             journal_rows=rows,
             journal_messages=messages,
             journal_bytes=size,
             held_appends=held,
-            files_by_status=index.count_files_by_status(conn, agents=agents),
+            files_by_status=count_files_by_status(conn, agents=agents),
             lag_messages=lag,
             lag_worst=worst,
             oldest_unrefined=conn.execute(waiting).scalar_one(),

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -62,6 +62,31 @@ def check(
     if seq > refs.MAX_SEQ or seq >= row.next_seq:
         raise errors.NotFound(f"no message {ref}")
     return row
+
+
+def redact_all(
+    db: database.Database,
+    file_locks: locks.FileLocks,
+    data_dir: Path,
+    found: Sequence[str],
+    who: rewrite.Who,
+    agents: Collection[str] | None = None,
+) -> list[tables.AuditRow]:
+    """:func:`redact` each ref, in order, once every one is checked (:func:`check`): when one
+    names no message the caller may redact, none is redacted, and the error (the first
+    fault's class) names every ref at fault, not only the first."""
+    faults: list[errors.SgmeError] = []
+    for ref in found:
+        try:
+            check(db, ref, agents=agents)
+        except errors.PermanentError as exc:
+            faults.append(exc)
+    if faults:
+        detail = "; ".join(fault.detail for fault in faults)
+        if len(found) > 1:
+            detail = f"nothing was redacted: {detail}"
+        raise type(faults[0])(detail)
+    return [redact(db, file_locks, data_dir, ref, who, agents=agents) for ref in found]
 
 
 def redact(

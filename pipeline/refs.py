@@ -55,6 +55,16 @@ def ref_fault(value: str) -> str:
     return f"its seq {seq[:20]!r} is not a whole number from 1 (ASCII digits, no leading 0)"
 
 
+def fault(pattern: str, value: object) -> str | None:
+    """What keeps ``value`` from matching ``pattern`` when that is the file_id's or the
+    source_ref's, in words; None for any other pattern."""
+    if not isinstance(value, str):
+        return None
+    if pattern == FILE_ID_PATTERN:
+        return file_id_fault(value)
+    return ref_fault(value) if pattern == SOURCE_REF_PATTERN else None
+
+
 def check_file_id(value: object) -> str:
     """A lowercase UUID4 as made by the server."""
     if not isinstance(value, str) or not _FILE_ID.fullmatch(value):

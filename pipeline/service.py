@@ -486,15 +486,13 @@ class Service(Views, Upkeep):
             return index.deployment_id(conn)
 
     def refuse_foreign(self, deployment: str, task: str, queue: str) -> None:
-        """Record a task of another deployment that this one's worker did not run but passed
-        on to ``queue``, that deployment's own (once per deployment and task name, then
-        counted)."""
+        """Record a task of another deployment this one's worker passed on to ``queue``, that
+        deployment's own, without running it (once per deployment and task name, counted)."""
         who = deployment[:60]
         detail = (
             f"a {task} task of deployment {who} came to a worker of deployment "
-            f"{self.deployment()}: not run here, passed on to the queue {queue} (which that "
-            "store's workers consume). Two stores share one broker database: give each its "
-            "own (broker_url)"
+            f"{self.deployment()}: passed on to its store's queue {queue}, not run here. Two "
+            "stores share one broker database: give each its own (broker_url)"
         )
         with self.db.transaction() as conn:
             key = f"{who}:{task}"
@@ -535,26 +533,9 @@ class Service(Views, Upkeep):
     def redact(
         self, refs: Sequence[str], who: rewrite.Who, *, agents: Collection[str] | None = None
     ) -> list[tables.AuditRow]:
-        """Redact the messages ``refs`` name, in order (each file rewritten under its lock);
-        then make the database files forget them. Their audit rows. Every ref is checked
-        first: when any names no message this caller may redact, nothing is redacted, and
-        the error names each ref at fault."""
-        faults: list[errors.SgmeError] = []
-        for ref in refs:
-            try:
-                redaction.check(self.db, ref, agents=agents)
-            except errors.PermanentError as exc:
-                faults.append(exc)
-        if faults:
-            first = faults[0]
-            detail = "; ".join(f.detail for f in faults)
-            if len(refs) > 1:
-                detail = f"nothing was redacted: {detail}"
-            raise type(first)(detail)
-        done = [
-            redaction.redact(self.db, self.file_locks, self.data_dir, ref, who, agents=agents)
-            for ref in refs
-        ]
+        """Redact the messages ``refs`` name, all checked first, then in order (each file
+        rewritten under its lock); then make the database files forget them. Their audit rows."""
+        done = redaction.redact_all(self.db, self.file_locks, self.data_dir, refs, who, agents)
         redaction.compact(self.db)
         return done
 

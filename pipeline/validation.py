@@ -44,7 +44,6 @@ _TOOL_NAME = (
     "[^\\s\\x00-\\x1f\\x7f-\\x9f\\u2028\\u2029][^\\x00-\\x1f\\x7f-\\x9f\\u2028\\u2029]*$"
 )
 AGENT_ID_PATTERN = "^[A-Za-z0-9_.-]{1,64}$"
-MAX_QUERY_CHARS = 1000  #: characters of a search query (``GET /v1/search``'s ``q``)
 _AGENT_ID = re.compile(AGENT_ID_PATTERN)
 #: a \u escape of half a UTF-16 surrogate pair, which JSON parsers refuse on its own
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
@@ -311,8 +310,7 @@ AppendSequence = Annotated[
             "anyOf": [{"type": "integer", "minimum": 1, "maximum": refs.MAX_SEQ}, {"type": "null"}],
             "description": "the sender's number for this append, per (agent_id, source_type, "
             "session_key): 1 for the session's first append, then 2, 3, … with no gaps. "
-            "Appends are applied in this order; a session uses sequences always or never (409 "
-            "conflict otherwise)",
+            "Appends are applied in this order; a session uses sequences always or never",
         }
     ),
 ]
@@ -414,29 +412,22 @@ _PATTERN_NAMES = {
     refs.SOURCE_REF_PATTERN: "not a source_ref (file_id:seq)",
     AGENT_ID_PATTERN: "must match [A-Za-z0-9_.-]{1,64}",
 }
-#: what is wrong with a value that missed one of these patterns, in words
-_PATTERN_FAULTS = {
-    refs.FILE_ID_PATTERN: refs.file_id_fault,
-    refs.SOURCE_REF_PATTERN: refs.ref_fault,
-}
 #: parts of a location that are not field names: where FastAPI found a parameter
 _NOT_FIELDS = ("query", "path", "header", "body", "cookie")
 
 
-def describe(exc: pydantic.ValidationError, *, arguments: bool = False) -> str:
-    """One line per problem, each led by where it is: ``messages[0].ts: …``. ``arguments``:
-    the errors are of a function's arguments (an MCP tool's), whose names are all fields
-    (a FastAPI location such as ``query`` is then an argument's name)."""
-    return describe_errors(exc.errors(include_url=False), arguments=arguments)
+def describe(exc: pydantic.ValidationError) -> str:
+    """One line per problem, each led by where it is: ``messages[0].ts: …``."""
+    return describe_errors(exc.errors(include_url=False))
 
 
-def describe_errors(found: Sequence[Mapping[str, Any]], *, arguments: bool = False) -> str:
+def describe_errors(found: Sequence[Mapping[str, Any]]) -> str:
     """:func:`describe` for pydantic's error dicts (FastAPI's parameter errors too)."""
     lines = []
-    skip = () if arguments else _NOT_FIELDS
     for error in found:
         where = ""
-        loc = [part for part in error["loc"] if part not in skip]
+        located = len(error["loc"]) > 1 and error["loc"][0] in _NOT_FIELDS  # FastAPI's "query"
+        loc = list(error["loc"][1 if located else 0 :])  # (a field may have that name)
         ctx = error.get("ctx") or {}
         if error["type"] in ("union_tag_invalid", "union_tag_not_found"):
             loc.append(str(ctx.get("discriminator", "")).strip("'"))  # the tag's own field
@@ -451,11 +442,8 @@ def describe_errors(found: Sequence[Mapping[str, Any]], *, arguments: bool = Fal
         value = error.get("input")
         if error["type"] == "string_pattern_mismatch":
             pattern = ctx.get("pattern")
-            named = _PATTERN_NAMES.get(str(pattern), message)
-            message = f"{named}, got {str(value)[:80]!r}"
-            explain = _PATTERN_FAULTS.get(str(pattern))
-            if explain is not None and isinstance(value, str):
-                message += f": {explain(value)}"
+            named, why = _PATTERN_NAMES.get(str(pattern), message), refs.fault(str(pattern), value)
+            message = f"{named}, got {str(value)[:80]!r}" + (f": {why}" if why else "")
         elif error["type"] == "union_tag_invalid":
             message = f"must be one of {ctx['expected_tags']}; got {ctx['tag']!r}"
         elif error["type"] == "union_tag_not_found":

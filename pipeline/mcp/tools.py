@@ -27,7 +27,7 @@ from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError
 from mcp.types import CallToolResult, TextContent
 from pydantic import Field, ValidationError
 
-from pipeline import client, errors, sessions, validation
+from pipeline import client, errors, search, sessions, validation
 from pipeline.settings import Mcp
 
 NAME = "sgme"
@@ -92,7 +92,7 @@ class Server(MCPServer[Any]):
             cause = exc.__cause__
             if not isinstance(cause, ValidationError):
                 raise
-            said = validation.describe(cause, arguments=True)
+            said = validation.describe(cause)
             raise ToolError(f"Error executing tool {name}: {said}") from cause
 
 
@@ -147,7 +147,7 @@ def build(link: Link, bounds: Mcp) -> MCPServer[Any]:
             str,
             Field(
                 min_length=1,
-                max_length=validation.MAX_QUERY_CHARS,
+                max_length=search.MAX_QUERY_CHARS,
                 description='a question, words or "quoted phrases", in any language; the '
                 "messages that best answer it come first (they need not hold every word)",
             ),
