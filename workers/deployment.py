@@ -62,9 +62,9 @@ def claim(broker_url: str, deployment: str) -> None:
         )
 
 
-def _assert(broker_url: str, deployment: str) -> str | None:
+def _assert(broker_url: str, deployment: str, *, outage: int = logging.WARNING) -> str | None:
     """Name ``deployment`` on the broker unless a deployment is named there; the one named
-    afterwards (None: not a shared broker, or it could not be asked)."""
+    afterwards (None: not a shared broker, or it could not be asked: logged at ``outage``)."""
     if not shared(broker_url):
         return None
     import redis
@@ -74,7 +74,7 @@ def _assert(broker_url: str, deployment: str) -> str | None:
         client.set(OWNER_KEY, deployment, nx=True)
         found = client.get(OWNER_KEY)
     except redis.RedisError as exc:
-        log.warning("could not check who else uses the broker: %s", exc)
+        log.log(outage, "could not check who else uses the broker: %s", exc)
         return None
     finally:
         client.close()
@@ -117,7 +117,8 @@ class Keeper:
 
     def assert_once(self) -> None:
         """Assert the claim now: what the thread does every ``interval``."""
-        owner = _assert(self.broker_url, self.deployment)
+        # a broker that is down is Celery's to report (and the next round asks again)
+        owner = _assert(self.broker_url, self.deployment, outage=logging.DEBUG)
         if owner is None or owner == self.deployment:
             self._reported = None
             return

@@ -259,9 +259,8 @@ def guarded_protocol(http: Http, *, base: type[Any] = HttpToolsProtocol) -> type
         def on_header(self, name: bytes, value: bytes) -> None:
             self._head_fields += 1
             self._head_bytes += len(name) + len(value) + 4
-            refusal = self._check_head(self._head_fields, self._head_bytes)
-            if refusal is not None:
-                self._head_refusal = refusal
+            if self._head_fields > http.max_headers or self._head_bytes > http.max_header_bytes:
+                self._head_refusal = self._check_head(self._head_fields, self._head_bytes)
                 raise _HeadRefused
             super().on_header(name, value)
 
