@@ -70,6 +70,9 @@ class Http:
     max_header_bytes: int = 64 * 1024
     max_headers: int = 100  #: header fields of one request at most (431 past it)
     keepalive_timeout: float = 5.0  #: seconds an idle keep-alive connection is kept
+    #: seconds a stopping server waits for the answers still going (a raw download to a slow
+    #: reader) before it ends them: nothing else bounds how long such an answer lasts
+    shutdown_timeout: float = 10.0
     #: open connections at most; past it, one that is waiting for a request head — or else
     #: the one whose body arrives slowest — is closed to make room for the new one
     max_connections: int = 4096

@@ -15,6 +15,7 @@ import asyncio
 import collections
 import json
 import logging
+import math
 import re
 import resource
 from http import HTTPStatus
@@ -495,6 +496,7 @@ def config(app: FastAPI, settings: Settings, *, log_level: str = "info") -> uvic
         loop="uvloop",
         http=guarded_protocol(http),
         timeout_keep_alive=int(max(1, http.keepalive_timeout)),
+        timeout_graceful_shutdown=math.ceil(http.shutdown_timeout),
         backlog=min(2048, http.max_connections),
         h11_max_incomplete_event_size=http.max_header_bytes,
         proxy_headers=False,  # nothing reads the client address; a proxy's headers are not ours
@@ -526,6 +528,7 @@ def run_processes(settings: Settings, *, processes: int, log_level: str = "info"
         loop="uvloop",
         http="pipeline.api.child:Protocol",
         timeout_keep_alive=int(max(1, http.keepalive_timeout)),
+        timeout_graceful_shutdown=math.ceil(http.shutdown_timeout),
         backlog=min(2048, http.max_connections),
         h11_max_incomplete_event_size=http.max_header_bytes,
         proxy_headers=False,

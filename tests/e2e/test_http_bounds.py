@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import random
+import signal
 import socket
 import time
 from collections.abc import Iterator
@@ -553,3 +554,28 @@ def test_a_slow_body_gets_408_on_every_route(procs: harness.Procs, tmp_path: Pat
                 )
                 status, problem = _refused(sock)
             assert (status, problem["type"]) == (408, "urn:sgme:problem:request-timeout"), path
+
+
+@pytest.mark.timeout(120)
+def test_a_slow_download_does_not_hold_a_stopping_server(
+    procs: harness.Procs, tmp_path: Path
+) -> None:
+    """Nothing bounds how long a download to a slow reader lasts, so a stopping server waits
+    for it only ``http_shutdown_timeout`` seconds before it ends it."""
+    port, proc = serve(procs, tmp_path, http_shutdown_timeout="2")
+    file_id, expected = _store(port, megabytes=6)
+    with _slow_reader(port) as sock:
+        sock.sendall(f"GET /v1/files/{file_id}/raw HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")  # it has begun: ~75 s at this pace
+        proc.popen.send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        got = 0
+        with contextlib.suppress(OSError):
+            while proc.alive() and time.monotonic() - started < 60:
+                got += len(sock.recv(8192))
+                time.sleep(0.1)
+        proc.popen.wait(30)
+        stopped = time.monotonic() - started
+    assert got < len(expected)  # the download was still going
+    assert stopped < 20, f"the server took {stopped:.0f} s to stop"
+    assert proc.popen.returncode == 0, proc.tail()
