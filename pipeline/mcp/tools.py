@@ -73,7 +73,7 @@ Answer = Annotated[CallToolResult, dict[str, Any]]
 
 def answer(data: dict[str, Any]) -> CallToolResult:
     """A tool's answer: ``data`` as structured content, and as compact JSON text for the
-    model (the SDK's own text is indented JSON: a third longer in a small context)."""
+    model (the SDK's own text is indented JSON, longer for nothing in a small context)."""
     text = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
     return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=data)
 
