@@ -33,7 +33,6 @@ from pipeline import (
 
 DEFAULT_LIMIT = 20
 MAX_LIMIT = 100
-MAX_QUERY_CHARS = 1000  #: characters of a query (``GET /v1/search``'s ``q``)
 #: bytes of a message's block read for its snippet: the indexed characters (at most 4 bytes
 #: each) and its heading
 SNIPPET_READ = terms.MAX_INDEXED_CHARS * 4 + 1024

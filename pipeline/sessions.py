@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -54,13 +54,6 @@ class Filters:
     session_key: str | None = None
     #: files with no message in them yet (acknowledged, not flushed) too, newest of all
     unflushed: bool = False
-
-
-def cwd(metadata: Mapping[str, Any]) -> str | None:
-    """The working directory a session's agent ran in, from its file's metadata, when its
-    source recorded one (Claude Code, Codex, Hermes: ``cwd``)."""
-    value = metadata.get("cwd")
-    return value if isinstance(value, str) and value else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,7 +109,7 @@ class Session:
     @property
     def cwd(self) -> str | None:
         """The working directory the agent ran in, when its source recorded one."""
-        return cwd(self.file.metadata)
+        return convention.cwd(self.file.metadata)
 
     def to_json(self) -> dict[str, Any]:
         """As ``GET /v1/sessions`` shows it."""

@@ -44,6 +44,7 @@ _TOOL_NAME = (
     "[^\\s\\x00-\\x1f\\x7f-\\x9f\\u2028\\u2029][^\\x00-\\x1f\\x7f-\\x9f\\u2028\\u2029]*$"
 )
 AGENT_ID_PATTERN = "^[A-Za-z0-9_.-]{1,64}$"
+MAX_QUERY_CHARS = 1000  #: characters of a search query (``GET /v1/search``'s ``q``)
 _AGENT_ID = re.compile(AGENT_ID_PATTERN)
 #: a \u escape of half a UTF-16 surrogate pair, which JSON parsers refuse on its own
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")

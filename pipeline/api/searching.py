@@ -43,7 +43,7 @@ def search_messages(
         str,
         Query(
             min_length=1,
-            max_length=search.MAX_QUERY_CHARS,
+            max_length=validation.MAX_QUERY_CHARS,
             pattern=r"^[^\x00]*[^\W_][^\x00]*$",
             description='a question, words and "quoted phrases"; any language, CJK too',
         ),

@@ -508,6 +508,13 @@ def metadata(fields: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def cwd(found: Mapping[str, Any]) -> str | None:
+    """The working directory a session's agent ran in, from its metadata, where its source
+    recorded one (Claude Code, Codex and Hermes do: ``cwd``)."""
+    value = found.get("cwd")
+    return value if isinstance(value, str) and value else None
+
+
 def _deeper(value: Any, limit: int) -> bool:
     """Whether ``value`` nests mappings and lists more than ``limit`` deep (no recursion)."""
     level = [value]

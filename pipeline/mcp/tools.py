@@ -27,7 +27,8 @@ from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError
 from mcp.types import CallToolResult, TextContent
 from pydantic import Field, ValidationError
 
-from pipeline import client, errors, search, sessions, validation
+from pipeline import client, errors, validation
+from pipeline.importers import convention
 from pipeline.settings import Mcp
 
 NAME = "sgme"
@@ -136,7 +137,7 @@ def build(link: Link, bounds: Mcp) -> MCPServer[Any]:
         found: dict[str, str | None] = {}
         for file_id in sorted(file_ids):
             try:
-                found[file_id] = sessions.cwd((await sgme.file(file_id)).metadata)
+                found[file_id] = convention.cwd((await sgme.file(file_id)).metadata)
             except (errors.NotFound, errors.Gone):  # erased since the search: none to show
                 found[file_id] = None
         return found
@@ -147,7 +148,7 @@ def build(link: Link, bounds: Mcp) -> MCPServer[Any]:
             str,
             Field(
                 min_length=1,
-                max_length=search.MAX_QUERY_CHARS,
+                max_length=validation.MAX_QUERY_CHARS,
                 description='a question, words or "quoted phrases", in any language; the '
                 "messages that best answer it come first (they need not hold every word)",
             ),
@@ -327,7 +328,7 @@ at most). Pass next_after_seq back as after_seq for the next page; it is null at
             {
                 "file_id": file_id,
                 "session_key": file.session_key,
-                "cwd": sessions.cwd(file.metadata),
+                "cwd": convention.cwd(file.metadata),
                 "message_count": file.message_count,
                 "messages": shown,
                 "next_after_seq": last if more else None,
