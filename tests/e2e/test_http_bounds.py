@@ -469,16 +469,15 @@ def test_request_heads_past_their_bounds_are_refused(procs: harness.Procs, tmp_p
             status, problem = _refused(sock)
         assert (status, problem["type"]) == (431, "urn:sgme:problem:headers-too-large")
         assert "50" in str(problem["detail"])
-        # a header that never ends, a kilobyte at a time: refused once past the bound
+        # a header that never ends, a kilobyte at a time: refused once past the bound (the
+        # head never completes, so the 431 can come from the bound alone)
         with connect(port) as sock:
             sock.sendall(start + b"X-Long: ")
-            sent = 0
             with contextlib.suppress(OSError):
-                while sent < 200_000:
+                for _ in range(200):
                     sock.sendall(b"b" * 1024)
-                    sent += 1024
             status, problem = _refused(sock)
-        assert status == 431 and sent <= 200_000
+        assert (status, problem["type"]) == (431, "urn:sgme:problem:headers-too-large")
         # a target past the bound
         with connect(port) as sock:
             sock.sendall(
