@@ -163,6 +163,7 @@ def test_a_wiped_broker_is_claimed_again_by_the_running_store(
     for name, args in (
         ("worker-1", ["worker", *first, *broker, "--pool", "solo"]),
         ("beat-1", ["beat", *first, *broker]),
+        ("api-1", ["api", *first, *broker, "--port", str(harness.free_port())]),
     ):
         proc = procs.start(name, args, env)
         harness.wait_until(
