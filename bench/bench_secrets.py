@@ -85,7 +85,9 @@ def load_corpus(path: Path = CORPUS) -> list[Item]:
     with gzip.open(path, "rt", encoding="utf-8") as f:
         rows = [json.loads(line) for line in f]
     return [
-        Item(r["id"], r["source"], r["origin"], r["rule"], r["text"], tuple(map(tuple, r["secrets"])))
+        Item(
+            r["id"], r["source"], r["origin"], r["rule"], r["text"], tuple(map(tuple, r["secrets"]))
+        )
         for r in rows
     ]
 
@@ -340,9 +342,10 @@ def table(scores: list[Score], baseline: Score | None) -> str:
         )
     if baseline is not None and baseline.rate:
         rows.append("")
-        rows.append(f"speed against {baseline.name}: " + ", ".join(
-            f"{s.name} {s.rate / baseline.rate:.1f}x" for s in scores
-        ))
+        rows.append(
+            f"speed against {baseline.name}: "
+            + ", ".join(f"{s.name} {s.rate / baseline.rate:.1f}x" for s in scores)
+        )
     return "\n".join(rows)
 
 
@@ -353,10 +356,13 @@ def _context(text: str, span: Span, width: int = 70) -> str:
 
 def report(score_: Score, items_shown: int) -> None:
     """What a detector missed and flagged wrongly, by source (for reading, not the table)."""
-    print(f"\n{score_.name}: recall by source: " + ", ".join(
-        f"{src} {score_.by_source[src] - score_.missed_by_source[src]}/{score_.by_source[src]}"
-        for src in sorted(score_.by_source)
-    ))
+    print(
+        f"\n{score_.name}: recall by source: "
+        + ", ".join(
+            f"{src} {score_.by_source[src] - score_.missed_by_source[src]}/{score_.by_source[src]}"
+            for src in sorted(score_.by_source)
+        )
+    )
     if items_shown:
         for item, span in score_.missed[:items_shown]:
             print(f"   missed [{item.id} {item.origin}] {_context(item.text, span, 50)[:220]}")
@@ -400,8 +406,9 @@ def main() -> None:
     messages = real_messages(args.messages, args.offset) if args.messages else []
     judged = load_judged()
     sources = collections.Counter(i.source for i in items)
+    by_source = ", ".join(f"{k} {v}" for k, v in sorted(sources.items()))
     print(
-        f"labeled items: {len(items)} ({', '.join(f'{k} {v}' for k, v in sorted(sources.items()))}); "
+        f"labeled items: {len(items)} ({by_source}); "
         f"{sum(len(i.secrets) for i in items)} secrets, "
         f"{sum(1 for i in items if not i.secrets)} look-alikes"
     )
