@@ -148,9 +148,8 @@ def _not_placeholder(secret: str, keyword: str) -> bool:
         return False
     if len(_RUNS.sub("", body)) < len(body) // 2:  # AKIAZZZZZZZZZZZZZZZZ, glc_1111…: a mask
         return False
-    letters = "".join(c for c in body if c.isalpha())
-    if len(body) >= 16 and letters == body and (body.islower() or body.isupper()):
-        return False  # s.THISSTRINGISALLUPPERCASE: words, not a key
+    if len(body) >= 16 and body.isalpha() and body.islower():
+        return False  # s.thisstringisalllowercase: words, not a key (an AWS id may be capitals)
     if _CAMEL_WORDS.fullmatch(body.strip("_-.")):
         return False
     return len(set(body)) >= min(8, len(body) // 2)
@@ -434,6 +433,15 @@ def replace(text: str, found: list[Finding]) -> Redacted:
 def redact(text: str) -> Redacted:
     """``text`` with every secret :func:`scan` finds replaced by its :func:`marker`."""
     return replace(text, scan(text))
+
+
+def redact_value(value: str, *, name: str | None = None) -> Redacted:
+    """:func:`redact` for a value stored under ``name`` (a metadata key): when the name says
+    it is a secret (``db_password``) and the value is a literal, the value is one, whole."""
+    kind = None if name is None else assignment.name_kind(name)
+    if kind is not None and not MARKER.search(value) and assignment.literal(value, quoted=True):
+        return Redacted(marker(kind), collections.Counter({kind: 1}))
+    return redact(value)
 
 
 #: every kind a marker may name, in the order the rules run
