@@ -41,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
         privacy,
         processes,
         searching,
+        secrets,
         tokens,
     )
 
@@ -64,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     modules = (processes, files, browse, searching, imports, hermes, capture, maintenance, privacy)
-    for module in (*modules, tokens, agents):
+    for module in (*modules, secrets, tokens, agents):
         module.register(add)
     return parser
 
