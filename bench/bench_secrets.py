@@ -29,6 +29,10 @@ Columns, per detector:
   its ML validation on) on batches of messages, detect-secrets (default plugins and filters)
   line by line as its ``scan`` reads a file.
 
+A last row adds CredSweeper to ``pipeline.redactor`` as a second opinion (a sweep over new
+messages off the append path would redact what either finds): its columns are what the two
+find together, at the CPU cost of both.
+
     .venv/bin/python bench/bench_secrets.py [--messages 20000] [--offset 0] [--only NAME]
     .venv/bin/python bench/bench_secrets.py --unjudged FILE   # findings to judge, with context
     .venv/bin/python bench/bench_secrets.py --dump            # the labeled items, readable
@@ -275,18 +279,44 @@ class Score:
         return self.messages / self.cpu_seconds if self.cpu_seconds else 0.0
 
 
+@dataclasses.dataclass
+class Run:
+    """What one detector found on both sets, and the CPU time the real messages took."""
+
+    items: list[list[Span]]
+    messages: list[list[Span]]
+    cpu_seconds: float
+
+
+def run(detect: Detector, items: Sequence[Item], messages: Sequence[str] | None) -> Run:
+    """``detect`` on the labeled items, then on the real messages (timed)."""
+    on_items = detect([i.text for i in items])
+    started = time.process_time()
+    on_messages = detect(messages) if messages else []
+    return Run(on_items, on_messages, time.process_time() - started)
+
+
+def union(first: Run, second: Run) -> Run:
+    """Two detectors one after the other: what either found, at the cost of both."""
+    return Run(
+        [a + b for a, b in zip(first.items, second.items, strict=True)],
+        [a + b for a, b in zip(first.messages, second.messages, strict=True)],
+        first.cpu_seconds + second.cpu_seconds,
+    )
+
+
 def score(
     name: str,
-    detect: Detector,
+    found: Run,
     items: Sequence[Item],
     messages: Sequence[str] | None,
     judged: dict[tuple[int, str], bool],
     *,
     first_message: int = 0,
 ) -> Score:
-    """Run ``detect`` on the labeled items and the real messages and count."""
+    """Count what ``found`` holds against the labels and the judgements."""
     result = Score(name)
-    for item, spans in zip(items, detect([i.text for i in items]), strict=True):
+    for item, spans in zip(items, found.items, strict=True):
         for secret in item.secrets:
             result.secrets += 1
             result.by_source[item.source] += 1
@@ -305,11 +335,9 @@ def score(
             result.look_alikes += 1
             result.look_alikes_flagged += bool(spans)
     if messages:
-        started = time.process_time()
-        found = detect(messages)
-        result.cpu_seconds = time.process_time() - started
+        result.cpu_seconds = found.cpu_seconds
         result.messages = len(messages)
-        for number, (text, spans) in enumerate(zip(messages, found, strict=True)):
+        for number, (text, spans) in enumerate(zip(messages, found.messages, strict=True)):
             wrong = False
             for span in spans:
                 result.findings += 1
@@ -424,14 +452,24 @@ def main() -> None:
         ("detect-secrets 1.5.0", detect_secrets()),
         ("pipeline.redactor", ours),
     ]
-    scores = []
+    runs: dict[str, Run] = {}
     for name, detect in candidates:
         if args.only and not any(o.lower() in name.lower() for o in args.only):
             continue
         if detect is None:
             print(f"{name}: not installed (make install installs it), left out")
             continue
-        scores.append(score(name, detect, items, messages, judged, first_message=args.offset))
+        runs[name] = run(detect, items, messages)
+    names = list(runs)
+    if "pipeline.redactor" in runs and names[0].startswith("CredSweeper"):
+        # the library as a second opinion off the append path: what both find, at both costs
+        runs["pipeline.redactor + CredSweeper (second opinion)"] = union(
+            runs["pipeline.redactor"], runs[names[0]]
+        )
+    scores = [
+        score(name, found, items, messages, judged, first_message=args.offset)
+        for name, found in runs.items()
+    ]
     print()
     print(table(scores, next((s for s in scores if s.name.startswith("CredSweeper")), None)))
     for s in scores:
