@@ -355,10 +355,17 @@ def _name_bounds(text: str, start: int, end: int) -> tuple[int, int]:
     return a, b
 
 
+#: how far around a name its line is read (a minified file is one long line: each name is
+#: read within this window, so a scan stays linear in the text)
+WINDOW = 2048  #: characters
+
+
 def _line(text: str, at: int) -> tuple[int, int]:
-    start = text.rfind("\n", 0, at) + 1
-    end = text.find("\n", at)
-    return start, len(text) if end < 0 else end
+    """The name's line, at most :data:`WINDOW` characters to each side."""
+    low = max(0, at - WINDOW)
+    start = text.rfind("\n", low, at) + 1 or low
+    end = text.find("\n", at, at + WINDOW)
+    return start, min(len(text), at + WINDOW) if end < 0 else end
 
 
 def _quoted(text: str, at: int, line_end: int) -> tuple[int, int] | None:
@@ -573,6 +580,8 @@ _COMPARED = re.compile(r"""(["'`])([^"'`\n]{1,512})\1\s*(?:===|!==|==|!=)\s*$"""
 
 def _backward(text: str, name_start: int, line_start: int) -> tuple[int, int] | None:
     """A literal compared with the name from its left: ``if ("v" == password)``."""
+    if text.rfind("=", max(line_start, name_start - 8), name_start) < 0:
+        return None  # no comparison operator right before the name
     m = _COMPARED.search(text, line_start, name_start)
     if m is None:
         return None
