@@ -33,7 +33,6 @@ encrypted values (``ENC(…)``, ``!vault``), placeholders (``<your-key>``, ``***
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import re
 
 #: the words that end a secret's name (lower case), and the kind each makes
@@ -215,6 +214,7 @@ _PLACEHOLDER = re.compile(
     | [$%@]\{\{? \s* [A-Za-z_][\w.:\[\]'" -]* \}   # ${VAR} ${{ secrets.X }} %{var} @{var}
     | \$\([a-z] | ^%\w+%$ | \{\{\s*[\w.\[\]'"| ()-]+?\s*\}\} | \{%   # $(cmd) %VAR% {{ var }}
     | (?-i:\$(?:[a-z_][a-z0-9_]{2,}|[A-Z_][A-Z0-9_]{2,})(?![A-Za-z0-9])) | ^\$\d+$  # $var, $1
+    | ^\$[A-Za-z_]\w*$ | \\\( | \#\{                # $SecretAccessKey, Swift \(pw), Ruby #{pw}
     | \*{3} | x{4} | \.{3} | … | •{2} | \#{3}   # masks
     | ^enc\( | ^encrypted: | ^!vault | ^\$ansible_vault | (?-i:^Ag[A-D][A-Za-z0-9+/]{300})
     | ^vault: | ^secret:// | ^arn:aws: | ^ref\+ | ^op://   # references to a store
@@ -234,7 +234,7 @@ _PLACEHOLDER = re.compile(
 _EXPRESSION = re.compile(
     r"""(?x)
       ^[A-Za-z_$][\w$]*(?:\.[A-Za-z_$][\w$]*)+$     # self.token, args.password, process.env.X
-    | ^[A-Za-z_$][\w$.]*\s*[(\[]                     # getpass(), os.environ["X"], creds[0]
+    | ^&?[A-Za-z_$][\w$.:]*\s*[(\[]                  # getpass(), os.environ["X"], Key::new(…)
     | ^(?:await|new|self|this|os|env|process|config|settings|cfg|conf|options|opts|params)\b
     """
 )
@@ -280,7 +280,7 @@ def placeholder(value: str) -> bool:
 def literal(value: str, *, quoted: bool) -> bool:
     """Whether ``value``, assigned to a secret's name, is a secret: long enough, and not a
     placeholder, a reference, a type, a path, an encrypted value or (unquoted) code."""
-    value = value.strip()
+    value = value.strip().replace("\\_", "_")  # a Markdown escape: \_password is _password
     if len(value) < 6 or value.startswith("[REDACTED:") or not _varied(value):
         return False
     if _PLACEHOLDER.search(value) or _PATH.search(value) or _URL_OR_MAIL.search(value):
@@ -300,29 +300,36 @@ def literal(value: str, *, quoted: bool) -> bool:
 
 
 _RUN = re.compile(r"(.)\1{5}")
+_ALNUM = re.compile(r"[A-Za-z0-9]")
 
 
 def _varied(value: str) -> bool:
     """Typed by a person or a generator, not a mask or a sequence: three letters or digits at
     least, no character six times in a row, no run like ``123456`` or ``abcdef``."""
-    if sum(c.isalnum() for c in value) < 3 or len(set(value)) < min(6, len(value) // 3 + 1):
+    if len(_ALNUM.findall(value)) < 3 or len(set(value)) < min(6, len(value) // 3 + 1):
         return False
     if _RUN.search(value):
         return False
     return not sequential(value)
 
 
-def sequential(value: str, run: int = 6) -> bool:
-    """Whether ``value`` holds ``run`` consecutive letters or digits in order, up or down
+def sequential(value: str) -> bool:
+    """Whether ``value`` holds six consecutive letters or digits in order, up or down
     (``123456``, ``abcdef``, ``654321``): typed by hand as a placeholder, not generated."""
-    up = down = 1
-    for a, b in itertools.pairwise(value):
-        step = ord(b) - ord(a) if a.isalnum() and b.isalnum() else 0
-        up = up + 1 if step == 1 else 1
-        down = down + 1 if step == -1 else 1
-        if up >= run or down >= run:
-            return True
-    return False
+    return _SEQUENCE.search(value) is not None
+
+
+def _runs(alphabet: str) -> list[str]:
+    return [alphabet[i : i + 6] for i in range(len(alphabet) - 5)]
+
+
+_SEQUENCE = re.compile(
+    "|".join(
+        run
+        for alphabet in ("0123456789", "abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRSTUVWXYZ")
+        for run in (*_runs(alphabet), *_runs(alphabet[::-1]))
+    )
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -368,30 +375,31 @@ def _line(text: str, at: int) -> tuple[int, int]:
     return start, min(len(text), at + WINDOW) if end < 0 else end
 
 
+#: the longest value read after a name; a longer one is not read at all (a long token has a
+#: form of its own: a JWT, a PEM block; and a bound keeps a scan linear in the text)
+MAX_VALUE = 512  #: characters
+_WORD = re.compile(rf"\S{{1,{MAX_VALUE}}}(?!\S)")
+_QUOTED = {q: re.compile(rf"{q}((?:[^{q}\\\n]|\\.){{0,{MAX_VALUE}}}){q}") for q in _QUOTES}
+
+
 def _quoted(text: str, at: int, line_end: int) -> tuple[int, int] | None:
-    """The span inside the quoted string that opens at ``at`` (same line, escapes honoured)."""
+    """The span inside the quoted string that opens at ``at`` (on its line, escapes honoured,
+    at most :data:`MAX_VALUE` characters; the line may go on past the window it was read in)."""
+    del line_end
     quote = text[at]
     if text.startswith(quote * 3, at):
-        close = text.find(quote * 3, at + 3, line_end)
-        return None if close < 0 else (at + 3, close)
-    i = at + 1
-    while i < line_end:
-        c = text[i]
-        if c == "\\":
-            i += 2
-            continue
-        if c == quote:
-            return at + 1, i
-        i += 1
-    return None
+        close = text.find(quote * 3, at + 3, at + 3 + MAX_VALUE)
+        return None if close < 0 or "\n" in text[at:close] else (at + 3, close)
+    m = _QUOTED[quote].match(text, at)
+    return None if m is None else m.span(1)
 
 
 def _word(text: str, at: int, line_end: int) -> tuple[int, int]:
-    """The shell word that starts at ``at``: up to whitespace."""
-    i = at
-    while i < line_end and not text[i].isspace():
-        i += 1
-    return at, i
+    """The shell word that starts at ``at``: up to whitespace (empty when longer than
+    :data:`MAX_VALUE` characters: not read)."""
+    del line_end
+    m = _WORD.match(text, at)
+    return (at, at) if m is None else m.span()
 
 
 def _trim(text: str, line_start: int, name_start: int, a: int, b: int) -> tuple[int, int]:
@@ -503,13 +511,18 @@ def _forward(
         span = _quoted(text, k, line_end)
         if span is None:
             return None
-        return span if literal(text[span[0] : span[1]], quoted=True) else None
+        value = text[span[0] : span[1]]
+        if op.group() == "," and _IDENTIFIER.match(value) and not any(c.isdigit() for c in value):
+            return None  # get(['calendarAPIKey', 'emailAPIKey']): names listed, not assigned
+        return span if literal(value, quoted=True) else None
     if text.startswith(('\\"', "\\'"), k):  # "{\"password\": \"v\"}" inside a string
         close = text.find(text[k : k + 2], k + 2, line_end)
         if close < 0:
             return None
         span = (k + 2, close)
         return span if literal(text[span[0] : span[1]], quoted=True) else None
+    if op.group() == ",":  # f("NAME", "value"): only a quoted value is an argument's literal
+        return None
     a, b = _word(text, k, line_end)
     if shell and k == op.end():
         if before and before in "?&":  # a URL's query: ?token=v&next=…
@@ -580,9 +593,11 @@ _COMPARED = re.compile(r"""(["'`])([^"'`\n]{1,512})\1\s*(?:===|!==|==|!=)\s*$"""
 
 def _backward(text: str, name_start: int, line_start: int) -> tuple[int, int] | None:
     """A literal compared with the name from its left: ``if ("v" == password)``."""
-    if text.rfind("=", max(line_start, name_start - 8), name_start) < 0:
+    before = text[max(line_start, name_start - 600) : name_start].rstrip()
+    if not before.endswith("="):
         return None  # no comparison operator right before the name
-    m = _COMPARED.search(text, line_start, name_start)
+    m = _COMPARED.search(before)
     if m is None:
         return None
-    return m.span(2) if literal(m.group(2), quoted=True) else None
+    offset = name_start - len(text[max(line_start, name_start - 600) : name_start])
+    return (offset + m.start(2), offset + m.end(2)) if literal(m.group(2), quoted=True) else None

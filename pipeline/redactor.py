@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import bisect
 import collections
 import dataclasses
 import functools
@@ -120,8 +121,9 @@ class Rule:
     def _secret(self, m: re.Match[str]) -> tuple[int, int]:
         if self.group is not None:
             return m.span(self.group)
-        if "secret" in m.re.groupindex and m.group("secret") is not None:
-            return m.span("secret")
+        for name in ("secret", "bare"):
+            if name in m.re.groupindex and m.group(name) is not None:
+                return m.span(name)
         for g in range(1, m.re.groups + 1):
             if m.group(g):
                 return m.span(g)
@@ -288,7 +290,9 @@ CONTEXT_RULES: tuple[Rule, ...] = (
         "password",
         "sgme",
         ("identified",),
-        r"(?i:identified)(?:\s+with\s+\S+)?\s+(?i:by)\s+(?P<q>[\"'`]?)(?P<secret>[^\s\"'`;]{3,256})(?P=q)",
+        # quoted, or SQL written in capitals: "identified by Eugene Fama" is prose
+        r"(?:(?i:identified)(?:\s+with\s+\S+)?\s+(?i:by)\s+(?P<q>[\"'`])(?P<secret>[^\"'`\n]{3,256})(?P=q)"
+        r"|IDENTIFIED(?:\s+WITH\s+\S+)?\s+BY\s+(?P<bare>[^\s\"'`;]{3,256}))",
         keep=_literal,
         what="the password of SQL's IDENTIFIED BY",
     ),
@@ -360,6 +364,7 @@ def scan(text: str) -> list[Finding]:
                     continue
                 found, names_read_to = assignment.read(text, at, last + 1)
                 if found is not None:
+                    names_read_to = max(names_read_to, found.end)  # a name inside it is its own
                     rule = f"assignment to {found.name}"
                     candidates.append(
                         (len(_RULES), Finding(found.kind, found.start, found.end, rule))
@@ -395,12 +400,23 @@ def _tier(number: int) -> int:
 
 def _kept(text: str, candidates: Iterable[Finding]) -> list[Finding]:
     """The candidates, in order, that overlap neither a marker already in ``text`` (never
-    matched again) nor a candidate kept before them."""
-    taken = [Finding("", m.start(), m.end()) for m in MARKER.finditer(text)]
+    matched again) nor a candidate kept before them. The kept spans stay sorted by start and
+    never overlap, so one look at each neighbour decides (a text with many findings stays
+    linear)."""
+    starts: list[int] = []
+    taken: list[Finding] = []
+    for found in (Finding("", m.start(), m.end()) for m in MARKER.finditer(text)):
+        starts.append(found.start)
+        taken.append(found)
     for found in candidates:
-        if all(found.end <= t.start or found.start >= t.end for t in taken):
-            taken.append(found)
-    return sorted((f for f in taken if f.kind), key=lambda f: f.start)
+        at = bisect.bisect_right(starts, found.start)
+        if at and taken[at - 1].end > found.start:
+            continue  # the span before it reaches into it
+        if at < len(taken) and taken[at].start < found.end:
+            continue  # it reaches into the span after it
+        starts.insert(at, found.start)
+        taken.insert(at, found)
+    return [f for f in taken if f.kind]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -267,6 +267,15 @@ NOT_SECRETS = [
     "You'll need to set the `USERNAME`, `PASSWORD`, `CONFLUENCE_SERVER` variables.",
     "You have also identified as optimistic, which suggests a positive outlook.",
     "sudo kubeadm join 10.0.0.1:6443 --token <token> --discovery-token-ca-cert-hash <hash>",
+    # what the held-out ShareGPT messages showed
+    "data = jwt.decode(token, app.config['SECRET_KEY'], algorithms=[\"HS256\"])",
+    'let body = "email=\\(email)&password=\\(password)"',
+    "let secret = SharedSecret::new(&private_key.to_bytes(), 2, 3);",
+    "chrome.storage.sync.get(['calendarAPIKey', 'emailAPIKey', 'voipAPIKey'], f)",
+    "each component is uniquely identified by React.",
+    "This factor was first identified by Eugene Fama and Kenneth French.",
+    "export AWS\\_SECRET\\_ACCESS\\_KEY=$SecretAccessKey",
+    "variables: { 'email': \\_email, 'password': \\_password }",
 ]
 
 
@@ -286,3 +295,31 @@ def test_each_finding_names_the_rule_that_found_it() -> None:
         "assignment to DB_PASSWORD",
         "sgme:url-password",
     ]
+
+
+def test_every_secret_of_a_text_with_thousands_of_them_is_replaced() -> None:
+    """A pasted dump holds many secrets: each is found, none overlaps another, and the scan's
+    bookkeeping (which spans are taken) stays linear in their number."""
+    rng = random.Random(12)
+    tokens = [secret_samples.MAKERS["github-token"](rng) for _ in range(20_000)]
+    text = "\n".join(f"token {i}: {t}" for i, t in enumerate(tokens))
+    done = redactor.redact(text)
+    assert done.count == 20_000 and done.kinds == {"github-token": 20_000}
+    assert done.text.splitlines()[7] == f"token 7: {redactor.marker('github-token')}"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        'password="' * 20_000,
+        "password=" * 20_000,
+        "x " + "token=abc def password: q " * 10_000,
+        "if (" + '"xyz" == password) ' * 10_000,
+    ],
+)
+def test_a_text_made_of_names_is_read_whole(text: str) -> None:
+    """Names without end (a minified line, a fuzzer's input) are each read within a bounded
+    window: the scan finishes and replaces only values it could read whole."""
+    found = redactor.scan(text)
+    assert all(f.end - f.start <= assignment.MAX_VALUE for f in found)
+    assert redactor.redact(redactor.redact(text).text).count == 0
