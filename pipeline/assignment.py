@@ -225,6 +225,7 @@ _PLACEHOLDER = re.compile(
         |todo|tbd|fixme|none|null|nil|undefined|empty|required|optional|default|insecure
         |unknown)(?:$|[-_ .0-9])
     | ^(?:secret|password|passwd|pass|token|key|apikey|api_key|credentials?|pwd)$
+    | (?-i:^[a-z_]*pass(?:word|wd)?$)                # dbpassword, rootpasswd, adminpass
     | ^(?:hunter2|password1?2?3?|passw0rd|p@ssw0rd|p@ssword|letmein|qwerty\d*|abc123|admin123
         |secret123|changeit|test123|foobar|foo|bar|baz|s3cr3t|supersecret|topsecret|mypassword
         |mysecret|mytoken|1234567?8?9?0?)$

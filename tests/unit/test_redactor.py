@@ -200,6 +200,16 @@ LEFT_ON_DISK = [
     ('if (password !== "Cmp4r3Th1s!") { deny(); }', "Cmp4r3Th1s!"),
     ('#define password "D3f1n3dPw!"', "D3f1n3dPw!"),
     ("<password>Xm1P4ssw0rd!</password>", "Xm1P4ssw0rd!"),
+    # what the held-out ShareGPT messages showed
+    (
+        '<script src="https://maps.googleapis.com/maps/api/js?key=AIzaSyCynS5EVCRGVZXA339lNeC9mvwjI00'
+        'MtWc&callback=initMap">',
+        "AIzaSyCynS5EVCRGVZXA339lNeC9mvwjI00MtWc",
+    ),
+    (
+        "GET /maps?key=AIzaSyCynS5EVCRGVZXA339lNeC9mvwjI00MtWc:338",
+        "AIzaSyCynS5EVCRGVZXA339lNeC9mvwjI00MtWc",
+    ),
 ]
 #: vendor formats the scan did not know, as the issue lists them (made of seeded random text)
 _R = random.Random(40)
@@ -276,6 +286,7 @@ NOT_SECRETS = [
     "This factor was first identified by Eugene Fama and Kenneth French.",
     "export AWS\\_SECRET\\_ACCESS\\_KEY=$SecretAccessKey",
     "variables: { 'email': \\_email, 'password': \\_password }",
+    "SQLALCHEMY_DATABASE_URI = 'postgresql://dbuser:dbpassword@database_host:5432/dbname'",
 ]
 
 
