@@ -1,9 +1,10 @@
 """A value assigned to a name that says it is a secret, read the way the text's own grammar
-reads it — and whether that value is a literal secret or only code that stands for one.
+reads it.
 
-Pure: text in, spans out; nothing of ours imported. :mod:`pipeline.redactor` finds where a word
-of a secret's name occurs (``password``, ``token``, ``secret``, …) and asks :func:`read` what
-is assigned there. The syntaxes read, each a real one met in transcripts:
+Pure: text in, spans out; of ours, only :mod:`pipeline.literal` imported.
+:mod:`pipeline.redactor` finds where a word of a secret's name occurs (``password``,
+``token``, ``secret``, …) and asks :func:`read` what is assigned there. The syntaxes read,
+each a real one met in transcripts:
 
 * ``NAME=value`` — env files, shell (``export``, ``env NAME=… cmd``, ``PGPASSWORD=… psql``,
   ``docker run -e NAME=…``): an unquoted value runs to the end of its shell word, so
@@ -21,19 +22,16 @@ A label that names a secret never hides the value after it: every occurrence of 
 read on its own, so in ``the secret: aws_secret_access_key = …`` the first reading (``secret:``
 followed by a name) finds nothing and the second finds the key.
 
-What is not a secret (:func:`literal`): expressions and references (``self.token``,
-``args.password``, ``os.environ["X"]``, ``getpass()``, ``$VAR``, ``${VAR}``,
-``pass:$smtp_password``), names (``PASSWORD``, ``current_token``), types (``String!``,
-``String?``, ``Optional[str]``), paths (``/path/to/key.pem``), URLs and e-mail addresses,
-encrypted values (``ENC(…)``, ``!vault``), placeholders (``<your-key>``, ``***``, ``xxxx``,
-``changeme``, ``your_password_here``), prompts (``'Password: '``) and single lower-case words
-(``credentials: 'include'``, ``'random-secret'``).
+Whether a value read there is a secret — a literal, not code or a placeholder — is
+:mod:`pipeline.literal`'s to say.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
+
+from pipeline import literal
 
 #: the words that end a secret's name (lower case), and the kind each makes
 _WORDS = {
@@ -205,135 +203,6 @@ def _run_together(word: str, *, upper: bool) -> str | None:
 
 
 # ---------------------------------------------------------------------------------------------
-# what a value is
-
-
-_PLACEHOLDER = re.compile(
-    r"""(?ix)
-      ^[<\[{(].*[>\]})]$                        # <your-key> [PASSWORD] {token} (value)
-    | [$%@]\{\{? \s* [A-Za-z_][\w.:\[\]'" -]* \}   # ${VAR} ${{ secrets.X }} %{var} @{var}
-    | \$\([a-z] | ^%\w+%$ | \{\{\s*[\w.\[\]'"| ()-]+?\s*\}\} | \{%   # $(cmd) %VAR% {{ var }}
-    | (?-i:\$(?:[a-z_][a-z0-9_]{2,}|[A-Z_][A-Z0-9_]{2,})(?![A-Za-z0-9])) | ^\$\d+$  # $var, $1
-    | ^\$[A-Za-z_]\w*$ | \\\( | \#\{                # $SecretAccessKey, Swift \(pw), Ruby #{pw}
-    | \*{3} | x{4} | \.{3} | … | •{2} | \#{3}   # masks
-    | ^enc\( | ^encrypted: | ^!vault | ^\$ansible_vault | (?-i:^Ag[A-D][A-Za-z0-9+/]{300})
-    | ^vault: | ^secret:// | ^arn:aws: | ^ref\+ | ^op://   # references to a store
-    | ^(?:my|the|some|a|an|enter|insert|replace|paste|put|add)[-_ ]
-    | (?:^|[-_ .])your(?:$|[-_ .A-Z])
-    | <[A-Za-z][\w .:/-]*> | ^<|>$                # <token>, <user:password>
-    | (?:^|[-_ .])(?:here|example|sample|dummy|fake|placeholder|redacted|changeme|change[-_]me
-        |todo|tbd|fixme|none|null|nil|undefined|empty|required|optional|default|insecure
-        |unknown)(?:$|[-_ .0-9])
-    | ^(?:secret|password|passwd|pass|token|key|apikey|api_key|credentials?|pwd)$
-    | (?-i:^[a-z_]*pass(?:word|wd)?$)                # dbpassword, rootpasswd, adminpass
-    | ^(?:hunter2|password1?2?3?|passw0rd|p@ssw0rd|p@ssword|letmein|qwerty\d*|abc123|admin123
-        |secret123|changeit|test123|foobar|foo|bar|baz|s3cr3t|supersecret|topsecret|mypassword
-        |mysecret|mytoken|1234567?8?9?0?)$
-    | ^(?:true|false|yes|no|on|off|\d+)$
-    """
-)
-_EXPRESSION = re.compile(
-    r"""(?x)
-      ^[A-Za-z_$][\w$]*(?:\.[A-Za-z_$][\w$]*)+$     # self.token, args.password, process.env.X
-    | ^&?[A-Za-z_$][\w$.:]*\s*[(\[]                  # getpass(), os.environ["X"], Key::new(…)
-    | ^(?:await|new|self|this|os|env|process|config|settings|cfg|conf|options|opts|params)\b
-    """
-)
-_TYPE = re.compile(
-    r"""(?x)
-      ^[A-Z][a-z]+(?:[A-Z][a-z]+)*[!?]?$             # String, String!, String?, SecretStr
-    | ^\[?\]?[A-Za-z_][\w.]*(?:<.*>|\[.*\])[!?]?$     # Option<String>, Optional[str], []byte
-    | ^(?:str|string|int|bool|bytes|any|object|number|char|&str|\*?\[\]byte)[!?]?$
-    """
-)
-_PATH = re.compile(
-    r"""(?ix)
-      ^(?:/|\./|\.\./|~/|[a-z]:\\|\\\\|file:)
-    | \.(?:pem|key|crt|cer|der|p12|pfx|jks|keystore|json|ini|ya?ml|toml|txt|env|conf|cfg|xml
-        |properties|asc|gpg|pub|ppk)$
-    | (?-i:^(?:[a-z0-9_.-]*[a-z][a-z0-9_.-]*/)+[a-z0-9_.-]*[a-z][a-z0-9_.-]*$)  # kv/data/prod
-    """
-)
-_URL_OR_MAIL = re.compile(r"(?i)^[a-z][a-z0-9+.-]*://|^[\w.+-]+@[\w-]+\.[\w.-]+$")
-_WORD_ONLY = re.compile(r"^[a-z]+(?:[-_][a-z]+)*$")
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-def _code_name(value: str) -> bool:
-    """Whether an identifier reads as a name in code: ``snake_case``, ``UPPER_CASE``,
-    ``camelCase``, ``PASSWORD`` — not a random mix of cases and digits."""
-    if not any(c.isdigit() for c in value) and (value.isupper() or value.islower()):
-        return True
-    if "_" in value and (value == value.lower() or value == value.upper()):
-        return True
-    if any(c.isdigit() for c in value):
-        return False
-    upper = sum(c.isupper() for c in value)
-    return value[0].islower() and upper * 4 <= len(value)
-
-
-def placeholder(value: str) -> bool:
-    """Whether ``value`` stands for a secret without being one (``<password>``, ``${PW}``,
-    ``xxxx``, ``changeme``, ``password``, …)."""
-    return bool(_PLACEHOLDER.search(value.strip())) or len(set(value)) < 3
-
-
-def literal(value: str, *, quoted: bool) -> bool:
-    """Whether ``value``, assigned to a secret's name, is a secret: long enough, and not a
-    placeholder, a reference, a type, a path, an encrypted value or (unquoted) code."""
-    value = value.strip().replace("\\_", "_")  # a Markdown escape: \_password is _password
-    if len(value) < 6 or value.startswith("[REDACTED:") or not _varied(value):
-        return False
-    if _PLACEHOLDER.search(value) or _PATH.search(value) or _URL_OR_MAIL.search(value):
-        return False
-    if value.endswith(":") or value.endswith(": ") or value.endswith("?"):
-        return False  # a prompt: 'Password: '
-    if _WORD_ONLY.match(value):  # 'include', 'random-secret', "real_key", api-key: words
-        return False
-    if quoted:
-        if _IDENTIFIER.match(value) and _code_name(value):  # 'SECRET_KEY', "authToken"
-            return False
-        # a passphrase has three words or more; two are prose ("my secret")
-        return " " not in value or len(value.split()) >= 3
-    if _EXPRESSION.search(value) or _TYPE.match(value) or value[0] in "[{(}])>,;":
-        return False
-    return not (_IDENTIFIER.match(value) and _code_name(value))
-
-
-_RUN = re.compile(r"(.)\1{5}")
-_ALNUM = re.compile(r"[A-Za-z0-9]")
-
-
-def _varied(value: str) -> bool:
-    """Typed by a person or a generator, not a mask or a sequence: three letters or digits at
-    least, no character six times in a row, no run like ``123456`` or ``abcdef``."""
-    if len(_ALNUM.findall(value)) < 3 or len(set(value)) < min(6, len(value) // 3 + 1):
-        return False
-    if _RUN.search(value):
-        return False
-    return not sequential(value)
-
-
-def sequential(value: str) -> bool:
-    """Whether ``value`` holds six consecutive letters or digits in order, up or down
-    (``123456``, ``abcdef``, ``654321``): typed by hand as a placeholder, not generated."""
-    return _SEQUENCE.search(value) is not None
-
-
-def _runs(alphabet: str) -> list[str]:
-    return [alphabet[i : i + 6] for i in range(len(alphabet) - 5)]
-
-
-_SEQUENCE = re.compile(
-    "|".join(
-        run
-        for alphabet in ("0123456789", "abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRSTUVWXYZ")
-        for run in (*_runs(alphabet), *_runs(alphabet[::-1]))
-    )
-)
-
-
-# ---------------------------------------------------------------------------------------------
 # reading a name and what is assigned to it
 
 _QUOTES = "\"'`"
@@ -473,7 +342,7 @@ def _forward(
             a += 1
         while b > a and text[b - 1].isspace():
             b -= 1
-        return (a, b) if literal(text[a:b], quoted=True) else None
+        return (a, b) if literal.secret(text[a:b], quoted=True) else None
     j = i
     while j < line_end and text[j] in " \t":
         j += 1
@@ -486,13 +355,13 @@ def _forward(
         if k < line_end and text[k] in _QUOTES:
             span = _quoted(text, k, line_end)
             if span and text.startswith(")", span[1] + 1):
-                return span if literal(text[span[0] : span[1]], quoted=True) else None
+                return span if literal.secret(text[span[0] : span[1]], quoted=True) else None
         return None
     op = _OPERATOR.match(text, j)
     if op is None:
         if j > i and j < line_end and text[j] in _QUOTES:  # #define password "v", PASSWORD 'v'
             span = _quoted(text, j, line_end)
-            if span and literal(text[span[0] : span[1]], quoted=True):
+            if span and literal.secret(text[span[0] : span[1]], quoted=True):
                 return span
         return None
     if op.group() == "," and name_quote not in ("'", '"'):  # not a Markdown `NAME`, `OTHER`
@@ -513,15 +382,19 @@ def _forward(
         if span is None:
             return None
         value = text[span[0] : span[1]]
-        if op.group() == "," and _IDENTIFIER.match(value) and not any(c.isdigit() for c in value):
+        if (
+            op.group() == ","
+            and literal.IDENTIFIER.match(value)
+            and not any(c.isdigit() for c in value)
+        ):
             return None  # get(['calendarAPIKey', 'emailAPIKey']): names listed, not assigned
-        return span if literal(value, quoted=True) else None
+        return span if literal.secret(value, quoted=True) else None
     if text.startswith(('\\"', "\\'"), k):  # "{\"password\": \"v\"}" inside a string
         close = text.find(text[k : k + 2], k + 2, line_end)
         if close < 0:
             return None
         span = (k + 2, close)
-        return span if literal(text[span[0] : span[1]], quoted=True) else None
+        return span if literal.secret(text[span[0] : span[1]], quoted=True) else None
     if op.group() == ",":  # f("NAME", "value"): only a quoted value is an argument's literal
         return None
     a, b = _word(text, k, line_end)
@@ -533,15 +406,20 @@ def _forward(
         value = text[a:b]
         in_call = text[line_start:name_start].rstrip().endswith(("(", ","))
         if in_call and (
-            _EXPRESSION.search(value) or (_IDENTIFIER.match(value) and _code_name(value))
+            literal.EXPRESSION.search(value)
+            or (literal.IDENTIFIER.match(value) and literal.code_name(value))
         ):
             return None
-        return (a, b) if literal(value, quoted=False) or _shell_literal(value, in_call) else None
+        return (
+            (a, b)
+            if literal.secret(value, quoted=False) or literal.shell_secret(value, in_call)
+            else None
+        )
     a, b = _trim(text, line_start, name_start, a, b)
     rest = text[b:line_end].strip()
     if rest and not rest.startswith(_AFTER) and not _PAIR.match(rest):
         return None
-    return (a, b) if literal(text[a:b], quoted=False) else None
+    return (a, b) if literal.secret(text[a:b], quoted=False) else None
 
 
 _VALUE_ATTRIBUTE = re.compile(r"\s*value\s*=\s*")
@@ -553,19 +431,9 @@ def _attribute(text: str, i: int, line_end: int) -> tuple[int, int] | None:
     if m is None or m.end() >= line_end or text[m.end()] not in _QUOTES:
         return None
     span = _quoted(text, m.end(), line_end)
-    if span is None or not literal(text[span[0] : span[1]], quoted=True):
+    if span is None or not literal.secret(text[span[0] : span[1]], quoted=True):
         return None
     return span
-
-
-def _shell_literal(value: str, in_call: bool) -> bool:
-    """An unquoted shell or env value is a literal even when it looks like code would:
-    ``DB_PASSWORD=my.secret.pass``, ``ADMIN_PASSWORD=Sup3r(Secret)``."""
-    if in_call or len(value) < 6 or not _varied(value) or _WORD_ONLY.match(value):
-        return False
-    if _PLACEHOLDER.search(value) or _PATH.search(value) or _URL_OR_MAIL.search(value):
-        return False
-    return not (_IDENTIFIER.match(value) and _code_name(value))
 
 
 def _flag(
@@ -586,7 +454,7 @@ def _flag(
         a += 5
     elif text.startswith(("env:", "file:", "fd:", "-"), a):
         return None
-    return (a, b) if literal(text[a:b], quoted=text[j] in _QUOTES) else None
+    return (a, b) if literal.secret(text[a:b], quoted=text[j] in _QUOTES) else None
 
 
 _COMPARED = re.compile(r"""(["'`])([^"'`\n]{1,512})\1\s*(?:===|!==|==|!=)\s*$""")
@@ -601,4 +469,8 @@ def _backward(text: str, name_start: int, line_start: int) -> tuple[int, int] | 
     if m is None:
         return None
     offset = name_start - len(text[max(line_start, name_start - 600) : name_start])
-    return (offset + m.start(2), offset + m.end(2)) if literal(m.group(2), quoted=True) else None
+    return (
+        (offset + m.start(2), offset + m.end(2))
+        if literal.secret(m.group(2), quoted=True)
+        else None
+    )

@@ -41,7 +41,7 @@ from importlib import resources
 
 import ahocorasick
 
-from pipeline import assignment
+from pipeline import assignment, literal
 
 MARKER_PREFIX = "[REDACTED:"
 
@@ -146,7 +146,7 @@ def _not_placeholder(secret: str, keyword: str) -> bool:
     """Whether a value of a vendor's form is real: no mask, no placeholder word, no typed run
     (``123456``), varied, and not an identifier (the vendor's prefix left out of the test)."""
     body = secret[len(keyword) :] if secret.lower().startswith(keyword) else secret
-    if _PLACEHOLDER.search(body) or assignment.sequential(body):
+    if _PLACEHOLDER.search(body) or literal.sequential(body):
         return False
     if len(_RUNS.sub("", body)) < len(body) // 2:  # AKIAZZZZZZZZZZZZZZZZ, glc_1111…: a mask
         return False
@@ -216,7 +216,7 @@ FORMATS: tuple[Rule, ...] = _load_formats()
 def _url_password(secret: str, keyword: str) -> bool:
     """A URL's password: short ones count (``pw9``), placeholders do not (``password``,
     ``${DB_PASSWORD}``, ``<pass>``, ``xxx``)."""
-    return len(secret) >= 3 and not assignment.placeholder(secret)
+    return len(secret) >= 3 and not literal.placeholder(secret)
 
 
 def _basic(secret: str, keyword: str) -> bool:
@@ -226,11 +226,11 @@ def _basic(secret: str, keyword: str) -> bool:
     except binascii.Error:
         return False
     _, colon, password = raw.decode("latin-1").partition(":")
-    return bool(colon) and len(password) >= 3 and not assignment.placeholder(password)
+    return bool(colon) and len(password) >= 3 and not literal.placeholder(password)
 
 
 def _literal(secret: str, keyword: str) -> bool:
-    return assignment.literal(secret, quoted=True)
+    return literal.secret(secret, quoted=True)
 
 
 #: credentials known by where they stand
@@ -455,7 +455,7 @@ def redact_value(value: str, *, name: str | None = None) -> Redacted:
     """:func:`redact` for a value stored under ``name`` (a metadata key): when the name says
     it is a secret (``db_password``) and the value is a literal, the value is one, whole."""
     kind = None if name is None else assignment.name_kind(name)
-    if kind is not None and not MARKER.search(value) and assignment.literal(value, quoted=True):
+    if kind is not None and not MARKER.search(value) and literal.secret(value, quoted=True):
         return Redacted(marker(kind), collections.Counter({kind: 1}))
     return redact(value)
 

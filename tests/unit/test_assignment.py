@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline import assignment, redactor
+from pipeline import assignment, literal, redactor
 
 
 @pytest.mark.parametrize(
@@ -58,7 +58,7 @@ def test_a_name_says_which_kind_of_secret_it_holds(name: str, kind: str | None) 
     ],
 )
 def test_literals(value: str, quoted: bool) -> None:
-    assert assignment.literal(value, quoted=quoted)
+    assert literal.secret(value, quoted=quoted)
 
 
 @pytest.mark.parametrize(
@@ -97,7 +97,7 @@ def test_literals(value: str, quoted: bool) -> None:
     ],
 )
 def test_what_is_not_a_literal(value: str, quoted: bool) -> None:
-    assert not assignment.literal(value, quoted=quoted)
+    assert not literal.secret(value, quoted=quoted)
 
 
 @pytest.mark.parametrize(
