@@ -1,7 +1,8 @@
-"""Real-looking secrets of every kind :mod:`pipeline.redactor` knows, made from a seeded random
-generator (never real credentials), and the look-alikes that must survive untouched: code,
-hashes, UUIDs, base64 blobs, commit ids. Used by the unit tests, the no-byte-on-disk tests
-and ``bench/bench_secrets.py``."""
+"""Real-looking secrets of the main kinds :mod:`pipeline.redactor` knows, made from a seeded
+random generator (never real credentials), in their usual surroundings; the look-alikes that
+must survive untouched (code, hashes, UUIDs, base64 blobs, commit ids); and a value of any
+vendor format's form made from its pattern (:func:`from_pattern`). Used by the unit tests and
+the no-byte-on-disk tests (``bench/bench_secrets.py`` measures on public data instead)."""
 
 from __future__ import annotations
 
