@@ -2,8 +2,10 @@
 is journaled, and the per-agent choice of whether that happens.
 
 :func:`scrub_append` and :func:`scrub_upload` replace every secret :mod:`pipeline.redactor`
-finds — in message contents, in an upload's text and in the string values of ``metadata`` —
-by its marker, and say how many there were. :class:`pipeline.service.Service` calls them right
+finds — in message contents, in an upload's text, in ``metadata`` (its keys as well as its
+string values, and a string under a key that names a secret, ``{"db_password": "…"}``, as
+an assignment) and in the ``idempotency_key`` — by its marker, and say how many there
+were. :class:`pipeline.service.Service` calls them right
 after validation on every path (``POST /v1/append``, ``POST /v1/uploads``, the ``sgme.append``
 task, ``sgme import``, capture), so the journal, the file, the catalog, the search terms and
 the appends held for their order only ever see the redacted text.
@@ -31,7 +33,8 @@ _P = tables.agent_policies.c
 
 def scrub_append(append: validation.Append) -> tuple[validation.Append, int]:
     """``append`` with its secrets replaced; and how many were. The digest stays the one of
-    the request as sent, so a retry with the same key is still the same request."""
+    the request as sent, so a retry with the same key is still the same request (and its
+    idempotency key, scrubbed the same way, the same key)."""
     count = 0
     messages = []
     for message in append.messages:
@@ -41,38 +44,71 @@ def scrub_append(append: validation.Append) -> tuple[validation.Append, int]:
             message if not found.count else dataclasses.replace(message, content=found.text)
         )
     metadata, in_metadata = _scrub_value(append.metadata)
-    count += in_metadata
+    key, in_key = scrub_key(append.idempotency_key)
+    count += in_metadata + in_key
     if not count:
         return append, 0
-    return dataclasses.replace(append, messages=tuple(messages), metadata=metadata), count
+    scrubbed = dataclasses.replace(
+        append, messages=tuple(messages), metadata=metadata, idempotency_key=key
+    )
+    return scrubbed, count
 
 
 def scrub_upload(upload: validation.Upload) -> tuple[validation.Upload, int]:
     """:func:`scrub_append` for an upload."""
     found = redactor.redact(upload.content)
     metadata, in_metadata = _scrub_value(upload.metadata)
-    count = found.count + in_metadata
+    key, in_key = scrub_key(upload.idempotency_key)
+    count = found.count + in_metadata + in_key
     if not count:
         return upload, 0
-    return dataclasses.replace(upload, content=found.text, metadata=metadata), count
+    return (
+        dataclasses.replace(upload, content=found.text, metadata=metadata, idempotency_key=key),
+        count,
+    )
 
 
-def _scrub_value(value: Any) -> tuple[Any, int]:
-    """A JSON value with the secrets in its strings replaced (keys are names, kept)."""
+def scrub_key(key: str | None) -> tuple[str | None, int]:
+    """An idempotency key with its secrets replaced, cut to the column's width (a marker may
+    be longer than what it replaces); and how many were. The same key always comes out the
+    same, so a retry still finds its record; two keys that differ only in a secret become
+    one key."""
+    if key is None:
+        return None, 0
+    found = redactor.redact(key)
+    return found.text[: validation.MAX_IDEMPOTENCY_KEY], found.count
+
+
+def _scrub_value(value: Any, name: str | None = None) -> tuple[Any, int]:
+    """A JSON value with the secrets in its strings replaced — in the keys of its objects too
+    — and a string under a key that names a secret replaced whole when it is a literal."""
     if isinstance(value, str):
-        found = redactor.redact(value)
+        found = redactor.redact_value(value, name=name)
         return found.text, found.count
     if isinstance(value, dict):
         count = 0
-        out = {}
+        out: dict[str, Any] = {}
         for key, item in value.items():
-            out[key], n = _scrub_value(item)
-            count += n
+            scrubbed_key = redactor.redact(key)
+            new_key = _unique(scrubbed_key.text, out)
+            out[new_key], n = _scrub_value(item, name=key)
+            count += n + scrubbed_key.count
         return out, count
     if isinstance(value, list):
-        items = [_scrub_value(item) for item in value]
+        items = [_scrub_value(item, name=name) for item in value]
         return [item for item, _ in items], sum(n for _, n in items)
     return value, 0
+
+
+def _unique(key: str, taken: dict[str, Any]) -> str:
+    """``key``, or ``key (2)``, ``key (3)``, … when two keys redacted to the same text (no
+    value may replace another)."""
+    if key not in taken:
+        return key
+    number = 2
+    while f"{key} ({number})" in taken:
+        number += 1
+    return f"{key} ({number})"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,31 +1,47 @@
-"""Credentials of well-known forms, found in text and replaced by ``[REDACTED:<kind>]``.
+"""Credentials found in text and replaced by ``[REDACTED:<kind>]``: fast, exact spans,
+deterministic.
 
-Pure: text in, text out; no I/O, nothing of ours imported. The rule set is ours and written
-down here, one :class:`Rule` per kind (docs/privacy.md lists them and says why no detection
-library is used): each rule matches a credential by its *form* — a vendor's prefix and
-length (``AKIA…``, ``ghp_…``, ``sk-proj-…``), a structure (a PEM private key block, a JWT's
-three base64url parts, the password of ``scheme://user:password@host``), or a value assigned
-to a name that says it is one (``DB_PASSWORD=…``, ``"api_key": "…"``, ``--token …``).
+Pure: text in, text out; no I/O. Three kinds of rule, each finding a secret by its *form* or by
+the name it is given — never by how random it looks, so hashes, UUIDs, base64 blobs and commit
+ids come back as they were sent:
 
-Precision matters as much as recall: transcripts are full of code, hashes, UUIDs, base64
-blobs and commit ids, and every one of them must come back as it was sent. So there is no
-entropy guess anywhere: a 40-character hex string is a commit id, not a secret, and a long
-base64 run is data unless its form or its name says otherwise. An assignment counts only when
-its value is a literal (quoted, or the unquoted value of an env/YAML/INI line or a CLI flag),
-not an expression (``token = self.token``, ``password = getpass()``) nor a placeholder
-(``${DB_PASSWORD}``, ``<your-key>``, ``***``).
+* **vendor formats**, as data: ``pipeline/secret_formats.toml`` (patterns ported from gitleaks'
+  and CredSweeper's MIT-licensed rule files, and our own): ``ghp_…``, ``glpat-….01.…``,
+  ``AKIA…``, ``xoxb-…``, ``dckr_pat_…``, a PEM private key block, a JWT (also when its
+  signature continues on the next line), …;
+* **where a secret stands** (:data:`CONTEXT_RULES`): the password of
+  ``scheme://user:password@host`` (an empty user and an e-mail user too), the credential of an
+  ``Authorization: Bearer/Basic`` header, ``curl -u user:password``, ``IDENTIFIED BY '…'``,
+  ``ConvertTo-SecureString '…'``, an Azure ``AccountKey=…``;
+* **values assigned to a secret's name** (:mod:`pipeline.assignment`): ``DB_PASSWORD=…``,
+  ``"apiKey": "…"``, ``--token …``, ``<password>…</password>``, …
 
-Redacting is idempotent: a marker is never matched again, so text redacted twice (a transcript
-imported, then captured) comes out the same.
+A scan looks for every rule's keywords at once (an Aho–Corasick automaton over the lower-cased
+text) and tries a rule's pattern only where one of its keywords stands, so its cost grows with
+the text, not with the number of rules. A placeholder in a vendor's form (``ghp_xxxx…``,
+``xoxp-your-token-here``, ``AKIAIOSFODNN7EXAMPLE``, ``sk_live_…``) is not a secret.
+
+Where two rules find overlapping text, the earlier one wins: formats (in the table's order),
+then context rules, then assignments. Redacting is idempotent: a marker is never matched again,
+so text redacted twice (a transcript imported, then captured) comes out the same.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import bisect
 import collections
 import dataclasses
+import functools
 import re
-import string
+import tomllib
 from collections.abc import Callable, Iterable
+from importlib import resources
+
+import ahocorasick
+
+from pipeline import assignment, literal
 
 MARKER_PREFIX = "[REDACTED:"
 
@@ -40,463 +56,367 @@ MARKER = re.compile(r"\[REDACTED:[a-z0-9-]+\]")
 
 
 @dataclasses.dataclass(frozen=True)
-class Rule:
-    """One kind of credential: ``pattern`` finds it; the group named ``secret`` (or the whole
-    match) is what is replaced; ``keep`` may refuse a match (a placeholder, an expression)."""
+class Finding:
+    """One secret found: its kind, where it is (character offsets), and the rule that found it
+    (a format's ``source:id``, ``sgme:<context rule>``, or ``assignment to NAME``)."""
 
     kind: str
-    pattern: re.Pattern[str]
-    keep: Callable[[str], bool] | None = None
-    #: literals, in lower case, one of which every match contains (whatever its case): text
-    #: with none of them is not searched
-    needles: tuple[str, ...] = ()
-    what: str = ""  #: for docs/privacy.md: what the rule matches
+    start: int
+    end: int
+    rule: str = ""
 
-    def span(self, match: re.Match[str]) -> tuple[int, int]:
-        """Where the secret is in a match."""
-        if "secret" in self.pattern.groupindex and match.group("secret") is not None:
-            return match.span("secret")
-        return match.span()
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """One form of credential. ``pattern`` is tried where one of ``keywords`` (lower case)
+    stands, starting there or up to ``back`` characters before it, and must contain it; the
+    ``group`` (else the first group that matched, else the whole match) is the secret, which
+    ``keep`` may refuse (a placeholder)."""
+
+    id: str
+    kind: str
+    source: str
+    keywords: tuple[str, ...]
+    pattern: str
+    back: int = 0
+    group: int | str | None = None
+    keep: Callable[[str, str], bool] | None = None
+    what: str = ""
+    #: the keyword says only that a match may be somewhere in the text, not where
+    anywhere: bool = False
+
+    @functools.cached_property
+    def regex(self) -> re.Pattern[str]:
+        """The compiled pattern (compiled on first use: most rules never run in a process)."""
+        return re.compile(self.pattern)
+
+    @property
+    def name(self) -> str:
+        """How a finding names the rule."""
+        return f"{self.source}:{self.id}"
+
+    def find(self, text: str, at: int, keyword: str) -> tuple[int, int, int] | None:
+        """``(match end, secret start, secret end)`` of a match that contains the keyword at
+        ``at``, or None."""
+        regex = self.regex
+        for start in range(max(0, at - self.back), at + 1):  # leftmost first
+            m = regex.match(text, start)
+            if m is None or m.end() <= at:
+                continue
+            a, b = self._secret(m)
+            if b <= a:
+                return None
+            check = self.keep or _not_placeholder
+            return (m.end(), a, b) if check(text[a:b], keyword) else None
+        return None
+
+    def find_all(self, text: str, keyword: str) -> Iterable[tuple[int, int]]:
+        """Every secret span of a rule that may match ``anywhere``."""
+        check = self.keep or _not_placeholder
+        for m in self.regex.finditer(text):
+            a, b = self._secret(m)
+            if b > a and check(text[a:b], keyword):
+                yield a, b
+
+    def _secret(self, m: re.Match[str]) -> tuple[int, int]:
+        if self.group is not None:
+            return m.span(self.group)
+        for name in ("secret", "bare"):
+            if name in m.re.groupindex and m.group(name) is not None:
+                return m.span(name)
+        for g in range(1, m.re.groups + 1):
+            if m.group(g):
+                return m.span(g)
+        return m.span()
 
 
 # ---------------------------------------------------------------------------------------------
-# values: what a literal secret looks like, and what a placeholder or an expression does
+# placeholders in a vendor's form
 
-#: values that stand for a secret without being one: shell and template variables, <angle>
-#: placeholders, masks, and words people write where the value goes
 _PLACEHOLDER = re.compile(
-    r"""(?ix)
-    ^(?:
-        [$%@]\{?.*            # $VAR ${VAR} %(name)s @var
-      | \{\{?.*\}\}?          # {{ var }} {var}
-      | <.*                   # <your-api-key>, <generate one>
-      | [*x•#.]{3,}           # *** xxxx ...
-      | (?:your|my|the)[-_ ]?[\w-]*
-      | \w*(?:placeholder|example|redacted|dummy|changeme|xxxx)\w*
-      | (?:none|null|nil|true|false|undefined|empty|required|optional|string|str|bytes|int)
-      | (?:secret|password|passwd|token|key|pass|pwd)
-    )$
-    """
+    r"(?i)x{4}|\*{3}|\.{3}|…|#{3}|[<>{}]|\$\{|example|sample|dummy|placeholder|redacted|changeme"
+    r"|insert|replace|(?<![A-Za-z])(?:your|here|fake)(?![a-z])"
 )
-#: an unquoted value that is code, not a literal: a call, an attribute, an index, an operator
-_EXPRESSION = re.compile(r"[()\[\]]|^[A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)+$|^(?:await|self|os)\b")
-_IDENTIFIER_VALUE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_TYPE_ANNOTATION = re.compile(
-    r"^(?:Optional|Union|List|Dict|Annotated|Secret\w*|SecretStr|typing\.)\b|^[A-Za-z_]\w*\s*[|=]"
-)
+_RUNS = re.compile(r"(.)\1{5,}")
+#: words run together in camelCase (``requiredCharacteristicTypes``): an identifier
+_CAMEL_WORDS = re.compile(r"[a-z]+(?:[A-Z][a-z]+){2,}")
 
 
-def _literal(value: str) -> bool:
-    """Whether a value assigned to a secret's name is a secret: long enough, not a
-    placeholder, not a marker already."""
-    value = value.strip()
-    if len(value) < 6 or value.startswith(MARKER_PREFIX):
+def _not_placeholder(secret: str, keyword: str) -> bool:
+    """Whether a value of a vendor's form is real: no mask, no placeholder word, no typed run
+    (``123456``), varied, and not an identifier (the vendor's prefix left out of the test)."""
+    body = secret[len(keyword) :] if secret.lower().startswith(keyword) else secret
+    if _PLACEHOLDER.search(body) or literal.sequential(body):
         return False
-    return _PLACEHOLDER.match(value) is None
-
-
-def _unquoted_literal(value: str) -> bool:
-    """:func:`_literal` for an unquoted value, which may be code rather than a literal."""
-    value = value.strip()
-    if _EXPRESSION.search(value) or _TYPE_ANNOTATION.match(value):
+    if len(_RUNS.sub("", body)) < len(body) // 2:  # AKIAZZZZZZZZZZZZZZZZ, glc_1111…: a mask
         return False
-    # one word of letters alone is more often an identifier than a password (``token: str``),
-    # and one shaped like a variable is one (``cache_token = current_token``)
-    if value.isalpha() and value.islower() and len(value) < 12:
+    if len(body) >= 16 and body.isalpha() and body.islower():
+        return False  # s.thisstringisalllowercase: words, not a key (an AWS id may be capitals)
+    if _CAMEL_WORDS.fullmatch(body.strip("_-.")):
         return False
-    if _IDENTIFIER_VALUE.fullmatch(value) and _code_name(value):
-        return False
-    return _literal(value)
-
-
-def _code_name(value: str) -> bool:
-    """Whether an identifier-shaped value reads as a name in code: ``snake_case``,
-    ``UPPER_CASE``, ``camelCase`` — not a random mix of cases and digits."""
-    if "_" in value and (value == value.lower() or value == value.upper()):
-        return True
-    if any(c.isdigit() for c in value):
-        return False
-    upper = sum(c.isupper() for c in value)
-    return value[0].islower() and upper * 4 <= len(value)
-
-
-def _url_password(value: str) -> bool:
-    return _literal(value) or (len(value) >= 3 and _PLACEHOLDER.match(value) is None)
+    return len(set(body)) >= min(8, len(body) // 2)
 
 
 # ---------------------------------------------------------------------------------------------
 # the rules
 
-_B = r"(?<![A-Za-z0-9_])"  # no identifier character before
-_E = r"(?![A-Za-z0-9_])"  # none after
-#: the names whose values are secrets: the last word of the name (``DB_PASSWORD``,
-#: ``clientSecret``, ``x-api-key``), never ``tokens``, ``token_type`` or ``key`` alone
-_NAME = (
-    r"[A-Za-z0-9_.-]*?(?:password|passwd|passphrase|pwd|pass|secret|token|credentials?"
-    r"|api[_-]?key|access[_-]?key|secret[_-]?key|private[_-]?key|auth[_-]?key|account[_-]?key"
-    r"|signing[_-]?key|encryption[_-]?key|master[_-]?key|client[_-]?secret)"
-)
+FORMATS_FILE = "secret_formats.toml"
 
 
-def _password_kind(name: str) -> str:
-    lowered = name.lower()
-    if "secret" in lowered and ("aws" in lowered or "access" in lowered):
-        return "aws-secret-key"
-    if re.search(r"pass|pwd", lowered):
-        return "password"
-    if "token" in lowered:
-        return "token"
-    if "key" in lowered:
-        return "api-key"
-    return "secret"
+def _pem(secret: str, keyword: str) -> bool:
+    """A PEM block holds a key: at least 64 base64 characters after its first line."""
+    parts = secret.split("-----")
+    body = parts[2] if len(parts) > 2 else ""
+    return sum(c.isalnum() for c in body.replace("\\n", "")) >= 64 and "anything" not in body
 
 
-def _rule(
-    kind: str, pattern: str, needles: str | tuple[str, ...], what: str, flags: int = 0
-) -> Rule:
-    found = (needles,) if isinstance(needles, str) else needles
-    return Rule(
-        kind, re.compile(pattern, flags), needles=tuple(n.lower() for n in found), what=what
+def _jwt(secret: str, keyword: str) -> bool:
+    """A JWT's header decodes to JSON (``{"alg": …``), and it is not a placeholder."""
+    header = secret.split(".", 1)[0]
+    decoded = base64.urlsafe_b64decode(header[: len(header) // 4 * 4]).decode("latin-1")
+    return '":' in decoded and not _PLACEHOLDER.search(secret)
+
+
+def _pem64(secret: str, keyword: str) -> bool:
+    """A base64-encoded PEM block decodes to a private key's first line."""
+    try:
+        decoded = base64.b64decode(secret[: len(secret) // 4 * 4]).decode("latin-1")
+    except binascii.Error:
+        return False
+    return "PRIVATE" in decoded
+
+
+#: the checks a format may name (``check = "…"``), instead of the placeholder test
+CHECKS: dict[str, Callable[[str, str], bool]] = {"pem": _pem, "pem64": _pem64, "jwt": _jwt}
+
+
+def _load_formats() -> tuple[Rule, ...]:
+    data = tomllib.loads(resources.files("pipeline").joinpath(FORMATS_FILE).read_text("utf-8"))
+    return tuple(
+        Rule(
+            f["id"],
+            f["kind"],
+            f["source"],
+            tuple(f["keywords"]),
+            f["pattern"],
+            back=f.get("back", 0),
+            group=f.get("group"),
+            keep=CHECKS[f["check"]] if "check" in f else None,
+            what=f.get("what", ""),
+            anywhere=f.get("anywhere", False),
+        )
+        for f in data["format"]
     )
 
 
-#: credentials known by their form, most specific first
-FORM_RULES: tuple[Rule, ...] = (
-    _rule(
-        "private-key",
-        # a PEM block, also inside a JSON string (\n escaped), to its END line or, cut
-        # short, to the end of its base64
-        r"-----BEGIN[A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----"
-        r"(?:(?:(?!-----END)[\s\S]){0,20000}?-----END[A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----"
-        r"|(?:[A-Za-z0-9+/=\r\n]|\\n|\\r){0,20000})",
-        "PRIVATE KEY",
-        "a PEM private key block (RSA, EC, DSA, OpenSSH, PGP, PKCS#8, encrypted), whole",
-    ),
-    _rule(
-        "aws-access-key",
-        _B + r"(?:AKIA|ASIA|ABIA|ACCA|A3T[A-Z0-9])[A-Z0-9]{16}" + _E,
-        ("AKIA", "ASIA", "ABIA", "ACCA", "A3T"),
-        "an AWS access key id (AKIA…, ASIA…: 20 characters)",
-    ),
-    _rule(
-        "github-token",
-        _B + r"(?:(?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{36}|github_pat_[A-Za-z0-9_]{82})" + _E,
-        ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
-        "a GitHub token (ghp_, gho_, ghu_, ghs_, ghr_, github_pat_)",
-    ),
-    _rule(
-        "gitlab-token",
-        _B + r"gl(?:pat|dt|rt|ptt|cbt|oas)-[A-Za-z0-9_-]{20,}" + _E,
-        "gl",
-        "a GitLab token (glpat-, gldt-, glrt-, …)",
-    ),
-    _rule(
-        "slack-webhook",
-        r"https://hooks\.slack\.com/(?:services|workflows|triggers)/[A-Za-z0-9/_-]{20,}",
-        "hooks.slack.com",
-        "a Slack incoming webhook URL",
-    ),
-    _rule(
-        "slack-token",
-        _B + r"xox[abposre]-(?:[0-9]+-)?[A-Za-z0-9-]{10,}" + _E,
-        "xox",
-        "a Slack token (xoxb-, xoxp-, xoxa-, …)",
-    ),
-    _rule(
-        "anthropic-key",
-        _B + r"sk-ant-(?:api|admin|oat)[0-9]{2}-[A-Za-z0-9_-]{40,}" + _E,
-        "sk-ant-",
-        "an Anthropic API key (sk-ant-…)",
-    ),
-    _rule(
-        "openai-key",
-        _B
-        + r"sk-(?:(?:proj|svcacct|admin|None)-[A-Za-z0-9_-]{20,}"
-        + r"|[A-Za-z0-9]{20}T3BlbkFJ[A-Za-z0-9]{20}|[A-Za-z0-9]{48})"
-        + _E,
-        "sk-",
-        "an OpenAI API key (sk-proj-…, sk-svcacct-…, sk- and 48 characters)",
-    ),
-    _rule(
-        "stripe-key",
-        _B + r"(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,}|whsec_[A-Za-z0-9]{24,}" + _E,
-        "_",
-        "a Stripe secret or restricted key (sk_live_, rk_test_, …) or webhook secret (whsec_)",
-    ),
-    _rule(
-        "google-api-key",
-        _B + r"AIza[0-9A-Za-z_-]{35}" + _E,
-        "AIza",
-        "a Google API key (AIza…)",
-    ),
-    _rule(
-        "google-oauth-token",
-        _B + r"ya29\.[0-9A-Za-z_-]{20,}" + _E,
-        "ya29.",
-        "a Google OAuth access token (ya29.…)",
-    ),
-    _rule(
-        "huggingface-token",
-        _B + r"hf_[A-Za-z0-9]{34,}" + _E,
-        "hf_",
-        "a Hugging Face token (hf_…)",
-    ),
-    _rule("npm-token", _B + r"npm_[A-Za-z0-9]{36}" + _E, "npm_", "an npm token (npm_…)"),
-    _rule(
-        "pypi-token",
-        _B + r"pypi-AgEIcHlwaS5vcmc[A-Za-z0-9_-]{50,}" + _E,
-        "pypi-",
-        "a PyPI upload token (pypi-AgEIcHlwaS5vcmc…)",
-    ),
-    _rule(
-        "sendgrid-key",
-        _B + r"SG\.[A-Za-z0-9_-]{22}\.[A-Za-z0-9_-]{43}" + _E,
-        "SG.",
-        "a SendGrid API key (SG.….…)",
-    ),
-    _rule(
-        "twilio-key",
-        _B + r"SK[0-9a-f]{32}" + _E,
-        "SK",
-        "a Twilio API key SID (SK and 32 hex digits)",
-    ),
-    _rule(
-        "mailgun-key",
-        _B + r"key-[0-9a-f]{32}" + _E,
-        "key-",
-        "a Mailgun API key (key- and 32 hex digits)",
-    ),
-    _rule(
-        "telegram-bot-token",
-        _B + r"[0-9]{8,10}:AA[A-Za-z0-9_-]{33}" + _E,
-        ":AA",
-        "a Telegram bot token (digits:AA…)",
-    ),
-    _rule(
-        "shopify-token",
-        _B + r"shp(?:at|ca|pa|ss)_[a-fA-F0-9]{32}" + _E,
-        "shp",
-        "a Shopify access token (shpat_, shpca_, shppa_, shpss_)",
-    ),
-    _rule(
-        "digitalocean-token",
-        _B + r"do[opr]_v1_[a-f0-9]{64}" + _E,
-        "_v1_",
-        "a DigitalOcean token (dop_v1_, doo_v1_, dor_v1_)",
-    ),
-    _rule(
-        "sgme-token",
-        _B + r"sgme_[A-Za-z0-9_-]{43}" + _E,
-        "sgme_",
-        "an SGME L0 bearer token (sgme_…)",
-    ),
-    _rule(
-        "azure-storage-key",
-        r"(?i:AccountKey|SharedAccessKey)=(?P<secret>[A-Za-z0-9+/]{40,}={0,2})",
-        "key=",
-        "the key of an Azure connection string (AccountKey=…, SharedAccessKey=…)",
-    ),
-    _rule(
-        "jwt",
-        _B + r"eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}" + _E,
-        "eyJ",
-        "a JSON Web Token (three base64url parts, header and claims both JSON)",
-    ),
-)
+#: the vendor formats and structures (``pipeline/secret_formats.toml``), most specific first
+FORMATS: tuple[Rule, ...] = _load_formats()
+
+
+def _url_password(secret: str, keyword: str) -> bool:
+    """A URL's password: short ones count (``pw9``), placeholders do not (``password``,
+    ``${DB_PASSWORD}``, ``<pass>``, ``xxx``)."""
+    return len(secret) >= 3 and not literal.placeholder(secret)
+
+
+def _basic(secret: str, keyword: str) -> bool:
+    """A Basic credential decodes to ``user:password`` with a real password."""
+    try:
+        raw = base64.b64decode(secret + "=" * (-len(secret) % 4), validate=True)
+    except binascii.Error:
+        return False
+    _, colon, password = raw.decode("latin-1").partition(":")
+    return bool(colon) and len(password) >= 3 and not literal.placeholder(password)
+
+
+def _literal(secret: str, keyword: str) -> bool:
+    return literal.secret(secret, quoted=True)
+
 
 #: credentials known by where they stand
 CONTEXT_RULES: tuple[Rule, ...] = (
     Rule(
         "url-password",
-        re.compile(
-            r"(?i)\b[a-z][a-z0-9+.-]{1,30}://[^\s:/@\"'`<>]{1,256}:(?P<secret>[^\s@/\"'`<>]{1,256})@"
-            r"(?=[A-Za-z0-9\[._-])"
-        ),
+        "url-password",
+        "sgme",
+        ("://",),
+        r"://(?:[^\s:/@\"'`<>]{0,256}(?:@[^\s:/@\"'`<>]+)?)?:(?P<secret>[^\s@/\"'`<>]{1,256})@"
+        r"(?=[A-Za-z0-9\[._-])",
         keep=_url_password,
-        needles=("://",),
-        what="the password in a URL or connection string (scheme://user:password@host)",
+        what="the password in a URL (scheme://user:password@host, an empty or e-mail user too)",
     ),
     Rule(
         "bearer-token",
-        re.compile(
-            r"(?i)\b(?:authorization|proxy-authorization)[\"']?\s*[:=]\s*[\"']?(?:bearer|token)"
-            r"\s+(?P<secret>[A-Za-z0-9._~+/=-]{12,})"
-        ),
+        "bearer-token",
+        "sgme",
+        ("bearer", "token ", "ntlm", "negotiate"),
+        r"(?i:bearer|token|ntlm|negotiate)[ \t]+(?P<secret>[A-Za-z0-9._~+/-]{20,}=*)"
+        r"(?![A-Za-z0-9._~+/=-])",
         keep=_literal,
-        needles=("auth",),
-        what="the credential of an Authorization header (Bearer …, token …)",
+        what="the credential of an Authorization header (Bearer …, token …, NTLM …)",
+    ),
+    Rule(
+        "authorization",
+        "bearer-token",
+        "sgme",
+        ("authorization",),
+        r"(?i:authorization)[\"']?[ \t]*[:=][ \t]*[\"']?[ \t]*"
+        r"(?!(?i:bearer|basic|token|ntlm|negotiate|digest|aws4|hmac)\b)"
+        r"(?P<secret>[A-Za-z0-9._~+/-]{16,}=*)(?![A-Za-z0-9._~+/=-])",
+        keep=_literal,
+        what="a credential given as an Authorization header without a scheme",
     ),
     Rule(
         "basic-auth",
-        re.compile(
-            r"(?i)\b(?:authorization|proxy-authorization)[\"']?\s*[:=]\s*[\"']?basic"
-            r"\s+(?P<secret>[A-Za-z0-9+/]{8,}={0,2})"
-        ),
+        "basic-auth",
+        "sgme",
+        ("basic",),
+        r"(?i:basic)[ \t]+(?P<secret>[A-Za-z0-9+/]{8,}={0,2})(?![A-Za-z0-9+/=])",
+        keep=_basic,
+        what="the credentials of an Authorization: Basic header (base64 of user:password)",
+    ),
+    Rule(
+        "curl-user",
+        "password",
+        "sgme",
+        ("curl",),
+        r"curl\b(?:[^\n]|\\\n){0,600}?\s(?:-u|--user|--proxy-user)[ =]?[ \t]*(?P<q>[\"']?)"
+        r"[^\s:\"']{0,128}:(?P<secret>[^\s\"']{3,256})(?P=q)",
         keep=_literal,
-        needles=("basic",),
-        what="the credentials of an Authorization: Basic header",
+        what="the password of curl -u user:password",
+    ),
+    Rule(
+        "sql-identified-by",
+        "password",
+        "sgme",
+        ("identified",),
+        # quoted, or SQL written in capitals: "identified by Eugene Fama" is prose
+        r"(?:(?i:identified)(?:\s+with\s+\S+)?\s+(?i:by)\s+(?P<q>[\"'`])(?P<secret>[^\"'`\n]{3,256})(?P=q)"
+        r"|IDENTIFIED(?:\s+WITH\s+\S+)?\s+BY\s+(?P<bare>[^\s\"'`;]{3,256}))",
+        keep=_literal,
+        what="the password of SQL's IDENTIFIED BY",
+    ),
+    Rule(
+        "securestring",
+        "password",
+        "sgme",
+        ("convertto-securestring",),
+        r"(?i:convertto-securestring)(?:\s+-(?i:string|asplaintext|force))*\s+\\?(?P<q>[\"']?)"
+        r"(?P<secret>[^\s\"'\\]{4,256})\\?(?P=q)",
+        keep=_literal,
+        what="the string given to PowerShell's ConvertTo-SecureString",
+    ),
+    Rule(
+        "azure-account-key",
+        "azure-storage-key",
+        "sgme",
+        ("accountkey=", "sharedaccesskey="),
+        r"(?i:AccountKey|SharedAccessKey)=(?P<secret>[A-Za-z0-9+/]{40,}={0,2})",
+        keep=_literal,
+        what="the key of an Azure connection string (AccountKey=…, SharedAccessKey=…)",
     ),
 )
 
-#: the last word of a secret's name; the regex starts at it (a scan for a few letters is fast)
-#: and the whole name is read backwards from it (:func:`_name_before`)
-_KEYWORD = r"(?:pass(?:word|wd|phrase)?|pwd|secret|token|credentials?|key)"
-_NAME_RULE = re.compile(_NAME, re.IGNORECASE)
-_IDENTIFIER = frozenset(string.ascii_letters + string.digits + "_.-")
-#: the keyword, then the value in one of the forms below
-_ASSIGN = re.compile(
-    r"""(?ix)
-    (?P<kw>"""
-    + _KEYWORD
-    + r""")(?![A-Za-z0-9])
-    (?:
-        ["']?\s*[:=]\s*(?P<q>["'`])(?P<quoted>[^"'`\n\\]{1,512})(?P=q)    # name = "value"
-      | ["']?[ \t]*[:=][ \t]*(?P<bare>[^\s"'`,;&]{1,512})(?=[\s,;&]|$)  # NAME=value, name: v
-    )
-    """
+#: the words of a secret's name; where one stands, :func:`assignment.read` reads the name
+NAME_WORDS = (
+    *("pass", "pw", "pswd", "pssw", "pswr", "pswo", "pasw"),
+    *("secret", "token", "credential", "key", "bearer"),
 )
+_ASSIGNMENT = -1
+_RULES: tuple[Rule, ...] = (*FORMATS, *CONTEXT_RULES)
 
 
-_RULES = (*FORM_RULES, *CONTEXT_RULES)
-
-#: a word in every name :data:`_ASSIGN` and :data:`_FLAG` match (their regexes are
-#: case-insensitive alternations, tried at every character: a few times the rest of a scan)
-_NAME_WORDS = ("pass", "pwd", "secret", "token", "credential", "key")
-
-
-def _name_before(text: str, end: int) -> str:
-    """The identifier that ends at ``end`` (``DB_PASSWORD`` from its keyword's end)."""
-    start = end
-    while start > 0 and end - start < 200 and text[start - 1] in _IDENTIFIER:
-        start -= 1
-    return text[start:end]
-
-
-_FLAG = re.compile(
-    r"(?i)(?<![\w-])--?(?P<name>" + _NAME + r")(?:[ =])"
-    r"(?:(?P<q>[\"'])(?P<quoted>[^\"'\n]{1,512})(?P=q)|(?P<bare>[^\s\"'`]{1,512}))"
-)
+def _automaton() -> ahocorasick.Automaton:
+    """Every keyword of every rule, each with the rules it starts (and the assignment
+    reading, for a name word)."""
+    by_keyword: dict[str, list[int]] = collections.defaultdict(list)
+    for number, rule in enumerate(_RULES):
+        for keyword in rule.keywords:
+            by_keyword[keyword].append(number)
+    for word in NAME_WORDS:
+        by_keyword[word].append(_ASSIGNMENT)
+    automaton = ahocorasick.Automaton()
+    for keyword, numbers in by_keyword.items():
+        automaton.add_word(keyword, (keyword, tuple(numbers)))
+    automaton.make_automaton()
+    return automaton
 
 
-@dataclasses.dataclass(frozen=True)
-class Finding:
-    """One secret found: its kind and where it is (character offsets)."""
-
-    kind: str
-    start: int
-    end: int
-
-
-def _word_starts(lowered: str) -> list[int]:
-    """Where each of :data:`_NAME_WORDS` begins in ``lowered``, in order: the only places an
-    :data:`_ASSIGN` match can begin."""
-    found = set()
-    for word in _NAME_WORDS:
-        at = lowered.find(word)
-        while at >= 0:
-            found.add(at)
-            at = lowered.find(word, at + 1)
-    return sorted(found)
-
-
-def _dash_starts(text: str) -> list[int]:
-    """Where a run of ``-`` begins: the only places a :data:`_FLAG` match can begin."""
-    found = []
-    at = text.find("-")
-    while at >= 0:
-        if at == 0 or text[at - 1] != "-":
-            found.append(at)
-        at = text.find("-", at + 1)
-    return found
-
-
-def _matches(
-    pattern: re.Pattern[str], text: str, starts: list[int] | None
-) -> Iterable[re.Match[str]]:
-    """``pattern.finditer(text)``; with ``starts`` (every place a match can begin), tried
-    there only: these regexes are case-insensitive alternations, slow to try everywhere."""
-    if starts is None:
-        yield from pattern.finditer(text)
-        return
-    end = 0
-    for at in starts:
-        if at >= end and (m := pattern.match(text, at)) is not None:
-            yield m
-            end = m.end()
-
-
-def _assignments(text: str, words: list[int] | None = None) -> Iterable[Finding]:
-    """Values assigned to names that say they are secrets. ``words``: where the name words
-    begin (:func:`_word_starts`, when ``text`` is ASCII: lowering keeps its positions); the
-    regexes are then tried only where a match can begin."""
-    for m in _matches(_FLAG, text, None if words is None else _dash_starts(text)):
-        yield from _assigned(m, m.group("name"), flag=True)
-    for m in _matches(_ASSIGN, text, words):
-        name = _name_before(text, m.end("kw"))
-        if _NAME_RULE.fullmatch(name):
-            yield from _assigned(m, name)
-
-
-#: what may follow an unquoted value on its line: nothing, a comment, a separator (an
-#: operator or another operand means the value was part of an expression)
-_AFTER_BARE = ("#", "//", "&", ";", ",", ")", "}", "]")
-
-
-def _assigned(m: re.Match[str], name: str, *, flag: bool = False) -> Iterable[Finding]:
-    if m.group("quoted") is not None:
-        value, span, ok = m.group("quoted"), m.span("quoted"), _literal
-    else:
-        value, span, ok = m.group("bare"), m.span("bare"), _unquoted_literal
-        end = m.string.find("\n", span[1])
-        rest = m.string[span[1] : None if end < 0 else end].strip()
-        if rest and not flag and not rest.startswith(_AFTER_BARE):
-            return
-    if ok(value):
-        yield Finding(_password_kind(name), *span)
-
-
-def _searched(rule: Rule, lowered: str) -> bool:
-    """Whether ``rule``'s regex may match: one of its needles is in the lowered text (a
-    plain loop, not ``any``: a scan asks this of every rule, and most say no)."""
-    if not rule.needles:
-        return True
-    for needle in rule.needles:  # noqa: SIM110 - any() of a generator: twice the time
-        if needle in lowered:
-            return True
-    return False
-
-
-def _found(rule: Rule, text: str) -> Iterable[Finding]:
-    for m in rule.pattern.finditer(text):
-        start, end = rule.span(m)
-        if end > start and (rule.keep is None or rule.keep(text[start:end])):
-            yield Finding(rule.kind, start, end)
+_AUTOMATON = _automaton()
+#: lower-cases ASCII only, so offsets in the lowered text are offsets in the text
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 
 
 def scan(text: str) -> list[Finding]:
-    """The secrets in ``text``, in order, none overlapping (where two rules match the same
-    characters, the earlier rule — the more specific — wins)."""
+    """The secrets in ``text``, in order, none overlapping (where two rules find the same
+    characters, the earlier rule wins)."""
     lowered = text.lower()
-    candidates: list[Finding] = []
-    for rule in _RULES:
-        if _searched(rule, lowered):
-            candidates.extend(_found(rule, text))
-    if "=" in text or ":" in text or "-" in text:
-        if not text.isascii():  # lowering is not the regexes' case-folding: tried everywhere
-            candidates.extend(_assignments(text))
-        elif words := _word_starts(lowered):  # no name word, no assignment of a secret
-            candidates.extend(_assignments(text, words))
-    return _kept(text, candidates)
+    if len(lowered) != len(text):  # a character whose lower case is longer: keep offsets
+        lowered = text.translate(_ASCII_LOWER)
+    candidates: list[tuple[int, Finding]] = []
+    searched_to: dict[int, int] = {}
+    names_read_to = -1
+    for last, (keyword, numbers) in _AUTOMATON.iter(lowered):
+        at = last - len(keyword) + 1
+        for number in numbers:
+            if number == _ASSIGNMENT:
+                if at < names_read_to:
+                    continue
+                found, names_read_to = assignment.read(text, at, last + 1)
+                if found is not None:
+                    names_read_to = max(names_read_to, found.end)  # a name inside it is its own
+                    rule = f"assignment to {found.name}"
+                    candidates.append(
+                        (len(_RULES), Finding(found.kind, found.start, found.end, rule))
+                    )
+                continue
+            if at < searched_to.get(number, -1):
+                continue
+            rule = _RULES[number]
+            if rule.anywhere:
+                searched_to[number] = len(text)
+                candidates.extend(
+                    (number, Finding(rule.kind, a, b, rule.name))
+                    for a, b in rule.find_all(text, keyword)
+                )
+                continue
+            hit = rule.find(text, at, keyword)
+            if hit is not None:
+                searched_to[number] = hit[0]
+                candidates.append((number, Finding(rule.kind, hit[1], hit[2], rule.name)))
+    if not candidates:
+        return []
+    candidates.sort(key=lambda c: (_tier(c[0]), c[1].start, c[1].start - c[1].end, c[0]))
+    return _kept(text, (f for _, f in candidates))
+
+
+_CONTEXT_TIER = len(FORMATS)
+
+
+def _tier(number: int) -> int:
+    """Formats first, then context rules, then assignments; within one, leftmost-longest."""
+    return 0 if number < _CONTEXT_TIER else 1 if number < len(_RULES) else 2
 
 
 def _kept(text: str, candidates: Iterable[Finding]) -> list[Finding]:
     """The candidates, in order, that overlap neither a marker already in ``text`` (never
-    matched again) nor a candidate kept before them."""
-    taken = [Finding("", m.start(), m.end()) for m in MARKER.finditer(text)]
+    matched again) nor a candidate kept before them. The kept spans stay sorted by start and
+    never overlap, so one look at each neighbour decides (a text with many findings stays
+    linear)."""
+    starts: list[int] = []
+    taken: list[Finding] = []
+    for found in (Finding("", m.start(), m.end()) for m in MARKER.finditer(text)):
+        starts.append(found.start)
+        taken.append(found)
     for found in candidates:
-        if all(found.end <= t.start or found.start >= t.end for t in taken):
-            taken.append(found)
-    return sorted((f for f in taken if f.kind), key=lambda f: f.start)
+        at = bisect.bisect_right(starts, found.start)
+        if at and taken[at - 1].end > found.start:
+            continue  # the span before it reaches into it
+        if at < len(taken) and taken[at].start < found.end:
+            continue  # it reaches into the span after it
+        starts.insert(at, found.start)
+        taken.insert(at, found)
+    return [f for f in taken if f.kind]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -512,9 +432,8 @@ class Redacted:
         return sum(self.kinds.values())
 
 
-def redact(text: str) -> Redacted:
-    """``text`` with every secret :func:`scan` finds replaced by its :func:`marker`."""
-    found = scan(text)
+def replace(text: str, found: list[Finding]) -> Redacted:
+    """``text`` with each of ``found`` (in order, not overlapping) replaced by its marker."""
     if not found:
         return Redacted(text, collections.Counter())
     parts = []
@@ -527,13 +446,23 @@ def redact(text: str) -> Redacted:
     return Redacted("".join(parts), collections.Counter(f.kind for f in found))
 
 
+def redact(text: str) -> Redacted:
+    """``text`` with every secret :func:`scan` finds replaced by its :func:`marker`."""
+    return replace(text, scan(text))
+
+
+def redact_value(value: str, *, name: str | None = None) -> Redacted:
+    """:func:`redact` for a value stored under ``name`` (a metadata key): when the name says
+    it is a secret (``db_password``) and the value is a literal, the value is one, whole."""
+    kind = None if name is None else assignment.name_kind(name)
+    if kind is not None and not MARKER.search(value) and literal.secret(value, quoted=True):
+        return Redacted(marker(kind), collections.Counter({kind: 1}))
+    return redact(value)
+
+
 #: every kind a marker may name, in the order the rules run
-KINDS: tuple[str, ...] = (
-    *(r.kind for r in FORM_RULES),
-    *(r.kind for r in CONTEXT_RULES),
-    "password",
-    "aws-secret-key",
-    "api-key",
-    "token",
-    "secret",
+KINDS: tuple[str, ...] = tuple(
+    dict.fromkeys(
+        [*(r.kind for r in _RULES), "password", "aws-secret-key", "api-key", "token", "secret"]
+    )
 )

@@ -1,17 +1,21 @@
-"""Real-looking secrets of every kind :mod:`pipeline.redactor` knows, made from a seeded random
-generator (never real credentials), and the look-alikes that must survive untouched: code,
-hashes, UUIDs, base64 blobs, commit ids. Used by the unit tests, the no-byte-on-disk tests
-and ``bench/bench_secrets.py``."""
+"""Real-looking secrets of the main kinds :mod:`pipeline.redactor` knows, made from a seeded
+random generator (never real credentials), in their usual surroundings; the look-alikes that
+must survive untouched (code, hashes, UUIDs, base64 blobs, commit ids); and a value of any
+vendor format's form made from its pattern (:func:`from_pattern`). Used by the unit tests and
+the no-byte-on-disk tests (``bench/bench_secrets.py`` measures on public data instead)."""
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import importlib
 import json
 import random
+import re
 import string
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 ALNUM = string.ascii_letters + string.digits
 UPPER = string.ascii_uppercase + string.digits
@@ -170,3 +174,67 @@ def look_alikes(rng: random.Random) -> list[str]:
         "git@github.com:acme/app.git",
         f'etag: W/"{digest[:32]}"',
     ]
+
+
+# ---------------------------------------------------------------------------------------------
+# a value of a format's form, made from its pattern
+
+_PRINTABLE = string.ascii_letters + string.digits + "_-"
+
+
+def from_pattern(pattern: str, rng: random.Random) -> str:
+    """A string ``pattern`` matches (assertions left out), made from a seeded generator:
+    a value of a vendor format's form, never a real one."""
+    # the regular expression parser's own modules (private, and without type stubs)
+    c: Any = importlib.import_module("re._constants")
+    parser: Any = importlib.import_module("re._parser")
+    categories = {
+        c.CATEGORY_DIGIT: string.digits,
+        c.CATEGORY_WORD: string.ascii_letters + string.digits + "_",
+        c.CATEGORY_SPACE: " ",
+    }
+
+    def chars(items: list[tuple[Any, Any]]) -> str:
+        allowed: set[str] = set()
+        negate = False
+        for op, av in items:
+            if op is c.NEGATE:
+                negate = True
+            elif op is c.LITERAL:
+                allowed.add(chr(av))
+            elif op is c.RANGE:
+                allowed.update(chr(x) for x in range(av[0], av[1] + 1))
+            elif op is c.CATEGORY:
+                allowed.update(categories.get(av, ""))
+        if negate:
+            return "".join(sorted(set(_PRINTABLE) - allowed))
+        return "".join(sorted(a for a in allowed if a.isprintable()))
+
+    def walk(items: list[tuple[Any, Any]], icase: bool = False) -> str:
+        out = []
+        for op, av in items:
+            if op is c.LITERAL:
+                out.append(chr(av))
+            elif op is c.NOT_LITERAL:
+                out.append(rng.choice([x for x in _PRINTABLE if x != chr(av)]))
+            elif op is c.ANY:
+                out.append(".")  # an unescaped dot stands for one in a domain (hooks.slack.com)
+            elif op is c.IN:
+                choice = rng.choice(chars(av))
+                out.append(choice.upper() if icase and rng.random() < 0.5 else choice)
+            elif op in (c.MAX_REPEAT, c.MIN_REPEAT):
+                lo, hi, sub = av
+                hi = min(lo + 12 if hi is c.MAXREPEAT else hi, max(lo, 300))
+                out.extend(walk(list(sub), icase) for _ in range(rng.randint(lo, hi)))
+            elif op is c.SUBPATTERN:
+                _, add, remove, sub = av
+                inner = (icase or bool(add & re.IGNORECASE)) and not remove & re.IGNORECASE
+                out.append(walk(list(sub), inner))
+            elif op is c.BRANCH:
+                out.append(walk(list(rng.choice(av[1])), icase))
+            elif op is c.CATEGORY:
+                out.append(rng.choice(categories.get(av, "x")))
+        return "".join(out)
+
+    parsed = parser.parse(pattern)
+    return walk(list(parsed), bool(parsed.state.flags & re.IGNORECASE))

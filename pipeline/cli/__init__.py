@@ -42,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
         privacy,
         processes,
         searching,
+        secrets,
         tokens,
     )
 
@@ -65,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     modules = (processes, files, browse, searching, imports, hermes, capture, maintenance, privacy)
-    for module in (*modules, tokens, agents):
+    for module in (*modules, secrets, tokens, agents):
         module.register(add)
     return parser
 

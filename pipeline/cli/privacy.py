@@ -1,16 +1,14 @@
-"""Removing on purpose and keeping secrets out: ``redact``, ``erase``, ``audit`` and
-``secrets`` (``scan``: what would be redacted; ``policy``: an agent's choice).
+"""Removing on purpose: ``redact``, ``erase`` and ``audit`` (keeping secrets out is
+``sgme secrets``, in :mod:`pipeline.cli.secrets`).
 
 These act on the store directly, as the operator (the audit trail names the system user and
 host); the HTTP API offers the same to an ``admin`` token."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
-from pipeline import audit, errors, redaction, redactor, rewrite
+from pipeline import audit, errors, redaction, rewrite
 from pipeline.cli.context import Add, Context, print_json, progress
 
 
@@ -93,61 +91,6 @@ def cmd_audit(ctx: Context) -> int:
     return 0
 
 
-def cmd_scan(ctx: Context) -> int:
-    """Show what the secret redaction would replace in a text file (or stdin)."""
-    a = ctx.args
-    try:
-        text = sys.stdin.read() if a.target == "-" else Path(a.target).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise errors.InvalidInput(f"cannot read {a.target}: {exc}") from None
-    found = redactor.scan(text)
-    if a.json:
-        print_json(
-            [
-                {
-                    "kind": f.kind,
-                    "line": text.count("\n", 0, f.start) + 1,
-                    "length": f.end - f.start,
-                }
-                for f in found
-            ]
-        )
-    else:
-        sys.stdout.write(redactor.redact(text).text)
-        print(f"\n# {len(found)} secret(s) would be redacted", file=sys.stderr)
-    return 0
-
-
-def cmd_policy(ctx: Context) -> int:
-    """Show or set whether an agent's appends have their secrets redacted."""
-    a = ctx.args
-    service = ctx.service(ctx.settings())
-    a.agent_id = a.target
-    if a.agent_id is None:
-        if a.redact is not None:
-            raise errors.InvalidInput("--redact needs an AGENT_ID")
-        found = [p.to_json() for p in service.policies.listed()]
-        if a.json:
-            print_json({"default": service.settings.redact_secrets, "agents": found})
-        else:
-            print(f"redact_secrets setting: {service.settings.redact_secrets}")
-            for p in found:
-                print(f"{p['agent_id']}: redact_secrets={p['redact_secrets']} ({p['updated_by']})")
-        return 0
-    if a.redact is not None:
-        value = {"on": True, "off": False, "default": None}[a.redact]
-        policy = service.policies.set(a.agent_id, value, actor=audit.local_actor())
-    else:
-        policy = service.policies.get(a.agent_id)
-    if a.json:
-        print_json(policy.to_json())
-    else:
-        source = "the redact_secrets setting" if policy.own is None else "its own policy"
-        state = "redacted" if policy.redact_secrets else "stored as sent"
-        print(f"{policy.agent_id}: secrets are {state} ({source})")
-    return 0
-
-
 def register(add: Add) -> None:
     """Declare the privacy commands."""
     p = add("redact", cmd_redact, "redact messages (FILE_ID:SEQ ...): replace each by a tombstone")
@@ -165,24 +108,3 @@ def register(add: Add) -> None:
     p.add_argument("--file-id", help="only this file's entries")
     p.add_argument("--limit", type=int, default=1000, help="entries to list (default 1000)")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p = add(
-        "secrets",
-        cmd_secrets,
-        "secret redaction: `secrets scan FILE` shows what would be redacted in a text (- for "
-        "stdin); `secrets policy [AGENT_ID] [--redact on|off|default]` shows or sets an "
-        "agent's policy",
-    )
-    p.add_argument("action", choices=("scan", "policy"), help="scan a text, or show a policy")
-    p.add_argument("target", nargs="?", help="scan: a text file or -; policy: an agent_id")
-    p.add_argument("--redact", choices=("on", "off", "default"), help="policy: set it")
-    p.add_argument("--json", action="store_true", help="print JSON")
-
-
-def cmd_secrets(ctx: Context) -> int:
-    """Run ``secrets scan`` or ``secrets policy``."""
-    a = ctx.args
-    if a.action == "scan":
-        if a.target is None:
-            raise errors.InvalidInput("secrets scan needs a FILE (or - for stdin)")
-        return cmd_scan(ctx)
-    return cmd_policy(ctx)

@@ -150,3 +150,74 @@ def test_no_byte_of_a_secret_reaches_the_disk(
         wal = Path(str(engine.url.database) + "-wal")
         assert wal.exists() and wal.stat().st_size > 0  # the log was looked at, not empty
     api.close()
+
+
+def test_a_secret_in_a_metadata_key_or_an_idempotency_key_never_reaches_the_disk(
+    db: database.Database,
+    engine: sa.Engine,
+    database_url: str,
+    data_dir: Path,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+) -> None:
+    """Keys are scanned like values, on each way in: an append over HTTP (and its retry, which
+    still replays: its key is scrubbed the same way), an upload, an ``sgme.append`` task; and a
+    string under a metadata key that names a secret is one."""
+    rng = random.Random(41)
+    token = secret_samples.MAKERS["github-token"](rng)
+    key_secret = secret_samples.MAKERS["gitlab-token"](rng)
+    password = secret_samples.MAKERS["password"](rng)
+    secrets = [token, key_secret, password]
+    api = Api(db, data_dir, database_url, validation.DEFAULT_LIMITS)
+    body = {
+        "agent_id": "hermes",
+        "session_key": "keys",
+        "idempotency_key": f"deploy-{key_secret}",
+        "metadata": {token: "the key of this entry is a token", "db_password": password},
+        "messages": [{"role": "user", "content": "the metadata says it all"}],
+    }
+    first = api.append(body, wait=True)
+    assert first["redacted"] == 3, first
+    again = api.append(body, wait=True)
+    assert again["replayed"] is True and again["source_refs"] == first["source_refs"]
+    up = api.client.post(
+        "/v1/uploads",
+        json={
+            "agent_id": "hermes",
+            "filename": "notes.txt",
+            "content": "nothing secret here",
+            "idempotency_key": f"upload-{key_secret}",
+            "metadata": {f"pw={password}": "x"},
+        },
+    )
+    assert up.status_code == 201 and up.json()["redacted"] == 2, up.text
+    service = helpers.service(db, Settings(data_dir=data_dir, database_url=database_url))
+    task = {
+        "agent_id": "celery",
+        "session_key": "keys",
+        "idempotency_key": f"task-{token}",
+        "metadata": {"GITHUB_TOKEN": token},
+        "messages": [{"role": "tool", "tool_name": "shell", "content": "ok"}],
+    }
+    done = service.append_queued(task)
+    assert done is not None and not isinstance(done, ingest.Held) and done.redacted == 2
+    for file_id in flush.stale_files(db, age=0):
+        journal.flush(db, data_dir, file_id)
+
+    with db.reading() as conn:
+        keys = sorted(conn.execute(sa.select(tables.append_keys.c.idempotency_key)).scalars())
+    assert keys == [
+        "deploy-[REDACTED:gitlab-token]",
+        "task-[REDACTED:github-token]",
+        "upload-[REDACTED:gitlab-token]",
+    ]
+    stored = b"".join(p.read_bytes() for p in (data_dir / "raw").rglob("*.md"))
+    assert b'"[REDACTED:github-token]": "the key of this entry is a token"' in stored
+    assert b'"db_password": "[REDACTED:password]"' in stored
+    _assert_absent(secrets, ((str(p), b) for p, b in _every_byte(tmp_path)))
+    if request.node.callspec.params["database_url"] == "postgres":
+        url = database.normalize_url(database_url).replace("postgresql+psycopg", "postgresql")
+        dump = subprocess.run(["pg_dump", url], capture_output=True, check=True, timeout=60)
+        assert b"deploy-[REDACTED:gitlab-token]" in dump.stdout
+        _assert_absent(secrets, iter([("pg_dump", dump.stdout)]))
+    api.close()
