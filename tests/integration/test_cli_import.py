@@ -113,6 +113,8 @@ def test_import_writes_each_file_once_and_reports_the_malformed_line(
         "files": 2,
         "messages": 0,
         "skipped": 0,
+        "unreadable": 1,
+        "erased": 0,
         "empty": 0,
         "replayed": 6,
     }
@@ -124,15 +126,15 @@ def test_the_plain_summary_and_the_problems_on_stderr(sgme: Sgme, tmp_path: Path
     run = sgme("import", "openai", str(path), "--agent-id", "importer")
     assert run.code == 1
     assert run.out.decode("utf-8") == (
-        "imported 6 messages into 2 files (0 already imported, 0 skipped, 0 empty records, "
-        "1 error)\n"
+        "imported 6 messages into 2 files (0 already imported, 0 erased, 0 skipped on purpose, "
+        "0 empty records, 1 unreadable record, 0 refused)\n"
     )
     assert f"sgme import: {path}:2: not JSON" in run.err
     (tmp_path / "other").mkdir()
     clean = write_chats(tmp_path / "other" / "chats.jsonl", CHATS, malformed=False)
     assert sgme("import", "openai", str(clean), "--agent-id", "importer").out.decode() == (
-        "imported 0 messages into 2 files (6 already imported, 0 skipped, 0 empty records, "
-        "0 errors)\n"
+        "imported 0 messages into 2 files (6 already imported, 0 erased, 0 skipped on purpose, "
+        "0 empty records, 0 unreadable records, 0 refused)\n"
     )
     listed = sgme("ls", "--agent-id", "importer", "--json").json()
     # keyed by their file's name as well as their id: clean.jsonl's are other sessions
@@ -157,6 +159,8 @@ def test_a_session_whose_metadata_changed_is_already_imported(
         "files": 2,
         "messages": 0,
         "skipped": 0,
+        "unreadable": 0,
+        "erased": 0,
         "empty": 0,
         "errors": [],
         "replayed": 6,
@@ -240,7 +244,7 @@ def test_progress_in_records_and_empty_records_are_not_errors(
         "import", "openai", str(write_chats(tmp_path / "chats.jsonl", chats, malformed=False))
     )
     assert run.code == 0, run.err
-    assert "15 empty records, 0 errors" in run.out.decode()
+    assert "15 empty records, 0 unreadable records, 0 refused" in run.out.decode()
     lines = [line for line in run.err.splitlines() if line.startswith("sgme import openai: ")]
     assert lines[0].startswith("sgme import openai: 1 records, 0/1 files")
     assert lines[-1].startswith("sgme import openai: 17 records, 1/1 files, 6 messages new")
