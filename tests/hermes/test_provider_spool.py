@@ -140,7 +140,7 @@ def test_the_spool_never_loses_a_turn(procs: Any, tmp_path: Path) -> None:
             "idempotency_key": "old-1",
             "messages": [{"role": "user", "content": "from before"}],
         }
-        box.put(old)
+        box.put([old])
         (home / "sgme" / "spool" / "00000000000000000001-1-000001.json").write_text("[1, 2]")
         env = hermes_env.hermes_env(
             home, SGME_URL=url, SGME_AGENT_ID=AGENT, SGME_TOKEN=token, SGME_SPOOL_MAX_BYTES="500"
