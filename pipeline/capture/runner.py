@@ -120,9 +120,10 @@ def _matches(said: str | None, expect: str) -> bool:
 class Run:
     """A capture run for one agent, against one server, until ``deadline``."""
 
-    def __init__(self, config: Agent, *, deadline: float) -> None:
+    def __init__(self, config: Agent, *, deadline: float, transport: Any = None) -> None:
         self.config = config
         self.deadline = deadline
+        self.transport = transport  #: an httpx transport in place of the network (tests)
         self.spool = spooling.Spool(
             config.spool_dir,
             max_bytes=config.spool_max_bytes,
@@ -166,6 +167,7 @@ class Run:
                 token=self.config.token,
                 timeout=self._timeout,
                 retry=client.NO_RETRY,
+                transport=self.transport,
             )
         return self._client
 
@@ -239,6 +241,9 @@ class Run:
         except filelock.Timeout:
             self.summary.problems.append(f"{target.path}: busy (another hook), left for later")
             return
+        except OSError as exc:  # a spool directory that cannot be written: no state either
+            self.summary.problems.append(f"cannot keep the capture's state ({exc}): read whole")
+            saved = states.Saved(None)
         if self._clear and self.spool.pending():  # another hook spooled meanwhile: behind it
             self.deliver()
         start = self._start(target, saved.data, found)
@@ -452,12 +457,15 @@ def _scrub(body: dict[str, Any]) -> dict[str, Any]:
     return spooling.scrubber(_redact)(body)
 
 
-def capture(config: Agent, targets: list[Target], *, seconds: float) -> Summary:
-    """Run one capture of ``targets`` within ``seconds``; never raises."""
+def capture(
+    config: Agent, targets: list[Target], *, seconds: float, transport: Any = None
+) -> Summary:
+    """Run one capture of ``targets`` within ``seconds``; never raises. ``transport``: an
+    httpx transport in place of the network (tests)."""
     deadline = time.monotonic() + seconds
     run: Run | None = None
     try:
-        run = Run(config, deadline=deadline)
+        run = Run(config, deadline=deadline, transport=transport)
         run.deliver()
         for target in targets:
             if run.left() <= run._reserve():
@@ -467,7 +475,7 @@ def capture(config: Agent, targets: list[Target], *, seconds: float) -> Summary:
         run.finish()
         return run.summary
     except Exception as exc:  # a hook must never fail its agent: say it and go
-        logger.warning("sgme capture: %s: %s", type(exc).__name__, exc)
+        logger.warning("sgme capture: %s: %s", type(exc).__name__, exc, exc_info=True)
         summary = run.summary if run is not None else Summary()
         summary.problems.append(f"{type(exc).__name__}: {exc}")
         return summary

@@ -54,15 +54,17 @@ def _write(path: Path, data: dict[str, Any]) -> None:
 
 class Saved:
     """A transcript's state, held under its lock: ``data`` as saved (None: never read, or
-    unreadable), :meth:`save` to replace it."""
+    unreadable), :meth:`save` to replace it. Without a ``path`` (the state directory cannot
+    be written) nothing is kept: every run reads the transcript from its start, and the keys
+    make what was delivered replay."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path | None) -> None:
         self.path = path
-        self.data = _read(path)
+        self.data = None if path is None else _read(path)
 
     def save(self, data: dict[str, Any]) -> None:
         """Replace the state (when it changed)."""
-        if data != self.data:
+        if self.path is not None and data != self.data:
             _write(self.path, data)
             self.data = data
 

@@ -151,11 +151,14 @@ def _logger(spool_dir: Path) -> logging.Logger:
     log = logging.getLogger("sgme.capture")
     log.propagate = False
     log.setLevel(logging.WARNING)
-    if not log.handlers:
+    path = spool_dir / "capture.log"
+    if not any(getattr(h, "baseFilename", None) == str(path.absolute()) for h in log.handlers):
+        for handler in list(log.handlers):  # another spool's (a second run in one process)
+            log.removeHandler(handler)
+            handler.close()
         log.addHandler(logging.NullHandler())
         with contextlib.suppress(OSError):
             spool_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-            path = spool_dir / "capture.log"
             if path.exists() and path.stat().st_size > LOG_BYTES:
                 path.replace(path.with_suffix(".log.1"))
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))

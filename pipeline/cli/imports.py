@@ -13,8 +13,8 @@ on a terminal, and a plain line every :data:`PLAIN_EVERY` seconds otherwise (a l
 Exit codes: 0 when everything was imported (records with nothing in them are counted, not
 errors; units erased on purpose are counted, not written), 1 when some records could not be
 read or were refused (they are listed, each by its line; every other record is imported), 2
-when the import could not run or stopped. File names and details are printed with control characters escaped,
-so a hostile name cannot drive the terminal.
+when the import could not run or stopped. File names and details are printed with control
+characters escaped, so a hostile name cannot drive the terminal.
 """
 
 from __future__ import annotations
