@@ -30,7 +30,10 @@ def _find(ctx: Context, service: Service, given: str) -> sessions.Session:
     filters = sessions.Filters(agent_id=a.agent_id, session_key=given)
     page = service.list_sessions(filters, limit=20)
     if not page.sessions and re.fullmatch(refs.FILE_ID_PATTERN, given):
-        return service.get_session(given)
+        try:
+            return service.get_session(given)
+        except errors.NotFound:
+            pass  # said below, as for any other name
     if not page.sessions:
         raise errors.NotFound(f"no session with session_key or file_id {given!r}")
     if page.total > 1:

@@ -257,16 +257,20 @@ def _install(args: argparse.Namespace) -> int:
     return 0
 
 
-def check(env: config.Agent) -> str:
+def check(env: config.Agent, *, transport: Any = None) -> str:
     """Whether the server lets a hook with this environment in — a request it refuses
     before it writes anything (an append with no messages: 422 once the token is taken) — and,
-    when not, what to do."""
+    when not, what to do. ``transport``: an httpx transport in place of the network (tests)."""
     from pipeline import client
 
     source = f"the token from {env.token_source}" if env.token else "no token"
     try:
         with client.Client(
-            env.url, token=env.token, timeout=CHECK_SECONDS, retry=client.NO_RETRY
+            env.url,
+            token=env.token,
+            timeout=CHECK_SECONDS,
+            retry=client.NO_RETRY,
+            transport=transport,
         ) as probe:
             probe.append(agent_id=env.agent_id, session_key="sgme-capture-check", messages=[])
     except errors.InvalidInput:
