@@ -84,8 +84,8 @@ def run(command: dict[str, Any]) -> dict[str, Any]:
         spool = HOME / "sgme" / "spool"
         if not spool.is_dir():
             return {"pending": []}
-        found = [p.name for p in spool.iterdir() if p.name.endswith((".json", ".jsonl"))]
-        return {"pending": sorted(found)}
+        names = [p.name for p in spool.iterdir() if p.name.endswith((".json", ".jsonl"))]
+        return {"pending": sorted(names)}
     if op == "shutdown":
         manager.shutdown_all()
         return {"drain": manager.shutdown_drain_state}

@@ -63,9 +63,10 @@ def test_a_run_that_cannot_deliver_says_why_and_status_shows_it(
     assert f"what is left waits in {tmp_path / 'spool'}" in log
 
     transcript.assistant("m1", {"type": "text", "text": "hi"})
-    monkeypatch.setattr(sys, "stderr", Terminal())
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
     assert hook(monkeypatch, payload) == 0
-    said = sys.stderr.getvalue()  # type: ignore[attr-defined]
+    said = terminal.getvalue()
     assert said.count("\n") == 1 and said.startswith("sgme capture claude-code: cannot deliver")
     assert str(tmp_path / "spool" / "capture.log") in said
     monkeypatch.setattr(sys, "stderr", sys.__stderr__)

@@ -360,5 +360,6 @@ def test_a_device_is_not_read_and_a_line_past_the_bound_is_skipped(
     path.write_bytes(b'{"a": 1}\n' + b'{"b": "' + b"x" * 50 + b'"}\n{"c": 3}\n')
     found = list(source.lines(path))
     assert [type(x).__name__ for x in found] == ["Line", "Problem", "Line"]
+    assert isinstance(found[1], source.Problem)
     assert found[1].line == 2 and "longer than 10 bytes" in found[1].detail
     assert isinstance(found[2], source.Line) and found[2].value == {"c": 3}
