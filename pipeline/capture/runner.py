@@ -1,22 +1,25 @@
 """One capture run: what the transcripts gained since the last run, sent in order, within a
 time budget, never failing.
 
-1. What the spool holds (earlier runs' appends the server could not take) is delivered first,
-   oldest first.
-2. Each transcript is read from where the last run left it (:mod:`.state`), record by record,
+1. Each transcript is read from where the last run left it (:mod:`.state`), record by record,
    by the importer of the same name — the same conversion and the same keys as ``sgme
    import`` — for at most half of what is left of the budget (what is read must still be sent
    or spooled). A transcript this version has not read before is read from its start, with the
    keys earlier versions gave its turns (``legacy_key``). A hook that names the answer the
    transcript should end with (Claude Code's Stop runs before the last records are written)
-   waits a little for it.
-3. Each unit's append is sent straight while nothing waits in the spool; once one cannot go
-   (the server down, slow, refusing the token) or the time is nearly up, it and everything
-   after it are kept for the spool, behind what waits, so a session's units land in order.
-4. What was kept goes to the spool as one file (one fsync), redacted. Then each transcript's
+   waits a little for it. This comes first: what an agent wrote is on the spool's disk before
+   the run spends its time on the server, so a run that a slow server or a long backlog keeps
+   busy to its end still takes what its hook came for (no later hook may come for this
+   transcript: a session ends).
+2. Each unit's append is sent straight while nothing waits in the spool; once one cannot go
+   (the server down, slow, refusing the token) or the time is nearly up — and from the start
+   when the spool holds something — it and everything after it are kept for the spool,
+   behind what waits, so a session's units land in order.
+3. What was kept goes to the spool as one file (one fsync), redacted. Then each transcript's
    state moves to its last record taken care of — delivered, or in the written spool file.
    When the spool cannot be written, what was kept for it is sent straight while the server
    takes it, and the rest is read again by the next run.
+4. What the spool holds is delivered, oldest first, with what is left of the budget.
 
 Any error is caught, logged and ends the run: a hook exits 0 whatever happens.
 """
@@ -53,6 +56,8 @@ RESERVE_SECONDS = 0.3
 SPOOL_RATE = 50e6
 #: the share of what is left of the budget a transcript may be read for
 READ_SHARE = 0.5
+#: seconds kept back from the budget at the very end (closing the client, the log)
+LAST = 0.1
 #: seconds a run waits for the answer its hook named to be in the transcript
 LAG_SECONDS = 2.0
 LAG_POLL = 0.05
@@ -218,8 +223,13 @@ class Run:
             self._client.close()
 
     def deliver(self) -> None:
-        """Send what earlier runs spooled."""
-        self._clear = self.spool.deliver(self.send, deadline=self.deadline - RESERVE_SECONDS)
+        """Send what the spool holds, oldest first, with what is left of the budget."""
+        self.summary.delivered = self.spool.deliver(self.send, deadline=self.deadline - LAST)
+
+    def start(self) -> None:
+        """Appends go straight only while nothing waits in the spool (they would land
+        before what does)."""
+        self._clear = not self.spool.pending()
 
     # -- reading ---------------------------------------------------------------------------------
 
@@ -245,7 +255,7 @@ class Run:
             self.summary.problems.append(f"cannot keep the capture's state ({exc}): read whole")
             saved = states.Saved(None)
         if self._clear and self.spool.pending():  # another hook spooled meanwhile: behind it
-            self.deliver()
+            self._clear = False
         start = self._start(target, saved.data, found)
         offset = int(start["offset"])
         if offset == found.st_size and (
@@ -396,7 +406,6 @@ class Run:
                 self._straight()
         for read in self._passes:
             self._save(read, written)
-        self.summary.delivered = not self.spool.pending()
 
     def _straight(self) -> None:
         """What was kept for a spool that cannot be written, sent while the server takes it."""
@@ -466,13 +475,14 @@ def capture(
     run: Run | None = None
     try:
         run = Run(config, deadline=deadline, transport=transport)
-        run.deliver()
+        run.start()
         for target in targets:
             if run.left() <= run._reserve():
                 run.summary.failure = run.summary.failure or "the run's time was up"
                 break
             run.capture(target)
         run.finish()
+        run.deliver()
         return run.summary
     except Exception as exc:  # a hook must never fail its agent: say it and go
         logger.warning("sgme capture: %s: %s", type(exc).__name__, exc, exc_info=True)
