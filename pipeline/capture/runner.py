@@ -188,7 +188,9 @@ class Run:
     def _outcome(self, body: dict[str, Any]) -> tuple[spooling.Outcome, str]:
         """What became of one append, by the answer or the error the client raised."""
         try:
-            answer = self._connect().append(**body)
+            # a body the server refuses for its metadata goes again without it (the importer's
+            # rule: metadata describes a session, the unit is what must not be lost)
+            answer = runner.send(lambda sent: self._connect().append(**sent), body)
         except errors.Conflict:
             return spooling.Outcome.SENT, "already stored"  # the key holds this unit already
         except errors.Unauthorized as exc:

@@ -469,3 +469,27 @@ def test_a_session_an_earlier_version_stored_is_not_captured_twice(
             ("user", "And now?", None),
         ]
     }
+
+
+def test_a_unit_refused_for_its_metadata_is_sent_without_it(
+    db: database.Database, data_dir: Path, database_url: str, tmp_path: Path
+) -> None:
+    from pipeline.settings import Limits
+
+    strict = Api(db, data_dir, database_url, Limits(max_metadata_bytes=32))
+    try:
+        sid = "aaaaaaaa-0000-4000-8000-000000000008"
+        transcript = ClaudeTranscript(tmp_path / "p" / f"{sid}.jsonl", sid)
+        transcript.user("hello")
+        payload = {"session_id": sid, "transcript_path": str(transcript.path)}
+        found = runner.capture(
+            agent("claude-code", tmp_path),
+            hooks.claude_code_targets(payload),
+            seconds=5,
+            transport=Network(strict.client._transport),
+        )
+        assert (found.sent, found.spooled, found.failure) == (1, 0, None)
+        assert not (tmp_path / "spool" / "rejected").exists()
+        assert stored(strict, "claude-code") == {sid: [("user", "hello", None)]}
+    finally:
+        strict.close()
