@@ -13,6 +13,7 @@ import pytest
 from conftest import Run, Sgme, assert_one_line_error
 
 from pipeline import document, errors, service
+from pipeline.importers import convention
 
 CHATS = [
     {
@@ -257,3 +258,73 @@ def test_control_characters_in_file_names_are_escaped(sgme: Sgme, tmp_path: Path
     assert run.code == 1
     assert "\x1b" not in run.err and "\x07" not in run.err
     assert "evil\\x1b]0;owned\\x07\\x1b[2J.jsonl:2: not JSON" in run.err
+
+
+def test_a_store_an_earlier_version_filled_and_an_erased_session(
+    sgme: Sgme, tmp_path: Path
+) -> None:
+    """An earlier version stored a Claude Code turn whole under its turn key; importing the
+    transcript now writes only what is new. Erasing the session, then importing again, writes
+    nothing: its keys are the erasure's tombstone; --release lets the next import store it."""
+    sid = "5b6c69aa-0000-4000-8000-000000000001"
+
+    def record(uuid: str, parent: str | None, role: str, text: str, second: int) -> str:
+        message: dict[str, Any] = {"role": role, "content": text}
+        if role == "assistant":
+            message = {"id": f"m-{uuid}", "role": role, "content": [{"type": "text", "text": text}]}
+        return json.dumps(
+            {
+                "type": role,
+                "uuid": uuid,
+                "parentUuid": parent,
+                "sessionId": sid,
+                "timestamp": f"2026-08-03T11:18:{second:02d}Z",
+                "message": message,
+            }
+        )
+
+    path = tmp_path / f"{sid}.jsonl"
+    path.write_text(
+        "\n".join(
+            [
+                record("u1", None, "user", "Read notes.md", 1),
+                record("a1", "u1", "assistant", "It says hi.", 2),
+                record("u2", "a1", "user", "And now?", 3),
+            ]
+        )
+        + "\n"
+    )
+    turn = [
+        {"role": "user", "content": "Read notes.md", "ts": "2026-08-03T11:18:01Z"},
+        {"role": "assistant", "content": "It says hi.", "ts": "2026-08-03T11:18:02Z"},
+    ]
+    earlier = {
+        "agent_id": "claude-code",
+        "session_key": sid,
+        "idempotency_key": convention.key("claude-code", sid, "u1", turn),
+        "messages": turn,
+    }
+    assert sgme("append", stdin=json.dumps(earlier)).code == 0
+    first = summary(sgme("import", "claude-code", str(path), "--json"))
+    assert (first["messages"], first["replayed"], first["files"]) == (1, 2, 1)
+    [row] = sgme("ls", "--agent-id", "claude-code", "--json").json()
+    assert row["flushed_seq"] == 3
+
+    erased = sgme("erase", "--file-id", row["file_id"], "--yes", "--json").json()
+    assert erased["keys"] == 2  # the earlier version's turn key and the new record's
+    again = summary(sgme("import", "claude-code", str(path), "--json"))
+    assert (again["messages"], again["erased"], again["files"]) == (0, 3, 0)
+    assert sgme("ls", "--agent-id", "claude-code", "--json").json() == []
+    plain = sgme("import", "claude-code", str(path)).out.decode()
+    assert "imported 0 messages into 0 files (0 already imported, 3 erased," in plain
+
+    released = sgme("erase", "--release", "--file-id", row["file_id"], "--yes", "--json")
+    assert released.code == 0, released.err
+    assert (released.json()["action"], released.json()["keys"]) == ("release", 2)
+    back = summary(sgme("import", "claude-code", str(path), "--json"))
+    assert (back["messages"], back["erased"], back["files"]) == (3, 0, 1)
+    [new] = sgme("ls", "--agent-id", "claude-code", "--json").json()
+    assert new["file_id"] != row["file_id"] and new["flushed_seq"] == 3
+    trail = sgme("audit", "--file-id", row["file_id"], "--json").json()
+    assert [(r["action"], r["keys"]) for r in trail] == [("erase", 2), ("release", 2)]
+    assert sgme("erase", "--release", "--file-id", new["file_id"], "--yes").code == 2
