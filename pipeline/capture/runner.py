@@ -403,6 +403,7 @@ class Run:
                 self.spool.put(self._kept)
                 written = True
                 self.summary.spooled += len(self._kept)
+                self._kept_bytes = 0  # written: no time to keep back for it any more
             except (OSError, spooling.Full) as exc:
                 self.summary.failure = f"cannot spool ({exc}): sending straight"
                 self._straight()
