@@ -10,8 +10,8 @@ written to the transcript, the way the Stop hook meets it:
 
 - ``python -c pass``: the interpreter's own start, the baseline of the ratio column;
 - SessionEnd with nothing new (the Stop hook took the last turn): what most SessionEnd runs do;
-- Stop, one new turn, in a transcript of 10 turns, then of 2,000 (about 1 MB: only what the
-  transcript gained is read);
+- Stop, one new turn, in a transcript of 10 turns, then of 2,000 (about 2 MB: only what the
+  transcript gained is read; measured once the first reading of it was delivered);
 - Stop, one new turn, the server down (it goes to the spool).
 
 **With a backlog** — 1,000 turns (2,000 appends) waiting in the spool from runs made while the
@@ -205,7 +205,7 @@ def main() -> None:
         large = Transcript(root / "large.jsonl", "bbbbbbbb-0000-4000-8000-000000000002")
         large.turn(2000)
         written[large.session] = large.n
-        hook(env, large, "Stop")
+        settle(env, root / "spool", [small, large])  # what a first reading sent and spooled
         size = large.path.stat().st_size / 1e6
         first.append(
             (
@@ -271,14 +271,11 @@ def main() -> None:
                 10.0,
             )
         )
-        # the server back: every spool delivered (runs of a longer budget), every turn stored
-        for spool in ("spool", "backlog", "huge-spool"):
-            up = {**env, "SGME_SPOOL_DIR": str(root / spool), "SGME_CAPTURE_SECONDS": "60"}
-            deadline = time.monotonic() + 600
-            while any((root / spool).glob("*.jsonl")):
-                hook(up, small, "Stop")
-                if time.monotonic() > deadline:
-                    raise SystemExit(f"the spool {spool} did not empty")
+        # the server back: the agents' next turns' hooks read what their transcripts still
+        # hold and deliver every spool; every turn is stored once
+        settle(env, root / "spool", [small, large])
+        settle(env, root / "backlog", [waiting])
+        settle(env, root / "huge-spool", [huge])
         stored = _stored(url, written)
         assert stored == written, f"stored {stored}, written {written}"
     base_time = statistics.median(first[0][1])
@@ -312,6 +309,29 @@ def _stored(url: str, written: dict[str, int]) -> dict[str, int]:
         if found == written or time.monotonic() > deadline:
             return found
         time.sleep(0.2)
+
+
+def settle(env: dict[str, str], spool: Path, transcripts: list[Transcript]) -> None:
+    """Stop hooks (of a longer budget) until every transcript was read to its end and the
+    spool holds nothing."""
+    up = {**env, "SGME_SPOOL_DIR": str(spool), "SGME_CAPTURE_SECONDS": "60"}
+    deadline = time.monotonic() + 1200
+    while not _caught_up(spool, transcripts):
+        for t in transcripts:
+            hook(up, t, "Stop")
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{spool}: the hooks did not catch up")
+
+
+def _caught_up(spool: Path, transcripts: list[Transcript]) -> bool:
+    """Nothing waits in ``spool`` and every transcript was read to its end (its state)."""
+    if any(spool.glob("*.jsonl")):
+        return False
+    read = {}
+    for state in (spool / "state").glob("t-*.json"):
+        found = json.loads(state.read_text())
+        read[found["path"]] = found["offset"]
+    return all(read.get(str(t.path)) == t.path.stat().st_size for t in transcripts)
 
 
 def _timed(argv: list[str]) -> float:

@@ -52,9 +52,11 @@ logger = logging.getLogger("sgme.capture")
 REQUEST_SECONDS = 5.0
 #: seconds kept back from the budget for spooling what could not be sent in time
 RESERVE_SECONDS = 0.3
-#: bytes a second the spool file is assumed written at, to keep back time for a large one
-SPOOL_RATE = 50e6
-#: the share of what is left of the budget a transcript may be read for
+#: bytes a second what is kept is assumed spooled at (redacted, encoded, written: about 20 MB/s
+#: measured on a loaded machine), to keep back time for a large spool file
+SPOOL_RATE = 10e6
+#: the share of what is left of the budget a transcript may be read for; half of it when the
+#: keys of earlier versions are to be worked out too (about as long again: docs/benchmarks.md)
 READ_SHARE = 0.5
 #: seconds kept back from the budget at the very end (closing the client, the log)
 LAST = 0.1
@@ -115,6 +117,11 @@ class _Pass:
     reader: Any  #: the importer's Reader after the last item
 
 
+def _size(body: dict[str, Any]) -> int:
+    """About what an append takes in the spool (its messages' text and some for the rest)."""
+    return 200 + sum(len(m["content"]) for m in body["messages"])
+
+
 def _matches(said: str | None, expect: str) -> bool:
     if said is None:
         return False
@@ -142,6 +149,7 @@ class Run:
         self._clear = False  # nothing waits in the spool: appends may go straight
         self._kept: list[dict[str, Any]] = []  # appends for the spool, in order
         self._kept_bytes = 0
+        self._undecided_bytes = 0  # of the appends made and neither sent nor kept yet
         self._spooled_bytes: int | None = None  # what the spool held when the run kept its first
         self._stopped = False  # an append could be neither sent nor kept: take no more
         self._passes: list[_Pass] = []
@@ -152,7 +160,8 @@ class Run:
         return self.deadline - time.monotonic()
 
     def _reserve(self) -> float:
-        return RESERVE_SECONDS + self._kept_bytes / SPOOL_RATE
+        """Seconds to keep back: enough to spool what is kept, and what may yet be."""
+        return RESERVE_SECONDS + (self._kept_bytes + self._undecided_bytes) / SPOOL_RATE
 
     def _connect(self) -> Any:
         """The HTTP client, made on first use: importing it (its answer models) costs a
@@ -271,6 +280,9 @@ class Run:
             start = self._start(target, None, found)
             offset, reader = 0, module.Reader(target.path, None)
         share = max(0.0, self.left() - self._reserve()) * READ_SHARE
+        pending = start.get("legacy_until")
+        if isinstance(pending, int) and offset < pending:
+            share /= 2
         until = time.monotonic() + share
         items = self._read(target, reader, offset, int(start["line"]), until)
         if target.expect is not None and not _matches(reader.last_text, target.expect):
@@ -357,10 +369,12 @@ class Run:
             item = by_position.get(unit.position)
             if item is not None:
                 item.bodies.append(body)
+                self._undecided_bytes += _size(body)
         for item in read.items:
             for body in item.bodies:
                 if self._stopped:
                     return
+                self._undecided_bytes -= _size(body)
                 self._take_one(item, body)
 
     def _legacy_lines(self, read: _Pass, until: int) -> list[source.Line]:
