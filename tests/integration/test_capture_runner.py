@@ -493,3 +493,30 @@ def test_a_unit_refused_for_its_metadata_is_sent_without_it(
         assert stored(strict, "claude-code") == {sid: [("user", "hello", None)]}
     finally:
         strict.close()
+
+
+def test_a_long_transcript_read_for_the_first_time_keeps_to_the_budget(
+    app: Api, network: Network, tmp_path: Path
+) -> None:
+    """What the run cannot send in its budget it spools, keeping back the time that takes;
+    the next runs deliver it and read on: everything lands once, in order."""
+    env = agent("claude-code", tmp_path)
+    sid = "aaaaaaaa-0000-4000-8000-000000000009"
+    transcript = ClaudeTranscript(tmp_path / "p" / f"{sid}.jsonl", sid)
+    text = "words of a turn " * 200
+    for n in range(1500):
+        transcript.user(f"question {n}: {text}")
+        transcript.assistant(f"m{n}", {"type": "text", "text": f"answer {n}: {text}"})
+    payload = {"session_id": sid, "transcript_path": str(transcript.path)}
+    started = time.monotonic()
+    first = runner.capture(env, hooks.claude_code_targets(payload), seconds=1.5, transport=network)
+    took = time.monotonic() - started
+    assert took < 2.0, f"the run took {took:.2f} s of a 1.5 s budget"
+    assert first.sent + first.spooled > 0
+    for _ in range(20):
+        found = runner.capture(
+            env, hooks.claude_code_targets(payload), seconds=30, transport=network
+        )
+        if found.delivered and found.unchanged:
+            break
+    assert stored(app, "claude-code") == imported(claude_code, tmp_path / "p")
