@@ -58,8 +58,9 @@ SPOOL_RATE = 10e6
 #: the share of what is left of the budget a transcript may be read for; half of it when the
 #: keys of earlier versions are to be worked out too (about as long again: docs/benchmarks.md)
 READ_SHARE = 0.5
-#: seconds kept back from the budget at the very end (closing the client, the log)
-LAST = 0.1
+#: seconds kept back from the budget at the very end (closing the client, the log, a process
+#: that held a large transcript letting go of it)
+LAST = 0.25
 #: seconds a run waits for the answer its hook named to be in the transcript
 LAG_SECONDS = 2.0
 LAG_POLL = 0.05

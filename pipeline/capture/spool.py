@@ -16,8 +16,9 @@ users.
 - **Private**: the directory is made ``0700`` and each file ``0600`` (they hold conversations).
 - **In order**: :meth:`Spool.deliver` sends the oldest first and stops at the first body the
   server cannot take *now* (down, overloaded, a token it does not accept yet), so a session's
-  turns land in the order they were put; what is left of a file is written back under its
-  name. A body it refuses *for good* (invalid, too large, or 403: not this token's to write,
+  turns land in the order they were put; how far a file was delivered is noted beside it
+  (``.{name}.done``, not fsynced: lost, it only sends lines again, which replay). A body it
+  refuses *for good* (invalid, too large, or 403: not this token's to write,
   e.g. after the agent id changed) is set aside in ``rejected/`` with a ``.reason`` file beside
   it, and delivery goes on. A line that is not one JSON object is set aside the same way: one
   bad body never blocks the others.
@@ -227,16 +228,18 @@ class Spool:
             return not self.pending()
 
     def _deliver_file(self, path: Path, send: Send, deadline: float | None) -> bool:
-        """Deliver one file; False when a body could not go now (the rest written back)."""
+        """Deliver one file from where an earlier delivery stopped; False when a body could
+        not go now (how far it got is noted beside the file)."""
         try:
             lines = path.read_bytes().splitlines(keepends=True)
         except FileNotFoundError:
             return True  # another deliverer sent it
         except OSError as exc:
             return self._give_up(path, f"unreadable spool file: {exc}")
-        for index, line in enumerate(lines):
+        for index in range(_done(path), len(lines)):
+            line = lines[index]
             if deadline is not None and time.monotonic() > deadline:
-                return self._keep(path, lines[index:])
+                return self._keep(path, index)
             if not line.strip():
                 continue
             try:
@@ -249,20 +252,21 @@ class Spool:
                 continue
             outcome, detail = send(body)
             if outcome is Outcome.LATER:
-                return self._keep(path, lines[index:])
+                return self._keep(path, index)
             if outcome is Outcome.REFUSED:
                 self.set_aside(body, detail)
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
+        _progress(path).unlink(missing_ok=True)
         return True
 
-    def _keep(self, path: Path, rest: list[bytes]) -> bool:
-        """What is left of a file, written back under its name (its place in the queue)."""
-        if not rest:
-            path.unlink(missing_ok=True)
-            return True
+    def _keep(self, path: Path, done: int) -> bool:
+        """Note that the first ``done`` lines of a file are delivered: the file keeps its name
+        (its place in the queue) and its bytes. Not fsynced: a note lost only sends those
+        lines again, which their keys make replay. Always False (what is left waits)."""
         with contextlib.suppress(OSError):
-            write_file(path.with_name(f".{path.name}.tmp"), b"".join(rest), path)
+            note = _progress(path)
+            write_file(note.with_name(note.name + ".tmp"), str(done).encode(), note, durable=False)
         return False
 
     def _give_up(self, path: Path, reason: str) -> bool:
@@ -284,7 +288,7 @@ class Spool:
                 continue
             found.files += 1
             found.bytes += len(data)
-            for line in data.splitlines():
+            for line in data.splitlines()[_done(path) :]:
                 with contextlib.suppress(ValueError, RecursionError):
                     body = json.loads(line)
                     agent = body.get("agent_id") if isinstance(body, Mapping) else None
@@ -313,6 +317,19 @@ class Spool:
             yield True
         finally:
             os.close(fd)
+
+
+def _progress(path: Path) -> Path:
+    """Where how far a spool file was delivered is noted (a hidden file beside it)."""
+    return path.with_name(f".{path.name}.done")
+
+
+def _done(path: Path) -> int:
+    """How many lines of a spool file an earlier delivery took (0 when none noted)."""
+    try:
+        return max(0, int(_progress(path).read_text()))
+    except (OSError, ValueError):
+        return 0
 
 
 def write_file(tmp: Path, data: bytes, path: Path, *, durable: bool = True) -> None:

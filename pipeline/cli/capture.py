@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,9 +50,10 @@ TEXT = "live capture for Claude Code and Codex (run by their hooks)"
 def main(argv: list[str]) -> int:
     """``sgme capture ARGS``, parsed and run without the other commands' modules (a hook's
     budget is about a second; see :func:`pipeline.cli.main`)."""
+    started = time.monotonic()
     parser = argparse.ArgumentParser(prog="sgme capture", description=TEXT)
     _declare(parser)
-    return run(parser.parse_args(argv))
+    return run(parser.parse_args(argv), started=started)
 
 
 def cmd_capture(ctx: Context) -> int:
@@ -59,9 +61,10 @@ def cmd_capture(ctx: Context) -> int:
     return run(ctx.args)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, *, started: float | None = None) -> int:
     """The installer (exit 2 with one line on an error), the status, or a capture run (exit 0,
-    always)."""
+    always) whose budget counts from ``started`` (``time.monotonic()``; default now): what the
+    command took to start is part of what the agent waits for."""
     if args.what in ("install", "status"):
         try:
             return _install(args) if args.what == "install" else _status(args)
@@ -72,11 +75,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"sgme capture: {exc}", file=sys.stderr)
             return 2
     with contextlib.suppress(Exception):
-        _run(args.what, args.notification)
+        _run(args.what, args.notification, time.monotonic() if started is None else started)
     return 0
 
 
-def _run(agent: str, notification: str | None) -> None:
+def _run(agent: str, notification: str | None, started: float) -> None:
     from pipeline.capture import hooks, runner, state
 
     env = config.agent(agent)
@@ -92,6 +95,7 @@ def _run(agent: str, notification: str | None) -> None:
     else:
         targets = hooks.codex_targets(hook, config.agent_home("codex"))
         seconds = env.seconds
+    seconds = max(0.1, seconds - (time.monotonic() - started))
     summary = runner.capture(env, targets, seconds=seconds)
     for problem in summary.problems:
         log.warning("sgme capture %s: %s", agent, problem)

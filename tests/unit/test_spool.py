@@ -114,11 +114,16 @@ def test_what_is_left_of_a_file_keeps_its_place(tmp_path: Path) -> None:
         taken.append(sent["idempotency_key"])
         return Outcome.SENT, ""
 
+    before = first.read_bytes()
     assert box.deliver(send) is False
-    assert box.pending()[0] == first  # the rest of it, under its own name: first in line
+    # first in line still, its bytes not written again: how far it went is noted beside it
+    assert box.pending()[0] == first and first.read_bytes() == before
+    assert (tmp_path / f".{first.name}.done").read_text() == "2"
+    assert box.waiting().bodies == 3
     server = Server()
     assert box.deliver(server) is True
     assert taken + server.stored == ["k0", "k1", "k2", "k3", "k4"]
+    assert not list(tmp_path.glob(".*.done"))
 
 
 def test_bodies_are_redacted_before_they_are_written(tmp_path: Path) -> None:
