@@ -5,8 +5,9 @@ Code's ``Stop``, ``SubagentStop``, ``PreCompact`` and ``SessionEnd``; Codex's ``
 ``notify`` program). Each run reads what the transcript gained since the last run with the
 importer of the same name (:mod:`pipeline.importers`: the same conversion, the same keys — a
 record's, an item's — so capture, re-capture and a later ``sgme import`` make the same memory
-and never write a unit twice) and appends it through :mod:`pipeline.client`, over HTTP, to a
-running server (one writer, any deployment).
+and never write a unit twice) and appends it over HTTP (httpx; refusals read by
+:mod:`pipeline.exchange`, as the client reads them) to a running server (one writer, any
+deployment). Nothing of the server is imported on a hook's path.
 
 A hook never harms its agent: a run exits 0 whatever happens, keeps to a time budget, says in
 its log why it could not deliver, and what the server cannot take now waits in a spool

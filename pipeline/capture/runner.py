@@ -165,26 +165,45 @@ class Run:
         return RESERVE_SECONDS + (self._kept_bytes + self._undecided_bytes) / SPOOL_RATE
 
     def _connect(self) -> Any:
-        """The HTTP client, made on first use: importing it (its answer models) costs a
-        good part of a SessionEnd hook's budget, and most such runs have nothing to send.
-        Made again with a shorter timeout once less than one request's is left of the budget,
-        so no request outlasts it."""
-        from pipeline import client
+        """The HTTP client (httpx), made on first use — most SessionEnd runs have nothing to
+        send — and made again with a shorter timeout once less than one request's is left of
+        the budget, so no request outlasts it. Not ``pipeline.client``: its answer models
+        import the server's tables (SQLAlchemy), a third of a second of a hook's budget."""
+        import httpx
 
-        left = max(0.1, self.left() - self._reserve())  # after the import, which takes time
+        left = max(0.1, self.left() - self._reserve())
         if self._client is not None and self._timeout > left:
             self._client.close()
             self._client = None
         if self._client is None:
             self._timeout = min(REQUEST_SECONDS, left)
-            self._client = client.Client(
-                self.config.url,
-                token=self.config.token,
+            headers = {"Authorization": f"Bearer {self.config.token}"} if self.config.token else {}
+            self._client = httpx.Client(
+                base_url=self.config.url,
+                headers=headers,
                 timeout=self._timeout,
-                retry=client.NO_RETRY,
                 transport=self.transport,
             )
         return self._client
+
+    def _post(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``POST /v1/append``: the answer, or the :mod:`pipeline.errors` error it stands for
+        (:func:`exchange.error_from`, the client's own reading of a refusal)."""
+        import httpx
+
+        from pipeline import exchange
+
+        try:
+            answer = self._connect().post("/v1/append", json=body)
+        except httpx.RequestError as exc:  # no answer at all
+            raise errors.Unreachable(f"no answer: {type(exc).__name__}: {exc}") from exc
+        if answer.status_code >= 300:
+            raise exchange.error_from(answer)
+        try:
+            found = answer.json()
+        except ValueError:
+            found = None
+        return found if isinstance(found, dict) else {}
 
     def send(self, body: dict[str, Any]) -> tuple[spooling.Outcome, str]:
         """One attempt to append one body (a spool ``Send``); why not, when it cannot go."""
@@ -200,7 +219,7 @@ class Run:
         try:
             # a body the server refuses for its metadata goes again without it (the importer's
             # rule: metadata describes a session, the unit is what must not be lost)
-            answer = runner.send(lambda sent: self._connect().append(**sent), body)
+            answer = runner.send(self._post, body)
         except errors.Conflict:
             return spooling.Outcome.SENT, "already stored"  # the key holds this unit already
         except errors.Unauthorized as exc:
@@ -224,7 +243,8 @@ class Run:
             return spooling.Outcome.REFUSED, f"{exc.status} {exc.detail}"
         except errors.SgmeError as exc:  # a 5xx: the server failed, it may not later
             return spooling.Outcome.LATER, f"the server failed ({exc.status}): {exc.detail}"
-        erased = getattr(answer, "erased", 0) or 0
+        erased = answer.get("erased", 0) if isinstance(answer, dict) else 0
+        erased = erased if isinstance(erased, int) else 0
         self.summary.erased += erased
         return spooling.Outcome.SENT, "erased earlier: not stored again" if erased else ""
 

@@ -93,3 +93,31 @@ def test_a_hook_without_input_or_with_garbage_exits_0(
         assert cli.main(["capture", "claude-code"]) == 0
         assert cli.main(["capture", "codex", given or "{}"]) == 0
     assert capsys.readouterr().out == ""
+
+
+def test_a_hook_run_loads_nothing_of_the_server(env: str, tmp_path: Path) -> None:
+    """A hook runs at the end of every turn: it is a client of the server over HTTP, and
+    importing the server's modules (SQLAlchemy, FastAPI) would take a third of a second."""
+    import subprocess
+
+    sid = "aaaaaaaa-0000-4000-8000-000000000011"
+    transcript = ClaudeTranscript(tmp_path / "p" / f"{sid}.jsonl", sid)
+    transcript.user("hello")
+    payload = {
+        "session_id": sid,
+        "transcript_path": str(transcript.path),
+        "hook_event_name": "Stop",
+    }
+    script = (
+        "import io, sys\n"
+        "from pipeline import cli\n"
+        f"sys.stdin = io.StringIO({json.dumps(json.dumps(payload))})\n"
+        "assert cli.main(['capture', 'claude-code']) == 0\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('sqlalchemy', 'fastapi')"
+        " or m in ('pipeline.tables', 'pipeline.client', 'pipeline.settings')))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == "[]", done.stderr
+    assert (tmp_path / "spool" / "capture.log").read_text().count("cannot deliver") == 1
