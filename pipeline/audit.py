@@ -1,5 +1,6 @@
 """The audit trail of what was removed on purpose (``audit_log``): one row per redacted message
-and per erased file — who, when, why, and the sha256 of what went, never the text.
+and per erased file — who, when, why, and the sha256 of what went, never the text — and one per
+erasure whose tombstone was let go on purpose (``release``).
 
 A row is written before anything is removed and *finished* once the removal is complete; an
 unfinished row is the record a crash left of a rewrite or a removal to finish
@@ -21,6 +22,7 @@ from pipeline import database, tables
 
 REDACT = "redact"
 ERASE = "erase"
+RELEASE = "release"  #: an erasure's tombstone let go (erasure.release)
 _A = tables.audit_log.c
 _UNFINISHED = database.Prepared(
     sa.select(_A.id).where(_A.file_id == sa.bindparam("file_id"), _A.finished_at.is_(None)).limit(1)

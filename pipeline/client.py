@@ -151,6 +151,7 @@ def _append(
     idempotency_key: str | None = None,
     wait: bool = False,
     sequence: int | None = None,
+    legacy_key: str | None = None,
 ) -> exchange.Call[models.Appended]:
     """Append ``messages`` (``{"role", "content", "ts"?, "tool_name"?}``) to a session; with
     ``wait`` the answer comes once they are in the file. Retried with the same
@@ -158,7 +159,9 @@ def _append(
 
     ``sequence`` numbers the session's appends (1, 2, …; a session uses them always or
     never): one that is not the next the session expects raises
-    :class:`~pipeline.errors.OutOfOrder` (never retried), whose ``expected`` is that one."""
+    :class:`~pipeline.errors.OutOfOrder` (never retried), whose ``expected`` is that one.
+    ``legacy_key``: the key an earlier version of the caller gave the turn these messages
+    belong to (when it is recorded, nothing is written)."""
     body: dict[str, Any] = {
         "agent_id": agent_id,
         "session_key": session_key,
@@ -170,6 +173,8 @@ def _append(
         body["metadata"] = dict(metadata)
     if sequence is not None:
         body["sequence"] = sequence
+    if legacy_key is not None:
+        body["legacy_key"] = legacy_key
     params = _query(wait="flushed" if wait else None)
     return exchange.Call("POST", "/v1/append", exchange.model_reader(models.Appended), params, body)
 

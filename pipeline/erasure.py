@@ -3,6 +3,13 @@ index row derived from them — catalog, search terms, journal rows, waiting app
 idempotency records, anomalies, the file's row — go; one audit row per file stays, and from then on
 the file and every ``source_ref`` into it answer 410 Gone.
 
+**The tombstone.** The idempotency keys the session's appends were recorded under stay, without
+the digest of what they held and without their answer (:func:`idempotency.tombstone`), and
+the audit row counts them: an import, a capture or a provider that sends the same units again
+(they key them the same way) is answered ``erased`` and writes nothing, so what was erased
+stays erased. :func:`release` lets them be written again, on purpose (audited). An upload's key
+goes with it (an upload is a document given once, not a source read again).
+
 Per file, under its lock: one index transaction removes every row and writes the audit row
 *unfinished*, naming the paths still to unlink (step **recorded**); the paths are unlinked
 and their directory fsynced (**unlinked**); the audit row is finished. A crash in between
@@ -35,6 +42,7 @@ from pipeline import (
     database,
     document,
     errors,
+    idempotency,
     index,
     ledger,
     locks,
@@ -92,18 +100,26 @@ def _readable(data_dir: Path, row: tables.FileRow) -> tuple[bytes, list[document
         return b"", None
 
 
-def _delete_rows(conn: sa.Connection, row: tables.FileRow) -> None:
-    """Every row of the file but the catalog and its terms (done before: they need the text)."""
+def _delete_rows(conn: sa.Connection, row: tables.FileRow) -> int:
+    """Every row of the file but the catalog and its terms (done before: they need the text);
+    its idempotency records become its tombstone (an upload's go): how many."""
     file_id = row.file_id
     for table in (tables.l1_items, tables.append_journal, tables.full_refines):
         conn.execute(sa.delete(table).where(table.c.file_id == file_id))
     conn.execute(sa.delete(tables.anomalies).where(tables.anomalies.c.file_id == file_id))
     k = tables.append_keys.c
-    conn.execute(
-        sa.delete(tables.append_keys).where(
-            k.agent_id == row.agent_id, k.response_json.contains(file_id)
-        )
+    mine = sa.and_(
+        k.agent_id == row.agent_id,
+        k.response_json.contains(file_id),
+        k.request_hash != idempotency.ERASED,
     )
+    kept = 0
+    if row.source_type == "upload":
+        conn.execute(sa.delete(tables.append_keys).where(mine))
+    else:
+        tombstone = json.dumps(idempotency.tombstone(file_id))
+        values = {"request_hash": idempotency.ERASED, "response_json": tombstone}
+        kept = int(conn.execute(sa.update(tables.append_keys).where(mine).values(values)).rowcount)
     w = tables.waiting_appends.c
     conn.execute(
         sa.delete(tables.waiting_appends).where(
@@ -113,6 +129,7 @@ def _delete_rows(conn: sa.Connection, row: tables.FileRow) -> None:
         )
     )
     conn.execute(sa.delete(tables.raw_files).where(tables.raw_files.c.file_id == file_id))
+    return kept
 
 
 def erase_file(
@@ -154,7 +171,7 @@ def erase_file(
                 terms_left = not purge.forget_file_terms(conn, file_id)
             purge.forget_rows(conn, file_id)
             pending = sum(e.size for e in ledger.journal_after(conn, file_id, 0))
-            _delete_rows(conn, current)
+            kept = _delete_rows(conn, current)
             for unfinished in audit.unfinished(conn, file_id=file_id):
                 audit.finish(conn, unfinished.id, now=now)  # a redaction made moot
             recorded = audit.record(
@@ -170,6 +187,7 @@ def erase_file(
                 removed_bytes=len(data) + pending,
                 messages=current.next_seq - 1,
                 paths_json=json.dumps(_paths(row)),
+                keys=kept,
             )
         fault("recorded")
         _unlink(data_dir, recorded)
@@ -203,8 +221,8 @@ def erase_session(
     progress: Callable[[int], None] | None = None,
 ) -> tuple[list[Erased], int]:
     """Erase every file of an agent (of one of its sessions with ``session_key``), then its
-    appends still waiting for their order and its idempotency records: ``(the files erased,
-    the rows of those removed)``."""
+    appends still waiting for their order and its idempotency records (not the tombstones):
+    ``(the files erased, the rows of those removed)``."""
     validation.check_agent_id(agent_id)
     f = tables.raw_files.c
     query = sa.select(f.file_id).where(f.agent_id == agent_id).order_by(f.file_id)
@@ -221,7 +239,9 @@ def erase_session(
     w, k = tables.waiting_appends.c, tables.append_keys.c
     with db.transaction() as conn:
         waiting = sa.delete(tables.waiting_appends).where(w.agent_id == agent_id)
-        keys = sa.delete(tables.append_keys).where(k.agent_id == agent_id)
+        keys = sa.delete(tables.append_keys).where(
+            k.agent_id == agent_id, k.request_hash != idempotency.ERASED
+        )
         if session_key is not None:
             waiting = waiting.where(w.session_key == session_key)
             # a key's recorded answer names its file, all of which were erased above
@@ -252,6 +272,46 @@ def finish_pending(
         with db.transaction() as conn:
             audit.finish(conn, recorded.id, now=db.now())
     return len(rows)
+
+
+def release(
+    db: database.Database,
+    file_id: str,
+    who: rewrite.Who,
+    *,
+    agents: Collection[str] | None = None,
+) -> tables.AuditRow:
+    """Let go of the tombstone an erasure of ``file_id`` left, so that an import, a capture or
+    a provider may write its units again (a new file): on purpose, and audited (action
+    ``release``, with the keys let go). An erasure of an agent not among ``agents``, or a file
+    never erased, is NotFound."""
+    refs.check_file_id(file_id)
+    k = tables.append_keys.c
+    with db.transaction() as conn:
+        gone = audit.erased(conn, file_id)
+        if gone is None or (agents is not None and gone.agent_id not in agents):
+            raise errors.NotFound(f"no erased file {file_id}")
+        released = conn.execute(
+            sa.delete(tables.append_keys).where(
+                k.agent_id == gone.agent_id,
+                k.request_hash == idempotency.ERASED,
+                k.response_json == json.dumps(idempotency.tombstone(file_id)),
+            )
+        ).rowcount
+        now = db.now()
+        recorded = audit.record(
+            conn,
+            now=now,
+            action=audit.RELEASE,
+            file_id=file_id,
+            agent_id=gone.agent_id,
+            reason=who.reason,
+            actor=who.actor,
+            token_id=who.token_id,
+            keys=int(released),
+        )
+        audit.finish(conn, recorded.id, now=now)
+    return dataclasses.replace(recorded, finished_at=now)
 
 
 def erased_error(recorded: tables.AuditRow) -> errors.Gone:

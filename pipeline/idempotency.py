@@ -9,6 +9,16 @@ waiting for its predecessor (:mod:`pipeline.ordering`). Two requests racing with
 loser meets the winner's row when it records its own, rolls back (:class:`KeyRaced`) and is
 answered, in the next group commit, from the record.
 
+**Tombstones.** Erasing a file (:mod:`pipeline.erasure`) keeps the keys its appends were
+recorded under, without the digest of what they held, as tombstones: a request with an erased
+key is answered as erased and writes nothing, whatever its body, so an import, a capture or a
+provider replay of the same source does not bring back what was erased
+(:func:`replay` answers ``{"erased": file_id}``; :data:`ERASED` is their request hash).
+
+**An earlier version's turn.** A client whose units an earlier version stored whole, as one
+turn under another key, names that key as the append's ``legacy_key``: when it is recorded,
+the append is answered from it and writes nothing (:func:`covered`).
+
 The records are rows of ``append_keys`` (:mod:`pipeline.ledger`); this module holds the rule.
 """
 
@@ -20,6 +30,9 @@ from typing import Any
 import sqlalchemy as sa
 
 from pipeline import database, errors, ledger
+
+#: the request hash of a tombstone: no digest (64 hex digits) is this
+ERASED = "erased"
 
 
 class KeyRaced(database.Again):
@@ -35,17 +48,32 @@ def conflict(key: str) -> errors.Conflict:
 def replay(
     conn: sa.Connection, agent_id: str, key: str | None, digest: str
 ) -> dict[str, Any] | None:
-    """The answer recorded for ``key``, or None when the key is new (or there is none).
-    :class:`errors.Conflict` when it was recorded for another body."""
+    """The answer recorded for ``key``, or None when the key is new (or there is none); a
+    tombstone's (``{"erased": file_id}``) whatever the body. :class:`errors.Conflict` when it
+    was recorded for another body."""
     if key is None:
         return None
     found = ledger.get_key(conn, agent_id, key)
     if found is None:
         return None
     recorded_hash, answer = found
-    if recorded_hash != digest:
+    if recorded_hash != digest and recorded_hash != ERASED:
         raise conflict(key)
     return answer
+
+
+def covered(conn: sa.Connection, agent_id: str, legacy_key: str | None) -> dict[str, Any] | None:
+    """The answer recorded for the key an earlier version gave a turn (a tombstone's too), or
+    None: then the append is new."""
+    if legacy_key is None:
+        return None
+    found = ledger.get_key(conn, agent_id, legacy_key)
+    return None if found is None else found[1]
+
+
+def tombstone(file_id: str) -> dict[str, Any]:
+    """What an erased key answers: the file it named, nothing of what it held."""
+    return {"erased": file_id}
 
 
 def remember(

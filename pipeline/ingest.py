@@ -53,6 +53,9 @@ class AppendResult:
     status: str
     kick: bool = False
     replayed: bool = False
+    #: messages not written because their key is an erasure's tombstone (then nothing is, and
+    #: ``file_id`` is the erased file's)
+    erased: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """The answer as recorded for its idempotency key (and sent, with ``replayed``)."""
@@ -65,9 +68,22 @@ class AppendResult:
         }
 
     @classmethod
-    def replayed_from(cls, recorded: dict[str, Any]) -> AppendResult:
-        """The answer of a retried key, from its record."""
+    def replayed_from(cls, recorded: dict[str, Any], messages: int = 1) -> AppendResult:
+        """The answer of a retried key, from its record; of an erased one (a tombstone: the
+        ``messages`` of the append are not written), without seqs or refs."""
+        if "erased" in recorded:
+            return cls(recorded["erased"], 0, 0, (), "erased", erased=messages)
         return cls(**{**recorded, "source_refs": tuple(recorded["source_refs"])}, replayed=True)
+
+
+def _recorded(conn: sa.Connection, append: validation.Append) -> AppendResult | None:
+    """The answer of an append stored already (:mod:`pipeline.idempotency`): its key's record
+    (a retry, or an erasure's tombstone), else that of the turn an earlier version of its
+    sender stored it in; None when it is new."""
+    found = idempotency.replay(conn, append.agent_id, append.idempotency_key, append.digest)
+    if found is None:
+        found = idempotency.covered(conn, append.agent_id, append.legacy_key)
+    return None if found is None else AppendResult.replayed_from(found, len(append.messages))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,23 +190,29 @@ def apply_append(
     session = ordering.session_of(append)
     if append.sequence is None:
         row = index.find_file(conn, *session)
+        # Checked under the row's lock (or the session's, before there is a row: none is made
+        # for an append stored already or erased), so two retries of one request cannot both
+        # pass.
         if row is None:
             ordering.lock(conn, session)  # numbered appends may be waiting for its first
             ordering.check_unsequenced(conn, None, session)
+            recorded = _recorded(conn, append)
+            if recorded is not None:
+                return recorded
             row = _create(conn, append, now)
-        # Checked under the row lock, so two retries of one request cannot both pass.
-        recorded = idempotency.replay(conn, append.agent_id, append.idempotency_key, append.digest)
-        if recorded is not None:
-            return AppendResult.replayed_from(recorded)
+        else:
+            recorded = _recorded(conn, append)
+            if recorded is not None:
+                return recorded
         ordering.check_unsequenced(conn, row, session)
         return _write(conn, row, append, limits, now)
     # Numbered: the session's lock first, as the file may not exist yet (the appends held for
     # its first one); the replay under it, so that a redelivered task replays.
     ordering.lock(conn, session)
     row = index.find_file(conn, *session)
-    recorded = idempotency.replay(conn, append.agent_id, append.idempotency_key, append.digest)
+    recorded = _recorded(conn, append)
     if recorded is not None:
-        return AppendResult.replayed_from(recorded)
+        return recorded
     decision = ordering.decide(conn, row, append, queued=queued)
     assert append.sequence is not None
     if isinstance(decision, ordering.Write):

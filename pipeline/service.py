@@ -12,19 +12,17 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping
 from typing import Any, Protocol
 
 from pipeline import (
     anomalies,
-    audit,
     auth,
     backlog,
     batches,
     catalog,
     database,
     document,
-    erasure,
     errors,
     flush,
     index,
@@ -37,7 +35,6 @@ from pipeline import (
     reader,
     redaction,
     refine,
-    rewrite,
     search,
     store,
     tables,
@@ -46,6 +43,7 @@ from pipeline import (
     waits,
 )
 from pipeline.flush import FlushResult, Round, Runner
+from pipeline.removals import Removals
 from pipeline.settings import Settings
 from pipeline.tables import Kind
 from pipeline.upkeep import Upkeep
@@ -81,17 +79,18 @@ class Appended:
         answer = self.result.to_json()
         if self.status:
             answer["status"] = self.status
-        answer["replayed"] = self.result.replayed
-        answer["redacted"] = self.redacted
+        answer.update(replayed=self.result.replayed, redacted=self.redacted)
+        answer["erased"] = self.result.erased
         return answer
 
 
-class Service(Views, Upkeep):
+class Service(Views, Upkeep, Removals):
     """The use cases over one runtime's parts: its settings, index handle, per-file locks and
     refiner, and a queue (None: nothing is enqueued and nothing is claimed for refinement, as a
     one-shot command must not strand a claim no worker will run). The browsing reads (the
     sessions listing, the store's overview) come from :class:`~pipeline.views.Views`, the
-    archive and the index's checks from :class:`~pipeline.upkeep.Upkeep`."""
+    archive and the index's checks from :class:`~pipeline.upkeep.Upkeep`, redaction and erasure
+    from :class:`~pipeline.removals.Removals`."""
 
     def __init__(
         self,
@@ -502,77 +501,6 @@ class Service(Views, Upkeep):
     def metrics(self) -> bytes:
         """The Prometheus text exposition: this process's histograms and the index gauges."""
         return metrics.render(self.db)
-
-    # -----------------------------------------------------------------------------------------
-    # redaction and erasure (docs/privacy.md)
-
-    def who(self, token_id: str | None, reason: object, *, required: bool = True) -> rewrite.Who:
-        """Who asks over HTTP (the token's id and name) and why, as the audit trail keeps it."""
-        checked = redaction.check_reason(reason, required=required)
-        with self.db.reading() as conn:
-            return rewrite.Who(audit.token_actor(conn, token_id), checked, token_id)
-
-    def audit_trail(
-        self,
-        *,
-        agents: Collection[str] | None = None,
-        file_id: str | None = None,
-        after: int = 0,
-        limit: int = 100,
-    ) -> list[tables.AuditRow]:
-        """The audit trail's rows after the id ``after``, oldest first."""
-        with self.db.reading() as conn:
-            return audit.listed(
-                conn,
-                agents=None if agents is None else frozenset(agents),
-                file_id=file_id,
-                after=after,
-                limit=limit,
-            )
-
-    def redact(
-        self, refs: Sequence[str], who: rewrite.Who, *, agents: Collection[str] | None = None
-    ) -> list[tables.AuditRow]:
-        """Redact the messages ``refs`` name, all checked first, then in order (each file
-        rewritten under its lock); then make the database files forget them. Their audit rows."""
-        done = redaction.redact_all(self.db, self.file_locks, self.data_dir, refs, who, agents)
-        redaction.compact(self.db)
-        return done
-
-    def erase_file(
-        self, file_id: str, who: rewrite.Who, *, agents: Collection[str] | None = None
-    ) -> erasure.Erased:
-        """Erase one file and everything derived from it."""
-        erased = erasure.erase_file(
-            self.db, self.file_locks, self.data_dir, file_id, who, agents=agents
-        )
-        redaction.compact(self.db)
-        return erased
-
-    def erase_agent(
-        self,
-        agent_id: str,
-        who: rewrite.Who,
-        *,
-        session_key: str | None = None,
-        progress: Callable[[int], None] | None = None,
-    ) -> tuple[list[erasure.Erased], int]:
-        """Erase every file of an agent (of one session), and what waits for it."""
-        done = erasure.erase_session(
-            self.db,
-            self.file_locks,
-            self.data_dir,
-            agent_id,
-            who,
-            session_key=session_key,
-            progress=progress,
-        )
-        redaction.compact(self.db)
-        return done
-
-    def count_agent_files(self, agent_id: str, session_key: str | None = None) -> int:
-        """How many files erasing an agent (a session) would erase (for progress bars)."""
-        return erasure.count_files(self.db, agent_id, session_key)
 
     # -----------------------------------------------------------------------------------------
     # tokens

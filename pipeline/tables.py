@@ -248,7 +248,7 @@ audit_log = sa.Table(
     "audit_log",
     metadata,
     sa.Column("id", _BigId, primary_key=True, autoincrement=True),
-    sa.Column("action", sa.String(16), nullable=False),  # redact | erase
+    sa.Column("action", sa.String(16), nullable=False),  # redact | erase | release
     sa.Column("file_id", sa.String(36), nullable=False),
     sa.Column("agent_id", sa.String(64), nullable=False),
     sa.Column("seq", sa.Integer),  # the redacted message; NULL for an erasure
@@ -269,6 +269,8 @@ audit_log = sa.Table(
     sa.Column("new_size", sa.BigInteger),
     # erase: the paths (JSON list, relative to the data dir) still to remove
     sa.Column("paths_json", sa.Text),
+    # erase: the idempotency keys kept as the erasure's tombstone; release: those let go
+    sa.Column("keys", sa.Integer, nullable=False, server_default="0"),
 )
 sa.Index("ix_audit_log_file", audit_log.c.file_id, audit_log.c.seq)
 sa.Index("ix_audit_log_unfinished", audit_log.c.finished_at)
@@ -485,6 +487,7 @@ class AuditRow(Record):
     old_size: int | None
     new_size: int | None
     paths_json: str | None
+    keys: int
 
     def to_json(self) -> dict[str, Any]:
         """As ``sgme redact --json``, ``sgme erase --json`` and the API show it."""
@@ -502,4 +505,5 @@ class AuditRow(Record):
             "removed_sha256": self.removed_sha256,
             "removed_bytes": self.removed_bytes,
             "messages": self.messages,
+            "keys": self.keys,
         }

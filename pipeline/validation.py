@@ -48,8 +48,6 @@ MAX_QUERY_CHARS = 1000  #: characters of a search query (``GET /v1/search``'s ``
 _AGENT_ID = re.compile(AGENT_ID_PATTERN)
 #: a \u escape of half a UTF-16 surrogate pair, which JSON parsers refuse on its own
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
-
-
 DEFAULT_LIMITS = Limits()
 
 
@@ -179,6 +177,7 @@ class Append:
     digest: str = ""
     #: the sender's number for this append in its session (1, 2, …), or None (pipeline.ordering)
     sequence: int | None = None
+    legacy_key: str | None = None  #: an earlier version's key of its turn (idempotency.covered)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -377,6 +376,7 @@ def _schemas(limits: Limits) -> tuple[type[BaseModel], type[BaseModel]]:
         source_type: Literal["session", "external"] = "session"
         metadata: Annotated[dict[str, Any] | None, metadata_check, metadata_field] = None
         idempotency_key: IdempotencyKey | None = None
+        legacy_key: IdempotencyKey | None = None  # see Append.legacy_key
         sequence: AppendSequence = None
         messages: Annotated[
             list[message], Field(min_length=1, max_length=limits.max_append_messages)
@@ -577,6 +577,7 @@ def parse_append(
         messages=messages,
         digest=digest,
         sequence=model.sequence,
+        legacy_key=model.legacy_key,
     )
 
 

@@ -50,6 +50,13 @@ class Appended(Model):
         description="how many secrets (credentials of well-known forms) were replaced by "
         "[REDACTED:<kind>] markers before the messages were stored; never what they were",
     )
+    erased: int = Field(
+        0,
+        description="how many of the messages were not stored because their idempotency_key "
+        "(or legacy_key) was erased: the erasure keeps the keys, so that what was erased "
+        "stays erased. Then nothing was written, file_id is the erased file's and "
+        "source_refs is empty",
+    )
 
 
 class Uploaded(Model):

@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+#: the token file's name in ``$XDG_CONFIG_HOME/sgme/`` (default ``~/.config/sgme/``)
+TOKEN_FILE = "token"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,11 +26,17 @@ class Agent:
     not the server's settings: it talks to a server over HTTP, wherever that runs."""
 
     url: str  #: ``SGME_URL``, default ``http://127.0.0.1:8765``
-    token: str | None  #: ``SGME_TOKEN``
+    token: str | None  #: ``SGME_TOKEN``, else the token file's first line
     agent_id: str  #: ``SGME_AGENT_ID``, default the agent's own name
     spool_dir: Path  #: ``SGME_SPOOL_DIR``, default ``~/.local/state/sgme/spool``
     spool_max_bytes: int  #: ``SGME_SPOOL_MAX_BYTES``, default 256 MiB
     seconds: float  #: ``SGME_CAPTURE_SECONDS``: one capture's time budget, default 10
+    #: ``SGME_SPOOL_REJECTED_MAX_BYTES``: what ``rejected/`` keeps at most, default 16 MiB
+    rejected_max_bytes: int = 16 * 1024 * 1024
+    #: where the token came from: ``SGME_TOKEN``, the token file's path, or "" (none)
+    token_source: str = ""
+    #: why the token file was not read (readable by others, not a file), or None
+    token_problem: str | None = None
     invalid: tuple[str, ...] = ()  #: variables whose value was refused (defaults used)
 
 
@@ -48,15 +58,61 @@ def agent(default_agent_id: str, environ: Mapping[str, str] | None = None) -> Ag
         return default
 
     state = Path(env.get("XDG_STATE_HOME", "").strip() or Path.home() / ".local" / "state")
+    token, source, problem = env.get("SGME_TOKEN", "").strip() or None, "SGME_TOKEN", None
+    if token is None:
+        path = token_file(env)
+        token, problem = read_token(path)
+        source = str(path) if token else ""
     return Agent(
         url=(env.get("SGME_URL", "").strip() or "http://127.0.0.1:8765").rstrip("/"),
-        token=env.get("SGME_TOKEN", "").strip() or None,
+        token=token,
         agent_id=env.get("SGME_AGENT_ID", "").strip() or default_agent_id,
         spool_dir=Path(env.get("SGME_SPOOL_DIR", "").strip() or state / "sgme" / "spool"),
         spool_max_bytes=number("SGME_SPOOL_MAX_BYTES", 256 * 1024 * 1024, int),
         seconds=number("SGME_CAPTURE_SECONDS", 10.0, float),
+        rejected_max_bytes=number("SGME_SPOOL_REJECTED_MAX_BYTES", 16 * 1024 * 1024, int),
+        token_source=source,
+        token_problem=problem,
         invalid=tuple(invalid),
     )
+
+
+def token_file(environ: Mapping[str, str] | None = None) -> Path:
+    """Where a hook reads its token when ``SGME_TOKEN`` is not set: ``SGME_TOKEN_FILE``,
+    default ``$XDG_CONFIG_HOME/sgme/token`` (``~/.config/sgme/token``)."""
+    env = os.environ if environ is None else environ
+    given = env.get("SGME_TOKEN_FILE", "").strip()
+    if given:
+        return Path(given).expanduser()
+    config = env.get("XDG_CONFIG_HOME", "").strip()
+    return (Path(config) if config else Path.home() / ".config") / "sgme" / TOKEN_FILE
+
+
+def read_token(path: Path) -> tuple[str | None, str | None]:
+    """The token a file holds (its first line) and None; or None and why it is not read: a
+    token file that others may read is refused, as ssh refuses such a key (a token is a
+    password to the agent's memory)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        return None, f"cannot read the token file {path}: {exc.strerror}"
+    try:
+        found = os.fstat(fd)
+        if not stat.S_ISREG(found.st_mode):
+            return None, f"the token file {path} is not a file"
+        if found.st_mode & 0o077:
+            mode = stat.filemode(found.st_mode)
+            return None, (
+                f"the token file {path} may be read by others ({mode}): not used; chmod 600 {path}"
+            )
+        with os.fdopen(os.dup(fd), "rb") as stream:
+            text = stream.read(4096).decode("utf-8", "replace")
+    finally:
+        os.close(fd)
+    first = text.strip().splitlines()[0].strip() if text.strip() else ""
+    return first or None, None
 
 
 def agent_home(name: str, environ: Mapping[str, str] | None = None) -> Path:

@@ -1,17 +1,20 @@
 """What live capture remembers between hook runs, under ``{spool dir}/state/``.
 
-- per L0 session (agent id and session key): the idempotency keys of the turns already
-  delivered or spooled, so a run sends only what the transcript gained — and a resumed
-  session, whose new transcript copies the old turns under their old keys, sends none of them
-  again. Read and written under a lock (two hooks firing at once take turns);
-- per transcript file: the signature (size, modification time, what the hook said about the
-  last turn) of the last read that took everything it could, so a hook that finds the file
-  unchanged returns without reading it.
+- **per transcript** (``t-{hash of its path}.json``): how far it was read — the byte offset
+  after the last record taken care of (delivered or durably spooled), its line number, the
+  file's identity (device and inode: a transcript replaced by another is read again from its
+  start) — what its reader knew there (``Reader.state()`` of the importer), and up to where
+  an earlier version's keys may apply (``legacy_until``: the size the file had when this
+  version first read it). So a run reads only what the transcript gained. Read and written
+  under a lock: two hooks firing at once take turns.
+- **per agent** (``a-{agent}.json``): the last delivery and the last error of its runs, for
+  ``sgme capture status``.
 
 Files are written whole (temporary file, rename) and private (0600 in a 0700 directory), not
 fsynced: a state is written only after what it records is delivered or durably spooled, and a
-lost or damaged one only costs requests (the server's idempotency keys still make every turn
-land once). Each fsync may cost a busy disk a second, and a hook has about one.
+lost or damaged one only costs a read from an earlier point (the server's idempotency keys
+still make every unit land once). Each fsync may cost a busy disk a second, and a hook has
+about one.
 """
 
 from __future__ import annotations
@@ -19,19 +22,51 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import filelock
 
 from pipeline.capture import spool as spooling
 
 DIRECTORY = "state"
+_AGENT = re.compile(r"[^A-Za-z0-9_.-]")
 
 
-def _name(*parts: str) -> str:
-    joined = "\0".join(parts).encode("utf-8", "surrogatepass")
-    return hashlib.sha256(joined).hexdigest()[:32]
+def _name(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        found = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def _write(path: Path, data: dict[str, Any]) -> None:
+    encoded = json.dumps(data, ensure_ascii=False).encode("utf-8", "surrogatepass")
+    spooling.write_file(path.with_name(f".{path.name}.tmp"), encoded, path, durable=False)
+
+
+class Saved:
+    """A transcript's state, held under its lock: ``data`` as saved (None: never read, or
+    unreadable), :meth:`save` to replace it. Without a ``path`` (the state directory cannot
+    be written) nothing is kept: every run reads the transcript from its start, and the keys
+    make what was delivered replay."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.data = None if path is None else _read(path)
+
+    def save(self, data: dict[str, Any]) -> None:
+        """Replace the state (when it changed)."""
+        if self.path is not None and data != self.data:
+            _write(self.path, data)
+            self.data = data
 
 
 class State:
@@ -43,71 +78,46 @@ class State:
     def _make(self) -> None:
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
 
-    # -- transcript signatures -------------------------------------------------------------
-
-    def _signature_path(self, transcript: Path) -> Path:
-        return self.directory / f"{_name(str(transcript))}.sig"
-
-    def unchanged(self, transcript: Path, signature: str) -> bool:
-        """Whether the last full read of ``transcript`` had this ``signature``."""
-        try:
-            return self._signature_path(transcript).read_text(encoding="utf-8") == signature
-        except (OSError, ValueError):
-            return False
-
-    def remember(self, transcript: Path, signature: str) -> None:
-        """Note that everything ``transcript`` held under ``signature`` is taken care of."""
-        self._make()
-        path = self._signature_path(transcript)
-        spooling.write_file(
-            path.with_suffix(".tmp"), signature.encode("utf-8"), path, durable=False
-        )
-
-    # -- delivered keys ----------------------------------------------------------------------
-
     @contextlib.contextmanager
-    def session(self, agent_id: str, session_key: str, *, timeout: float) -> Iterator[Keys]:
-        """The keys of a session, locked for at most ``timeout`` seconds of waiting
-        (``filelock.Timeout`` past it); saved when the block ends without an error."""
+    def transcript(self, transcript: Path, *, timeout: float) -> Iterator[Saved]:
+        """The state of ``transcript``, locked for at most ``timeout`` seconds of waiting
+        (``filelock.Timeout`` past it) until the block ends; ``OSError`` when the state
+        directory cannot be made."""
         self._make()
-        path = self.directory / f"{_name(agent_id, session_key)}.json"
+        path = self.directory / f"t-{_name(str(transcript))}.json"
         lock = filelock.FileLock(str(path) + ".lock", timeout=max(timeout, 0.0), mode=0o600)
         with lock:
-            keys = Keys(path, agent_id, session_key)
-            yield keys
-            keys.save()
+            yield Saved(path)
 
+    def transcripts(self) -> list[dict[str, Any]]:
+        """Every transcript's state (for ``sgme capture status``)."""
+        found = []
+        with contextlib.suppress(OSError):
+            for path in sorted(self.directory.glob("t-*.json")):
+                data = _read(path)
+                if data is not None:
+                    found.append(data)
+        return found
 
-class Keys:
-    """The idempotency keys a session's turns were delivered or spooled under."""
+    # -- per agent ------------------------------------------------------------------------------
 
-    def __init__(self, path: Path, agent_id: str, session_key: str) -> None:
-        self.path = path
-        self.agent_id = agent_id
-        self.session_key = session_key
-        self._keys: dict[str, None] = {}
-        self._changed = False
-        with contextlib.suppress(OSError, ValueError):
-            stored = json.loads(path.read_bytes())
-            if isinstance(stored, dict) and isinstance(stored.get("keys"), list):
-                self._keys = {k: None for k in stored["keys"] if isinstance(k, str)}
+    def _agent_path(self, agent: str) -> Path:
+        return self.directory / f"a-{_AGENT.sub('_', agent)}.json"
 
-    def __contains__(self, key: object) -> bool:
-        return key in self._keys
+    def status(self, agent: str) -> dict[str, Any]:
+        """An agent's last delivery and last error: ``{"last_delivery": {"at", "bodies"},
+        "last_error": {"at", "detail"}}`` (each absent until there is one)."""
+        return _read(self._agent_path(agent)) or {}
 
-    def add(self, key: str) -> None:
-        """Note a key as delivered or spooled."""
-        if key not in self._keys:
-            self._keys[key] = None
-            self._changed = True
-
-    def save(self) -> None:
-        """Write the keys back when they changed."""
-        if not self._changed:
+    def note(self, agent: str, *, at: str, delivered: int, error: str | None) -> None:
+        """Record what a run of ``agent`` delivered (bodies the server took) and why it could
+        not deliver the rest (None: nothing was left)."""
+        if not delivered and error is None:
             return
-        data = json.dumps(
-            {"agent_id": self.agent_id, "session_key": self.session_key, "keys": list(self._keys)},
-            ensure_ascii=False,
-        ).encode("utf-8", "surrogatepass")
-        spooling.write_file(self.path.with_suffix(".tmp"), data, self.path, durable=False)
-        self._changed = False
+        self._make()
+        found = self.status(agent)
+        if delivered:
+            found["last_delivery"] = {"at": at, "bodies": delivered}
+        if error is not None:
+            found["last_error"] = {"at": at, "detail": error}
+        _write(self._agent_path(agent), found)

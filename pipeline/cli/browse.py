@@ -24,14 +24,18 @@ _LABELS = {
 
 
 def _find(ctx: Context, service: Service, given: str) -> sessions.Session:
-    """The session a file_id or a session_key names (``--agent-id`` picks among agents)."""
+    """The session a session_key or a file_id names (``--agent-id`` picks among agents). A
+    session_key first: Claude Code's and Codex's session ids are UUIDs, as file_ids are."""
     a = ctx.args
-    if re.fullmatch(refs.FILE_ID_PATTERN, given):
-        return service.get_session(given)
     filters = sessions.Filters(agent_id=a.agent_id, session_key=given)
     page = service.list_sessions(filters, limit=20)
+    if not page.sessions and re.fullmatch(refs.FILE_ID_PATTERN, given):
+        try:
+            return service.get_session(given)
+        except errors.NotFound:
+            pass  # said below, as for any other name
     if not page.sessions:
-        raise errors.NotFound(f"no session with file_id or session_key {given!r}")
+        raise errors.NotFound(f"no session with session_key or file_id {given!r}")
     if page.total > 1:
         which = ", ".join(f"{s.agent_id}/{s.source_type} {s.file_id}" for s in page.sessions)
         raise errors.InvalidInput(
@@ -127,7 +131,9 @@ def cmd_l1(ctx: Context) -> int:
 def register(add: Add) -> None:
     """Declare ``sgme show`` and ``sgme l1``."""
     p = add("show", cmd_show, "print a session as a conversation, tool calls folded")
-    p.add_argument("session", metavar="SESSION_OR_FILE", help="a file_id or a session_key")
+    p.add_argument(
+        "session", metavar="SESSION_OR_FILE", help="a session_key, else a file_id (tried second)"
+    )
     p.add_argument("--agent-id", help="the agent whose session_key it is (when several have it)")
     p.add_argument("--full", action="store_true", help="unfold tool calls, results and thinking")
     p.add_argument("--after", type=int, default=0, help="start after this message number")

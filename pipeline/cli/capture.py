@@ -1,37 +1,47 @@
-"""``sgme capture``: live capture run by the agents' hooks, and its installer.
+"""``sgme capture``: live capture run by the agents' hooks, its installer and its status.
 
 - ``sgme capture claude-code`` — a Claude Code command hook (the hook's JSON on stdin);
 - ``sgme capture codex [NOTIFICATION]`` — Codex's ``Stop`` hook (JSON on stdin) or its
   ``notify`` program (the JSON as the argument);
 - ``sgme capture install {claude-code,codex} [--project DIR] [--uninstall]`` — merge the hooks
-  into the agent's settings (see :mod:`pipeline.capture.install`).
+  into the agent's settings (see :mod:`pipeline.capture.install`), then check that the hook
+  will be let in by the server, and say how to give it its token;
+- ``sgme capture status [--json]`` — per agent, what waits in the spool, the last delivery and
+  the last error.
 
-Configured by ``SGME_URL``, ``SGME_TOKEN``, ``SGME_AGENT_ID`` (default: the agent's name),
-``SGME_SPOOL_DIR`` (default ``~/.local/state/sgme/spool``), ``SGME_SPOOL_MAX_BYTES`` and
-``SGME_CAPTURE_SECONDS``. A capture run prints nothing on stdout (an agent may read a hook's
-stdout as instructions) and always exits 0; what went wrong goes to stderr and to
-``capture.log`` in the spool directory (an agent shows its hooks' stderr only when asked).
+Configured by ``SGME_URL``, ``SGME_TOKEN`` (else the token file ``SGME_TOKEN_FILE``, default
+``~/.config/sgme/token``, readable by its owner only), ``SGME_AGENT_ID`` (default: the agent's
+name), ``SGME_SPOOL_DIR`` (default ``~/.local/state/sgme/spool``), ``SGME_SPOOL_MAX_BYTES``,
+``SGME_SPOOL_REJECTED_MAX_BYTES`` and ``SGME_CAPTURE_SECONDS``. A capture run prints nothing on
+stdout (an agent may read a hook's stdout as instructions) and always exits 0; what went wrong
+— and why a run could not deliver — goes to ``capture.log`` in the spool directory, and one
+line to stderr when it is a terminal (an agent keeps its hooks' stderr out of sight).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime as dt
+import json
 import logging
 import os
 import sys
+import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pipeline import errors
 from pipeline.capture import config
 
 if TYPE_CHECKING:
+    from pipeline.capture import runner
     from pipeline.cli.context import Add, Context
 
 AGENTS = ("claude-code", "codex")
 MAX_PAYLOAD = 1024 * 1024  #: bytes of hook input read at most
 LOG_BYTES = 1024 * 1024  #: capture.log is rotated past this size (one old file kept)
+CHECK_SECONDS = 5.0  #: what the installer's check of the server may take
 
 
 TEXT = "live capture for Claude Code and Codex (run by their hooks)"
@@ -40,9 +50,10 @@ TEXT = "live capture for Claude Code and Codex (run by their hooks)"
 def main(argv: list[str]) -> int:
     """``sgme capture ARGS``, parsed and run without the other commands' modules (a hook's
     budget is about a second; see :func:`pipeline.cli.main`)."""
+    started = time.monotonic()
     parser = argparse.ArgumentParser(prog="sgme capture", description=TEXT)
     _declare(parser)
-    return run(parser.parse_args(argv))
+    return run(parser.parse_args(argv), started=started)
 
 
 def cmd_capture(ctx: Context) -> int:
@@ -50,11 +61,13 @@ def cmd_capture(ctx: Context) -> int:
     return run(ctx.args)
 
 
-def run(args: argparse.Namespace) -> int:
-    """The installer (exit 2 with one line on an error), or a capture run (exit 0, always)."""
-    if args.what == "install":
+def run(args: argparse.Namespace, *, started: float | None = None) -> int:
+    """The installer (exit 2 with one line on an error), the status, or a capture run (exit 0,
+    always) whose budget counts from ``started`` (``time.monotonic()``; default now): what the
+    command took to start is part of what the agent waits for."""
+    if args.what in ("install", "status"):
         try:
-            return _install(args)
+            return _install(args) if args.what == "install" else _status(args)
         except errors.SgmeError as exc:
             print(f"sgme capture: {exc.detail}", file=sys.stderr)
             return 2
@@ -62,17 +75,19 @@ def run(args: argparse.Namespace) -> int:
             print(f"sgme capture: {exc}", file=sys.stderr)
             return 2
     with contextlib.suppress(Exception):
-        _run(args.what, args.notification)
+        _run(args.what, args.notification, time.monotonic() if started is None else started)
     return 0
 
 
-def _run(agent: str, notification: str | None) -> None:
-    from pipeline.capture import hooks, runner
+def _run(agent: str, notification: str | None, started: float) -> None:
+    from pipeline.capture import hooks, runner, state
 
     env = config.agent(agent)
     log = _logger(env.spool_dir)
     for bad in env.invalid:
-        log.warning("sgme capture: %s is not valid: its default is used", bad)
+        log.warning("sgme capture %s: %s is not valid: its default is used", agent, bad)
+    if env.token_problem:
+        log.warning("sgme capture %s: %s", agent, env.token_problem)
     hook = hooks.payload(notification if notification is not None else _stdin())
     if agent == "claude-code":
         targets = hooks.claude_code_targets(hook)
@@ -80,9 +95,52 @@ def _run(agent: str, notification: str | None) -> None:
     else:
         targets = hooks.codex_targets(hook, config.agent_home("codex"))
         seconds = env.seconds
+    seconds = max(0.1, seconds - (time.monotonic() - started))
     summary = runner.capture(env, targets, seconds=seconds)
     for problem in summary.problems:
         log.warning("sgme capture %s: %s", agent, problem)
+    for path in summary.lagging:
+        log.warning(
+            "sgme capture %s: %s did not hold the hook's last answer in time: it goes with the "
+            "next run",
+            agent,
+            path,
+        )
+    if summary.erased:
+        log.warning(
+            "sgme capture %s: %d messages were erased from SGME earlier: not stored again",
+            agent,
+            summary.erased,
+        )
+    failed = _failure(summary, env)
+    if failed:
+        log.warning("sgme capture %s: %s", agent, failed)
+    if failed or summary.problems:
+        _say(f"sgme capture {agent}: {failed or summary.problems[0]} (see {_log_path(env)})")
+    with contextlib.suppress(OSError):
+        now = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+        state.State(env.spool_dir).note(agent, at=now, delivered=summary.sent, error=failed)
+
+
+def _failure(summary: runner.Summary, env: config.Agent) -> str | None:
+    """Why what this run had could not all be delivered (None: it was)."""
+    if summary.delivered and not summary.spooled:
+        return None
+    if summary.failure is None:
+        return None
+    return f"cannot deliver: {summary.failure}; what is left waits in {env.spool_dir}"
+
+
+def _log_path(env: config.Agent) -> Path:
+    return env.spool_dir / "capture.log"
+
+
+def _say(line: str) -> None:
+    """One line on stderr, when a person reads it (a terminal): an agent keeps its hooks'
+    stderr out of sight, or shows it as an error."""
+    with contextlib.suppress(Exception):
+        if sys.stderr is not None and sys.stderr.isatty():
+            print(line, file=sys.stderr)
 
 
 def _stdin() -> str:
@@ -92,15 +150,19 @@ def _stdin() -> str:
 
 
 def _logger(spool_dir: Path) -> logging.Logger:
-    """Warnings to stderr and to ``capture.log`` beside the spool (best effort)."""
+    """Warnings to ``capture.log`` beside the spool (best effort: a spool directory that
+    cannot be written has no log, and the terminal line says what happened)."""
     log = logging.getLogger("sgme.capture")
     log.propagate = False
     log.setLevel(logging.WARNING)
-    if not log.handlers:
-        log.addHandler(logging.StreamHandler(sys.stderr))
+    path = spool_dir / "capture.log"
+    if not any(getattr(h, "baseFilename", None) == str(path.absolute()) for h in log.handlers):
+        for handler in list(log.handlers):  # another spool's (a second run in one process)
+            log.removeHandler(handler)
+            handler.close()
+        log.addHandler(logging.NullHandler())
         with contextlib.suppress(OSError):
             spool_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-            path = spool_dir / "capture.log"
             if path.exists() and path.stat().st_size > LOG_BYTES:
                 path.replace(path.with_suffix(".log.1"))
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
@@ -108,6 +170,68 @@ def _logger(spool_dir: Path) -> logging.Logger:
             handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
             log.addHandler(handler)
     return log
+
+
+def _status(args: argparse.Namespace) -> int:
+    """What waits in the spool, per agent, with the last delivery and the last error."""
+    from pipeline.capture import spool as spooling
+    from pipeline.capture import state
+
+    env = config.agent("claude-code")
+    waiting = spooling.Spool(env.spool_dir).waiting()
+    saved = state.State(env.spool_dir)
+    followed = saved.transcripts()
+    agents: dict[str, Any] = {}
+    for agent in AGENTS:
+        agent_env = config.agent(agent)
+        found = saved.status(agent)
+        agents[agent] = {
+            "agent_id": agent_env.agent_id,
+            "waiting": waiting.by_agent.get(agent_env.agent_id, 0),
+            "transcripts": sum(1 for t in followed if t.get("kind") == agent),
+            "last_delivery": found.get("last_delivery"),
+            "last_error": found.get("last_error"),
+        }
+    oldest = None
+    if waiting.oldest is not None:
+        oldest = dt.datetime.fromtimestamp(waiting.oldest, dt.UTC).isoformat(timespec="seconds")
+    report: dict[str, Any] = {
+        "spool_dir": str(env.spool_dir),
+        "url": env.url,
+        "token": env.token_source or None,
+        "token_problem": env.token_problem,
+        "waiting": {
+            "appends": waiting.bodies,
+            "files": waiting.files,
+            "bytes": waiting.bytes,
+            "oldest": oldest,
+            "by_agent_id": waiting.by_agent,
+        },
+        "rejected": waiting.rejected,
+        "agents": agents,
+    }
+    if args.json:
+        print(json.dumps(report, ensure_ascii=False))
+        return 0
+    token = env.token_source or f"none ({env.token_problem or 'no SGME_TOKEN, no token file'})"
+    print(f"spool {env.spool_dir}: {waiting.bodies} appends waiting ({waiting.bytes} bytes)")
+    if oldest:
+        print(f"  the oldest since {oldest}")
+    print(f"  {waiting.rejected} set aside in {env.spool_dir / 'rejected'}")
+    print(f"server {env.url}, token: {token}")
+    for agent, found in agents.items():
+        delivery = found["last_delivery"]
+        error = found["last_error"]
+        print(
+            f"{agent} (agent id {found['agent_id']}): {found['waiting']} waiting, "
+            f"{found['transcripts']} transcripts followed"
+        )
+        print(
+            "  last delivery: "
+            + (f"{delivery['at']} ({delivery['bodies']} appends)" if delivery else "none")
+        )
+        print("  last error: " + (f"{error['at']}: {error['detail']}" if error else "none"))
+    return 0
 
 
 def _install(args: argparse.Namespace) -> int:
@@ -133,11 +257,55 @@ def _install(args: argparse.Namespace) -> int:
             print(f"  (the file as it was: {change.backup})")
     if not args.uninstall:
         print(_next_steps(agent, project))
+        print(check(config.agent(agent)))
     return 0
+
+
+def check(env: config.Agent, *, transport: Any = None) -> str:
+    """Whether the server lets a hook with this environment in — a request it refuses
+    before it writes anything (an append with no messages: 422 once the token is taken) — and,
+    when not, what to do. ``transport``: an httpx transport in place of the network (tests)."""
+    from pipeline import client
+
+    source = f"the token from {env.token_source}" if env.token else "no token"
+    try:
+        with client.Client(
+            env.url,
+            token=env.token,
+            timeout=CHECK_SECONDS,
+            retry=client.NO_RETRY,
+            transport=transport,
+        ) as probe:
+            probe.append(agent_id=env.agent_id, session_key="sgme-capture-check", messages=[])
+    except errors.InvalidInput:
+        return f"Check: the server at {env.url} takes appends from the hook ({source})."
+    except errors.Unauthorized:
+        if env.token is None:
+            why = env.token_problem or "no SGME_TOKEN here and no token file"
+            return (
+                f"Check: the server at {env.url} needs a token and the hook has none ({why}): "
+                "it will keep turns in its spool until it has one (see above)."
+            )
+        return (
+            f"Check: the server at {env.url} refuses {source} (401): it will keep turns in its "
+            "spool until it has one the server knows."
+        )
+    except errors.Forbidden as exc:
+        return (
+            f"Check: {source} may not append for {env.agent_id} ({exc.detail}): give the hook a "
+            f"token with --scope append --agent-id {env.agent_id}."
+        )
+    except errors.SgmeError as exc:
+        return (
+            f"Check: the server at {env.url} does not answer now ({exc.detail}): the hook keeps "
+            "turns in its spool until it does."
+        )
+    return f"Check: the server at {env.url} answered a check with no messages as an append?"
 
 
 def _next_steps(agent: str, project: Path | None) -> str:
     name = "Claude Code" if agent == "claude-code" else "Codex"
+    token = config.token_file()
     extra = ""
     if agent == "codex":
         extra = (
@@ -146,13 +314,16 @@ def _next_steps(agent: str, project: Path | None) -> str:
         )
     return f"""
 {name} now runs `sgme capture {agent}` at the end of each turn. It sends to SGME_URL
-(default http://127.0.0.1:8765) as SGME_AGENT_ID (default {agent}); set them, and SGME_TOKEN
-once the server has tokens, in the environment {name} starts from, e.g.:
-  export SGME_URL=http://127.0.0.1:8765
-  export SGME_TOKEN=$(sgme token create --agent-id {agent} --scope append --name {agent} \\
-      | tail -n 1)
+(default http://127.0.0.1:8765) as SGME_AGENT_ID (default {agent}); set them in the
+environment {name} starts from. Once the server has tokens the hook needs one of its own:
+keep it in a file only you can read (not in a shell profile others may read), e.g.
+  (umask 077; mkdir -p {token.parent} && sgme token create --agent-id {agent} \\
+      --scope append --name {agent} | tail -n 1 > {token})
+The hook reads {token} (SGME_TOKEN_FILE names another; SGME_TOKEN, when set, comes first)
+and refuses a token file others may read.
 Turns the server cannot take wait in ~/.local/state/sgme/spool (SGME_SPOOL_DIR) and go with a
-later turn; problems are logged to capture.log there.{extra}
+later turn; why a run could not deliver is logged to capture.log there, and
+`sgme capture status` shows what waits.{extra}
 Undo: sgme capture install {agent}{f" --project {project}" if project else ""} --uninstall"""
 
 
@@ -192,3 +363,10 @@ def _declare(p: argparse.ArgumentParser) -> None:
     installer.add_argument(
         "--uninstall", action="store_true", help="take the capture hooks out again"
     )
+    status = sub.add_parser(
+        "status",
+        help="what waits in the spool, per agent, and the last delivery and error",
+        description="Per agent: the appends waiting in the spool, the last delivery and the "
+        "last error of the capture hooks; the token the hooks would use.",
+    )
+    status.add_argument("--json", action="store_true", help="print JSON")

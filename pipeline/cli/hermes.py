@@ -7,7 +7,8 @@ install reads ``integrations/hermes/sgme/`` itself. Three of its modules are thi
 own, copied as they are rather than kept twice: the tool-call convention and the conversion of
 OpenAI-style messages (``pipeline/importers/convention.py`` and ``chat.py``, so the provider
 writes and keys turns exactly as the importer does) and the spool
-(``pipeline/capture/spool.py``). They use the standard library only (``chat.py`` imports its
+(``pipeline/capture/spool.py``), and the secret rules the spool redacts its turns with
+(``pipeline/redactor.py``). They use the standard library only (``chat.py`` imports its
 sibling relatively), because the provider runs inside Hermes' environment, where this package
 is not.
 
@@ -41,6 +42,7 @@ SHARED = {
     "convention.py": "pipeline.importers",
     "chat.py": "pipeline.importers",
     "spool.py": "pipeline.capture",
+    "redactor.py": "pipeline",
 }
 #: what an install of this or an earlier version leaves in plugins/sgme (replaced freely)
 OURS = {"__init__.py", "messages.py", "recall.py", "sender.py", "plugin.yaml", *SHARED}

@@ -11,9 +11,10 @@ Running the same import again writes nothing; an interrupted one, run again, com
 Progress is counted in source records (a conversation of a dataset, a transcript): a live line
 on a terminal, and a plain line every :data:`PLAIN_EVERY` seconds otherwise (a log, a pipe).
 Exit codes: 0 when everything was imported (records with nothing in them are counted, not
-errors), 1 when some records were reported and skipped (they are listed), 2 when the import
-could not run or stopped. File names and details are printed with control characters escaped,
-so a hostile name cannot drive the terminal.
+errors; units erased on purpose are counted, not written), 1 when some records could not be
+read or were refused (they are listed, each by its line; every other record is imported), 2
+when the import could not run or stopped. File names and details are printed with control
+characters escaped, so a hostile name cannot drive the terminal.
 """
 
 from __future__ import annotations
@@ -145,10 +146,12 @@ def _print(report: runner.Report, *, as_json: bool, dry_run: bool) -> None:
     for problem in report.errors:
         print(f"sgme import: {printable(str(problem))}", file=sys.stderr)
     verb = "would import" if dry_run else "imported"
+    refused = len(report.errors) - report.unreadable
     print(
         f"{verb} {report.messages} messages into {report.files} files "
-        f"({report.replayed} already imported, {report.skipped} skipped, "
-        f"{_count(report.empty, 'empty record')}, {_count(len(report.errors), 'error')})"
+        f"({report.replayed} already imported, {report.erased} erased, "
+        f"{report.skipped} skipped on purpose, {_count(report.empty, 'empty record')}, "
+        f"{_count(report.unreadable, 'unreadable record')}, {refused} refused)"
     )
 
 
@@ -172,6 +175,6 @@ def register(add: Add) -> None:
     p.add_argument(
         "--json",
         action="store_true",
-        help='print {"files", "messages", "skipped", "empty", "errors", "replayed"} as the last '
-        "line",
+        help='print {"files", "messages", "replayed", "erased", "skipped", "unreadable", '
+        '"empty", "errors"} as the last line',
     )

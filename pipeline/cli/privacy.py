@@ -36,8 +36,11 @@ def cmd_redact(ctx: Context) -> int:
 
 
 def cmd_erase(ctx: Context) -> int:
-    """Erase a file, or every file of an agent (of one session)."""
+    """Erase a file, or every file of an agent (of one session); or (``--release``) let go
+    of an erased file's tombstone."""
     a = ctx.args
+    if a.release:
+        return _release(ctx)
     if not a.yes:
         raise errors.InvalidInput("erasing cannot be undone: add --yes to go ahead")
     if (a.file_id is None) == (a.agent_id is None):
@@ -60,6 +63,7 @@ def cmd_erase(ctx: Context) -> int:
         "files": len(erased),
         "messages": sum(e.record.messages for e in erased),
         "bytes": sum(e.record.removed_bytes for e in erased),
+        "keys": sum(e.record.keys for e in erased),
         "other_rows": other,
         "erased": [e.to_json() for e in erased],
     }
@@ -70,8 +74,35 @@ def cmd_erase(ctx: Context) -> int:
         f"erased {summary['files']} file(s), {summary['messages']} message(s), "
         f"{summary['bytes']} bytes; {other} waiting append(s) and idempotency record(s)"
     )
+    print(
+        f"{summary['keys']} idempotency key(s) kept as the tombstone: importing or capturing "
+        "the same source writes nothing of it again (`sgme erase --release` lets it)"
+    )
     if any(e.terms_left for e in erased):
         print("some files could not be read: run `sgme reindex` to drop their search terms")
+    return 0
+
+
+def _release(ctx: Context) -> int:
+    """``sgme erase --release --file-id F --yes``: the erased file's units may be written
+    again by the next import or capture of their source."""
+    a = ctx.args
+    if a.file_id is None or a.agent_id is not None:
+        raise errors.InvalidInput("--release needs --file-id (an erased file) and no --agent-id")
+    if not a.yes:
+        raise errors.InvalidInput(
+            "releasing lets an import or a capture bring the erased content back: add --yes"
+        )
+    service = ctx.service(ctx.settings())
+    record = service.release_erased(a.file_id, _who(a.reason, required=False))
+    if a.json:
+        print_json(record.to_json())
+        return 0
+    print(
+        f"released the tombstone of {record.file_id}: {record.keys} idempotency key(s) let go "
+        f"(audit {record.id}); the next import or capture of its source writes it again, as a "
+        "new file"
+    )
     return 0
 
 
@@ -103,6 +134,12 @@ def register(add: Add) -> None:
     p.add_argument("--session-key", help="with --agent-id: only this session's files")
     p.add_argument("--reason", help="why (kept in the audit trail)")
     p.add_argument("--yes", action="store_true", help="go ahead: erasing cannot be undone")
+    p.add_argument(
+        "--release",
+        action="store_true",
+        help="with --file-id of an erased file: let go of its tombstone, so that importing or "
+        "capturing its source writes it again (audited)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
     p = add("audit", cmd_audit, "list the audit trail of redactions and erasures")
     p.add_argument("--file-id", help="only this file's entries")

@@ -18,6 +18,12 @@ compaction summaries into L0 (docs/format.md, "Tool calls").
   message whose body is ``**thinking**``, a blank line, then the text;
 - a **compaction summary** (what an agent wrote to continue a compacted conversation) is a
   system message whose body is ``**compaction summary**``, a blank line, then the text;
+- a **rewind** (the conversation taken back to an earlier point: Claude Code's rewind, an
+  edited prompt) is a system message written where the conversation goes on from the earlier
+  point, whose body is ``**rewound**: {places}``, a blank line, then a sentence: ``places``
+  lists the messages the rewind took back, counted back from it (``1-3, 5``: the three
+  messages just before it and the fifth). Messages are appended as they are said, so a branch
+  cannot be marked once it is written; the marker says which messages are on it;
 - an assistant message that has text *and* calls becomes the text message followed by one
   call message per call, in the source's order.
 
@@ -48,6 +54,7 @@ CALL_PREFIX = "**tool call**: "
 ID_PREFIX = "**call id**: "
 THINKING = "**thinking**"
 SUMMARY = "**compaction summary**"
+REWOUND = "**rewound**"
 #: the key prefix of Hermes turns, shared by the provider and the state.db importer
 HERMES = "hermes"
 #: what a tool name (or a call id) may be at most (the format's rule for tool_name)
@@ -68,7 +75,7 @@ _LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
 _MARKED = {
     "assistant": re.compile(r"\\*(?:\*\*tool call\*\*: |\*\*thinking\*\*(?:\n|$))"),
     "tool": re.compile(r"\\*\*\*call id\*\*: "),
-    "system": re.compile(r"\\*\*\*compaction summary\*\*(?:\n|$)"),
+    "system": re.compile(r"\\*\*\*(?:compaction summary\*\*(?:\n|$)|rewound\*\*: )"),
 }
 #: what the convention before call ids and thinking escaped (assistant call lines only)
 _LEGACY_MARKED = re.compile(r"\\*\*\*tool call\*\*: ")
@@ -293,8 +300,8 @@ def result_output(output: str) -> str:
 
 
 def kind(role: str, content: str) -> str:
-    """What a stored message is: ``call``, ``thinking``, ``summary``, ``result`` or
-    ``text`` — so a reader or a refiner can fold or skip what is not conversation."""
+    """What a stored message is: ``call``, ``thinking``, ``summary``, ``rewound``, ``result``
+    or ``text`` — so a reader or a refiner can fold or skip what is not conversation."""
     if role == "tool":
         return "result"
     if role == "assistant":
@@ -304,6 +311,8 @@ def kind(role: str, content: str) -> str:
             return "thinking"
     if role == "system" and (content == SUMMARY or content.startswith(SUMMARY + "\n")):
         return "summary"
+    if role == "system" and content.startswith(REWOUND + ": "):
+        return "rewound"
     return "text"
 
 
@@ -392,6 +401,46 @@ def summary(text: Any, when: str | None) -> Message | None:
     return _message("system", f"{SUMMARY}\n\n{body}", when) if body.strip() else None
 
 
+def rewound(places: Sequence[int], when: str | None) -> Message:
+    """The marker of a rewind: the messages ``places`` back from it (1: the one just before
+    it) were taken back."""
+    ranges = _ranges(sorted(set(places)))
+    if ranges == f"1-{len(places)}" or ranges == "1":
+        which = "the message" if len(places) == 1 else f"the {len(places)} messages"
+        taken = f"{which} just before this one"
+    else:
+        taken = f"the messages {ranges} places before this one"
+    body = (
+        f"{REWOUND}: {ranges}\n\nThe conversation went back to an earlier point (a rewind, or "
+        f"an edited prompt): {taken} were taken back, and what follows goes on from before them."
+    )
+    return _message("system", body, when)
+
+
+def _ranges(places: Sequence[int]) -> str:
+    runs: list[list[int]] = []
+    for place in places:
+        if runs and place == runs[-1][1] + 1:
+            runs[-1][1] = place
+        else:
+            runs.append([place, place])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def rewound_places(content: str) -> list[int]:
+    """The places a rewind marker names (see :func:`rewound`); [] for any other message."""
+    if not content.startswith(REWOUND + ": "):
+        return []
+    line = content[len(REWOUND) + 2 :].partition("\n")[0]
+    places: list[int] = []
+    for part in line.split(","):
+        first, _, last = part.strip().partition("-")
+        if not first.isdigit() or (last and not last.isdigit()):
+            return []
+        places += range(int(first), int(last or first) + 1)
+    return places
+
+
 def assistant_turn(text: Any, calls: Iterable[tuple[Any, ...]], when: str | None) -> list[Message]:
     """An assistant message with text and calls: the text first (when there is any), then one
     message per ``(name, arguments[, id])`` call, in order."""
@@ -433,7 +482,7 @@ def legacy_content(message: Mapping[str, Any]) -> str | None:
     if not isinstance(content, str) or not isinstance(role, str):
         return None
     found = kind(role, content)
-    if found in ("thinking", "summary"):
+    if found in ("thinking", "summary", "rewound"):
         return None
     if found == "call":
         call = parse_call(content)
@@ -478,6 +527,16 @@ def key(
     session_part = session if len(session) <= 100 else "h" + _short(session, 32)
     position_part = position if len(position) <= 40 else "h" + _short(position, 16)
     return f"{source}:{session_part}:{position_part}:{digest(messages, times=times)[:16]}"
+
+
+def unit_key(source: str, session: str, position: str) -> str:
+    """The idempotency key of a unit the source itself identifies and never changes (a Claude
+    Code record, a Codex item): ``{source}:{session}:{position}``, no hash — the same unit
+    read at any moment, by any path, is the same key. A session longer than 100 characters,
+    or a position longer than 80, is replaced by its hash."""
+    session_part = session if len(session) <= 100 else "h" + _short(session, 32)
+    position_part = position if len(position) <= 80 else "h" + _short(position, 32)
+    return f"{source}:{session_part}:{position_part}"
 
 
 def hermes_key(session: str, number: int, messages: Sequence[Mapping[str, Any]]) -> str:

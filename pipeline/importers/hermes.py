@@ -145,7 +145,7 @@ def _rows(
     return messages, problems
 
 
-def _turns(messages: list[convention.Message], *, finished: bool) -> tuple[list[source.Turn], int]:
+def _turns(messages: list[convention.Message], *, finished: bool) -> tuple[list[source.Unit], int]:
     """Turns numbered by their user message, and the messages of an unfinished last turn
     (left for a later run)."""
     turns = chat.turns(messages)
@@ -155,7 +155,7 @@ def _turns(messages: list[convention.Message], *, finished: bool) -> tuple[list[
         if last["role"] != "assistant" or convention.kind("assistant", last["content"]) != "text":
             skipped = len(turns.pop()[1])
     return [
-        source.Turn(position=str(number), messages=tuple(turn)) for number, turn in turns
+        source.Unit(position=str(number), messages=tuple(turn)) for number, turn in turns
     ], skipped
 
 
@@ -209,7 +209,7 @@ def _sessions(
         source=SOURCE,
         session_key=session_id,
         metadata=convention.metadata(meta),
-        turns=tuple(turns),
+        units=tuple(turns),
         origin=str(path),
         skipped=left_out + unfinished + rewound,
         times=False,
@@ -221,7 +221,7 @@ def _sessions(
             source=SOURCE,
             session_key=session_id + COMPACTED_SUFFIX,
             metadata=convention.metadata({**meta, "compacted_from": session_id}),
-            turns=tuple(turns),
+            units=tuple(turns),
             origin=str(path),
             skipped=left_out,
             times=False,

@@ -35,11 +35,11 @@ def convert(messages: Sequence[Any]) -> tuple[list[convention.Message], int]:
     return chat.convert(messages)
 
 
-def turns(messages: Sequence[convention.Message]) -> list[source.Turn]:
+def turns(messages: Sequence[convention.Message]) -> list[source.Unit]:
     """Messages cut into turns at each user message, numbered in order from 0 (what comes
     before the first user message, a system prompt say, is a turn of its own)."""
     return [
-        source.Turn(position=str(number), messages=tuple(turn))
+        source.Unit(position=str(number), messages=tuple(turn))
         for number, (_, turn) in enumerate(chat.turns(messages))
     ]
 
@@ -93,8 +93,8 @@ def records(
             metadata=convention.metadata(
                 {"importer": prefix, "file": path.name, "record": number, "model": model}
             ),
-            turns=tuple(
-                source.Turn(position=turn.position, messages=turn.messages, line=line)
+            units=tuple(
+                source.Unit(position=turn.position, messages=turn.messages, line=line)
                 for turn in turns(messages)
             ),
             origin=str(path),

@@ -152,7 +152,12 @@ def test_claude_code_turns_subagents_compaction_and_a_resumed_session(
     capsysbinary: pytest.CaptureFixture[bytes],
 ) -> None:
     url, data_dir, client = server
-    env = harness.clean_env(url=url, spool_dir=str(tmp_path / "spool"), capture_seconds=str(BUDGET))
+    env = {
+        **harness.clean_env(
+            url=url, spool_dir=str(tmp_path / "spool"), capture_seconds=str(BUDGET)
+        ),
+        "XDG_CONFIG_HOME": str(tmp_path / "config"),  # no token file but the test's
+    }
     project = tmp_path / "claude" / "projects" / "-src-app"
     sid = "5b6c69aa-0000-4000-8000-000000000001"
     main = ClaudeTranscript(project / f"{sid}.jsonl", sid)
@@ -197,7 +202,7 @@ def test_claude_code_turns_subagents_compaction_and_a_resumed_session(
     helper.assistant("sub_1", {"type": "text", "text": "X is 42."})
     answered = main.result_record("toolu_2", "X is 42.")
     main.write(answered, partial=True)
-    stored = main.expected[:6]
+    stored = main.expected[:8]  # every whole line is taken; the half-written one waits
     fire("SubagentStop", agent_id="ab12", agent_transcript_path=str(helper.path))
     settled(client, "claude-code", {sid: stored, f"{sid}/agent-ab12": helper.expected})
     main.finish_partial(answered)
@@ -265,9 +270,9 @@ def test_claude_code_turns_subagents_compaction_and_a_resumed_session(
         budget=1.0,
     )
     settled(client, "claude-code", expected)
-    assert not list((tmp_path / "spool").glob("*.json"))
+    assert not list((tmp_path / "spool").glob("*.jsonl"))
 
-    # The same files imported afterwards: every turn is already there.
+    # The same files imported afterwards: every record is already there.
     report = imported(
         capsysbinary,
         "claude-code",
@@ -278,6 +283,19 @@ def test_claude_code_turns_subagents_compaction_and_a_resumed_session(
     assert (report["messages"], report["errors"]) == (0, [])
     assert report["replayed"] == len(resumed.expected) + len(main.expected) + len(helper.expected)
     settled(client, "claude-code", expected)
+    # ... and into a store of their own, they make what the hooks stored, message for message
+    fresh = tmp_path / "fresh"
+    assert cli.main(["migrate", "--data-dir", str(fresh)]) == 0
+    imported(
+        capsysbinary, "claude-code", str(tmp_path / "claude" / "projects"), "--data-dir", str(fresh)
+    )
+    for session, messages in expected.items():
+        capsysbinary.readouterr()
+        assert cli.main(["show", session, "--json", "--data-dir", str(fresh)]) == 0
+        shown = json.loads(capsysbinary.readouterr().out.decode())
+        assert [(m["role"], m["content"]) for m in shown["messages"]] == [
+            (role, content) for role, content, _ in messages
+        ]
 
 
 def test_codex_with_the_server_down_for_three_turns(
@@ -291,6 +309,7 @@ def test_codex_with_the_server_down_for_three_turns(
     spool = tmp_path / "spool"
     env = {
         **harness.clean_env(url=url, spool_dir=str(spool), capture_seconds=str(BUDGET)),
+        "XDG_CONFIG_HOME": str(tmp_path / "config"),
         "CODEX_HOME": str(home),
     }
     thread = "0199a213-81c0-7800-8aa1-bbab2a035a53"
@@ -329,12 +348,14 @@ def test_codex_with_the_server_down_for_three_turns(
                 "last-assistant-message": f"Found t{n}.txt.",
             }
             hook("codex", env, None, json.dumps(notification))
-            assert len(list(spool.glob("*.json"))) == n - 1
+            assert len(list(spool.glob("*.jsonl"))) == n - 1  # one file (one fsync) a run
             assert (spool.stat().st_mode & 0o777, (spool / "state").stat().st_mode & 0o777) == (
                 0o700,
                 0o700,
             )
-            assert all(p.stat().st_mode & 0o777 == 0o600 for p in spool.glob("*.json"))
+            assert all(p.stat().st_mode & 0o777 == 0o600 for p in spool.glob("*.jsonl"))
+            log = (spool / "capture.log").read_text()
+            assert log.count("cannot deliver: the server at") == n - 1  # says why, each run
 
         # Back: the next turn's hook delivers the three first, in order, then its own.
         proc = procs.start("serve-again", serve, harness.clean_env())
@@ -342,7 +363,7 @@ def test_codex_with_the_server_down_for_three_turns(
         rollout.turn("t5", "list t5", complete=False)
         hook("codex", env, {**stop, "turn_id": "t5", "last_assistant_message": "Found t5.txt."})
         settled(client, "codex", {thread: rollout.expected})
-        assert list(spool.glob("*.json")) == []
+        assert list(spool.glob("*.jsonl")) == []
 
         report = imported(
             capsysbinary, "codex", str(home / "sessions"), "--data-dir", str(data_dir)
@@ -363,6 +384,7 @@ def test_a_server_that_never_answers_costs_the_budget_and_nothing_is_lost(
         url = f"http://127.0.0.1:{listener.getsockname()[1]}"
         spool = tmp_path / "spool"
         env = harness.clean_env(url=url, spool_dir=str(spool))  # the default 10 s budget
+        env["XDG_CONFIG_HOME"] = str(tmp_path / "config")
         sid = "aaaaaaaa-0000-4000-8000-000000000003"
         transcript = ClaudeTranscript(tmp_path / "p" / f"{sid}.jsonl", sid)
         transcript.user("hello")
@@ -374,7 +396,8 @@ def test_a_server_that_never_answers_costs_the_budget_and_nothing_is_lost(
             "reason": "logout",
         }
         hook("claude-code", env, payload, budget=1.0)
-        pending = [json.loads(p.read_text()) for p in spool.glob("*.json")]
-        assert [[m["content"] for m in body["messages"]] for body in pending] == [["hello", "hi"]]
+        [spooled] = spool.glob("*.jsonl")
+        pending = [json.loads(line) for line in spooled.read_text().splitlines()]
+        assert [[m["content"] for m in body["messages"]] for body in pending] == [["hello"], ["hi"]]
     finally:
         listener.close()

@@ -82,7 +82,10 @@ def run(command: dict[str, Any]) -> dict[str, Any]:
         return {"result": json.loads(answer), "seconds": time.monotonic() - started}
     if op == "spool":
         spool = HOME / "sgme" / "spool"
-        return {"pending": sorted(p.name for p in spool.glob("*.json")) if spool.is_dir() else []}
+        if not spool.is_dir():
+            return {"pending": []}
+        names = [p.name for p in spool.iterdir() if p.name.endswith((".json", ".jsonl"))]
+        return {"pending": sorted(names)}
     if op == "shutdown":
         manager.shutdown_all()
         return {"drain": manager.shutdown_drain_state}

@@ -16,7 +16,7 @@ import hermes_env
 import pytest
 from conftest import Run
 
-from pipeline import cli
+from pipeline import cli, redactor
 from pipeline.capture import spool
 from pipeline.importers import chat, convention
 
@@ -27,6 +27,7 @@ SHARED = {
     "convention.py": Path(convention.__file__),
     "chat.py": Path(chat.__file__),
     "spool.py": Path(spool.__file__),
+    "redactor.py": Path(redactor.__file__),
 }
 
 

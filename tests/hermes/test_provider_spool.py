@@ -140,7 +140,7 @@ def test_the_spool_never_loses_a_turn(procs: Any, tmp_path: Path) -> None:
             "idempotency_key": "old-1",
             "messages": [{"role": "user", "content": "from before"}],
         }
-        box.put(old)
+        box.put([old])
         (home / "sgme" / "spool" / "00000000000000000001-1-000001.json").write_text("[1, 2]")
         env = hermes_env.hermes_env(
             home, SGME_URL=url, SGME_AGENT_ID=AGENT, SGME_TOKEN=token, SGME_SPOOL_MAX_BYTES="500"
@@ -176,3 +176,62 @@ def test_the_spool_never_loses_a_turn(procs: Any, tmp_path: Path) -> None:
             assert driver("spool")["pending"] == []
         finally:
             driver.close()
+
+
+def test_what_was_erased_is_not_stored_again_by_a_replay_or_an_import(
+    procs: Any, tmp_path: Path, capsysbinary: pytest.CaptureFixture[bytes]
+) -> None:
+    """The provider stores two turns; the session is erased; a new Hermes process replays the
+    same transcript (a resumed session syncs its turns again) and Hermes' state.db is
+    imported: nothing comes back, and both say so."""
+    hermes_env.python()
+    data_dir = tmp_path / "data"
+    server, _, url = serve(procs, data_dir)
+    home = hermes_env.make_home(tmp_path / "hermes-home")
+    env = hermes_env.hermes_env(home, SGME_URL=url, SGME_AGENT_ID=AGENT)
+    with httpx.Client(base_url=url, timeout=10) as client:
+        harness.wait_healthy(client, server)
+        driver = hermes_env.Driver(home, env, tmp_path / "driver.log")
+        try:
+            driver("load")
+            driver("init", session_id="erased")
+            turn(driver, 1, session_id="erased")
+            turn(driver, 2, session_id="erased")
+            wait_for(client, "erased", 9)
+            driver("end")
+        finally:
+            driver.close()
+        capsysbinary.readouterr()
+        argv = ["erase", "--agent-id", AGENT, "--session-key", "erased", "--yes", "--json"]
+        assert cli.main([*argv, "--data-dir", str(data_dir)]) == 0
+        erased = json.loads(capsysbinary.readouterr().out)
+        assert (erased["files"], erased["messages"], erased["keys"]) == (1, 9, 2)
+        assert stored(client, "erased") == []
+
+        again = hermes_env.Driver(home, env, tmp_path / "driver-again.log")
+        try:
+            again("load")
+            again("init", session_id="erased")
+            turn(again, 1, session_id="erased")
+            turn(again, 2, session_id="erased")
+            again("end")
+            assert again("spool")["pending"] == []
+        finally:
+            again.close()
+        assert stored(client, "erased") == []
+        log = (tmp_path / "driver-again.log").read_text()
+        assert log.count("was erased from SGME: not stored again") == 2
+
+        write_state_db(home, {"erased": transcript(2)})
+        capsysbinary.readouterr()
+        argv = ["import", "hermes", str(home), "--agent-id", AGENT, "--data-dir", str(data_dir)]
+        assert cli.main([*argv, "--json"]) == 0
+        report = json.loads(capsysbinary.readouterr().out.decode().splitlines()[-1])
+        assert (report["messages"], report["erased"], report["files"]) == (0, 9, 0)
+        assert stored(client, "erased") == []
+        assert "erased" not in files_of(client)
+
+
+def files_of(client: httpx.Client) -> set[str]:
+    answer = client.get("/v1/files", params={"agent_id": AGENT, "limit": 1000})
+    return {row["session_key"] for row in answer.json()["files"]}

@@ -132,6 +132,8 @@ def test_sgme_import_hermes_reads_a_hermes_home(sgme: Sgme, tmp_path: Path) -> N
         "files": 3,
         "messages": 16,
         "skipped": 3,
+        "unreadable": 0,
+        "erased": 0,
         "empty": 0,
         "errors": [],
         "replayed": 0,

@@ -187,6 +187,7 @@ def test_append_is_acknowledged_then_the_kicked_flush_writes_the_file(app: Api) 
         "status": "pending",
         "replayed": False,
         "redacted": 0,
+        "erased": 0,
     }
     assert app.kicks == [file_id]
 

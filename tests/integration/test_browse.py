@@ -345,6 +345,30 @@ def test_cli_ls_show_l1_search_and_refine(sgme: Sgme, store: dict[str, str]) -> 
     assert [h["file_id"] for h in one] == [store["beta"]]
 
 
+def test_show_takes_a_session_key_before_a_file_id(sgme: Sgme) -> None:
+    """Claude Code's and Codex's session ids are UUIDs, as file_ids are: the session key wins,
+    and a file_id that is no session key still works."""
+    sid = "5b6c69aa-0000-4000-8000-000000000001"
+    made = sgme(
+        "append",
+        stdin=json.dumps(
+            {
+                "agent_id": "claude-code",
+                "session_key": sid,
+                "messages": [{"role": "user", "content": "hello from a UUID session"}],
+            }
+        ),
+    ).json()
+    assert made["file_id"] != sid
+    by_session = sgme("show", sid, "--json")
+    assert by_session.code == 0, by_session.err
+    assert by_session.json()["file_id"] == made["file_id"]
+    by_file = sgme("show", made["file_id"], "--json").json()
+    assert by_file["session_key"] == sid
+    missing = sgme("show", "5b6c69aa-0000-4000-8000-000000000009")
+    assert missing.code == 2 and "no session with session_key or file_id" in missing.err
+
+
 def test_token_ls_shows_names_as_given(sgme: Sgme) -> None:
     made = sgme(
         "token",

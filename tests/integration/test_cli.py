@@ -59,6 +59,7 @@ def test_append_then_ls_cat_and_ref(sgme: Sgme, data_dir: Path) -> None:
         "status": "new",
         "replayed": False,
         "redacted": 0,
+        "erased": 0,
     }
     path = raw_path(data_dir, file_id)
     header = document.Header(

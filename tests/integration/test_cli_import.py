@@ -13,6 +13,7 @@ import pytest
 from conftest import Run, Sgme, assert_one_line_error
 
 from pipeline import document, errors, service
+from pipeline.importers import convention
 
 CHATS = [
     {
@@ -113,6 +114,8 @@ def test_import_writes_each_file_once_and_reports_the_malformed_line(
         "files": 2,
         "messages": 0,
         "skipped": 0,
+        "unreadable": 1,
+        "erased": 0,
         "empty": 0,
         "replayed": 6,
     }
@@ -124,15 +127,15 @@ def test_the_plain_summary_and_the_problems_on_stderr(sgme: Sgme, tmp_path: Path
     run = sgme("import", "openai", str(path), "--agent-id", "importer")
     assert run.code == 1
     assert run.out.decode("utf-8") == (
-        "imported 6 messages into 2 files (0 already imported, 0 skipped, 0 empty records, "
-        "1 error)\n"
+        "imported 6 messages into 2 files (0 already imported, 0 erased, 0 skipped on purpose, "
+        "0 empty records, 1 unreadable record, 0 refused)\n"
     )
     assert f"sgme import: {path}:2: not JSON" in run.err
     (tmp_path / "other").mkdir()
     clean = write_chats(tmp_path / "other" / "chats.jsonl", CHATS, malformed=False)
     assert sgme("import", "openai", str(clean), "--agent-id", "importer").out.decode() == (
-        "imported 0 messages into 2 files (6 already imported, 0 skipped, 0 empty records, "
-        "0 errors)\n"
+        "imported 0 messages into 2 files (6 already imported, 0 erased, 0 skipped on purpose, "
+        "0 empty records, 0 unreadable records, 0 refused)\n"
     )
     listed = sgme("ls", "--agent-id", "importer", "--json").json()
     # keyed by their file's name as well as their id: clean.jsonl's are other sessions
@@ -157,6 +160,8 @@ def test_a_session_whose_metadata_changed_is_already_imported(
         "files": 2,
         "messages": 0,
         "skipped": 0,
+        "unreadable": 0,
+        "erased": 0,
         "empty": 0,
         "errors": [],
         "replayed": 6,
@@ -240,7 +245,7 @@ def test_progress_in_records_and_empty_records_are_not_errors(
         "import", "openai", str(write_chats(tmp_path / "chats.jsonl", chats, malformed=False))
     )
     assert run.code == 0, run.err
-    assert "15 empty records, 0 errors" in run.out.decode()
+    assert "15 empty records, 0 unreadable records, 0 refused" in run.out.decode()
     lines = [line for line in run.err.splitlines() if line.startswith("sgme import openai: ")]
     assert lines[0].startswith("sgme import openai: 1 records, 0/1 files")
     assert lines[-1].startswith("sgme import openai: 17 records, 1/1 files, 6 messages new")
@@ -253,3 +258,73 @@ def test_control_characters_in_file_names_are_escaped(sgme: Sgme, tmp_path: Path
     assert run.code == 1
     assert "\x1b" not in run.err and "\x07" not in run.err
     assert "evil\\x1b]0;owned\\x07\\x1b[2J.jsonl:2: not JSON" in run.err
+
+
+def test_a_store_an_earlier_version_filled_and_an_erased_session(
+    sgme: Sgme, tmp_path: Path
+) -> None:
+    """An earlier version stored a Claude Code turn whole under its turn key; importing the
+    transcript now writes only what is new. Erasing the session, then importing again, writes
+    nothing: its keys are the erasure's tombstone; --release lets the next import store it."""
+    sid = "5b6c69aa-0000-4000-8000-000000000001"
+
+    def record(uuid: str, parent: str | None, role: str, text: str, second: int) -> str:
+        message: dict[str, Any] = {"role": role, "content": text}
+        if role == "assistant":
+            message = {"id": f"m-{uuid}", "role": role, "content": [{"type": "text", "text": text}]}
+        return json.dumps(
+            {
+                "type": role,
+                "uuid": uuid,
+                "parentUuid": parent,
+                "sessionId": sid,
+                "timestamp": f"2026-08-03T11:18:{second:02d}Z",
+                "message": message,
+            }
+        )
+
+    path = tmp_path / f"{sid}.jsonl"
+    path.write_text(
+        "\n".join(
+            [
+                record("u1", None, "user", "Read notes.md", 1),
+                record("a1", "u1", "assistant", "It says hi.", 2),
+                record("u2", "a1", "user", "And now?", 3),
+            ]
+        )
+        + "\n"
+    )
+    turn = [
+        {"role": "user", "content": "Read notes.md", "ts": "2026-08-03T11:18:01Z"},
+        {"role": "assistant", "content": "It says hi.", "ts": "2026-08-03T11:18:02Z"},
+    ]
+    earlier = {
+        "agent_id": "claude-code",
+        "session_key": sid,
+        "idempotency_key": convention.key("claude-code", sid, "u1", turn),
+        "messages": turn,
+    }
+    assert sgme("append", stdin=json.dumps(earlier)).code == 0
+    first = summary(sgme("import", "claude-code", str(path), "--json"))
+    assert (first["messages"], first["replayed"], first["files"]) == (1, 2, 1)
+    [row] = sgme("ls", "--agent-id", "claude-code", "--json").json()
+    assert row["flushed_seq"] == 3
+
+    erased = sgme("erase", "--file-id", row["file_id"], "--yes", "--json").json()
+    assert erased["keys"] == 2  # the earlier version's turn key and the new record's
+    again = summary(sgme("import", "claude-code", str(path), "--json"))
+    assert (again["messages"], again["erased"], again["files"]) == (0, 3, 0)
+    assert sgme("ls", "--agent-id", "claude-code", "--json").json() == []
+    plain = sgme("import", "claude-code", str(path)).out.decode()
+    assert "imported 0 messages into 0 files (0 already imported, 3 erased," in plain
+
+    released = sgme("erase", "--release", "--file-id", row["file_id"], "--yes", "--json")
+    assert released.code == 0, released.err
+    assert (released.json()["action"], released.json()["keys"]) == ("release", 2)
+    back = summary(sgme("import", "claude-code", str(path), "--json"))
+    assert (back["messages"], back["erased"], back["files"]) == (3, 0, 1)
+    [new] = sgme("ls", "--agent-id", "claude-code", "--json").json()
+    assert new["file_id"] != row["file_id"] and new["flushed_seq"] == 3
+    trail = sgme("audit", "--file-id", row["file_id"], "--json").json()
+    assert [(r["action"], r["keys"]) for r in trail] == [("erase", 2), ("release", 2)]
+    assert sgme("erase", "--release", "--file-id", new["file_id"], "--yes").code == 2

@@ -231,23 +231,38 @@ def test_erase_a_file_answers_410_and_keeps_only_the_audit_row(
         for table in (tables.messages, tables.l1_items, tables.append_journal, tables.raw_files):
             left = conn.execute(sa.select(sa.func.count()).where(table.c.file_id == file_id))
             assert left.scalar() == 0, table.name
-        keys = conn.execute(sa.select(tables.append_keys.c.idempotency_key)).scalars().all()
-        assert "k1" not in keys
+        # the key stays as the erasure's tombstone: no digest of what it held, no answer
+        k = tables.append_keys.c
+        keys = conn.execute(sa.select(k.idempotency_key, k.request_hash, k.response_json)).all()
+        assert [tuple(row) for row in keys] == [("k1", "erased", json.dumps({"erased": file_id}))]
     assert _search(db, SECRET_WORD) == []
     (record,) = app.client.get("/v1/audit", params={"file_id": file_id}).json()["records"]
     assert record["action"] == "erase" and record["reason"] == "user asked"
-    assert record["messages"] == 5 and record["finished_at"]
-    # the other session is untouched; a new append to the erased session starts a new file
+    assert record["messages"] == 5 and record["finished_at"] and record["keys"] == 1
+    # the other session is untouched; the erased key writes nothing, whatever it holds now
     assert len(app.messages(kept["file_id"])) == 2
+    for held in (_messages(4, 1), _messages(1, -1)):
+        erased = app.append(
+            {"agent_id": AGENT, "session_key": "s", "idempotency_key": "k1", "messages": held}
+        )
+        assert (erased["erased"], erased["source_refs"], erased["replayed"]) == (
+            len(held),
+            [],
+            False,
+        )
+    with db.reading() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(tables.raw_files)).scalar() == 1
+    # a new append to the erased session starts a new file
     again = app.append(
         {
             "agent_id": AGENT,
             "session_key": "s",
-            "idempotency_key": "k1",
+            "idempotency_key": "k2",
             "messages": _messages(1, -1),
         }
     )
     assert again["file_id"] != file_id and again["first_seq"] == 1 and not again["replayed"]
+    assert again["erased"] == 0
     app.flush(again["file_id"])
     assert integrity.fsck(db, data_dir) == []
     assert integrity.reindex(db, file_locks, data_dir).failed == []

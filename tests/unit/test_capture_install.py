@@ -5,6 +5,7 @@ keys â€” everything else kept, a backup made, a second install adding nothing â€
 from __future__ import annotations
 
 import json
+import socket
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,18 @@ CLAUDE_SETTINGS: dict[str, Any] = {
     },
     "statusLine": {"type": "command", "command": "status.sh"},
 }
+
+
+@pytest.fixture(autouse=True)
+def nowhere(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The installer's check of the server meets a port nothing listens on, and no token."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for name in ("SGME_TOKEN", "SGME_TOKEN_FILE", "SGME_AGENT_ID"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SGME_URL", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
 
 
 def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -74,6 +87,9 @@ def test_claude_code_user_settings_keep_everything_else(
     assert backup.read_text() == original
     assert str(path) in out and "Stop, SubagentStop, PreCompact, SessionEnd" in out
     assert "SGME_URL" in out and "--uninstall" in out
+    # how to give the hook its token without a file others may read, and whether it is let in
+    assert "umask 077" in out and str(tmp_path / "config" / "sgme" / "token") in out
+    assert "does not answer now" in out and "keeps turns in its spool" in out
 
     # again: nothing added, nothing written
     code, out, _ = run(capsys, "claude-code")
@@ -181,3 +197,31 @@ def test_a_settings_file_that_is_a_symlink_stays_one(
     code, _, _ = run(capsys, "claude-code", "--project", str(tmp_path))
     assert code == 0 and link.is_symlink()
     assert set(json.loads(dotfiles.read_text())["hooks"]) == set(install.EVENTS["claude-code"])
+
+
+def test_the_check_says_whether_the_server_lets_the_hook_in(tmp_path: Path) -> None:
+    import httpx
+
+    from pipeline.capture import config
+    from pipeline.cli import capture
+
+    def answer(status: int, kind: str) -> httpx.MockTransport:
+        problem = {"type": f"urn:sgme:problem:{kind}", "title": kind, "status": status}
+        return httpx.MockTransport(
+            lambda request: httpx.Response(status, json={**problem, "detail": "no"})
+        )
+
+    env = config.agent("claude-code", {"SGME_URL": "http://sgme", "HOME": str(tmp_path)})
+    assert "takes appends from the hook (no token)" in capture.check(
+        env, transport=answer(422, "invalid-input")
+    )
+    assert "needs a token and the hook has none" in capture.check(
+        env, transport=answer(401, "unauthorized")
+    )
+    given = config.agent("claude-code", {"SGME_URL": "http://sgme", "SGME_TOKEN": "sgme_x"})
+    assert "refuses the token from SGME_TOKEN (401)" in capture.check(
+        given, transport=answer(401, "unauthorized")
+    )
+    assert "may not append for claude-code" in capture.check(
+        given, transport=answer(403, "forbidden")
+    )

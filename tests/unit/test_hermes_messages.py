@@ -84,8 +84,8 @@ def test_the_provider_s_turn_has_the_importer_s_key(plugin: types.ModuleType) ->
         source=convention.HERMES,
         session_key="s1",
         metadata={},
-        turns=tuple(
-            source.Turn(position=str(n), messages=tuple(t)) for n, t in chat.turns(converted)
+        units=tuple(
+            source.Unit(position=str(n), messages=tuple(t)) for n, t in chat.turns(converted)
         ),
         origin="state.db",
         times=False,

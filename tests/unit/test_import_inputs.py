@@ -264,8 +264,8 @@ def test_a_tool_call_message_carries_its_tool_name() -> None:
     assert document.Message("user", body, "2026-08-03T11:18:06Z").to_json("f")["tool_name"] is None
 
 
-def test_the_latest_claude_code_record_is_the_latest_in_time_not_as_text(tmp_path: Path) -> None:
-    """``…06.5Z`` sorts after ``…06.51Z`` as text: the transcript's leaf is the later one."""
+def test_claude_code_records_are_taken_in_file_order(tmp_path: Path) -> None:
+    """``…06.5Z`` sorts after ``…06.51Z`` as text; the file's order is the order said."""
     first = claude_line("u1", None, "user", "hi")
     answer = {**claude_line("a1", "u1", "assistant", "yo"), "timestamp": "2026-08-03T11:18:06.500Z"}
     more = {**claude_line("u2", "a1", "user", "more"), "timestamp": "2026-08-03T11:18:06.510Z"}
@@ -279,3 +279,87 @@ def test_the_latest_claude_code_record_is_the_latest_in_time_not_as_text(tmp_pat
         ("user", "more"),
         ("assistant", "done"),
     ]
+
+
+def test_a_dataset_list_with_one_bad_record_imports_the_rest(tmp_path: Path) -> None:
+    """A JSON list of 1,000 conversations, one nested 101 deep: 999 imported, the bad one
+    reported by its line; so for one that is not JSON and one that is not UTF-8."""
+    records = [
+        json.dumps({"id": n, "conversations": [{"from": "human", "value": f"question {n}"}]})
+        for n in range(1000)
+    ]
+    records[500] = '{"id": 500, "conversations": ' + "[" * 101 + "]" * 101 + "}"
+    records[700] = '{"id": 700, "conversations": [{"from": "human", "value": nope}]}'
+    text = "[\n" + ",\n".join(records) + "\n]\n"
+    data = text.encode().replace(b"question 900", b"question 9\xe90")
+    path = tmp_path / "dataset.json"
+    path.write_bytes(data)
+    server = FakeServer()
+    report = run("sharegpt", path, server)
+    assert [(p.line, p.detail.split(":")[0]) for p in report.errors] == [
+        (502, "nested more than 100 levels deep"),
+        (702, "not JSON"),
+        (902, "not UTF-8"),
+    ]
+    assert (report.unreadable, report.messages, len(server.files)) == (3, 997, 997)
+    assert server.contents("dataset.json#999") == [("user", "question 999")]
+    assert "dataset.json#500" not in server.files
+
+
+def test_a_json_list_that_breaks_off_keeps_what_came_before(tmp_path: Path) -> None:
+    path = tmp_path / "cut.json"
+    other = json.dumps({**CHAT, "id": "d"})
+    path.write_text("[" + json.dumps(CHAT) + ", " + other[:-1] + ", [1")
+    report = run("openai", path, FakeServer())
+    assert report.messages == 2 and report.unreadable == 1
+    assert report.errors[0].detail.startswith("not JSON")
+
+
+def where(item: Any) -> int | None:
+    """A line's number, read or not."""
+    from pipeline.importers import source
+
+    return item.number if isinstance(item, source.Line) else item.line
+
+
+def test_lines_are_read_from_an_offset_on_to_a_deadline(tmp_path: Path) -> None:
+    from pipeline.importers import source
+
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(b'{"a": 1}\n\n{"a": 2}\nnot json\n{"a": 3}')
+    found = list(source.lines(path))
+    assert [(where(x), getattr(x, "value", None)) for x in found] == [
+        (1, {"a": 1}),
+        (3, {"a": 2}),
+        (4, None),
+        (5, {"a": 3}),  # a last line without its newline that parses: whole
+    ]
+    assert isinstance(found[2], source.Problem) and found[2].end == 28
+    live = list(source.lines(path, live=True))
+    assert [where(x) for x in live] == [1, 3, 4]
+    first = found[0]
+    assert isinstance(first, source.Line) and first.end == 9
+    rest = list(source.lines(path, offset=first.end, number=first.number))
+    assert [where(x) for x in rest] == [3, 4, 5]
+    assert list(source.lines(path, deadline=0.0)) == []  # a deadline passed: nothing read
+    path.write_bytes(b'{"a": 1}\n{"a": ')
+    [cut] = [x for x in source.lines(path) if isinstance(x, source.Problem)]
+    assert cut.detail.startswith("unterminated last line (still being written?)")
+
+
+def test_a_device_is_not_read_and_a_line_past_the_bound_is_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pipeline.importers import source
+
+    [zero] = list(source.lines(Path("/dev/zero")))
+    assert isinstance(zero, source.Problem) and zero.detail == "not a regular file: not read"
+    monkeypatch.setattr(source, "MAX_LINE", 10)
+    monkeypatch.setattr(source, "CHUNK", 4)
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(b'{"a": 1}\n' + b'{"b": "' + b"x" * 50 + b'"}\n{"c": 3}\n')
+    found = list(source.lines(path))
+    assert [type(x).__name__ for x in found] == ["Line", "Problem", "Line"]
+    assert isinstance(found[1], source.Problem)
+    assert found[1].line == 2 and "longer than 10 bytes" in found[1].detail
+    assert isinstance(found[2], source.Line) and found[2].value == {"c": 3}

@@ -20,12 +20,14 @@ T0 = 1785755886.0  # 2026-08-03T11:18:06Z
 
 class FakeServer:
     """What /v1/append promises about keys: the same key and body replays, the same key with
-    another body is a Conflict; metadata is taken from the append that creates the file."""
+    another body is a Conflict; a recorded ``legacy_key`` replays; an erased key (a tombstone)
+    answers ``erased``; metadata is taken from the append that creates the file."""
 
     def __init__(self) -> None:
         self.bodies: dict[tuple[str, str], str] = {}
         self.files: dict[str, list[dict[str, Any]]] = {}
         self.metadata: dict[str, Any] = {}
+        self.erased: set[tuple[str, str]] = set()
         self.calls = 0
 
     def __call__(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -33,10 +35,15 @@ class FakeServer:
         assert set(body) <= set(runner_fields())
         assert len(body["idempotency_key"]) <= 200 and len(body["messages"]) <= 1000
         key = (body["agent_id"], body["idempotency_key"])
-        encoded = json.dumps(body, sort_keys=True)
+        legacy = (body["agent_id"], body.get("legacy_key"))
+        if key in self.erased or legacy in self.erased:
+            return {"file_id": body["session_key"], "erased": len(body["messages"])}
+        encoded = json.dumps({k: v for k, v in body.items() if k != "legacy_key"}, sort_keys=True)
         if key in self.bodies:
             if self.bodies[key] != encoded:
                 raise errors.Conflict(f"idempotency_key {key[1]!r} used with another body")
+            return {"file_id": body["session_key"], "replayed": True}
+        if legacy in self.bodies:
             return {"file_id": body["session_key"], "replayed": True}
         self.bodies[key] = encoded
         if body["session_key"] not in self.files:
@@ -50,7 +57,15 @@ class FakeServer:
 
 
 def runner_fields() -> tuple[str, ...]:
-    return ("agent_id", "session_key", "source_type", "metadata", "idempotency_key", "messages")
+    return (
+        "agent_id",
+        "session_key",
+        "source_type",
+        "metadata",
+        "idempotency_key",
+        "legacy_key",
+        "messages",
+    )
 
 
 def run(name: str, path: Path, server: FakeServer, **kwargs: Any) -> runner.Report:
@@ -334,12 +349,16 @@ CODEX_TURN_1 = [
 ]
 
 
-def test_codex_completed_turns_only(tmp_path: Path) -> None:
+CODEX_REST = [("user", "abandon this"), ("user", "still running")]
+
+
+def test_codex_every_item_in_file_order_under_its_turn_and_place(tmp_path: Path) -> None:
     sid = "0199a213-81c0-7800-8aa1-bbab2a035a53"
     path = write_jsonl(tmp_path / f"rollout-2026-08-03T11-18-00-{sid}.jsonl", codex_rollout())
     server = FakeServer()
     report = run("codex", path, server)
-    assert server.contents(sid) == CODEX_TURN_1
+    # the aborted turn and the one still running are what was said: kept
+    assert server.contents(sid) == CODEX_TURN_1 + CODEX_REST
     assert [m["tool_name"] for m in server.files[sid] if m["role"] == "tool"] == [
         "shell",
         "apply_patch",
@@ -356,10 +375,14 @@ def test_codex_completed_turns_only(tmp_path: Path) -> None:
         "started_at": "2026-08-03T11:18:00.5Z",
         "model": "gpt-5-codex",
     }
-    assert [k for _, k in server.bodies] == [convention.key("codex", sid, "t1", server.files[sid])]
-    assert report.skipped == 2  # the aborted turn and the one still running
+    assert [k for _, k in server.bodies] == [
+        *(f"codex:{sid}:t1:{n}" for n in range(6)),
+        f"codex:{sid}:t2:0",
+        f"codex:{sid}:t3:0",
+    ]
+    assert report.skipped == 1  # the reasoning
 
-    # the running turn completes: the next run appends just it
+    # the running turn goes on and completes: the next run appends just what it gained
     more = [
         *codex_rollout(),
         {
@@ -378,8 +401,32 @@ def test_codex_completed_turns_only(tmp_path: Path) -> None:
         },
     ]
     write_jsonl(path, more)
-    assert run("codex", path, server).messages == 2
+    again = run("codex", path, server)
+    assert (again.messages, again.replayed) == (1, 8)
     assert server.contents(sid)[-2:] == [("user", "still running"), ("assistant", "done")]
+    assert list(server.bodies)[-1] == ("me", f"codex:{sid}:t3:1")
+
+
+def test_codex_turns_an_earlier_version_stored_whole_are_not_stored_again(
+    tmp_path: Path,
+) -> None:
+    """An earlier version keyed a completed turn by its id and a hash of what it said; the
+    items of that turn carry its key, and the server answers them as stored."""
+    sid = "0199a213-81c0-7800-8aa1-bbab2a035a53"
+    path = write_jsonl(tmp_path / f"rollout-2026-08-03T11-18-00-{sid}.jsonl", codex_rollout())
+    earlier = FakeServer()
+    turn = [
+        {"role": role, "content": content, "ts": f"2026-08-03T11:18:0{second}.5Z"}
+        for (role, content), second in zip(CODEX_TURN_1, (1, 4, 5, 6, 6, 7), strict=True)
+    ]
+    for message in turn:
+        if message["role"] == "tool":
+            message["tool_name"] = "shell" if "c1" in message["content"] else "apply_patch"
+    earlier.bodies[("me", convention.key("codex", sid, "t1", turn))] = "{}"
+    earlier.files[sid] = list(turn)
+    report = run("codex", path, earlier)
+    assert (report.messages, report.replayed) == (2, 6)
+    assert earlier.contents(sid) == CODEX_TURN_1 + CODEX_REST
 
 
 def test_codex_sessions_directory_with_zstd_and_a_malformed_line(tmp_path: Path) -> None:
@@ -408,7 +455,8 @@ def test_codex_sessions_directory_with_zstd_and_a_malformed_line(tmp_path: Path)
         "11111111-1111-4111-8111-111111111111",
         "22222222-2222-4222-8222-222222222222",
     }
-    assert server.contents("22222222-2222-4222-8222-222222222222") == CODEX_TURN_1
+    assert server.contents("22222222-2222-4222-8222-222222222222") == CODEX_TURN_1 + CODEX_REST
+    assert report.unreadable == 1
     assert [(Path(p.file).name, p.line) for p in report.errors] == [
         ("rollout-b-22222222-2222-4222-8222-222222222222.jsonl.zst", 4)
     ]
@@ -445,9 +493,11 @@ def test_codex_rollout_from_before_the_envelope(tmp_path: Path) -> None:
         ("assistant", call("shell", "{}", "c")),
         ("tool", result("out", "c")),
         ("assistant", "hello"),
+        ("user", "more?"),  # the next turn: a user message after another
     ]
     assert server.files["old-session"][0]["ts"] == "2025-05-01T10:00:00Z"
-    assert report.skipped == 1  # "more?" has no answer yet
+    assert [k for _, k in server.bodies][-1] == "codex:old-session:n2:0"
+    assert report.skipped == 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -497,7 +547,7 @@ class ClaudeLog:
         return self.add("assistant", parent, message, requestId=f"req-{message_id}")
 
 
-def test_claude_code_rewind_compaction_merge_and_meta(tmp_path: Path) -> None:
+def test_claude_code_rewind_compaction_and_meta(tmp_path: Path) -> None:
     log = ClaudeLog()
     caveat = log.user(None, "<local-command-caveat>x</local-command-caveat>", isMeta=True)
     u1 = log.user(caveat, "Read a.txt please")
@@ -552,6 +602,8 @@ def test_claude_code_rewind_compaction_merge_and_meta(tmp_path: Path) -> None:
 
     server = FakeServer()
     report = run("claude-code", path, server)
+    rewound = convention.rewound([1, 2], None)["content"]
+    assert rewound.startswith("**rewound**: 1-2\n\n")
     assert server.contents(log.session_id) == [
         ("user", "Read a.txt please"),
         ("assistant", "**thinking**\n\nhmm"),
@@ -559,6 +611,10 @@ def test_claude_code_rewind_compaction_merge_and_meta(tmp_path: Path) -> None:
         ("assistant", call("Read", '{"file_path": "a.txt"}', "tu_1")),
         ("tool", result("hello", "tu_1")),
         ("assistant", "It says hello."),
+        # the branch a rewind left is kept, and the marker says which messages it holds
+        ("user", "Now delete it"),
+        ("assistant", "Deleted."),
+        ("system", rewound),
         ("user", "Now copy it"),
         ("assistant", call("Bash", '{"command": "cp a b"}', "tu_2")),
         ("tool", result("copied", "tu_2")),
@@ -567,6 +623,8 @@ def test_claude_code_rewind_compaction_merge_and_meta(tmp_path: Path) -> None:
         ("user", "And after that?\n[image]"),
         ("assistant", "Nothing else."),
     ]
+    assert convention.kind("system", rewound) == "rewound"
+    assert convention.rewound_places(rewound) == [1, 2]
     tools = [m["tool_name"] for m in server.files[log.session_id] if m["role"] == "tool"]
     assert tools == ["Read", "Bash"]
     assert server.metadata[log.session_id] == {
@@ -577,13 +635,57 @@ def test_claude_code_rewind_compaction_merge_and_meta(tmp_path: Path) -> None:
         "version": "2.0.55",
         "model": "claude-sonnet-4-5",
     }
-    assert [p.line for p in report.errors] == [4]
-    # meta, the abandoned branch's two messages
-    assert report.skipped == 3
+    keys = [k for _, k in server.bodies]
+    assert keys[:2] == [f"claude-code:{log.session_id}:{u1}", f"claude-code:{log.session_id}:{a1}"]
+    assert f"claude-code:{log.session_id}:{new}:rewound" in keys
+    assert [p.line for p in report.errors] == [4] and report.unreadable == 1
+    assert report.skipped == 1  # the meta record
     assert run("claude-code", path, server).messages == 0
 
 
-def test_claude_code_subagents_are_sessions_and_an_open_call_waits(tmp_path: Path) -> None:
+def test_claude_code_turns_an_earlier_version_stored_whole_are_not_stored_again(
+    tmp_path: Path,
+) -> None:
+    """An earlier version cut the transcript into turns (an assistant message merged from the
+    records of its message.id, at the time of its first record) and keyed each turn by its
+    first record and a hash of what it said; each record of such a turn carries that key."""
+    log = ClaudeLog()
+    u1 = log.user(None, "Read a.txt please")
+    a1 = log.assistant(u1, "msg_1", {"type": "thinking", "thinking": "hmm"})
+    a2 = log.assistant(a1, "msg_1", {"type": "text", "text": "Reading it."})
+    tool = {"type": "tool_use", "id": "tu_1", "name": "Read", "input": {"file_path": "a.txt"}}
+    a3 = log.assistant(a2, "msg_1", tool)
+    r1 = log.user(a3, [{"type": "tool_result", "tool_use_id": "tu_1", "content": "hello"}])
+    a4 = log.assistant(r1, "msg_2", {"type": "text", "text": "It says hello."})
+    u2 = log.user(a4, "Thanks")
+    log.assistant(u2, "msg_3", {"type": "text", "text": "You are welcome."})
+    path = write_jsonl(tmp_path / f"{log.session_id}.jsonl", log.records)
+    when = [r["timestamp"].replace(":", ":") for r in log.records]
+    merged = when[1]  # msg_1's thinking, text and call all took its first record's time
+    turn = [
+        {"role": "user", "content": "Read a.txt please", "ts": when[0]},
+        {"role": "assistant", "content": "**thinking**\n\nhmm", "ts": merged},
+        {"role": "assistant", "content": "Reading it.", "ts": merged},
+        {
+            "role": "assistant",
+            "content": call("Read", '{"file_path": "a.txt"}', "tu_1"),
+            "ts": merged,
+        },
+        {"role": "tool", "content": result("hello", "tu_1"), "ts": when[4], "tool_name": "Read"},
+        {"role": "assistant", "content": "It says hello.", "ts": when[5]},
+    ]
+    earlier = FakeServer()
+    earlier.bodies[("me", convention.key("claude-code", log.session_id, u1, turn))] = "{}"
+    earlier.files[log.session_id] = list(turn)
+    report = run("claude-code", path, earlier)
+    assert (report.messages, report.replayed) == (2, 6)
+    assert earlier.contents(log.session_id)[-2:] == [
+        ("user", "Thanks"),
+        ("assistant", "You are welcome."),
+    ]
+
+
+def test_claude_code_subagents_are_sessions_and_every_record_is_taken(tmp_path: Path) -> None:
     main = ClaudeLog()
     u1 = main.user(None, "Research X")
     main.assistant(
@@ -605,10 +707,15 @@ def test_claude_code_subagents_are_sessions_and_an_open_call_waits(tmp_path: Pat
     server = FakeServer()
     report = run("claude-code", tmp_path / "projects", server)
     key = f"{main.session_id}/agent-a7f3"
-    assert list(server.files) == [key]  # the main session's only turn waits for its result
+    assert set(server.files) == {main.session_id, key}
+    # the call awaiting its result is what was said so far: a record is taken as it is
+    assert server.contents(main.session_id) == [
+        ("user", "Research X"),
+        ("assistant", call("Task", '{"prompt": "X"}', "t1")),
+    ]
     assert server.contents(key) == [("user", "X"), ("assistant", "X is y.")]
     assert server.metadata[key]["parent_session"] == main.session_id
-    assert report.skipped == 2
+    assert report.skipped == 0
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,11 +19,14 @@ What it does:
   imported too, is written once.
 - It never blocks or breaks the agent: a turn is written to a local spool
   (``$HERMES_HOME/sgme/spool/``, ``spool.py``: private, ordered, bounded by
-  ``SGME_SPOOL_MAX_BYTES``) and a background thread sends it with short timeouts
+  ``SGME_SPOOL_MAX_BYTES``, its secrets redacted by ``redactor.py`` — SGME's own rules, copied
+  beside it) and a background thread sends it with short timeouts
   (``sender.py``). What the server could not take stays there, in order, and goes at the next
   turn, at ``on_session_end`` and at ``shutdown``. A turn the server refuses for good
   (invalid, too large, or 403: not this token's agent) is set aside in ``spool/rejected/`` for
-  a person to look at and the rest goes on; nothing is silently dropped.
+  a person to look at and the rest goes on; nothing is silently dropped. A turn that was
+  erased from SGME (its key is the erasure's tombstone) is not stored again, and the log says
+  so.
 - No writes for ``agent_context`` ``cron``, ``flush`` or ``subagent`` (as Hermes' own
   providers do). ``on_session_switch`` starts a new session_key; the spool keeps what was
   queued for the old one.
@@ -60,10 +63,11 @@ from . import recall, sender
 if TYPE_CHECKING:
     # ``sgme hermes install`` puts these modules of SGME's package beside this one: checked
     # against them, imported from beside it (Hermes' environment has no SGME package).
+    from pipeline import redactor
     from pipeline.capture import spool as spooling
     from pipeline.importers import chat, convention
 else:
-    from . import chat, convention
+    from . import chat, convention, redactor
     from . import spool as spooling
 
 try:
@@ -162,7 +166,10 @@ class SgmeMemoryProvider(MemoryProvider):  # type: ignore[misc]  # Hermes' class
         }
         if self._sender is None:
             spool = spooling.Spool(
-                home / "sgme" / "spool", max_bytes=self._config["spool_max_bytes"]
+                home / "sgme" / "spool",
+                max_bytes=self._config["spool_max_bytes"],
+                # no credential waits in clear on this disk (the server redacts again)
+                scrub=spooling.scrubber(redactor.redact),
             )
             self._sender = sender.Sender(self._config, spool)
             self._sender.start()

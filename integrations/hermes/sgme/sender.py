@@ -42,6 +42,16 @@ REFUSED = (400, 403, 413, 415, 422)
 HELD_BYTES = 64 * 1024 * 1024
 
 
+def _erased(answer: Any) -> bool:
+    """Whether an append's answer says its turn was erased (its key is an erasure's
+    tombstone: nothing was written, on purpose)."""
+    try:
+        found = answer.json()
+    except ValueError:
+        return False
+    return isinstance(found, dict) and bool(found.get("erased"))
+
+
 class Sender:
     """Spools turns and delivers them in order from a background thread, or on demand with a
     deadline."""
@@ -86,20 +96,19 @@ class Sender:
                 self.deliver()
 
     def put(self, bodies: list[dict[str, Any]]) -> bool:
-        """Keep a turn's bodies until they are delivered: spooled, else held in memory; False
-        when neither could take them (the turn is then left out, and said so)."""
+        """Keep a turn's bodies until they are delivered: spooled (one file, redacted), else
+        held in memory; False when neither could take them (the turn is then left out, and
+        said so)."""
         with self._put_lock:
+            if not self._held:  # once one is held, the rest waits behind it (order)
+                try:
+                    self.spool.put(bodies)
+                    return True
+                except (OSError, spooling.Full) as exc:
+                    self._warn_once(
+                        "spool", "sgme: cannot spool turns (%s); holding them in memory", exc
+                    )
             for index, body in enumerate(bodies):
-                if not self._held:  # once one is held, the rest waits behind it (order)
-                    try:
-                        self.spool.put(body)
-                        continue
-                    except (OSError, spooling.Full) as exc:
-                        self._warn_once(
-                            "spool",
-                            "sgme: cannot spool turns (%s); holding them in memory",
-                            exc,
-                        )
                 size = len(json.dumps(body, ensure_ascii=False))
                 if self._held_bytes + size > HELD_BYTES:
                     logger.warning(
@@ -151,6 +160,12 @@ class Sender:
             self._warned.difference_update(("down", "status"))
             # 409: the key is taken by this same turn sent earlier (its times or metadata
             # differ, or the importer stored it): it is in SGME already.
+            if status < 300 and _erased(answer):
+                logger.warning(
+                    "sgme: turn %s was erased from SGME: not stored again",
+                    body.get("idempotency_key"),
+                )
+                return spooling.Outcome.SENT, "erased"
             return spooling.Outcome.SENT, ""
         detail = f"{status} {answer.text[:500]}"
         if status in REFUSED:

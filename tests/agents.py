@@ -1,6 +1,6 @@
-"""Transcripts written the way Claude Code and Codex write them, a record at a time, for the
-capture tests to play an agent: each writer also keeps the L0 messages a reader of the file
-should find, so every hook run can be checked message by message.
+"""Transcripts written the way Claude Code and Codex write them, a record at a time (or a byte
+at a time), for the capture tests to play an agent: each writer also keeps the L0 messages a
+reader of the file should find, so every hook run can be checked message by message.
 
 Claude Code (``~/.claude/projects/<cwd>/<sessionId>.jsonl``): one JSON object a line with
 ``type``, ``uuid``, ``parentUuid``, ``sessionId``, ``timestamp``, ``cwd``, ``version``,
@@ -20,6 +20,7 @@ Codex (``$CODEX_HOME/sessions/YYYY/MM/DD/rollout-<time>-<id>.jsonl``): ``{"times
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,8 @@ class ClaudeTranscript:
         self.expected: list[Expected] = []
         self.last: str | None = None
         self.clock = 0
+        #: called after every write (a hook after each record)
+        self.after: Callable[[], None] = lambda: None
         path.parent.mkdir(parents=True, exist_ok=True)
         path.touch()
 
@@ -56,6 +59,28 @@ class ClaudeTranscript:
                 out.write(line + "\n")
         if not partial:
             self.lines.append(line)
+        self.after()
+
+    def bytewise(self, record: dict[str, Any], between: Callable[[], None]) -> None:
+        """Append one line a byte at a time, ``between()`` after each byte (a hook that runs
+        while the line is being written)."""
+        data = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+        for i in range(len(data)):
+            with self.path.open("ab") as out:
+                out.write(data[i : i + 1])
+            between()
+        self.lines.append(json.dumps(record, ensure_ascii=False))
+
+    def raw(self, data: bytes) -> None:
+        """Append a line that is no record: damaged, not UTF-8, nested too deep."""
+        with self.path.open("ab") as out:
+            out.write(data + b"\n")
+        self.after()
+
+    def rewind(self, to: str) -> None:
+        """Go back to an earlier record ("fork from here", an edited prompt): the next record
+        goes on from ``to``; the branch after it stays in the file."""
+        self.last = to
 
     def finish_partial(self, record: dict[str, Any]) -> None:
         """Write the rest of the half-written line."""
@@ -107,20 +132,12 @@ class ClaudeTranscript:
         return records
 
     def assistant(self, message_id: str, *blocks: dict[str, Any]) -> None:
-        """Write an assistant message and note what L0 shows for it (thinking, text, calls)."""
+        """Write an assistant message and note what L0 shows for it: a message per block
+        (thinking, text, a call), in the order written."""
         for record in self.blocks(message_id, *blocks):
             self.write(record)
-        texts = [b["text"] for b in blocks if b["type"] == "text"]
         for block in blocks:
-            if block["type"] == "thinking":
-                self.expected.append(("assistant", f"**thinking**\n\n{block['thinking']}", None))
-        if texts:
-            self.expected.append(("assistant", "\n\n".join(texts), None))
-        for block in blocks:
-            if block["type"] == "tool_use":
-                arguments = json.dumps(block["input"], ensure_ascii=False)
-                body = convention.call_body(block["name"], arguments, block["id"])
-                self.expected.append(("assistant", body, block["name"]))
+            self.expected.append(expected_block(block))
 
     def result_record(self, tool_use_id: str, output: str) -> dict[str, Any]:
         content = [{"type": "tool_result", "tool_use_id": tool_use_id, "content": output}]
@@ -161,6 +178,17 @@ class ClaudeTranscript:
         return resumed
 
 
+def expected_block(block: dict[str, Any]) -> Expected:
+    """What L0 shows for one assistant content block."""
+    if block["type"] == "thinking":
+        return ("assistant", f"**thinking**\n\n{block['thinking']}", None)
+    if block["type"] == "tool_use":
+        arguments = json.dumps(block["input"], ensure_ascii=False)
+        body = convention.call_body(block["name"], arguments, block["id"])
+        return ("assistant", body, block["name"])
+    return ("assistant", block["text"], None)
+
+
 class CodexRollout:
     """A Codex rollout file that grows a record at a time."""
 
@@ -171,6 +199,8 @@ class CodexRollout:
         self.thread_id = thread_id
         self.clock = 0
         self.expected: list[Expected] = []
+        #: called after every write (a hook after each record)
+        self.after: Callable[[], None] = lambda: None
         self.write(
             "session_meta",
             {
@@ -187,6 +217,28 @@ class CodexRollout:
         line = {"timestamp": _stamp(self.clock), "type": kind, "payload": payload}
         with self.path.open("a", encoding="utf-8") as out:
             out.write(json.dumps(line) + "\n")
+        self.after()
+
+    def raw(self, data: bytes) -> None:
+        """Append a line that is no record: damaged, not UTF-8, nested too deep."""
+        with self.path.open("ab") as out:
+            out.write(data + b"\n")
+        self.after()
+
+    def bytewise(self, kind: str, payload: dict[str, Any], between: Callable[[], None]) -> None:
+        """Append one record a byte at a time, ``between()`` after each byte."""
+        self.clock += 1
+        line = {"timestamp": _stamp(self.clock), "type": kind, "payload": payload}
+        data = (json.dumps(line) + "\n").encode("utf-8")
+        for i in range(len(data)):
+            with self.path.open("ab") as out:
+                out.write(data[i : i + 1])
+            between()
+
+    def compact(self, summary: str) -> None:
+        """Codex's compaction: the summary it continues from, as a ``compacted`` record."""
+        self.write("compacted", {"message": summary, "replacement_history": []})
+        self.expected.append(("system", f"**compaction summary**\n\n{summary}", None))
 
     def turn(self, turn_id: str, question: str, *, complete: bool = True) -> None:
         """One turn with a shell call; ``complete`` also writes ``task_complete``."""
