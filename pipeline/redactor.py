@@ -36,12 +36,20 @@ import dataclasses
 import functools
 import re
 import tomllib
-from collections.abc import Callable, Iterable
-from importlib import resources
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any, Protocol
 
-import ahocorasick
+# The Hermes provider runs a copy of this module (and of ``assignment``, ``literal`` and the
+# formats file, beside it) inside Hermes' environment, which has the standard library only:
+# hence the relative imports, the formats file found beside this one, and a keyword search
+# without the automaton there (:class:`_Finds`).
+try:
+    import ahocorasick
+except ImportError:  # pragma: no cover - the provider's copy; the package requires it
+    ahocorasick = None
 
-from pipeline import assignment, literal
+from . import assignment, literal
 
 MARKER_PREFIX = "[REDACTED:"
 
@@ -191,7 +199,7 @@ CHECKS: dict[str, Callable[[str, str], bool]] = {"pem": _pem, "pem64": _pem64, "
 
 
 def _load_formats() -> tuple[Rule, ...]:
-    data = tomllib.loads(resources.files("pipeline").joinpath(FORMATS_FILE).read_text("utf-8"))
+    data = tomllib.loads(Path(__file__).with_name(FORMATS_FILE).read_text("utf-8"))
     return tuple(
         Rule(
             f["id"],
@@ -326,16 +334,55 @@ _ASSIGNMENT = -1
 _RULES: tuple[Rule, ...] = (*FORMATS, *CONTEXT_RULES)
 
 
-def _automaton() -> ahocorasick.Automaton:
+class _Keywords(Protocol):
+    """What :func:`scan` needs of its keyword search (``ahocorasick.Automaton``'s calls)."""
+
+    def add_word(self, key: str, value: Any) -> object: ...
+
+    def make_automaton(self) -> None: ...
+
+    def iter(self, text: str) -> Iterator[tuple[int, Any]]: ...
+
+
+class _Finds:
+    """The automaton's search with ``str.find``, one pass a keyword (the Hermes provider's
+    copy, without the automaton: it redacts a spooled turn, off any hot path). The same
+    matches in the same order: by the index of their last character, a longer keyword first
+    where two end together."""
+
+    def __init__(self) -> None:
+        self._words: dict[str, Any] = {}
+
+    def add_word(self, key: str, value: Any) -> bool:
+        self._words[key] = value
+        return True
+
+    def make_automaton(self) -> None:
+        return None
+
+    def iter(self, text: str) -> Iterator[tuple[int, Any]]:
+        hits: list[tuple[int, int, Any]] = []
+        for word, value in self._words.items():
+            at = text.find(word)
+            while at >= 0:
+                hits.append((at + len(word) - 1, -len(word), value))
+                at = text.find(word, at + 1)
+        hits.sort(key=lambda hit: hit[:2])
+        return iter([(last, value) for last, _, value in hits])
+
+
+def _automaton(*, portable: bool = False) -> _Keywords:
     """Every keyword of every rule, each with the rules it starts (and the assignment
-    reading, for a name word)."""
+    reading, for a name word); ``portable``: searched with :class:`_Finds`."""
     by_keyword: dict[str, list[int]] = collections.defaultdict(list)
     for number, rule in enumerate(_RULES):
         for keyword in rule.keywords:
             by_keyword[keyword].append(number)
     for word in NAME_WORDS:
         by_keyword[word].append(_ASSIGNMENT)
-    automaton = ahocorasick.Automaton()
+    automaton: _Keywords = (
+        _Finds() if portable or ahocorasick is None else ahocorasick.Automaton()
+    )
     for keyword, numbers in by_keyword.items():
         automaton.add_word(keyword, (keyword, tuple(numbers)))
     automaton.make_automaton()

@@ -8,9 +8,10 @@ own, copied as they are rather than kept twice: the tool-call convention and the
 OpenAI-style messages (``pipeline/importers/convention.py`` and ``chat.py``, so the provider
 writes and keys turns exactly as the importer does) and the spool
 (``pipeline/capture/spool.py``), and the secret rules the spool redacts its turns with
-(``pipeline/redactor.py``). They use the standard library only (``chat.py`` imports its
-sibling relatively), because the provider runs inside Hermes' environment, where this package
-is not.
+(``pipeline/redactor.py``, with the modules and the formats file it reads). They use the
+standard library only (``chat.py`` and the secret rules import their siblings relatively;
+the rules search their keywords without the automaton there), because the provider runs
+inside Hermes' environment, where this package is not.
 
 An existing ``plugins/sgme`` is replaced whole when it holds only the provider's files (of
 this version or an earlier one); anything else in it is not deleted without asking: the
@@ -43,6 +44,9 @@ SHARED = {
     "chat.py": "pipeline.importers",
     "spool.py": "pipeline.capture",
     "redactor.py": "pipeline",
+    "assignment.py": "pipeline",
+    "literal.py": "pipeline",
+    "secret_formats.toml": "pipeline",
 }
 #: what an install of this or an earlier version leaves in plugins/sgme (replaced freely)
 OURS = {"__init__.py", "messages.py", "recall.py", "sender.py", "plugin.yaml", *SHARED}

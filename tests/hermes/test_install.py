@@ -28,6 +28,9 @@ SHARED = {
     "chat.py": Path(chat.__file__),
     "spool.py": Path(spool.__file__),
     "redactor.py": Path(redactor.__file__),
+    "assignment.py": Path(redactor.__file__).with_name("assignment.py"),
+    "literal.py": Path(redactor.__file__).with_name("literal.py"),
+    "secret_formats.toml": Path(redactor.__file__).with_name(redactor.FORMATS_FILE),
 }
 
 

@@ -167,6 +167,17 @@ def test_the_keyword_automaton_finds_what_a_search_for_each_keyword_finds(text: 
     assert redactor.scan(text) == _naive(text)
 
 
+@given(st.lists(st.one_of(_PIECES, st.text(max_size=8)), max_size=40).map("".join))
+@example("passpass pw secretsecret")
+def test_the_search_without_the_automaton_finds_the_same_in_the_same_order(text: str) -> None:
+    """The Hermes provider's copy has no automaton: its ``str.find`` search yields the same
+    matches in the same order, so its scan finds exactly what the package's does."""
+    lowered = text.translate(redactor._ASCII_LOWER)
+    assert list(redactor._automaton(portable=True).iter(lowered)) == list(
+        redactor._AUTOMATON.iter(lowered)
+    )
+
+
 @pytest.mark.parametrize("kind", sorted(secret_samples.MAKERS))
 def test_the_automaton_finds_every_sample(kind: str) -> None:
     rng = random.Random(f"shortcuts-{kind}")
