@@ -96,7 +96,7 @@ def test_a_batch_answers_each_append_as_it_would_alone(
     assert isinstance(new1, ingest.AppendResult) and (new1.first_seq, new1.kick) == (1, True)
     assert isinstance(new2, ingest.AppendResult)
     assert (new2.file_id, new2.first_seq, new2.kick) == (new1.file_id, 2, False)
-    assert isinstance(plain_num, errors.InvalidInput) and "sequence is required" in str(
+    assert isinstance(plain_num, errors.Conflict) and "sequence is required" in str(
         plain_num.detail
     )
     assert isinstance(k1, ingest.AppendResult) and k1.first_seq == 1
