@@ -3,11 +3,12 @@ segment, per claim and per message, against the unchanged code in the same run.
 
 Every message is refined once, so this is paid per message like the acknowledgement and the
 flush (in ``sgme serve`` under ``wrk`` it took about 30% of the appends' rate before the claim's
-statements were prepared; docs/benchmarks.md, fifth pass). The store holds ``--files`` session
-files of ``--messages`` flushed messages each (``refine_min_messages``' default is 20); a
-round claims every due file (``Service.dispatch``) and runs each claim as the
-``refine_segment`` task does (``Service.refine_segment``: run the builtin refiner, commit the
-items, dispatch the file again). No broker: the claims go to a list. Each round runs in a fresh
+statements were prepared; the fifth throughput pass, in the history of docs/benchmarks.md).
+The store holds ``--files`` session files of ``--messages`` flushed messages each
+(``refine_min_messages``' default is 20); a round claims every due file
+(``Service.dispatch``) and runs each claim as the ``refine_segment`` task does
+(``Service.refine_segment``: run the builtin refiner, commit the items, dispatch the file
+again). No broker: the claims go to a list. Each round runs in a fresh
 subprocess, rounds interleave the trees, the best of each is kept.
 
     .venv/bin/python bench/bench_refine.py [--files 200] [--messages 20] [--rounds 3]

@@ -179,7 +179,7 @@ class Refiners:
         before the refiner is loaded (a process' first jobs, one of which loads it). The
         builtin refiner's jobs in parallel only took turns at the interpreter and at SQLite's
         write lock: one at a time, ``sgme serve`` made about a tenth more appends a second
-        under load (docs/benchmarks.md, thirteenth pass)."""
+        under load (the thirteenth throughput pass in the history of docs/benchmarks.md)."""
         turns = self._turns
         if turns is None:
             yield

@@ -17,7 +17,8 @@ As in the group committer, each caller waits on an event of its own: after a rou
 leader wakes the callers it settled and hands the lead to the first caller still queued,
 and nobody else. (One condition notified for all woke every waiting caller after every
 round, to find, most of them, that it had to wait again: at 16 sessions 25.0–26.2 context
-switches a waited append against 21.8–23.1 now, docs/benchmarks.md twelfth pass.)
+switches a waited append against 21.8–23.1 now: the twelfth throughput pass, in the
+history of docs/benchmarks.md.)
 """
 
 from __future__ import annotations
@@ -136,7 +137,8 @@ class Waits:
         """A round of ``file_ids``, then the files it handed back one by one; each file's
         result or error (none for a file past the round's budget). One file is flushed on
         its own at once, as a waited append always was: a round of one shares nothing (and
-        measured 11–15 µs more CPU an append, docs/benchmarks.md, tenth pass)."""
+        measured 11–15 µs more CPU an append: the tenth throughput pass, in the history of
+        docs/benchmarks.md)."""
         done = self._round(file_ids, _run) if len(file_ids) > 1 else Round(alone=file_ids)
         outcomes: dict[str, Outcome] = dict(done.results)
         for file_id in done.alone:
