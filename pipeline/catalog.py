@@ -9,13 +9,19 @@ column, tags for the agent, the file, the session and the role, so filters inter
 on PostgreSQL a ``tsvector`` with a GIN index (filters are ordinary SQL). The terms are
 :mod:`pipeline.terms`'s on both, so a query finds the same messages on either. The ranked search
 over them is :mod:`pipeline.ranking`'s.
+
+A ``tsvector`` keeps positions up to 16,383 and 256 of one term: a PostgreSQL message past
+those bounds (:func:`terms.segments`) has an empty ``message_terms`` row and its terms in
+``message_term_parts``, one row per overlapping segment with the number of terms before it
+(``base``), so a phrase anywhere in it is whole in one row. A query matches such a message
+when each of its phrases matches one of its segments (:func:`parts_matching`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
@@ -32,6 +38,14 @@ _INSERT_ROW = database.Prepared(
 )
 _MAX_ID = database.Prepared(sa.select(sa.func.max(_M.id).label("id")))
 _PG_INSERT = sa.text("INSERT INTO message_terms (id, tsv) VALUES (:id, CAST(:tsv AS tsvector))")
+_PG_INSERT_PART = sa.text(
+    "INSERT INTO message_term_parts (id, part, base, tsv) "
+    "VALUES (:id, :part, :base, CAST(:tsv AS tsvector))"
+)
+#: PostgreSQL's segments of long messages (:func:`terms.segments`)
+PARTS = sa.table(
+    "message_term_parts", sa.column("id"), sa.column("part"), sa.column("base"), sa.column("tsv")
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +84,18 @@ class Entry(NamedTuple):
     ts: dt.datetime
     role: str
     tool_name: str | None
-    tsv: str  #: the ``tsvector`` text of its search terms
+    tsv: str  #: the ``tsvector`` text of its search terms (empty when in ``parts``)
+    #: ``(terms before it, tsvector text)`` of each segment of a long message, else none
+    parts: tuple[tuple[int, str], ...] = ()
+
+
+def pg_terms(content: str) -> tuple[str, tuple[tuple[int, str], ...]]:
+    """A message's ``message_terms`` tsvector text and its ``message_term_parts``: all its
+    terms in the one when PostgreSQL can hold them, else in segments (:func:`terms.segments`)."""
+    made = terms.segments(terms.terms(content))
+    if len(made) == 1:
+        return terms.tsvector(made[0][1]), ()
+    return "", tuple((base, terms.tsvector(found)) for base, found in made)
 
 
 def entries(owner: Owner, found: Sequence[document.Located]) -> list[Entry]:
@@ -78,6 +103,7 @@ def entries(owner: Owner, found: Sequence[document.Located]) -> list[Entry]:
     made = []
     for located in found:
         row = _row(owner, located)
+        tsv, parts = pg_terms(located.message.content)
         made.append(
             Entry(
                 row["seq"],
@@ -86,7 +112,8 @@ def entries(owner: Owner, found: Sequence[document.Located]) -> list[Entry]:
                 row["ts"],
                 row["role"],
                 row["tool_name"],
-                terms.tsvector(terms.terms(located.message.content)),
+                tsv,
+                parts,
             )
         )
     return made
@@ -115,6 +142,13 @@ def _add_entries(conn: sa.Connection, files: Sequence[tuple[Owner, Sequence[Entr
     conn.execute(
         _PG_INSERT, [{"id": i, "tsv": e.tsv} for i, e in zip(ids, all_entries, strict=True)]
     )
+    parts = [
+        {"id": i, "part": n, "base": base, "tsv": tsv}
+        for i, e in zip(ids, all_entries, strict=True)
+        for n, (base, tsv) in enumerate(e.parts)
+    ]
+    if parts:
+        conn.execute(_PG_INSERT_PART, parts)
 
 
 # SQLite's own forms of a message's values, made before the transaction that writes them (a
@@ -271,7 +305,7 @@ def rows(conn: sa.Connection, file_id: str, *, after: int, upto: int) -> list[ta
 def clear(conn: sa.Connection) -> None:
     """Drop every row and every term (``reindex`` rebuilds them from the files)."""
     if database.is_postgres(conn):
-        conn.execute(sa.text("TRUNCATE message_terms, messages"))
+        conn.execute(sa.text("TRUNCATE message_term_parts, message_terms, messages"))
     else:
         conn.execute(sa.text("INSERT INTO message_terms (message_terms) VALUES ('delete-all')"))
         conn.execute(sa.delete(tables.messages))
@@ -446,8 +480,14 @@ def _find_postgres(
         newest = newest.join(tables.messages, m.id == t.c.id).join(
             tables.raw_files, files.file_id == m.file_id
         )
-    ids = newest.where(*where).order_by(t.c.id.desc()).limit(window).subquery()
-    score = sa.func.ts_rank_cd(t.c.tsv, q)
+    newest = newest.add_columns(sa.cast(sa.null(), sa.Float).label("score"))
+    newest = newest.where(*where).order_by(t.c.id.desc()).limit(window).subquery()
+    # long messages: a score of their own (their message_terms row is empty)
+    long = parts_matching(query, f, lambda tsv: sa.func.ts_rank_cd(tsv, _tsquery(query, "any")))
+    long = long.order_by(PARTS.c.id.desc()).limit(window).subquery()
+    both = sa.union_all(sa.select(newest), sa.select(long)).subquery()
+    ids = sa.select(both).order_by(both.c.id.desc()).limit(window).subquery()
+    score = sa.func.coalesce(ids.c.score, sa.func.ts_rank_cd(t.c.tsv, q))
     stmt = (
         sa.select(*HIT_COLUMNS, score.label("score"))
         .select_from(ids)
@@ -462,6 +502,33 @@ def _find_postgres(
     # common one — ten times slower at a million messages (bench/bench_search.py).
     conn.exec_driver_sql("SET LOCAL plan_cache_mode = force_custom_plan")
     return [hit_of(row) for row in conn.execute(stmt, {"tsquery": terms.tsquery(query)})]
+
+
+def _tsquery(query: terms.Query, match: terms.Match | None = None) -> Any:
+    """``query`` as a tsquery (its phrases joined as ``match``, default its own)."""
+    text = terms.tsquery(dataclasses.replace(query, match=match or query.match))
+    return sa.cast(sa.literal(text, sa.Text), postgresql.TSQUERY)
+
+
+def parts_matching(query: terms.Query, f: Filters, score: Callable[[Any], Any]) -> Any:
+    """PostgreSQL: ``SELECT id, score`` of the long messages within ``f`` that match
+    ``query`` — each of its phrases (``match="any"``: one of them) whole in one of their
+    segments — with the best ``score`` of a segment's ``tsv``."""
+    p, m, files = PARTS.c, tables.messages.c, tables.raw_files.c
+    stmt: Any = sa.select(p.id, sa.func.max(score(p.tsv)).label("score")).select_from(PARTS)
+    where = [p.tsv.op("@@")(_tsquery(query, "any")), *scope(f)]
+    if len(where) > 1:
+        stmt = stmt.join(tables.messages, m.id == p.id).join(
+            tables.raw_files, files.file_id == m.file_id
+        )
+    stmt = stmt.where(*where).group_by(p.id)
+    if query.match == "all" and len(query.phrases) > 1:
+        each = [
+            sa.func.bool_or(p.tsv.op("@@")(_tsquery(dataclasses.replace(query, phrases=(ph,)))))
+            for ph in query.phrases
+        ]
+        stmt = stmt.having(sa.and_(*each))
+    return stmt
 
 
 def hit_of(row: sa.Row[Any]) -> Hit:

@@ -3,7 +3,8 @@ terms, their catalog rows, the L1 items that cite them — and, on SQLite, the p
 segments that still held them.
 
 The search index keeps terms, not text, but terms are the words of the text: a redacted
-secret must leave it. On PostgreSQL a message's terms are one row, deleted by id. On SQLite
+secret must leave it. On PostgreSQL a message's terms are one row (a long message's also its
+segments' rows, :data:`pipeline.catalog.PARTS`), deleted by id. On SQLite
 they are in a contentless FTS5 table, from which a row can only be deleted by handing back
 the very terms and tags it was indexed with (FTS5 has no other way for a contentless table):
 :func:`forget_terms` recomputes them from the message's text exactly as
@@ -44,6 +45,8 @@ def forget_terms(
         return
     if database.is_postgres(conn):
         ids = [i for i, _ in messages]
+        # a long message's segments too (catalog.PARTS)
+        conn.execute(sa.text("DELETE FROM message_term_parts WHERE id = ANY(:ids)"), {"ids": ids})
         conn.execute(sa.text("DELETE FROM message_terms WHERE id = ANY(:ids)"), {"ids": ids})
         return
     conn.execute(
@@ -65,12 +68,13 @@ def forget_file_terms(conn: sa.Connection, file_id: str) -> bool:
     (their catalog rows go), until ``sgme reindex`` rebuilds the index."""
     if not database.is_postgres(conn):
         return False
-    conn.execute(
-        sa.text(
-            "DELETE FROM message_terms WHERE id IN (SELECT id FROM messages WHERE file_id = :f)"
-        ),
-        {"f": file_id},
-    )
+    for table in ("message_term_parts", "message_terms"):
+        conn.execute(
+            sa.text(
+                f"DELETE FROM {table} WHERE id IN (SELECT id FROM messages WHERE file_id = :f)"
+            ),
+            {"f": file_id},
+        )
     return True
 
 

@@ -207,8 +207,14 @@ def _matches(conn: sa.Connection, phrase: tuple[str, ...], common: int, postgres
         plan = json.loads(plan) if isinstance(plan, str) else plan
         if plan[0]["Plan"]["Plan Rows"] >= common:
             return common
-    else:
-        where, q = "message_terms MATCH :q", terms.phrase_fts5(phrase)
+        # and the long messages (catalog.PARTS) whose segments hold it
+        sql = (
+            f"SELECT (SELECT count(*) FROM (SELECT 1 FROM message_terms WHERE {where} LIMIT :cap)"
+            " AS s) + (SELECT count(*) FROM (SELECT DISTINCT id FROM message_term_parts "
+            f"WHERE {where} LIMIT :cap) AS l)"
+        )
+        return min(common, int(conn.execute(sa.text(sql), {"q": q, "cap": common}).scalar_one()))
+    where, q = "message_terms MATCH :q", terms.phrase_fts5(phrase)
     sql = f"SELECT count(*) FROM (SELECT 1 FROM message_terms WHERE {where} LIMIT :cap) AS s"
     return int(conn.execute(sa.text(sql), {"q": q, "cap": common}).scalar_one())
 
@@ -227,31 +233,50 @@ def _rank_postgres(
 
     found = terms.tsquery(query)
     where = [t.c.tsv.op("@@")(tsq(found)), *catalog.scope(f)]
+
     # first pass, in the database: each phrase's ts_rank (a saturating term frequency over
     # the log of the length) weighted by its idf, for every match
-    first: Any = sum(
-        (
-            sa.func.ts_rank(t.c.tsv, tsq(terms.phrase_tsquery(p)), 1) * idf[i]
-            for i, p in enumerate(query.phrases)
-        ),
-        sa.literal(0.0),
-    )
-    stmt: Any = sa.select(t.c.id).select_from(t)
+    def first_of(tsv: Any) -> Any:
+        return sum(
+            (
+                sa.func.ts_rank(tsv, tsq(terms.phrase_tsquery(p)), 1) * idf[i]
+                for i, p in enumerate(query.phrases)
+            ),
+            sa.literal(0.0),
+        )
+
+    first = first_of(t.c.tsv)
+    stmt: Any = sa.select(t.c.id, first.label("r")).select_from(t)
     if len(where) > 1:
         stmt = stmt.join(tables.messages, m.id == t.c.id).join(
             tables.raw_files, files.file_id == m.file_id
         )
-    stmt = stmt.where(*where).order_by(first.desc(), t.c.id).limit(max(PG_FIRST_PASS, limit))
-    ids = list(conn.execute(stmt).scalars())
+    n = max(PG_FIRST_PASS, limit)
+    stmt = stmt.where(*where).order_by(first.desc(), t.c.id).limit(n).subquery()
+    # long messages, each by its best segment (their message_terms row is empty)
+    long = catalog.parts_matching(query, f, first_of)
+    long = long.order_by(sa.literal_column("score").desc(), catalog.PARTS.c.id).limit(n)
+    long = long.subquery()
+    both = sa.union_all(
+        sa.select(stmt.c.id, stmt.c.r), sa.select(long.c.id, long.c.score)
+    ).subquery()
+    best = sa.select(both.c.id).order_by(both.c.r.desc(), both.c.id).limit(n)
+    ids = list(conn.execute(best).scalars())
     if not ids:
         return []
     # second pass: FTS5's BM25 exactly, from the candidates' lengths and the positions of the
-    # query's terms (unnested in the database: parsing whole tsvectors costs more)
-    lengths: dict[int, int | None] = {i: n for i, n in conn.execute(_PG_LENGTHS, {"ids": ids})}
-    positions_of: dict[int, dict[str, list[int]]] = {i: {} for i in lengths}
+    # query's terms (unnested in the database: parsing whole tsvectors costs more); a long
+    # message's from its segments, each position past the terms before its segment
+    lengths: dict[int, int | None] = {}
+    for i, length in conn.execute(_PG_LENGTHS, {"ids": ids}):
+        lengths[i] = max(length or 0, lengths.get(i) or 0)
+    seen: dict[int, dict[str, set[int]]] = {i: {} for i in lengths}
     lexemes = sorted({t for p in query.phrases for t in p})
-    for i, lexeme, at_ in conn.execute(_PG_POSITIONS, {"ids": ids, "lexemes": lexemes}):
-        positions_of[i][lexeme] = list(at_)
+    any_lexeme = " | ".join(terms.phrase_tsquery((x,)) for x in lexemes)
+    params = {"ids": ids, "lexemes": lexemes, "any": any_lexeme}
+    for i, lexeme, base, at_ in conn.execute(_PG_POSITIONS, params):
+        seen[i].setdefault(lexeme, set()).update(base + a for a in at_)
+    positions_of = {i: {k: sorted(v) for k, v in ps.items()} for i, ps in seen.items()}
     avgdl = _pg_average_length(conn, rows)
     scored = []
     for i, positions in positions_of.items():
@@ -266,13 +291,24 @@ def _rank_postgres(
     return scored[:limit]
 
 
+#: the last position of a tsvector ``tsv``
+_LAST = "(SELECT max(p) FROM unnest(tsv) AS v, unnest(v.positions) AS p)"
+#: the length in terms of a message ``id`` whose terms are in segments: its last one's end
+_LONG_LENGTH = (
+    f"(SELECT l.base + {_LAST.replace('tsv', 'l.tsv')} FROM message_term_parts l "
+    "WHERE l.id = {id} ORDER BY l.part DESC LIMIT 1)"
+)
 _PG_LENGTHS = sa.text(
-    "SELECT t.id, (SELECT max(p) FROM unnest(t.tsv) AS v, unnest(v.positions) AS p) "
-    "FROM message_terms t WHERE t.id = ANY(:ids)"
+    f"SELECT t.id, {_LAST.replace('tsv', 't.tsv')} FROM message_terms t "
+    "WHERE t.id = ANY(:ids) UNION ALL "
+    f"SELECT s.id, {_LONG_LENGTH.format(id='s.id')} "
+    "FROM (SELECT DISTINCT id FROM message_term_parts WHERE id = ANY(:ids)) AS s"
 )
 _PG_POSITIONS = sa.text(
-    "SELECT t.id, u.lexeme, u.positions FROM message_terms t, unnest(t.tsv) AS u "
-    "WHERE t.id = ANY(:ids) AND u.lexeme = ANY(:lexemes)"
+    "SELECT t.id, u.lexeme, 0, u.positions FROM message_terms t, unnest(t.tsv) AS u "
+    "WHERE t.id = ANY(:ids) AND u.lexeme = ANY(:lexemes) UNION ALL "
+    "SELECT l.id, u.lexeme, l.base, u.positions FROM message_term_parts l, unnest(l.tsv) AS u "
+    "WHERE l.id = ANY(:ids) AND l.tsv @@ CAST(:any AS tsquery) AND u.lexeme = ANY(:lexemes)"
 )
 
 
@@ -322,9 +358,11 @@ def _pg_average_length(conn: sa.Connection, rows: int) -> float:
 
 def _pg_measure_length(conn: sa.Connection, rows: int) -> float:
     sample = "" if rows <= PG_LENGTH_SAMPLE else f" TABLESAMPLE SYSTEM ({_sample_percent(rows)})"
+    # a long message's row is empty: its length is its segments' (catalog.PARTS)
+    long = _LONG_LENGTH.format(id="t.id")
     sql = (
-        "SELECT avg(coalesce((SELECT max(p) FROM unnest(tsv) AS u, unnest(u.positions) AS p), 0))"
-        f" FROM message_terms{sample}"
+        f"SELECT avg(coalesce(CASE WHEN length(t.tsv) = 0 THEN {long} "
+        f"ELSE {_LAST.replace('tsv', 't.tsv')} END, 0)) FROM message_terms AS t{sample}"
     )
     value = conn.execute(sa.text(sql)).scalar_one()
     return float(value or 0) + _TAGS_PER_MESSAGE

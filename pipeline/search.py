@@ -1,9 +1,9 @@
 """Full-text search over every raw message (docs/design.md §6): a query's hits from the catalog's
 search index, each with a snippet cut from the file through the message's offsets.
 
-The text never leaves the files: the index holds terms (:mod:`pipeline.terms`), and a hit's
-snippet is read from the message's block (its first :data:`SNIPPET_READ` bytes, where
-every indexed term lies).
+The text never leaves the files: the index holds terms (:mod:`pipeline.terms`) of all of a
+message's text, and a hit's snippet is read from the message's block (all of it: a word may be
+anywhere in it).
 
 Under ``match="any"`` (the default) the hits are ranked (docs/search.md): the
 :data:`CANDIDATES` best messages by BM25 (:func:`ranking.rank`), then each one's score raised
@@ -33,9 +33,6 @@ from pipeline import (
 
 DEFAULT_LIMIT = 20
 MAX_LIMIT = 100
-#: bytes of a message's block read for its snippet: the indexed characters (at most 4 bytes
-#: each) and its heading
-SNIPPET_READ = terms.MAX_INDEXED_CHARS * 4 + 1024
 #: messages ranked by BM25 before the neighbours' scores are added
 CANDIDATES = 200
 #: how the neighbours count (docs/search.md has each option's recall): "none", "candidates"
@@ -168,7 +165,7 @@ def _snippet(
     """The snippet of one hit; a file that cannot be read gives an empty one (the hit stays:
     the index is right about what was said, and fsck will name the file)."""
     try:
-        text = reader.message_text(db, data_dir, file, message, cap=SNIPPET_READ)
+        text = reader.message_text(db, data_dir, file, message, cap=message.byte_length)
     except errors.SgmeError:
         return ""
     return terms.snippet(text, query)

@@ -17,6 +17,7 @@ stop word, and ranking does the rest.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import hashlib
@@ -40,9 +41,21 @@ _CJK = (
 )
 _QUERY_PART = re.compile(r'"([^"]*)"?|(\S+)')
 MAX_TERM = 64  #: characters of one term; the rest of a longer run (a hash, base64) is dropped
-#: characters of a message that are indexed (PostgreSQL keeps positions up to 16,383 and a
-#: tsvector up to 1 MB: past this, words are not searchable — on both databases alike)
-MAX_INDEXED_CHARS = 100_000
+#: PostgreSQL's bounds on one ``tsvector``: positions 1 to 16,383, and at most 256 positions
+#: of a term (it drops the rest without a word: a phrase there would not be found)
+PG_MAX_POSITION = 16_383
+PG_MAX_TERM_POSITIONS = 256
+#: terms a PostgreSQL segment of a long message repeats from the end of the one before
+#: (:func:`segments`), so that a phrase of up to :data:`MAX_PHRASE_TERMS` terms that crosses
+#: the boundary is whole in one of them; at most half :data:`PG_MAX_TERM_POSITIONS`, so every
+#: segment moves on by as many new terms at least
+SEGMENT_OVERLAP = 128
+#: terms of a quoted phrase matched as adjacent terms; a longer phrase is matched as its
+#: consecutive pieces of this many terms, each adjacent (docs/search.md)
+MAX_PHRASE_TERMS = SEGMENT_OVERLAP + 1
+#: characters a text is turned into terms at a time (cut where a space is), so that a long
+#: upload's words are not all held at once on their way to their terms
+_CHUNK_CHARS = 1 << 20
 
 
 _HAS_CJK = re.compile(f"[{_CJK}]")
@@ -97,8 +110,28 @@ def _stems(words: list[str]) -> list[str]:
 
 
 def terms(text: str) -> list[str]:
-    """The terms of ``text`` (its first :data:`MAX_INDEXED_CHARS` characters), in order."""
-    text = text[:MAX_INDEXED_CHARS]
+    """The terms of ``text`` (all of it, however long), in order."""
+    if len(text) <= _CHUNK_CHARS:
+        return _terms(text)
+    found: list[str] = []
+    start = 0
+    while start < len(text):
+        # cut after a space (no word, CJK run or NFKC composition crosses one): the last in
+        # the chunk, else the first after it
+        end = start + _CHUNK_CHARS
+        if end < len(text):
+            space = max(text.rfind(c, start, end) for c in " \n\t")
+            if space < start:
+                space = min(
+                    (i for i in (text.find(c, end) for c in " \n\t") if i >= 0), default=len(text)
+                )
+            end = space + 1
+        found += _terms(text[start:end])
+        start = end
+    return found
+
+
+def _terms(text: str) -> list[str]:
     if not text.isascii():  # on ASCII, NFKC changes nothing and folding is lowering
         text = unicodedata.normalize("NFKC", text).casefold()
         if not text.isascii():
@@ -177,7 +210,9 @@ def parse_query(q: str, *, match: Match = "all") -> Query:
         # ranked, an unquoted CJK run is its bigrams, each on its own: a question's run holds
         # its question words too ("叫什么"), which the answer does not
         split = match == "any" and quoted is None and len(found) > 1 and _HAS_CJK.search(part)
-        for phrase in [(t,) for t in found] if split else [found]:
+        # a phrase longer than a PostgreSQL segment may hold whole: its pieces, on both
+        step = 1 if split else MAX_PHRASE_TERMS
+        for phrase in (found[i : i + step] for i in range(0, len(found), step)):
             if phrase and phrase not in phrases:
                 phrases.append(phrase)
                 needles.append(phrase[0] if split else needle)
@@ -240,14 +275,42 @@ def phrase_fts5(phrase: tuple[str, ...]) -> str:
 
 
 def tsvector(found: list[str]) -> str:
-    """A PostgreSQL tsvector literal of terms in order (positions from 1, as PostgreSQL keeps
-    them: at most 16,383; :data:`MAX_INDEXED_CHARS` keeps a message under that)."""
+    """A PostgreSQL tsvector literal of terms in order, positions from 1: one of
+    :func:`segments`, which PostgreSQL keeps whole."""
     positions: dict[str, list[int]] = {}
     for i, term in enumerate(found, 1):
-        positions.setdefault(term, []).append(min(i, 16383))
-    return " ".join(
-        f"{_lexeme(term)}:{','.join(map(str, sorted(set(ps))))}" for term, ps in positions.items()
-    )
+        positions.setdefault(term, []).append(i)
+    return " ".join(f"{_lexeme(term)}:{','.join(map(str, ps))}" for term, ps in positions.items())
+
+
+def segments(found: list[str]) -> list[tuple[int, list[str]]]:
+    """A message's terms as PostgreSQL indexes them: ``(terms before it, its terms)`` of each
+    segment, in order — one for any message within PostgreSQL's bounds on a ``tsvector``
+    (:data:`PG_MAX_POSITION` terms, none more than :data:`PG_MAX_TERM_POSITIONS` times), else
+    as many as it takes, each starting :data:`SEGMENT_OVERLAP` terms before the one before
+    ends. So every run of :data:`MAX_PHRASE_TERMS` terms is whole in a segment: a phrase is
+    found anywhere (SQLite's one row has no such bounds)."""
+    if len(found) <= PG_MAX_TERM_POSITIONS or (
+        len(found) <= PG_MAX_POSITION
+        and max(collections.Counter(found).values()) <= PG_MAX_TERM_POSITIONS
+    ):
+        return [(0, found)]
+    made: list[tuple[int, list[str]]] = []
+    start = 0
+    while True:
+        counts: dict[str, int] = {}
+        end, last = start, min(len(found), start + PG_MAX_POSITION)
+        while end < last:
+            seen = counts.get(found[end], 0)
+            if seen == PG_MAX_TERM_POSITIONS:
+                break
+            counts[found[end]] = seen + 1
+            end += 1
+        made.append((start, found[start:end]))
+        if end == len(found):
+            return made
+        # a segment holds PG_MAX_TERM_POSITIONS terms at least, twice the overlap: it moves on
+        start = end - SEGMENT_OVERLAP
 
 
 def phrase_count(positions: dict[str, list[int]], phrase: tuple[str, ...]) -> int:

@@ -17,12 +17,15 @@ from pipeline import (
     archive,
     catalog,
     database,
+    erasure,
     errors,
     integrity,
     journal,
     locks,
     reader,
+    redaction,
     refine,
+    rewrite,
     search,
 )
 from pipeline.database import schema
@@ -463,10 +466,138 @@ def test_the_migration_to_stemmed_terms_indexes_every_message_again(
     with db.engine.begin() as conn:
         config = schema.alembic_config()
         config.attributes["connection"] = conn
-        command.downgrade(config, "0009")
         catalog.clear(conn)  # as good as terms the stemmed queries do not find
     assert search.search(db, data_dir, "deciding") == []
+    with db.engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.downgrade(config, "0009")
     database.migrate(db.engine, data_dir=data_dir)
     found = search.search(db, data_dir, "deciding", match="all")
+    assert [h.source_ref for h in found] == [f"{file_id}:1"]
+    assert integrity.fsck(db, data_dir) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# long messages: every word found, on both databases (docs/search.md, "Long messages")
+
+#: 676 different two-letter words, each about 30 times in 20,000
+_PAIRS = [a + b for a in "bcdfghjklmnpqrstvwxz" for b in "aeiouy"] * 6
+
+
+def _two_letter_words(n: int) -> str:
+    return " ".join(_PAIRS[i % len(_PAIRS)] for i in range(n))
+
+
+def test_a_phrase_past_postgresqls_last_position_is_found(
+    db: database.Database, data_dir: Path
+) -> None:
+    """A tsvector keeps positions up to 16,383 and 256 of a term: past either, a phrase was
+    not found on PostgreSQL."""
+    varied = _two_letter_words(20_000) + " crimson walrus"  # 60,000 characters
+    same = " ".join(["ab"] * 1_000) + " crimson walrus ab"  # "ab" a thousand times first
+    assert len(varied) < 100_000
+    file_id = session(db, data_dir, "long", ["crimson, then a walrus", varied, same, "walrus"])
+
+    def refs(q: str, match: Any = "all") -> list[str]:
+        return [r.source_ref for r in search.search(db, data_dir, q, limit=10, match=match)]
+
+    assert sorted(refs('"crimson walrus"')) == [f"{file_id}:2", f"{file_id}:3"]
+    assert sorted(refs('"crimson walrus"', "any")[:2]) == [f"{file_id}:2", f"{file_id}:3"]
+    assert refs('"walrus crimson"') == []
+    assert refs('"ab crimson walrus ab"') == [f"{file_id}:3"]
+    snippets = [h.snippet for h in search.search(db, data_dir, '"crimson walrus"', match="all")]
+    assert all("crimson walrus" in s for s in snippets) and len(snippets) == 2
+
+
+def test_text_past_the_first_100000_characters_is_searchable(
+    db: database.Database, data_dir: Path, file_locks: locks.FileLocks
+) -> None:
+    """Every word of a long message or upload is indexed: words far apart in it match a
+    query together, and a redaction, an erasure and a reindex keep its terms in step."""
+    text = "zephyr opens " + _two_letter_words(60_000) + " then the quartz obelisk stands"
+    assert len(text) > 180_000
+    file_id = session(db, data_dir, "doc", ["a quartz mention", text, "an obelisk mention"])
+    upload = journal.ingest_upload(
+        db, {"agent_id": "hermes", "filename": "big.md", "content": text.replace("zephyr", "x")}
+    )
+    journal.flush(db, data_dir, upload.file_id)
+
+    def refs(q: str, match: Any = "all") -> list[str]:
+        return [r.source_ref for r in search.search(db, data_dir, q, limit=10, match=match)]
+
+    long, uploaded = f"{file_id}:2", f"{upload.file_id}:1"
+    assert sorted(refs('"quartz obelisk"')) == sorted([long, uploaded])
+    assert refs('zephyr "quartz obelisk" stands') == [long]  # words 60,000 terms apart
+    assert refs("zephyr mention") == []  # every word in one message, not across messages
+    assert sorted(refs('"quartz obelisk"', "any")[:2]) == sorted([long, uploaded])
+    hit = search.search(db, data_dir, '"obelisk stands" zephyr', limit=1, match="all")[0]
+    assert hit.source_ref == long and "quartz obelisk stands" in hit.snippet
+
+    redaction.redact(db, file_locks, data_dir, long, rewrite.Who("t", "asked"))
+    assert refs('"quartz obelisk"') == [uploaded]
+    assert refs("zephyr") == []
+    erasure.erase_file(db, file_locks, data_dir, upload.file_id, rewrite.Who("t", "asked"))
+    assert refs('"quartz obelisk"') == []
+    assert refs("quartz") == [f"{file_id}:1"]
+    if db.postgres:
+        with db.reading() as conn:
+            parts = conn.execute(sa.text("SELECT count(*) FROM message_term_parts")).scalar()
+        assert parts == 0
+
+    again = session(db, data_dir, "again", [text])
+    with db.transaction() as conn:
+        catalog.clear(conn)
+    assert refs('"quartz obelisk"') == []
+    integrity.reindex(db, file_locks, data_dir)
+    assert refs('zephyr "quartz obelisk"') == [f"{again}:1"]
+    assert integrity.fsck(db, data_dir) == []
+
+
+def test_sqlite_and_postgres_rank_long_messages_alike(tmp_path: Path, postgres_url: str) -> None:
+    """A long message is one message to BM25 on both: the same matches, the same scores."""
+    corpus = [
+        "the quartz obelisk in the garden",
+        _two_letter_words(30_000) + " quartz obelisk " + _two_letter_words(500),
+        " ".join(["quartz"] * 600) + " obelisk garden",
+        "garden party notes",
+        _two_letter_words(2_000) + " garden quartz",
+    ]
+    queries = ['"quartz obelisk"', "quartz garden", "obelisk", '"obelisk garden"', "ba ce"]
+    answers, scores = [], []
+    for url in (f"sqlite:///{tmp_path / 'index.sqlite3'}", postgres_url):
+        db = database.Database.from_url(url)
+        database.migrate(db.engine)
+        if db.postgres:
+            with db.engine.begin() as conn:
+                catalog.clear(conn)
+                conn.execute(sa.text("TRUNCATE raw_files, append_journal, append_keys CASCADE"))
+        data_dir = tmp_path / f"data-{db.dialect.name}"
+        session(db, data_dir, "long", corpus)
+        answers.append(
+            [sorted(h.seq for h in search.search(db, data_dir, q, match="all")) for q in queries]
+        )
+        scores.append(
+            [[(h.seq, round(h.score, 4)) for h in search.search(db, data_dir, q)] for q in queries]
+        )
+        db.dispose()
+    assert answers[0] == answers[1]
+    assert answers[0] == [[1, 2, 3], [1, 3, 5], [1, 2, 3], [3], [2, 5]]
+    assert scores[0] == scores[1]
+
+
+def test_the_migration_to_whole_messages_indexes_every_message_again(
+    db: database.Database, data_dir: Path
+) -> None:
+    """A store from before (schema 0013), its long messages cut: migrating indexes them whole."""
+    from alembic import command
+
+    file_id = session(db, data_dir, "pre", ["x " * 60_000 + "crimson walrus"])
+    with db.engine.begin() as conn:
+        config = schema.alembic_config()
+        config.attributes["connection"] = conn
+        catalog.clear(conn)  # as good as terms cut after 100,000 characters
+        command.downgrade(config, "0013")
+    database.migrate(db.engine, data_dir=data_dir)
+    found = search.search(db, data_dir, '"crimson walrus"', match="all")
     assert [h.source_ref for h in found] == [f"{file_id}:1"]
     assert integrity.fsck(db, data_dir) == []

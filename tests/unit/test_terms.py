@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections import Counter
 
 import Stemmer
 from hypothesis import given, settings
@@ -20,7 +21,7 @@ def reference(text: str) -> list[str]:
     """The terms as the plain algorithm makes them, with no cache and no shortcut: NFKC, case
     folding, then each CJK run as its bigrams and each word, cut to MAX_TERM characters, as
     its Snowball stem when it is English letters only."""
-    folded = unicodedata.normalize("NFKC", text[: terms.MAX_INDEXED_CHARS]).casefold()
+    folded = unicodedata.normalize("NFKC", text).casefold()
     found: list[str] = []
     for match in _TOKEN.finditer(folded):
         cjk, word = match.groups()
@@ -75,10 +76,59 @@ def test_a_long_word_is_stemmed_by_its_first_characters_even_when_cached_uncut()
     assert terms.terms(long) == reference(long) == [_STEMMER.stemWord(long[: terms.MAX_TERM])]
 
 
-def test_text_past_the_indexed_limit_is_left_out() -> None:
-    text = "word " * (terms.MAX_INDEXED_CHARS // 5) + "beyond 数据"
-    assert terms.terms(text) == reference(text)
-    assert "beyond" not in terms.terms(text)
+def test_all_of_a_long_text_is_terms_across_the_pieces_it_is_read_in() -> None:
+    text = "word 数据 Zoë " * 200_000 + "beyond " + "x" * (terms._CHUNK_CHARS + 10) + " last"
+    assert len(text) > 3 * terms._CHUNK_CHARS
+    found = terms.terms(text)
+    assert found == reference(text)
+    assert found[-3:] == ["beyond", "x" * terms.MAX_TERM, "last"]
+
+
+def _segments_hold(found: list[str]) -> list[tuple[int, list[str]]]:
+    """``terms.segments(found)``, checked: within PostgreSQL's bounds, each where its base
+    says, and every run of MAX_PHRASE_TERMS terms whole in one of them."""
+    made = terms.segments(found)
+    covered = 0  # every run starting before this is whole in a segment
+    for base, part in made:
+        assert part == found[base : base + len(part)]
+        assert len(part) <= terms.PG_MAX_POSITION
+        assert max(Counter(part).values(), default=0) <= terms.PG_MAX_TERM_POSITIONS
+        assert base <= covered
+        end = base + len(part)
+        covered = len(found) if end == len(found) else end - terms.MAX_PHRASE_TERMS + 1
+    assert covered == len(found)
+    return made
+
+
+def test_a_message_within_postgresql_bounds_is_one_segment() -> None:
+    found = terms.terms("the cat sat on the mat " * 40)
+    assert terms.segments(found) == [(0, found)]
+
+
+def test_long_messages_are_overlapping_segments_postgresql_holds_whole() -> None:
+    words = terms.terms(" ".join(f"w{i % 997}" for i in range(20_000)) + " crimson walrus")
+    made = _segments_hold(words)
+    assert len(made) == 2 and made[1][0] == terms.PG_MAX_POSITION - terms.SEGMENT_OVERLAP
+    assert made[1][1][-2:] == ["crimson", "walrus"]
+    # one word again and again: segments of 256, each moving on by at least the overlap
+    same = ["ab"] * 10_000 + ["end"]
+    made = _segments_hold(same)
+    assert all(len(p) == terms.PG_MAX_TERM_POSITIONS for _, p in made[:-1])
+    assert len(made) == -(-(10_001 - 256) // (256 - terms.SEGMENT_OVERLAP)) + 1
+    _segments_hold(["a", "b"] * 300 + ["c"] * 20_000 + ["a"])
+
+
+@settings(max_examples=200)
+@given(st.lists(st.sampled_from(["a", "b", "c", "d"]), min_size=250, max_size=3000))
+def test_segments_always_hold_every_phrase_whole(found: list[str]) -> None:
+    _segments_hold(found)
+
+
+def test_a_phrase_longer_than_a_segment_holds_is_matched_in_pieces() -> None:
+    words = [f"w{i}" for i in range(terms.MAX_PHRASE_TERMS * 2 + 5)]
+    query = terms.parse_query('"' + " ".join(words) + '"')
+    assert [len(p) for p in query.phrases] == [terms.MAX_PHRASE_TERMS] * 2 + [5]
+    assert [t for p in query.phrases for t in p] == words
 
 
 def test_words_are_folded_and_cut() -> None:

@@ -1,6 +1,6 @@
 """messages and message_terms: the message catalog and its search index (docs/design.md §6),
-backfilled from the files when the data directory is known (``sgme migrate``, ``sgme serve``;
-otherwise ``sgme reindex`` fills them)
+backfilled from the files by 0014 when the data directory is known (``sgme migrate``,
+``sgme serve``; otherwise ``sgme reindex`` fills them)
 
 Revision ID: 0006
 Revises: 0005
@@ -10,10 +10,9 @@ Create Date: 2026-12-01 01:00:00
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import sqlalchemy as sa
-from alembic import context, op
+from alembic import op
 
 revision = "0006"
 down_revision = "0005"
@@ -56,14 +55,7 @@ def upgrade() -> None:
             "CREATE VIRTUAL TABLE message_terms USING fts5(terms, tags, content='', "
             "tokenize='unicode61 remove_diacritics 0')"
         )
-    data_dir = context.config.attributes.get("data_dir")
-    if data_dir is None:
-        log.warning("messages: no data directory given; run `sgme reindex` to fill the catalog")
-        return
-    from pipeline import integrity
-
-    done, failed = integrity.catalog_all(op.get_bind(), Path(data_dir))
-    log.info("messages: cataloged %d files (%d could not be read: see sgme fsck)", done, failed)
+    # filled from the files by 0014 (with today's code, which needs 0014's table)
 
 
 def downgrade() -> None:

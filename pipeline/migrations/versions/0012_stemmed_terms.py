@@ -2,7 +2,8 @@
 to their Snowball stems (docs/search.md), from the files when the data directory is known
 (``sgme migrate``, ``sgme serve``); otherwise ``sgme reindex`` must be run, and until then the
 ranked search misses inflected words of the messages indexed before. No table changes: the
-same FTS5 table and tsvector column hold other terms.
+same FTS5 table and tsvector column hold other terms. 0014 makes them again (its code needs its
+table), so this one does nothing of its own now.
 
 Revision ID: 0012
 Revises: 0009
@@ -12,9 +13,6 @@ Create Date: 2026-12-01 21:30:00
 from __future__ import annotations
 
 import logging
-from pathlib import Path
-
-from alembic import context, op
 
 revision = "0012"
 down_revision = "0009"
@@ -24,21 +22,8 @@ log = logging.getLogger("alembic.runtime.migration")
 
 
 def upgrade() -> None:
-    from pipeline import catalog, integrity
-
-    data_dir = context.config.attributes.get("data_dir")
-    if data_dir is None:
-        log.warning(
-            "search terms are now stemmed; no data directory given: run `sgme reindex` so "
-            "that every message is found by its stemmed words"
-        )
-        return
-    conn = op.get_bind()
-    catalog.clear(conn)
-    done, failed = integrity.catalog_all(conn, Path(data_dir))
-    log.info(
-        "search terms: %d files indexed again (%d could not be read: see sgme fsck)", done, failed
-    )
+    # made again from the files by 0014 (with today's code, which needs 0014's table)
+    pass
 
 
 def downgrade() -> None:
