@@ -24,6 +24,7 @@ from pipeline import (
     document,
     errors,
     index,
+    paging,
     ranking,
     reader,
     refs,
@@ -31,8 +32,8 @@ from pipeline import (
     terms,
 )
 
-DEFAULT_LIMIT = 20
-MAX_LIMIT = 100
+DEFAULT_LIMIT = paging.SEARCH_DEFAULT_LIMIT
+MAX_LIMIT = paging.SEARCH_MAX_LIMIT
 #: bytes of a message's block read for its snippet: the indexed characters (at most 4 bytes
 #: each) and its heading
 SNIPPET_READ = terms.MAX_INDEXED_CHARS * 4 + 1024

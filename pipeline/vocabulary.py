@@ -33,3 +33,6 @@ ROLES: tuple[Role, ...] = get_args(Role)
 #: where a file's messages came from: an agent's session, an uploaded document, an import
 SourceType = Literal["session", "upload", "external"]
 SOURCE_TYPES: tuple[SourceType, ...] = get_args(SourceType)
+
+#: what a token may do; ``admin`` implies the others
+SCOPES = ("append", "read", "refine", "admin")
