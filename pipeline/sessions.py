@@ -25,8 +25,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from pipeline import database, errors, paging, reader, tables
-from pipeline.importers import convention
+from pipeline import convention, database, errors, paging, reader, tables
 
 DEFAULT_LIMIT = paging.SESSIONS_DEFAULT_LIMIT
 MAX_LIMIT = paging.SESSIONS_MAX_LIMIT

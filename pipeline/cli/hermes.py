@@ -40,7 +40,7 @@ CHECKOUT = Path(pipeline.__file__).resolve().parent.parent / "integrations" / "h
 SUFFIXES = (".py", ".yaml")  #: the provider's files (setup.py copies the same)
 #: this package's modules the provider uses, copied beside its own files under these names
 SHARED = {
-    "convention.py": "pipeline.importers",
+    "convention.py": "pipeline",
     "chat.py": "pipeline.importers",
     "spool.py": "pipeline.capture",
     "redactor.py": "pipeline",

@@ -27,8 +27,7 @@ from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError
 from mcp.types import CallToolResult, TextContent
 from pydantic import Field, ValidationError
 
-from pipeline import client, errors, validation
-from pipeline.importers import convention
+from pipeline import client, convention, errors, validation
 from pipeline.settings import Mcp
 
 NAME = "sgme"
