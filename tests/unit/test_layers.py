@@ -309,3 +309,18 @@ def test_the_core_importing_a_transport_is_caught() -> None:
 def test_what_counts_as_an_import_at_the_top(source: str, expected: set[str]) -> None:
     modules = _with("pipeline.importers.bad", source)
     assert modules["pipeline.importers.bad"].top == expected
+
+
+def test_the_mcp_tools_on_the_api_call_it_in_process_and_sgme_mcp_is_a_client() -> None:
+    """``/mcp`` calls the routes' functions (no HTTP client of the app itself); ``sgme mcp``
+    on stdio calls the HTTP API and loads no server of its own."""
+    for name in ("pipeline.mcp.http", "pipeline.mcp.local"):
+        imported = MODULES[name].top | MODULES[name].deferred
+        assert not imported & {"httpx", "pipeline.client"}, name
+    chains = loaded(MODULES, ["pipeline.mcp.stdio"], deferred=True)
+    found = {
+        name: chain
+        for name, chain in server_loaded(chains).items()
+        if not name.startswith("pipeline.mcp")  # itself: the transport
+    }
+    assert found == {}
