@@ -19,7 +19,7 @@ import gc
 from importlib import metadata as importlib_metadata
 from typing import Protocol
 
-from pipeline import database, errors, locks, refine
+from pipeline import database, errors, integrity, locks, refine
 from pipeline.clock import SYSTEM, Clock
 from pipeline.service import Queue, Service
 from pipeline.settings import Settings
@@ -123,7 +123,7 @@ class Runtime:
         )
         try:
             if migrate:
-                database.migrate(db.engine, data_dir=data_dir)
+                integrity.migrate(db.engine, data_dir=data_dir)
             else:
                 database.check_schema(db.engine)
         except BaseException:

@@ -234,7 +234,7 @@ def test_the_migration_fills_the_catalog_of_an_existing_store(
         config.attributes["connection"] = conn
         command.downgrade(config, "0005")
     assert database.revisions(db.engine)[0] == {"0005"}
-    database.migrate(db.engine, data_dir=data_dir)
+    integrity.migrate(db.engine, data_dir=data_dir)
     hits = search.search(db, data_dir, "数据")
     assert [h.source_ref for h in hits] == [f"{file_id}:2"]
     assert integrity.fsck(db, data_dir) == []
@@ -466,7 +466,7 @@ def test_the_migration_to_stemmed_terms_indexes_every_message_again(
         command.downgrade(config, "0009")
         catalog.clear(conn)  # as good as terms the stemmed queries do not find
     assert search.search(db, data_dir, "deciding") == []
-    database.migrate(db.engine, data_dir=data_dir)
+    integrity.migrate(db.engine, data_dir=data_dir)
     found = search.search(db, data_dir, "deciding", match="all")
     assert [h.source_ref for h in found] == [f"{file_id}:1"]
     assert integrity.fsck(db, data_dir) == []

@@ -1,6 +1,7 @@
 """messages and message_terms: the message catalog and its search index (docs/design.md §6),
 backfilled from the files when the data directory is known (``sgme migrate``, ``sgme serve``;
-otherwise ``sgme reindex`` fills them)
+otherwise ``sgme reindex`` fills them): asked for as the ``catalog`` refill, which the
+caller's code does once the schema is at head (:func:`pipeline.database.schema.migrate`)
 
 Revision ID: 0006
 Revises: 0005
@@ -10,7 +11,6 @@ Create Date: 2026-12-01 01:00:00
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import sqlalchemy as sa
 from alembic import context, op
@@ -56,14 +56,11 @@ def upgrade() -> None:
             "CREATE VIRTUAL TABLE message_terms USING fts5(terms, tags, content='', "
             "tokenize='unicode61 remove_diacritics 0')"
         )
-    data_dir = context.config.attributes.get("data_dir")
-    if data_dir is None:
+    refill = context.config.attributes.get("refill")
+    if refill is None:
         log.warning("messages: no data directory given; run `sgme reindex` to fill the catalog")
         return
-    from pipeline import integrity
-
-    done, failed = integrity.catalog_all(op.get_bind(), Path(data_dir))
-    log.info("messages: cataloged %d files (%d could not be read: see sgme fsck)", done, failed)
+    refill.add("catalog")
 
 
 def downgrade() -> None:
