@@ -117,10 +117,15 @@ class Local:
         return answers.File.model_validate(await self._run("read", work))
 
     async def append(
-        self, *, agent_id: str, session_key: str, messages: Sequence[Mapping[str, Any]]
+        self,
+        *,
+        agent_id: str,
+        session_key: str,
+        messages: Sequence[Mapping[str, Any]],
+        wait: bool = False,
     ) -> answers.Appended:
-        """``POST /v1/append?wait=flushed``: validated with the API's limits, the agent
-        checked against the token, with an idempotency key of its own as the client sends."""
+        """``POST /v1/append``: validated with the API's limits, the agent checked against
+        the token, with an idempotency key of its own as the client sends."""
         body = {
             "agent_id": agent_id,
             "session_key": session_key,
@@ -131,7 +136,7 @@ class Local:
         def work() -> dict[str, Any]:
             parsed = validation.parse_append(body, self.service.settings.limits)
             self.caller.require_agent(parsed.agent_id)
-            return self.service.append(parsed, wait=True).to_json()
+            return self.service.append(parsed, wait=wait).to_json()
 
         return answers.Appended.model_validate(await self._run("append", work))
 

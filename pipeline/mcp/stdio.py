@@ -18,7 +18,7 @@ from mcp.server.mcpserver import Context
 
 from pipeline import client
 from pipeline.mcp import tools
-from pipeline.mcp.memory import OverHttp
+from pipeline.mcp.memory import Memory
 from pipeline.settings import Mcp, Remote
 
 DEFAULT_AGENT = "mcp"  #: ``SGME_AGENT_ID`` when unset
@@ -31,12 +31,12 @@ class Configured:
 
     def __init__(self, remote: Remote, sgme: client.AsyncClient) -> None:
         self.remote = remote
-        self.memory = OverHttp(sgme)
+        self.sgme = sgme
 
     @contextlib.asynccontextmanager
-    async def connect(self, ctx: Context) -> AsyncIterator[OverHttp]:
+    async def connect(self, ctx: Context) -> AsyncIterator[Memory]:
         """The one client (its connections are kept between calls)."""
-        yield self.memory
+        yield self.sgme
 
     def agent_id(self, ctx: Context) -> str:
         """``SGME_AGENT_ID``."""

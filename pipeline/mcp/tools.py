@@ -266,7 +266,8 @@ async def save(
     day = today or dt.datetime.now(dt.UTC).date()
     key = session_key or f"saved-{day:%Y-%m-%d}"
     messages = [{"role": role, "content": content}]
-    done = await memory.append(agent_id=agent_id, session_key=key, messages=messages)
+    # answered once the note is in its file, so the model's next search finds it
+    done = await memory.append(agent_id=agent_id, session_key=key, messages=messages, wait=True)
     return {"source_ref": done.source_refs[0], "session_key": key, "agent_id": agent_id}
 
 
