@@ -333,18 +333,11 @@ def _iter_l1(
     return exchange.Pages(first, lambda page: page.items, following)
 
 
-_REFINED = pydantic.TypeAdapter(answers.File | answers.RefineRequested)
-
-
-def _refined(response: httpx.Response) -> answers.File | answers.RefineRequested:
-    """The file's row, or (a token that may not read it) that the re-refine was requested."""
-    try:
-        return _REFINED.validate_json(response.content)
-    except pydantic.ValidationError as exc:
-        raise errors.InternalError(
-            f"POST {response.request.url.path} answered neither a File nor a RefineRequested: "
-            f"{exc.errors(include_url=False)[:3]}"
-        ) from None
+#: the file's row, or (a token that may not read it) that the re-refine was requested
+_refined = exchange.shape_reader(
+    pydantic.TypeAdapter(answers.File | answers.RefineRequested).validate_json,
+    "a File or a RefineRequested",
+)
 
 
 def _refine(file_id: str) -> exchange.Call[answers.File | answers.RefineRequested]:

@@ -173,15 +173,21 @@ class Attempts:
 
 def model_reader(model: type[M]) -> Callable[[httpx.Response], M]:
     """A reader that parses an answer as ``model``."""
+    return shape_reader(model.model_validate_json, f"a {model.__name__}")
+
+
+def shape_reader(parse: Callable[[bytes], T], what: str) -> Callable[[httpx.Response], T]:
+    """A reader that parses an answer with ``parse`` (a pydantic model's or type adapter's
+    ``validate_json``); an answer of another shape is the server's bug, said as not ``what``."""
     import pydantic
 
-    def read(response: httpx.Response) -> M:
+    def read(response: httpx.Response) -> T:
         try:
-            return model.model_validate_json(response.content)
+            return parse(response.content)
         except pydantic.ValidationError as exc:
             raise errors.InternalError(
                 f"{response.request.method} {response.request.url.path} answered what is not "
-                f"a {model.__name__}: {exc.errors(include_url=False)[:3]}"
+                f"{what}: {exc.errors(include_url=False)[:3]}"
             ) from None
 
     return read
