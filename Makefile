@@ -87,6 +87,7 @@ bench: $(STAMP) $(HERMES_STAMP) wrk
 	$(BIN)/python bench/bench_reindex.py
 	$(BIN)/python bench/bench_search.py
 	$(BIN)/python bench/bench_secrets.py
+	$(BIN)/python bench/bench_cli.py
 
 ## make chaos: the crash test with many more kill points (a new seed each run) and the
 ## broker-wipe / worker-kill runs repeated; needs PostgreSQL and Redis like the suite.

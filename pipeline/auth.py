@@ -34,11 +34,11 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from pipeline import database, errors, tables, validation
+from pipeline import database, errors, tables, validation, vocabulary
 
 log = logging.getLogger(__name__)
 
-SCOPES = ("append", "read", "refine", "admin")
+SCOPES = vocabulary.SCOPES
 ALL_AGENTS = "*"
 PREFIX = "sgme_"
 SECRET_BYTES = 32  #: 256 bits of randomness per token

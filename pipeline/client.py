@@ -49,8 +49,7 @@ from urllib.parse import quote
 import httpx
 import pydantic
 
-from pipeline import document, errors, exchange
-from pipeline.api import models
+from pipeline import answers, document, errors, exchange
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -152,7 +151,7 @@ def _append(
     wait: bool = False,
     sequence: int | None = None,
     legacy_key: str | None = None,
-) -> exchange.Call[models.Appended]:
+) -> exchange.Call[answers.Appended]:
     """Append ``messages`` (``{"role", "content", "ts"?, "tool_name"?}``) to a session; with
     ``wait`` the answer comes once they are in the file. Retried with the same
     ``idempotency_key`` (a new one unless given), so it is written once.
@@ -176,7 +175,9 @@ def _append(
     if legacy_key is not None:
         body["legacy_key"] = legacy_key
     params = _query(wait="flushed" if wait else None)
-    return exchange.Call("POST", "/v1/append", exchange.model_reader(models.Appended), params, body)
+    return exchange.Call(
+        "POST", "/v1/append", exchange.model_reader(answers.Appended), params, body
+    )
 
 
 def _upload(
@@ -186,7 +187,7 @@ def _upload(
     content: str,
     metadata: Mapping[str, Any] | None = None,
     idempotency_key: str | None = None,
-) -> exchange.Call[models.Uploaded]:
+) -> exchange.Call[answers.Uploaded]:
     """Store one UTF-8 text document as a file of its own (retried like an append)."""
     body: dict[str, Any] = {
         "agent_id": agent_id,
@@ -196,7 +197,7 @@ def _upload(
     }
     if metadata is not None:
         body["metadata"] = dict(metadata)
-    return exchange.Call("POST", "/v1/uploads", exchange.model_reader(models.Uploaded), body=body)
+    return exchange.Call("POST", "/v1/uploads", exchange.model_reader(answers.Uploaded), body=body)
 
 
 def _files(
@@ -206,12 +207,12 @@ def _files(
     source_type: str | None = None,
     limit: int = DEFAULT_PAGE_SIZE,
     cursor: str | None = None,
-) -> exchange.Call[models.Files]:
+) -> exchange.Call[answers.Files]:
     """One page of files, ordered by file_id; ``next_cursor`` asks for the next."""
     params = _query(
         agent_id=agent_id, status=status, source_type=source_type, limit=limit, cursor=cursor
     )
-    return exchange.Call("GET", "/v1/files", exchange.model_reader(models.Files), params)
+    return exchange.Call("GET", "/v1/files", exchange.model_reader(answers.Files), params)
 
 
 def _iter_files(
@@ -220,10 +221,10 @@ def _iter_files(
     status: str | None = None,
     source_type: str | None = None,
     page_size: int = DEFAULT_PAGE_SIZE,
-) -> exchange.Pages[models.Files, models.File]:
+) -> exchange.Pages[answers.Files, answers.File]:
     """Every file (that the token may see), page by page."""
 
-    def page(cursor: str | None) -> exchange.Call[models.Files]:
+    def page(cursor: str | None) -> exchange.Call[answers.Files]:
         return _files(
             agent_id=agent_id,
             status=status,
@@ -232,7 +233,7 @@ def _iter_files(
             cursor=cursor,
         )
 
-    def following(found: models.Files) -> exchange.Call[models.Files] | None:
+    def following(found: answers.Files) -> exchange.Call[answers.Files] | None:
         return None if found.next_cursor is None else page(found.next_cursor)
 
     return exchange.Pages(page(None), lambda found: found.files, following)
@@ -246,7 +247,7 @@ def _sessions(
     until: dt.datetime | str | None = None,
     limit: int = DEFAULT_SESSIONS,
     offset: int = 0,
-) -> exchange.Call[models.Sessions]:
+) -> exchange.Call[answers.Sessions]:
     """One page of sessions, newest first, each with its title, time span and message count;
     ``total`` counts all that match, ``next_offset`` asks for the next page. ``since`` keeps
     sessions active at or after it, ``until`` those begun at or before it."""
@@ -258,12 +259,12 @@ def _sessions(
         limit=limit,
         offset=offset,
     )
-    return exchange.Call("GET", "/v1/sessions", exchange.model_reader(models.Sessions), params)
+    return exchange.Call("GET", "/v1/sessions", exchange.model_reader(answers.Sessions), params)
 
 
-def _file(file_id: str) -> exchange.Call[models.File]:
+def _file(file_id: str) -> exchange.Call[answers.File]:
     """A file's index row."""
-    return exchange.Call("GET", f"/v1/files/{_id(file_id)}", exchange.model_reader(models.File))
+    return exchange.Call("GET", f"/v1/files/{_id(file_id)}", exchange.model_reader(answers.File))
 
 
 def _raw(file_id: str) -> exchange.Call[bytes]:
@@ -273,21 +274,21 @@ def _raw(file_id: str) -> exchange.Call[bytes]:
 
 def _messages(
     file_id: str, *, after_seq: int = 0, limit: int = DEFAULT_PAGE_SIZE
-) -> exchange.Call[models.Messages]:
+) -> exchange.Call[answers.Messages]:
     """One page of a file's flushed messages with ``seq > after_seq``."""
     params = _query(after_seq=after_seq, limit=limit)
     return exchange.Call(
-        "GET", f"/v1/files/{_id(file_id)}/messages", exchange.model_reader(models.Messages), params
+        "GET", f"/v1/files/{_id(file_id)}/messages", exchange.model_reader(answers.Messages), params
     )
 
 
 def _iter_messages(
     file_id: str, *, after_seq: int = 0, page_size: int = DEFAULT_PAGE_SIZE
-) -> exchange.Pages[models.Messages, models.Message]:
+) -> exchange.Pages[answers.Messages, answers.Message]:
     """Every flushed message of a file after ``after_seq``, in order, page by page (a page
     may be shorter than ``page_size``: an empty one ends the file)."""
 
-    def following(page: models.Messages) -> exchange.Call[models.Messages] | None:
+    def following(page: answers.Messages) -> exchange.Call[answers.Messages] | None:
         if not page.messages or page.next_after_seq is None:
             return None
         return _messages(file_id, after_seq=page.next_after_seq, limit=page_size)
@@ -296,10 +297,10 @@ def _iter_messages(
     return exchange.Pages(first, lambda page: page.messages, following)
 
 
-def _ref(source_ref: str, *, context: int = 1) -> exchange.Call[models.Ref]:
+def _ref(source_ref: str, *, context: int = 1) -> exchange.Call[answers.Ref]:
     """The message a source_ref (``file_id:seq``) names, with ``context`` neighbours a side."""
     path = f"/v1/refs/{quote(source_ref, safe=':')}"
-    return exchange.Call("GET", path, exchange.model_reader(models.Ref), _query(context=context))
+    return exchange.Call("GET", path, exchange.model_reader(answers.Ref), _query(context=context))
 
 
 def _l1(
@@ -308,10 +309,10 @@ def _l1(
     agent_id: str | None = None,
     after: int = 0,
     limit: int = DEFAULT_PAGE_SIZE,
-) -> exchange.Call[models.L1Items]:
+) -> exchange.Call[answers.L1Items]:
     """One page of L1 items, oldest first; ``next_after`` asks for the next."""
     params = _query(file_id=file_id, agent_id=agent_id, after=after, limit=limit)
-    return exchange.Call("GET", "/v1/l1", exchange.model_reader(models.L1Items), params)
+    return exchange.Call("GET", "/v1/l1", exchange.model_reader(answers.L1Items), params)
 
 
 def _iter_l1(
@@ -320,10 +321,10 @@ def _iter_l1(
     agent_id: str | None = None,
     after: int = 0,
     page_size: int = DEFAULT_PAGE_SIZE,
-) -> exchange.Pages[models.L1Items, models.L1Item]:
+) -> exchange.Pages[answers.L1Items, answers.L1Item]:
     """Every L1 item after ``after``, oldest first, page by page."""
 
-    def following(page: models.L1Items) -> exchange.Call[models.L1Items] | None:
+    def following(page: answers.L1Items) -> exchange.Call[answers.L1Items] | None:
         if page.next_after is None:
             return None
         return _l1(file_id=file_id, agent_id=agent_id, after=page.next_after, limit=page_size)
@@ -332,21 +333,14 @@ def _iter_l1(
     return exchange.Pages(first, lambda page: page.items, following)
 
 
-_REFINED = pydantic.TypeAdapter(models.File | models.RefineRequested)
+#: the file's row, or (a token that may not read it) that the re-refine was requested
+_refined = exchange.shape_reader(
+    pydantic.TypeAdapter(answers.File | answers.RefineRequested).validate_json,
+    "a File or a RefineRequested",
+)
 
 
-def _refined(response: httpx.Response) -> models.File | models.RefineRequested:
-    """The file's row, or (a token that may not read it) that the re-refine was requested."""
-    try:
-        return _REFINED.validate_json(response.content)
-    except pydantic.ValidationError as exc:
-        raise errors.InternalError(
-            f"POST {response.request.url.path} answered neither a File nor a RefineRequested: "
-            f"{exc.errors(include_url=False)[:3]}"
-        ) from None
-
-
-def _refine(file_id: str) -> exchange.Call[models.File | models.RefineRequested]:
+def _refine(file_id: str) -> exchange.Call[answers.File | answers.RefineRequested]:
     """Ask for a full re-refine of a file (its L1 items are replaced when the run commits).
     :class:`~pipeline.errors.Throttled` (429) during the file's cooldown."""
     # Not repeatable: were an answer lost, a second request would meet the first's cooldown.
@@ -358,12 +352,12 @@ def _refine(file_id: str) -> exchange.Call[models.File | models.RefineRequested]
     )
 
 
-def _redact(source_ref: str, *, reason: str) -> exchange.Call[models.Redacted]:
+def _redact(source_ref: str, *, reason: str) -> exchange.Call[answers.Redacted]:
     """Redact the message a source_ref names (an ``admin`` token): its body becomes a
     tombstone naming when and why. Redacting it again changes nothing, so it is retried."""
     path = f"/v1/refs/{quote(source_ref, safe=':')}/redact"
     body = {"reason": reason}
-    return exchange.Call("POST", path, exchange.model_reader(models.Redacted), body=body)
+    return exchange.Call("POST", path, exchange.model_reader(answers.Redacted), body=body)
 
 
 def _erase(file_id: str, *, reason: str | None = None) -> exchange.Call[None]:
@@ -381,17 +375,17 @@ def _erase(file_id: str, *, reason: str | None = None) -> exchange.Call[None]:
 
 def _audit(
     *, file_id: str | None = None, after: int = 0, limit: int = DEFAULT_PAGE_SIZE
-) -> exchange.Call[models.AuditRecords]:
+) -> exchange.Call[answers.AuditRecords]:
     """One page of the audit trail of redactions and erasures (an ``admin`` token)."""
     params = _query(file_id=file_id, after=after, limit=limit)
-    return exchange.Call("GET", "/v1/audit", exchange.model_reader(models.AuditRecords), params)
+    return exchange.Call("GET", "/v1/audit", exchange.model_reader(answers.AuditRecords), params)
 
 
-def _health() -> exchange.Call[models.Health]:
+def _health() -> exchange.Call[answers.Health]:
     """Whether the index answers and the data directory is writable (a degraded server's
     answer is returned, not raised)."""
     return exchange.Call(
-        "GET", "/v1/health", exchange.model_reader(models.Health), accept=frozenset({200, 503})
+        "GET", "/v1/health", exchange.model_reader(answers.Health), accept=frozenset({200, 503})
     )
 
 
@@ -406,7 +400,7 @@ def _search(
     until: dt.datetime | str | None = None,
     limit: int = DEFAULT_SEARCH_LIMIT,
     match: str = "any",
-) -> exchange.Call[models.Hits]:
+) -> exchange.Call[answers.Hits]:
     """The messages that best match ``query`` (sent as ``q``: a question, words and
     ``"quoted phrases"``; any language), best first, each with its ``source_ref`` and a
     snippet. ``match="any"`` ranks by relevance (docs/search.md); ``match="all"`` finds only
@@ -423,7 +417,7 @@ def _search(
         until=_time(until),
         limit=limit,
     )
-    return exchange.Call("GET", "/v1/search", exchange.model_reader(models.Hits), params)
+    return exchange.Call("GET", "/v1/search", exchange.model_reader(answers.Hits), params)
 
 
 def _time(value: dt.datetime | str | None) -> str | None:

@@ -35,11 +35,11 @@ from typing import Any, AnyStr
 
 import yaml
 
-from pipeline import errors, refs
+from pipeline import errors, refs, vocabulary
 
 FORMAT_VERSION = 1
-ROLES = ("user", "assistant", "tool", "system")
-SOURCE_TYPES = ("session", "upload", "external")
+ROLES = vocabulary.ROLES
+SOURCE_TYPES = vocabulary.SOURCE_TYPES
 
 #: a message heading, the whole line (lines are split on ``\n`` only)
 HEADING = re.compile(

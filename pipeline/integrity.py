@@ -258,6 +258,25 @@ def catalog_all(conn: sa.Connection, data_dir: Path) -> tuple[int, int]:
     return done, failed
 
 
+def migrate(engine: sa.Engine, *, data_dir: Path) -> None:
+    """Bring the index schema to the newest revision, and make again from the files in
+    ``data_dir`` what the revisions that ran asked for (the message catalog and its terms:
+    :func:`refill`), in the same transaction, with this version's code at this version's
+    schema."""
+    database.migrate(engine, refill=lambda conn, asked: refill(conn, data_dir, asked))
+
+
+def refill(conn: sa.Connection, data_dir: Path, asked: frozenset[str]) -> None:
+    """Make again what migrations asked for by name: ``catalog`` — every message's catalog
+    row and search terms, from the files."""
+    unknown = asked - {"catalog"}
+    if unknown:
+        raise errors.InternalError(f"a migration asked to refill {sorted(unknown)}: unknown")
+    catalog.clear(conn)
+    done, failed = catalog_all(conn, data_dir)
+    log.info("catalog: %d files read again (%d could not be read: see sgme fsck)", done, failed)
+
+
 def count_files(db: database.Database) -> int:
     """How many files the index holds (for progress bars)."""
     with db.reading() as conn:

@@ -19,7 +19,7 @@ import gc
 from importlib import metadata as importlib_metadata
 from typing import Protocol
 
-from pipeline import database, errors, locks, refine
+from pipeline import database, errors, index, integrity, locks, refine
 from pipeline.clock import SYSTEM, Clock
 from pipeline.service import Queue, Service
 from pipeline.settings import Settings
@@ -76,7 +76,8 @@ class Workers(Protocol):
 
 
 class Runtime:
-    """One process's settings, index handle, file locks and refiner."""
+    """One process's settings, index handle, file locks and refiner, and the one
+    :class:`Service` over them."""
 
     def __init__(
         self,
@@ -92,6 +93,7 @@ class Runtime:
         )
         self.refiners = refine.Refiners.configured(settings)
         self._workers = workers
+        self._service: Service | None = None
 
     @classmethod
     def open(
@@ -123,7 +125,7 @@ class Runtime:
         )
         try:
             if migrate:
-                database.migrate(db.engine, data_dir=data_dir)
+                integrity.migrate(db.engine, data_dir=data_dir)
             else:
                 database.check_schema(db.engine)
         except BaseException:
@@ -135,12 +137,23 @@ class Runtime:
     def deployment(self) -> str:
         """This store's identity (its index's ``deployment`` row): the Celery tasks of its
         processes carry it, and its workers refuse tasks that carry another."""
-        return self.service().deployment()
+        with self.db.reading() as conn:
+            return index.deployment_id(conn)
 
     def service(self, queue: Queue | None = None) -> Service:
-        """The use cases over this runtime, sending work for later to ``queue`` (None: none
-        is sent, nothing is claimed for refinement)."""
-        return Service(self.settings, self.db, self.file_locks, queue, refiners=self.refiners)
+        """The use cases over this runtime: one :class:`Service` for the runtime's life (its
+        admission, policy cache, waits and known files are the process's), made on the first
+        call, sending work for later to ``queue`` (None: none is sent, nothing is claimed for
+        refinement). A later call may name the same queue, or none; not another."""
+        if self._service is None:
+            self._service = Service(
+                self.settings, self.db, self.file_locks, queue, refiners=self.refiners
+            )
+        elif queue is not None and queue is not self._service.queue:
+            raise errors.InternalError(
+                "this runtime's service was made with another queue: a process has one service"
+            )
+        return self._service
 
     @functools.cached_property
     def workers(self) -> Workers:

@@ -24,6 +24,7 @@ from pipeline import (
     document,
     errors,
     index,
+    paging,
     ranking,
     reader,
     refs,
@@ -31,8 +32,8 @@ from pipeline import (
     terms,
 )
 
-DEFAULT_LIMIT = 20
-MAX_LIMIT = 100
+DEFAULT_LIMIT = paging.SEARCH_DEFAULT_LIMIT
+MAX_LIMIT = paging.SEARCH_MAX_LIMIT
 #: messages ranked by BM25 before the neighbours' scores are added
 CANDIDATES = 200
 #: how the neighbours count (docs/search.md has each option's recall): "none", "candidates"

@@ -25,12 +25,11 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from pipeline import database, errors, reader, tables
-from pipeline.importers import convention
+from pipeline import convention, database, errors, paging, reader, tables
 
-DEFAULT_LIMIT = 20
-MAX_LIMIT = 200
-MAX_OFFSET = 10_000_000
+DEFAULT_LIMIT = paging.SESSIONS_DEFAULT_LIMIT
+MAX_LIMIT = paging.SESSIONS_MAX_LIMIT
+MAX_OFFSET = paging.SESSIONS_MAX_OFFSET
 TITLE_WORDS = 12  #: words of the first message a title is made of, at most
 TITLE_CHARS = 90  #: characters of a title, at most
 _TITLE_READ = 2048  #: bytes of the first message read to make a title

@@ -16,20 +16,13 @@ from typing import Any, Self
 
 import sqlalchemy as sa
 
+from pipeline import vocabulary
 
-class Status(enum.StrEnum):
-    """A file's status (docs/design.md §4): what happens to it next."""
-
-    PENDING = "pending"  #: acknowledged, nothing on disk yet
-    NEW = "new"  #: flushed messages past last_refined_seq
-    REFINED = "refined"  #: everything flushed is refined
-    ERROR = "error"  #: damaged, or its refinement failed for good
-    ARCHIVED = "archived"  #: compressed under raw/archive/
-
-
-STATUSES = tuple(Status)
+# the statuses are vocabulary every layer shares; named here too, where the rows are
+Status = vocabulary.Status
+STATUSES = vocabulary.STATUSES
 #: statuses a file can be refined from
-REFINABLE = (Status.NEW, Status.REFINED)
+REFINABLE = vocabulary.REFINABLE
 
 
 class Kind(enum.StrEnum):

@@ -1,7 +1,7 @@
 """The FastAPI application: routers, the service dependency, and one mapping of every error
 to an RFC 9457 problem document (``application/problem+json``); the web view (``/ui``), and
 the plug-ins that serve more on the same app (entry point group :data:`PLUGINS`: the MCP
-server at ``/mcp``, which is a client of this API and so cannot be imported by it)."""
+server at ``/mcp``, which builds on this API's routes and so cannot be imported by it)."""
 
 from __future__ import annotations
 

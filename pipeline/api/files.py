@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Response
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import iterate_in_threadpool
 
-from pipeline import refs, tables, validation
+from pipeline import refs, tables, validation, vocabulary
 from pipeline.api import models
 from pipeline.api.deps import FileIdPath, ServiceDep, problems
 from pipeline.api.security import Reader
 
 router = APIRouter(tags=["files"])
 
-SourceType = Literal["session", "upload", "external"]
+SourceType = vocabulary.SourceType
 
 
 @router.get("/v1/files", response_model=models.Files, responses=problems(422, 503))

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 from pydantic import BeforeValidator
 
-from pipeline import catalog, clock, refs, search, terms, validation
+from pipeline import catalog, clock, refs, search, terms, validation, vocabulary
 from pipeline.api import models
 from pipeline.api.deps import ServiceDep, problems
 from pipeline.api.security import Reader
 
 router = APIRouter(tags=["search"])
-Role = Literal["user", "assistant", "tool", "system"]
+Role = vocabulary.Role
 
 
 def _dated(value: object) -> object:

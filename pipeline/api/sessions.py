@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
-from pipeline import sessions, validation
+from pipeline import sessions, validation, vocabulary
 from pipeline.api import models
 from pipeline.api.deps import ServiceDep, problems
 from pipeline.api.searching import Time, utc
 from pipeline.api.security import Reader
 
 router = APIRouter(tags=["files"])
-SourceType = Literal["session", "upload", "external"]
+SourceType = vocabulary.SourceType
 
 
 @router.get("/v1/sessions", response_model=models.Sessions, responses=problems(422, 503))

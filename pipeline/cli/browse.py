@@ -4,13 +4,16 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pipeline import errors, refs, sessions
+from pipeline import errors, refs
 from pipeline.cli.context import Add, Context, print_json
 from pipeline.cli.files import printable
-from pipeline.service import Service
-from pipeline.ui import render
+
+if TYPE_CHECKING:
+    # a command imports what it uses when it runs, so that ``sgme --help`` loads none of it
+    from pipeline import sessions
+    from pipeline.service import Service
 
 PAGE = 500  #: messages read at a time
 FOLDED_CHARS = 100  #: characters of a folded call, result or thinking shown on its line
@@ -26,6 +29,8 @@ _LABELS = {
 def _find(ctx: Context, service: Service, given: str) -> sessions.Session:
     """The session a session_key or a file_id names (``--agent-id`` picks among agents). A
     session_key first: Claude Code's and Codex's session ids are UUIDs, as file_ids are."""
+    from pipeline import sessions
+
     a = ctx.args
     filters = sessions.Filters(agent_id=a.agent_id, session_key=given)
     page = service.list_sessions(filters, limit=20)
@@ -48,6 +53,8 @@ def _find(ctx: Context, service: Service, given: str) -> sessions.Session:
 def cmd_show(ctx: Context) -> int:
     """Print a session as a conversation: tool calls, results and thinking folded to one
     line each unless ``--full``."""
+    from pipeline import sessions
+
     a = ctx.args
     service = ctx.service(ctx.settings())
     session = _find(ctx, service, a.session)
@@ -80,6 +87,8 @@ def cmd_show(ctx: Context) -> int:
 
 
 def _print(console: Any, rule: Any, text: Any, message: Any, *, full: bool) -> None:
+    from pipeline.ui import render
+
     kind, name, body = render.classify(message)
     label = _LABELS.get(kind)
     head = f"{message.seq} · {message.ts.replace('T', ' ')[:19]} · {message.role}"

@@ -9,12 +9,14 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from pipeline import errors, sessions, store, tables, validation
+from pipeline import errors, paging, vocabulary
 from pipeline.cli.context import Add, Context, print_json
 
 
 def cmd_append(ctx: Context) -> int:
     """Append messages (a ``/v1/append`` body on stdin) and write them to the file."""
+    from pipeline import validation
+
     settings = ctx.settings()
     try:
         body = json.load(sys.stdin)
@@ -28,6 +30,8 @@ def cmd_append(ctx: Context) -> int:
 
 def cmd_upload(ctx: Context) -> int:
     """Store a UTF-8 text file as an upload."""
+    from pipeline import validation
+
     a = ctx.args
     settings = ctx.settings()
     path = Path(a.file)
@@ -51,6 +55,8 @@ def cmd_upload(ctx: Context) -> int:
 
 def cmd_ls(ctx: Context) -> int:
     """List sessions newest first, with titles, and say how many there are in all."""
+    from pipeline import sessions
+
     a = ctx.args
     settings = ctx.settings()
     service = ctx.service(settings)
@@ -132,17 +138,18 @@ def register(add: Add) -> None:
     p.add_argument("--filename", help="name to record (default: the file's name)")
     p = add("ls", cmd_ls, "list sessions newest first, with titles and message counts")
     p.add_argument("--agent-id", help="only this agent's sessions")
-    p.add_argument("--status", choices=tables.STATUSES, help="only files in this status")
+    p.add_argument("--status", choices=vocabulary.STATUSES, help="only files in this status")
     p.add_argument(
-        "--source-type", choices=tuple(store.SUBDIRS), help="only sessions, uploads or external"
+        "--source-type", choices=vocabulary.SOURCE_TYPES, help="only sessions, uploads or external"
     )
     p.add_argument(
         "--limit",
-        type=_count(sessions.MAX_LIMIT),
-        default=sessions.DEFAULT_LIMIT,
-        help=f"sessions to show (default {sessions.DEFAULT_LIMIT}, at most {sessions.MAX_LIMIT})",
+        type=_count(paging.SESSIONS_MAX_LIMIT),
+        default=paging.SESSIONS_DEFAULT_LIMIT,
+        help=f"sessions to show (default {paging.SESSIONS_DEFAULT_LIMIT}, "
+        f"at most {paging.SESSIONS_MAX_LIMIT})",
     )
-    p.add_argument("--offset", type=_count(sessions.MAX_OFFSET, low=0), default=0,
+    p.add_argument("--offset", type=_count(paging.SESSIONS_MAX_OFFSET, low=0), default=0,
                    help="skip this many of the newest (the next page)")  # fmt: skip
     p.add_argument("--all", action="store_true", help="every session, not one page")
     p.add_argument("--json", action="store_true", help="print JSON: the file rows with titles")

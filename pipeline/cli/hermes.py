@@ -31,7 +31,7 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 
 import pipeline
-from pipeline import errors, settings
+from pipeline import errors
 from pipeline.cli.context import Add, Context
 
 PLUGIN_NAME = "sgme"  #: the directory under plugins/, and ``memory.provider``'s value
@@ -40,7 +40,7 @@ CHECKOUT = Path(pipeline.__file__).resolve().parent.parent / "integrations" / "h
 SUFFIXES = (".py", ".yaml")  #: the provider's files (setup.py copies the same)
 #: this package's modules the provider uses, copied beside its own files under these names
 SHARED = {
-    "convention.py": "pipeline.importers",
+    "convention.py": "pipeline",
     "chat.py": "pipeline.importers",
     "spool.py": "pipeline.capture",
     "redactor.py": "pipeline",
@@ -134,6 +134,8 @@ def _may_replace(target: Path, *, force: bool) -> None:
 
 def cmd_install(ctx: Context) -> int:
     """Install the provider into a Hermes home and print how to enable and configure it."""
+    from pipeline import settings
+
     given = ctx.args.hermes_home
     home = Path(given) if given else settings.hermes_home()
     s = ctx.settings()  # for the URL to suggest; a bad config stops before anything is copied

@@ -26,12 +26,14 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pipeline import errors, importers, validation
+from pipeline import errors, importers
 from pipeline.cli.context import EXIT_PROBLEMS, Add, Context
 from pipeline.importers import runner
-from pipeline.service import Service
+
+if TYPE_CHECKING:
+    from pipeline.service import Service
 
 PLAIN_EVERY = 10.0  #: seconds between plain progress lines when stderr is not a terminal
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -39,6 +41,8 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 def cmd_import(ctx: Context) -> int:
     """Import one source's transcripts."""
+    from pipeline import validation
+
     a = ctx.args
     reader = importers.reader(a.source)
     path = Path(a.path)

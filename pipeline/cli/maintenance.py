@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline import errors
 from pipeline.cli.context import EXIT_PROBLEMS, Add, Context, print_json, progress
-from pipeline.service import Service
+
+if TYPE_CHECKING:
+    from pipeline.service import Service
 
 
 def cmd_migrate(ctx: Context) -> int:

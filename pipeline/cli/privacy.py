@@ -6,13 +6,18 @@ host); the HTTP API offers the same to an ``admin`` token."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pipeline import audit, errors, redaction, rewrite
+from pipeline import errors
 from pipeline.cli.context import Add, Context, print_json, progress
+
+if TYPE_CHECKING:
+    from pipeline import rewrite
 
 
 def _who(reason: str | None, *, required: bool) -> rewrite.Who:
+    from pipeline import audit, redaction, rewrite
+
     return rewrite.Who(audit.local_actor(), redaction.check_reason(reason, required=required), None)
 
 

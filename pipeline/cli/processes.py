@@ -8,12 +8,13 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pipeline import auth, database, errors
+from pipeline import errors
 from pipeline.cli.context import Add, Context
-from pipeline.runtime import long_running
-from pipeline.settings import Settings
+
+if TYPE_CHECKING:
+    from pipeline.settings import Settings
 
 
 def _is_loopback(host: str) -> bool:
@@ -28,6 +29,8 @@ def _is_loopback(host: str) -> bool:
 def _check_bind(settings: Settings) -> None:
     """A network address only with auth on: anyone who can reach the port could otherwise read
     and write every agent's memory. Read-only, before anything is created or migrated."""
+    from pipeline import auth, database
+
     if _is_loopback(settings.host) or settings.require_auth:
         return
     url = settings.index_url
@@ -119,6 +122,8 @@ def _hand_down(ctx: Context, settings: Settings) -> None:
 
 def cmd_worker(ctx: Context) -> int:
     """A Celery worker in the foreground."""
+    from pipeline.runtime import long_running
+
     a = ctx.args
     settings = ctx.settings(broker_url=a.broker_url)
     runtime = ctx.runtime(settings)
@@ -135,6 +140,8 @@ def cmd_worker(ctx: Context) -> int:
 
 def cmd_beat(ctx: Context) -> int:
     """The Celery beat scheduler in the foreground (exactly one per deployment)."""
+    from pipeline.runtime import long_running
+
     a = ctx.args
     settings = ctx.settings(broker_url=a.broker_url)
     runtime = ctx.runtime(settings)

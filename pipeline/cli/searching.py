@@ -5,13 +5,19 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import re
+from typing import TYPE_CHECKING
 
-from pipeline import catalog, clock, search, terms
+from pipeline import clock, paging, vocabulary
 from pipeline.cli.context import Add, Context, print_json
+
+if TYPE_CHECKING:
+    from pipeline import terms
 
 
 def cmd_search(ctx: Context) -> int:
     """Print the messages that best match a query, each with its source_ref."""
+    from pipeline import catalog, search
+
     a = ctx.args
     settings = ctx.settings()
     filters = catalog.Filters(
@@ -72,14 +78,15 @@ def register(add: Add) -> None:
     p.add_argument("--agent-id", help="only this agent's messages")
     p.add_argument("--session-key", help="only this session's messages")
     p.add_argument("--file-id", help="only this file's messages")
-    p.add_argument("--role", choices=("user", "assistant", "tool", "system"), help="only this role")
+    p.add_argument("--role", choices=vocabulary.ROLES, help="only this role")
     p.add_argument("--since", type=_time, help="only messages at or after (ISO 8601; UTC if bare)")
     p.add_argument("--until", type=_time, help="only messages at or before (ISO 8601)")
     p.add_argument(
         "--limit",
         type=int,
-        default=search.DEFAULT_LIMIT,
-        help=f"hits to show (default {search.DEFAULT_LIMIT}, at most {search.MAX_LIMIT})",
+        default=paging.SEARCH_DEFAULT_LIMIT,
+        help=f"hits to show (default {paging.SEARCH_DEFAULT_LIMIT}, "
+        f"at most {paging.SEARCH_MAX_LIMIT})",
     )
     p.add_argument("--json", action="store_true", help="print the hits as JSON")
 

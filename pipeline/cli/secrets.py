@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from pipeline import audit, errors, redactor
+from pipeline import errors
 from pipeline.cli.context import Add, Context, print_json
 
 #: how much of a line ``scan`` shows around a secret's marker
@@ -37,6 +37,8 @@ def _preview(redacted_line: str, at: int) -> str:
 
 def cmd_scan(ctx: Context) -> int:
     """Show what the secret redaction would replace in a text, and which rule found each."""
+    from pipeline import redactor
+
     a = ctx.args
     text = _read(a.target)
     found = redactor.scan(text)
@@ -56,10 +58,14 @@ def cmd_scan(ctx: Context) -> int:
         ]
         redacted = redactor.replace(text[line_start:line_end], on_line).text
         # where this secret's marker stands in the redacted line
-        at = f.start - line_start + sum(
-            len(redactor.marker(g.kind)) - (g.end - g.start)
-            for g in on_line
-            if g.end <= f.start - line_start
+        at = (
+            f.start
+            - line_start
+            + sum(
+                len(redactor.marker(g.kind)) - (g.end - g.start)
+                for g in on_line
+                if g.end <= f.start - line_start
+            )
         )
         rows.append(
             {
@@ -84,6 +90,8 @@ def cmd_scan(ctx: Context) -> int:
 
 def cmd_policy(ctx: Context) -> int:
     """Show or set whether an agent's appends have their secrets redacted."""
+    from pipeline import audit
+
     a = ctx.args
     service = ctx.service(ctx.settings())
     a.agent_id = a.target

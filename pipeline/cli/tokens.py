@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 
-from pipeline import auth, tables
+from pipeline import vocabulary
 from pipeline.cli.context import Add, Command, Context, print_json
 
 
@@ -42,6 +42,8 @@ def cmd_create(ctx: Context) -> int:
 
 def cmd_ls(ctx: Context) -> int:
     """List tokens (never their secrets), revoked ones too."""
+    from pipeline import tables
+
     found = ctx.service(ctx.settings()).list_tokens()
     if ctx.args.json:
         print_json([token.to_json() for token in found])
@@ -71,6 +73,8 @@ def cmd_ls(ctx: Context) -> int:
 
 def cmd_revoke(ctx: Context) -> int:
     """Revoke a token: running servers refuse it within ``token_cache_seconds``."""
+    from pipeline import tables
+
     token = ctx.service(ctx.settings()).revoke_token(ctx.args.token_id)
     assert token.revoked_at is not None
     print(f"revoked {token.token_id} at {tables.iso(token.revoked_at)}")
@@ -102,7 +106,7 @@ def register(add: Add) -> None:
         "--scope",
         action="append",
         required=True,
-        help=f"comma-separated, from {','.join(auth.SCOPES)} (admin implies the others)",
+        help=f"comma-separated, from {','.join(vocabulary.SCOPES)} (admin implies the others)",
     )
     q.add_argument("--name", default="", help="what the token is for (shown by `token ls`)")
     q.add_argument("--json", action="store_true", help="print a JSON object")

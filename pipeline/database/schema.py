@@ -1,9 +1,16 @@
 """The index schema: Alembic migrations, and the check every command but ``migrate`` and
-``serve`` makes before it works (a schema that is behind is refused, nothing changed)."""
+``serve`` makes before it works (a schema that is behind is refused, nothing changed).
+
+A revision that changes what is derived from the files (the message catalog, its search
+terms) runs no code of today's modules, which write today's schema: it asks for a **refill**
+by name (``context.config.attributes["refill"].add("catalog")``), and :func:`migrate` has the
+caller's ``refill`` do it once the schema is at head, in the same transaction. Without a
+``refill`` (the set is then ``None``) the revision says to run ``sgme reindex`` instead.
+"""
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
@@ -22,17 +29,25 @@ def alembic_config() -> Any:
     return config
 
 
-def migrate(engine: sa.Engine, *, data_dir: Path | None = None) -> None:
-    """Bring the schema to the newest Alembic revision; a revision that fills something from
-    the files (the message catalog) reads them from ``data_dir``."""
+#: what fills again, at the newest schema, what revisions asked for (by name: ``catalog``)
+Refill = Callable[[sa.Connection, frozenset[str]], None]
+
+
+def migrate(engine: sa.Engine, *, refill: Refill | None = None) -> None:
+    """Bring the schema to the newest Alembic revision; then, in the same transaction,
+    ``refill`` what the revisions that ran asked to be made again from the files
+    (:func:`pipeline.integrity.migrate` gives one that reads a data directory)."""
     from alembic import command
 
     config = alembic_config()
+    asked: set[str] | None = None if refill is None else set()
     try:
         with engine.begin() as conn:
             config.attributes["connection"] = conn
-            config.attributes["data_dir"] = data_dir
+            config.attributes["refill"] = asked
             command.upgrade(config, "head")
+            if refill is not None and asked:
+                refill(conn, frozenset(asked))
     except sa_exc.SQLAlchemyError as exc:
         raise engines.map_error(exc) from exc
 

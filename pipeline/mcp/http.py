@@ -4,10 +4,10 @@
   Bearer sgme_…``) and is checked by the same verifier before the MCP SDK sees it: while auth
   is on, no token (or a bad one) is the API's 401 with its ``WWW-Authenticate: Bearer``
   challenge. While it is off (no token made, loopback only), ``/mcp`` is open as ``/v1`` is.
-* **Scopes and agents, per tool.** Each tool calls the API's own ``/v1`` routes in process
-  (an ASGI transport: no socket, no second server) with the caller's token, so ``read`` and
-  ``append`` are checked per call exactly as they are for a client, and another agent's data
-  answers as if it did not exist.
+* **Scopes and agents, per tool.** Each tool calls the ``/v1`` routes' own functions in
+  process (:class:`pipeline.mcp.local.Local`) as the caller the guard verified — the token is
+  checked once, per request — so ``read`` and ``append`` are checked per call as they are for
+  a client, and another agent's data answers as if it did not exist.
 * **Stateless.** Every POST is answered on its own (JSON, no session to keep): ``sgme api
   --workers N`` runs several processes behind one port, and an MCP session kept in one of them
   would be unknown to the next.
@@ -15,8 +15,8 @@
   API's own :class:`pipeline.api.security.SameOrigin` (403, 415), before this module sees
   them: a web page must not save memories through a visitor's loopback server.
 * **A plug-in of the API** (entry point group ``sgme.api``, :data:`pipeline.api.app.PLUGINS`):
-  the tools are a client of the API (:mod:`pipeline.client`, whose models are the API's), so
-  the API cannot import them; it loads :func:`mount` by name instead.
+  the tools build on the API's routes, so the API cannot import them; it loads :func:`mount`
+  by name instead.
 
 ``save_memory`` appends as the agent the request names in ``X-SGME-Agent-Id``, else the
 token's only agent, else :data:`DEFAULT_AGENT`.
@@ -28,7 +28,6 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import httpx
 from fastapi import FastAPI
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
@@ -39,9 +38,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from pipeline import auth, client, errors, validation
+from pipeline import auth, errors, validation
 from pipeline.api import security
 from pipeline.mcp import tools
+from pipeline.mcp.local import Local
 from pipeline.service import Service
 
 PATH = "/mcp"
@@ -71,13 +71,13 @@ class Guard:
 
 
 class InProcess:
-    """The tools' :class:`tools.Link` on the API: calls to the app's own ``/v1`` routes, in
-    process, as the caller of the MCP request."""
+    """The tools' :class:`tools.Link` on the API: the service of this app, as the caller of
+    the MCP request (verified by :class:`Guard`)."""
 
     names_agent = "the X-SGME-Agent-Id header (else the token's only agent, else 'mcp')"
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.transport = httpx.ASGITransport(app=app)
+    def __init__(self, service: Service) -> None:
+        self.service = service
 
     @staticmethod
     def _request(ctx: Context) -> Request:
@@ -85,18 +85,15 @@ class InProcess:
         assert isinstance(request, Request), "the /mcp tools run only over HTTP"
         return request
 
+    @staticmethod
+    def _caller(request: Request) -> auth.Caller:
+        caller: auth.Caller = getattr(request.state, _CALLER)  # the Guard put it there
+        return caller
+
     @contextlib.asynccontextmanager
-    async def connect(self, ctx: Context) -> AsyncIterator[client.AsyncClient]:
-        """A client of ``/v1`` with this request's token, sent to this request's Host (which
-        the allowlist already let in)."""
-        request = self._request(ctx)
-        scheme, _, secret = request.headers.get("authorization", "").partition(" ")
-        token = secret.strip() if scheme.lower() == "bearer" else None
-        base = f"http://{request.headers.get('host', '127.0.0.1')}"
-        async with client.AsyncClient(
-            base, token=token or None, retry=client.NO_RETRY, transport=self.transport
-        ) as sgme:
-            yield sgme
+    async def connect(self, ctx: Context) -> AsyncIterator[Local]:
+        """The service, as this request's caller."""
+        yield Local(self.service, self._caller(self._request(ctx)))
 
     def agent_id(self, ctx: Context) -> str:
         """``X-SGME-Agent-Id``, else the token's only agent, else :data:`DEFAULT_AGENT` (a
@@ -110,8 +107,8 @@ class InProcess:
             except errors.InvalidInput as exc:
                 raise ToolError(f"{AGENT_HEADER_NAME}: {exc.detail}") from None
             return named
-        caller: auth.Caller | None = getattr(request.state, _CALLER, None)
-        if caller is not None and caller.agents is not None:
+        caller = self._caller(request)
+        if caller.agents is not None:
             if len(caller.agents) == 1:
                 return next(iter(caller.agents))
             held = ", ".join(sorted(caller.agents))
@@ -127,7 +124,7 @@ def mount(app: FastAPI, refuse: Callable[[errors.SgmeError], Response]) -> None:
     its service in ``app.state``), its session manager run by the app's lifespan (a new one
     each time the app starts)."""
     service: Service = app.state.service
-    server = tools.build(InProcess(app), service.settings.mcp)
+    server = tools.build(InProcess(service), service.settings.mcp)
     http_bound = service.settings.http.max_request_bytes
 
     def transport() -> None:

@@ -18,6 +18,7 @@ from mcp.server.mcpserver import Context
 
 from pipeline import client
 from pipeline.mcp import tools
+from pipeline.mcp.memory import Memory
 from pipeline.settings import Mcp, Remote
 
 DEFAULT_AGENT = "mcp"  #: ``SGME_AGENT_ID`` when unset
@@ -33,7 +34,7 @@ class Configured:
         self.sgme = sgme
 
     @contextlib.asynccontextmanager
-    async def connect(self, ctx: Context) -> AsyncIterator[client.AsyncClient]:
+    async def connect(self, ctx: Context) -> AsyncIterator[Memory]:
         """The one client (its connections are kept between calls)."""
         yield self.sgme
 

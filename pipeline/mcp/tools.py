@@ -1,11 +1,13 @@
 """The MCP tools and the resource an agent reads and writes its memory with (docs/design.md
-§7, docs/views.md), over either transport: each tool is a call of
-:class:`pipeline.client.AsyncClient`, through a :class:`Link` that says which server, which
-token and which agent (``sgme mcp`` on stdio: the configured server; ``/mcp`` on the API: the
-API itself, in process, with the caller's token).
+§7, docs/views.md), over either transport. Each tool is a named function of this module
+(:func:`search`, :func:`open_message`, :func:`list_recent`, :func:`read_page`, :func:`save`,
+:func:`raw_file`) over a :class:`pipeline.mcp.memory.Memory`, reached through a :class:`Link`
+that says which memory and which agent: ``sgme mcp`` on stdio calls the configured server's
+HTTP API; ``/mcp`` on the API calls the ``/v1`` routes' own functions in process, as the
+caller its guard verified. :func:`build` declares them to the MCP SDK.
 
 So the rules of the HTTP API — scopes, another agent's data answering 404, every limit — are
-the tools' rules too, by construction. Every answer is bounded (the ``mcp_*`` settings,
+the tools' rules too. Every answer is bounded (the ``mcp_*`` settings,
 :class:`pipeline.settings.Mcp`): an LLM's context is small, and a message may be 8 MiB. A
 refused call is a tool error whose text says what to do (``is_error`` in the result), never a
 crash of the session.
@@ -17,9 +19,9 @@ crash of the session.
 
 import datetime as dt
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from typing import Annotated, Any, Literal, Protocol
+from typing import Annotated, Any, Literal, Protocol, TypeVar
 
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
@@ -27,9 +29,11 @@ from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError
 from mcp.types import CallToolResult, TextContent
 from pydantic import Field, ValidationError
 
-from pipeline import client, errors, validation
-from pipeline.importers import convention
+from pipeline import convention, errors, validation
+from pipeline.mcp.memory import Memory
 from pipeline.settings import Mcp
+
+T = TypeVar("T")
 
 NAME = "sgme"
 
@@ -42,14 +46,14 @@ read_session browse whole conversations; save_memory keeps a note for later. Tim
 
 
 class Link(Protocol):
-    """Where the tools' calls go: a client for the current request, and the agent a saved
+    """Where the tools' calls go: the memory for the current request, and the agent a saved
     memory belongs to."""
 
     #: what names the agent a saved memory belongs to, for a refusal to point at
     names_agent: str
 
-    def connect(self, ctx: Context) -> AbstractAsyncContextManager[client.AsyncClient]:
-        """A client of the HTTP API acting for this request's caller."""
+    def connect(self, ctx: Context) -> AbstractAsyncContextManager[Memory]:
+        """The memory, acting for this request's caller."""
         ...
 
     def agent_id(self, ctx: Context) -> str:
@@ -120,27 +124,177 @@ def _message(message: Any, limit: int) -> dict[str, Any]:
     return shown
 
 
+# ---------------------------------------------------------------------------------------------
+# the tools, each a function of the memory it reads; an error is a pipeline.errors class
+
+
+async def _where(memory: Memory, file_ids: set[str]) -> dict[str, str | None]:
+    """The working directory of each file's session, where its source recorded one."""
+    found: dict[str, str | None] = {}
+    for file_id in sorted(file_ids):
+        try:
+            found[file_id] = convention.cwd((await memory.file(file_id)).metadata)
+        except (errors.NotFound, errors.Gone):  # erased since the search: none to show
+            found[file_id] = None
+    return found
+
+
+async def search(
+    memory: Memory,
+    query: str,
+    *,
+    session_key: str | None = None,
+    since: str | None = None,
+    until: str | None = None,
+    limit: int = 10,
+    role: Literal["user", "assistant", "tool", "system"] | None = None,
+    agent_id: str | None = None,
+) -> dict[str, Any]:
+    """``search_memory``: the best hits, each with where its session ran."""
+    found = await memory.search(
+        query,
+        session_key=session_key,
+        since=since,
+        until=until,
+        limit=limit,
+        role=role,
+        agent_id=agent_id,
+    )
+    cwds = await _where(memory, {h.file_id for h in found.hits})
+    hits = [
+        {
+            "source_ref": h.source_ref,
+            "ts": h.ts,
+            "role": h.role,
+            "session_key": h.session_key,
+            "agent_id": h.agent_id,
+            "cwd": cwds.get(h.file_id),
+            "snippet": h.snippet,
+        }
+        for h in found.hits
+    ]
+    return {"hits": hits, "count": len(hits)}
+
+
+async def open_message(
+    memory: Memory, bounds: Mcp, source_ref: str, *, context: int = 2
+) -> dict[str, Any]:
+    """``open_memory``: one message whole (to ``bounds.message_chars``), its neighbours cut
+    to ``bounds.neighbour_chars``."""
+    found = await memory.ref(source_ref, context=context)
+    return {
+        "file_id": found.file_id,
+        "session_key": found.session_key,
+        "agent_id": found.agent_id,
+        "message": _message(found.message, bounds.message_chars),
+        "before": [_message(m, bounds.neighbour_chars) for m in found.before],
+        "after": [_message(m, bounds.neighbour_chars) for m in found.after],
+    }
+
+
+async def list_recent(
+    memory: Memory, *, agent_id: str | None = None, since: str | None = None, limit: int = 20
+) -> dict[str, Any]:
+    """``list_sessions``: sessions newest first, and how many match."""
+    page = await memory.sessions(agent_id=agent_id, since=since, limit=limit)
+    listed = [
+        {
+            "file_id": s.file_id,
+            "session_key": s.session_key,
+            "title": s.title,
+            "agent_id": s.agent_id,
+            "source_type": s.source_type,
+            "cwd": s.cwd,
+            "started_at": s.started_at,
+            "ended_at": s.ended_at,
+            "message_count": s.message_count,
+        }
+        for s in page.sessions
+    ]
+    return {"sessions": listed, "total": page.total}
+
+
+async def read_page(
+    memory: Memory, bounds: Mcp, file_id: str, *, after_seq: int = 0, limit: int = 50
+) -> dict[str, Any]:
+    """``read_session``: the messages after ``after_seq``, each cut to
+    ``bounds.page_message_chars``, the page to ``bounds.page_chars`` (one message at least);
+    ``next_after_seq`` is null at the end."""
+    page = await memory.messages(file_id, after_seq=after_seq, limit=limit)
+    file = await memory.file(file_id)
+    shown: list[dict[str, Any]] = []
+    used = 0
+    for message in page.messages:
+        item = _message(message, bounds.page_message_chars)
+        used += len(item["content"])
+        if shown and used > bounds.page_chars:
+            break
+        shown.append(item)
+    last = shown[-1]["seq"] if shown else None
+    more = last is not None and last < file.message_count
+    return {
+        "file_id": file_id,
+        "session_key": file.session_key,
+        "cwd": convention.cwd(file.metadata),
+        "message_count": file.message_count,
+        "messages": shown,
+        "next_after_seq": last if more else None,
+    }
+
+
+def check_note(content: str) -> None:
+    """Refuse a note with nothing in it: an append may hold an empty message (a tool that
+    returned nothing happened), but an empty note is a mistake, kept for ever if stored."""
+    if not content.strip():
+        raise errors.InvalidInput(
+            "content is empty: there is nothing to remember; say what to keep"
+        )
+
+
+async def save(
+    memory: Memory,
+    content: str,
+    *,
+    agent_id: str,
+    session_key: str | None = None,
+    role: Literal["user", "assistant", "system"] = "user",
+    today: dt.date | None = None,
+) -> dict[str, Any]:
+    """``save_memory``: ``content`` appended as a message of ``session_key`` (default:
+    ``saved-<today, UTC>``), answered once it is in its file, so the next search finds it."""
+    check_note(content)
+    day = today or dt.datetime.now(dt.UTC).date()
+    key = session_key or f"saved-{day:%Y-%m-%d}"
+    messages = [{"role": role, "content": content}]
+    # answered once the note is in its file, so the model's next search finds it
+    done = await memory.append(agent_id=agent_id, session_key=key, messages=messages, wait=True)
+    return {"source_ref": done.source_refs[0], "session_key": key, "agent_id": agent_id}
+
+
+async def raw_file(memory: Memory, bounds: Mcp, file_id: str) -> str:
+    """The ``sgme://files/{file_id}`` resource: the file's Markdown, its first
+    ``bounds.resource_bytes`` bytes and a note of what was cut."""
+    data = await memory.raw(file_id)
+    most = bounds.resource_bytes
+    if len(data) <= most:
+        return data.decode("utf-8", "replace")
+    shown = data[:most].decode("utf-8", "ignore")
+    left = len(data) - most
+    return f"{shown}\n\n<!-- cut: {left} more bytes; read_session pages through all of it -->\n"
+
+
 def build(link: Link, bounds: Mcp) -> MCPServer[Any]:
-    """The MCP server: five tools and one resource template, each call through ``link``, each
-    answer within ``bounds``."""
+    """The MCP server: the five tools and the resource template declared to the SDK (their
+    parameters bounded by ``bounds``, their descriptions the model's), each call through
+    ``link``; a refusal is a tool error saying what to do."""
     server: MCPServer[Any] = Server(NAME, instructions=INSTRUCTIONS, version="0.1.0")
 
-    async def calling(ctx: Context, call: Callable[[client.AsyncClient], Any]) -> Any:
+    async def calling(ctx: Context, call: Callable[[Memory], Awaitable[T]]) -> T:
         try:
-            async with link.connect(ctx) as sgme:
-                return await call(sgme)
+            async with link.connect(ctx) as memory:
+                return await call(memory)
         except errors.SgmeError as exc:
             raise ToolError(refusal(exc)) from None
-
-    async def where(sgme: client.AsyncClient, file_ids: set[str]) -> dict[str, str | None]:
-        """The working directory of each file's session, where its source recorded one."""
-        found: dict[str, str | None] = {}
-        for file_id in sorted(file_ids):
-            try:
-                found[file_id] = convention.cwd((await sgme.file(file_id)).metadata)
-            except (errors.NotFound, errors.Gone):  # erased since the search: none to show
-                found[file_id] = None
-        return found
 
     @server.tool()
     async def search_memory(
@@ -188,9 +342,10 @@ def build(link: Link, bounds: Mcp) -> MCPServer[Any]:
         with its source_ref ("file_id:seq"), time (UTC), role, session_key, the session's
         working directory (cwd) where it was recorded, and a snippet of the message;
         open_memory with a source_ref shows the message whole, with what was said around it."""
-
-        async def run(sgme: client.AsyncClient) -> tuple[Any, dict[str, str | None]]:
-            found = await sgme.search(
+        found = await calling(
+            ctx,
+            lambda memory: search(
+                memory,
                 query,
                 session_key=session_key,
                 since=since,
@@ -198,23 +353,9 @@ def build(link: Link, bounds: Mcp) -> MCPServer[Any]:
                 limit=limit,
                 role=role,
                 agent_id=agent_id,
-            )
-            return found, await where(sgme, {h.file_id for h in found.hits})
-
-        found, cwds = await calling(ctx, run)
-        hits = [
-            {
-                "source_ref": h.source_ref,
-                "ts": h.ts,
-                "role": h.role,
-                "session_key": h.session_key,
-                "agent_id": h.agent_id,
-                "cwd": cwds.get(h.file_id),
-                "snippet": h.snippet,
-            }
-            for h in found.hits
-        ]
-        return answer({"hits": hits, "count": len(hits)})
+            ),
+        )
+        return answer(found)
 
     @server.tool(
         description=f"""Open one remembered message whole (up to {bounds.message_chars:,} \
@@ -237,17 +378,10 @@ through the whole conversation."""
         ] = 2,
     ) -> Answer:
         """Open one message with its neighbours (the description above is the model's)."""
-        found = await calling(ctx, lambda sgme: sgme.ref(source_ref, context=context))
-        return answer(
-            {
-                "file_id": found.file_id,
-                "session_key": found.session_key,
-                "agent_id": found.agent_id,
-                "message": _message(found.message, bounds.message_chars),
-                "before": [_message(m, bounds.neighbour_chars) for m in found.before],
-                "after": [_message(m, bounds.neighbour_chars) for m in found.after],
-            }
+        found = await calling(
+            ctx, lambda memory: open_message(memory, bounds, source_ref, context=context)
         )
+        return answer(found)
 
     @server.tool()
     async def list_sessions(
@@ -272,24 +406,10 @@ through the whole conversation."""
         source's title or its first words), the working directory it ran in (cwd, where it
         was recorded), first and last message times (UTC) and message count; "total" says
         how many match."""
-        page = await calling(
-            ctx, lambda sgme: sgme.sessions(agent_id=agent_id, since=since, limit=limit)
+        found = await calling(
+            ctx, lambda memory: list_recent(memory, agent_id=agent_id, since=since, limit=limit)
         )
-        listed = [
-            {
-                "file_id": s.file_id,
-                "session_key": s.session_key,
-                "title": s.title,
-                "agent_id": s.agent_id,
-                "source_type": s.source_type,
-                "cwd": s.cwd,
-                "started_at": s.started_at,
-                "ended_at": s.ended_at,
-                "message_count": s.message_count,
-            }
-            for s in page.sessions
-        ]
-        return answer({"sessions": listed, "total": page.total})
+        return answer(found)
 
     @server.tool(
         description=f"""Read a conversation in order, a page at a time: the messages after \
@@ -308,32 +428,11 @@ at most). Pass next_after_seq back as after_seq for the next page; it is null at
         limit: Annotated[int, Field(ge=1, le=bounds.max_page_messages)] = 50,
     ) -> Answer:
         """Read a page of a conversation (the description above is the model's)."""
-
-        async def read(sgme: client.AsyncClient) -> tuple[Any, Any]:
-            page = await sgme.messages(file_id, after_seq=after_seq, limit=limit)
-            return page, await sgme.file(file_id)
-
-        page, file = await calling(ctx, read)
-        shown: list[dict[str, Any]] = []
-        used = 0
-        for message in page.messages:
-            item = _message(message, bounds.page_message_chars)
-            used += len(item["content"])
-            if shown and used > bounds.page_chars:
-                break
-            shown.append(item)
-        last = shown[-1]["seq"] if shown else None
-        more = last is not None and last < file.message_count
-        return answer(
-            {
-                "file_id": file_id,
-                "session_key": file.session_key,
-                "cwd": convention.cwd(file.metadata),
-                "message_count": file.message_count,
-                "messages": shown,
-                "next_after_seq": last if more else None,
-            }
+        found = await calling(
+            ctx,
+            lambda memory: read_page(memory, bounds, file_id, after_seq=after_seq, limit=limit),
         )
+        return answer(found)
 
     @server.tool()
     async def save_memory(
@@ -348,20 +447,12 @@ at most). Pass next_after_seq back as after_seq for the next page; it is null at
         """Keep something for later — a decision, a preference, a fact learned — as a message
         in a session of saved memories, stored for good and found by search_memory from then
         on. Returns its source_ref."""
-        if not content.strip():
-            # an append may hold an empty message (a tool that returned nothing happened);
-            # a note with nothing in it is a mistake, kept for ever if stored
-            raise ToolError("content is empty: there is nothing to remember; say what to keep")
-        key = session_key or f"saved-{dt.datetime.now(dt.UTC):%Y-%m-%d}"
-        agent_id = link.agent_id(ctx)
         try:
-            async with link.connect(ctx) as sgme:
-                done = await sgme.append(
-                    agent_id=agent_id,
-                    session_key=key,
-                    messages=[{"role": role, "content": content}],
-                    # answered once the note is in its file, so the model's next search finds it
-                    wait=True,
+            check_note(content)  # before the agent is asked for: the first mistake to fix
+            agent_id = link.agent_id(ctx)
+            async with link.connect(ctx) as memory:
+                done = await save(
+                    memory, content, agent_id=agent_id, session_key=session_key, role=role
                 )
         except errors.Forbidden as exc:
             said = refusal(exc)
@@ -370,7 +461,7 @@ at most). Pass next_after_seq back as after_seq for the next page; it is null at
             raise ToolError(said) from None
         except errors.SgmeError as exc:
             raise ToolError(refusal(exc)) from None
-        return answer({"source_ref": done.source_refs[0], "session_key": key, "agent_id": agent_id})
+        return answer(done)
 
     @server.resource(
         "sgme://files/{file_id}",
@@ -381,17 +472,11 @@ at most). Pass next_after_seq back as after_seq for the next page; it is null at
     )
     async def session_file(file_id: str, ctx: Context) -> str:
         try:
-            async with link.connect(ctx) as sgme:
-                data = await sgme.raw(file_id)
+            async with link.connect(ctx) as memory:
+                return await raw_file(memory, bounds, file_id)
         except errors.NotFound as exc:
             raise ResourceNotFoundError(refusal(exc)) from None
         except errors.SgmeError as exc:
             raise ResourceError(refusal(exc)) from None
-        most = bounds.resource_bytes
-        if len(data) <= most:
-            return data.decode("utf-8", "replace")
-        shown = data[:most].decode("utf-8", "ignore")
-        left = len(data) - most
-        return f"{shown}\n\n<!-- cut: {left} more bytes; read_session pages through all of it -->\n"
 
     return server

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import re
 
-from pipeline import errors, refine
-from pipeline.importers import convention
+from pipeline import convention, errors, refine
 
 MAX_ITEM_CHARS = 300
 

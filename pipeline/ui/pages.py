@@ -43,6 +43,7 @@ from pipeline import (
     sessions,
     tables,
     validation,
+    vocabulary,
 )
 from pipeline.service import Service
 from pipeline.settings import Ui
@@ -51,8 +52,8 @@ from pipeline.ui import render
 router = APIRouter(include_in_schema=False)
 
 COOKIE = "sgme_token"
-ROLES = ("user", "assistant", "tool", "system")
-SOURCES = ("session", "upload", "external")
+ROLES = vocabulary.ROLES
+SOURCES = vocabulary.SOURCE_TYPES
 
 #: what the browser may load and run: this server's stylesheets, nothing else (no script, no
 #: inline style, no frame, no form posted elsewhere)

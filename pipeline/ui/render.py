@@ -5,7 +5,7 @@ none), and each message sorted into what it is — text, a tool call, a tool res
 a compaction summary — so all but the text can be folded.
 
 What a message is, is the clients' convention (docs/format.md, "Tool calls"), read back by
-:mod:`pipeline.importers.convention`: a call's name, call id and fenced arguments, a result's
+:mod:`pipeline.convention`: a call's name, call id and fenced arguments, a result's
 call id and output, the marker line of thinking and of a compaction summary, and the one
 backslash that keeps a text that looks like a marker from being one.
 """
@@ -25,8 +25,7 @@ from pygments.formatters import HtmlFormatter
 from pygments.lexers import get_lexer_by_name
 from pygments.util import ClassNotFound
 
-from pipeline import document, refs
-from pipeline.importers import convention
+from pipeline import convention, document, refs
 
 Kind = Literal["text", "call", "result", "thinking", "summary"]
 

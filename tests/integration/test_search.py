@@ -237,7 +237,7 @@ def test_the_migration_fills_the_catalog_of_an_existing_store(
         config.attributes["connection"] = conn
         command.downgrade(config, "0005")
     assert database.revisions(db.engine)[0] == {"0005"}
-    database.migrate(db.engine, data_dir=data_dir)
+    integrity.migrate(db.engine, data_dir=data_dir)
     hits = search.search(db, data_dir, "数据")
     assert [h.source_ref for h in hits] == [f"{file_id}:2"]
     assert integrity.fsck(db, data_dir) == []
@@ -471,7 +471,7 @@ def test_the_migration_to_stemmed_terms_indexes_every_message_again(
     with db.engine.begin() as conn:
         config.attributes["connection"] = conn
         command.downgrade(config, "0009")
-    database.migrate(db.engine, data_dir=data_dir)
+    integrity.migrate(db.engine, data_dir=data_dir)
     found = search.search(db, data_dir, "deciding", match="all")
     assert [h.source_ref for h in found] == [f"{file_id}:1"]
     assert integrity.fsck(db, data_dir) == []
@@ -597,7 +597,7 @@ def test_the_migration_to_whole_messages_indexes_every_message_again(
         config.attributes["connection"] = conn
         catalog.clear(conn)  # as good as terms cut after 100,000 characters
         command.downgrade(config, "0013")
-    database.migrate(db.engine, data_dir=data_dir)
+    integrity.migrate(db.engine, data_dir=data_dir)
     found = search.search(db, data_dir, '"crimson walrus"', match="all")
     assert [h.source_ref for h in found] == [f"{file_id}:1"]
     assert integrity.fsck(db, data_dir) == []

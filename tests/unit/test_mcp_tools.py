@@ -10,8 +10,8 @@ from typing import Any
 import anyio
 from mcp.server.mcpserver import Context
 
-from pipeline import client
 from pipeline.mcp import tools
+from pipeline.mcp.memory import Memory
 from pipeline.settings import Mcp
 
 
@@ -21,7 +21,7 @@ class Unused:
     names_agent = "nothing"
 
     @contextlib.asynccontextmanager
-    async def connect(self, ctx: Context) -> AsyncIterator[client.AsyncClient]:
+    async def connect(self, ctx: Context) -> AsyncIterator[Memory]:
         raise AssertionError("no tool was called")
         yield  # pragma: no cover
 

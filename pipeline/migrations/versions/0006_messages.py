@@ -1,6 +1,7 @@
 """messages and message_terms: the message catalog and its search index (docs/design.md §6),
-backfilled from the files by 0014 when the data directory is known (``sgme migrate``,
-``sgme serve``; otherwise ``sgme reindex`` fills them)
+backfilled from the files when the data directory is known (``sgme migrate``, ``sgme serve``;
+otherwise ``sgme reindex`` fills them): asked for as the ``catalog`` refill, which the
+caller's code does once the schema is at head (:func:`pipeline.database.schema.migrate`)
 
 Revision ID: 0006
 Revises: 0005
@@ -12,7 +13,7 @@ from __future__ import annotations
 import logging
 
 import sqlalchemy as sa
-from alembic import op
+from alembic import context, op
 
 revision = "0006"
 down_revision = "0005"
@@ -55,7 +56,11 @@ def upgrade() -> None:
             "CREATE VIRTUAL TABLE message_terms USING fts5(terms, tags, content='', "
             "tokenize='unicode61 remove_diacritics 0')"
         )
-    # filled from the files by 0014 (with today's code, which needs 0014's table)
+    refill = context.config.attributes.get("refill")
+    if refill is None:
+        log.warning("messages: no data directory given; run `sgme reindex` to fill the catalog")
+        return
+    refill.add("catalog")
 
 
 def downgrade() -> None:

@@ -1,9 +1,9 @@
 """stemmed search terms: the terms of every message made again, now with English words reduced
 to their Snowball stems (docs/search.md), from the files when the data directory is known
-(``sgme migrate``, ``sgme serve``); otherwise ``sgme reindex`` must be run, and until then the
+(``sgme migrate``, ``sgme serve``: asked for as the ``catalog`` refill, which the caller's code
+does once the schema is at head); otherwise ``sgme reindex`` must be run, and until then the
 ranked search misses inflected words of the messages indexed before. No table changes: the
-same FTS5 table and tsvector column hold other terms. 0014 makes them again (its code needs its
-table), so this one does nothing of its own now.
+same FTS5 table and tsvector column hold other terms.
 
 Revision ID: 0012
 Revises: 0009
@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import logging
 
+from alembic import context
+
 revision = "0012"
 down_revision = "0009"
 branch_labels = None
@@ -22,8 +24,14 @@ log = logging.getLogger("alembic.runtime.migration")
 
 
 def upgrade() -> None:
-    # made again from the files by 0014 (with today's code, which needs 0014's table)
-    pass
+    refill = context.config.attributes.get("refill")
+    if refill is None:
+        log.warning(
+            "search terms are now stemmed; no data directory given: run `sgme reindex` so "
+            "that every message is found by its stemmed words"
+        )
+        return
+    refill.add("catalog")
 
 
 def downgrade() -> None:

@@ -2,12 +2,10 @@
 first 100,000 characters, and on PostgreSQL a message past what one ``tsvector`` holds (16,383
 positions, 256 of one term) has its terms in ``message_term_parts``, one row per overlapping
 segment (docs/search.md). The terms of every message are made again from the files when the
-data directory is known (``sgme migrate``, ``sgme serve``); otherwise ``sgme reindex`` must be
+data directory is known (``sgme migrate``, ``sgme serve``: asked for as the ``catalog`` refill,
+which the caller's code does once the schema is at head); otherwise ``sgme reindex`` must be
 run — until then the words past the old cut are not found, and on SQLite redacting or erasing
 such a message leaves its old terms in the index (compaction does not reach them).
-
-The catalog is filled here rather than by 0006 and 0012, which ran the same code at a schema
-without this table.
 
 Revision ID: 0014
 Revises: 0013
@@ -17,8 +15,6 @@ Create Date: 2026-12-05 13:00:00
 from __future__ import annotations
 
 import logging
-from pathlib import Path
-
 import sqlalchemy as sa
 from alembic import context, op
 
@@ -30,8 +26,6 @@ log = logging.getLogger("alembic.runtime.migration")
 
 
 def upgrade() -> None:
-    from pipeline import catalog, integrity
-
     conn = op.get_bind()
     if conn.dialect.name == "postgresql":
         op.execute(
@@ -42,18 +36,14 @@ def upgrade() -> None:
         op.execute("CREATE INDEX ix_message_term_parts_tsv ON message_term_parts USING GIN (tsv)")
     if conn.execute(sa.text("SELECT 1 FROM raw_files WHERE flushed_bytes > 0")).first() is None:
         return  # no message to index
-    data_dir = context.config.attributes.get("data_dir")
-    if data_dir is None:
+    refill = context.config.attributes.get("refill")
+    if refill is None:
         log.warning(
             "search terms now hold all of a long message; no data directory given: run "
             "`sgme reindex` so that the words past its first 100,000 characters are found"
         )
         return
-    catalog.clear(conn)
-    done, failed = integrity.catalog_all(conn, Path(data_dir))
-    log.info(
-        "search terms: %d files indexed again (%d could not be read: see sgme fsck)", done, failed
-    )
+    refill.add("catalog")
 
 
 def downgrade() -> None:
