@@ -3,6 +3,7 @@ fsck, reindex and migrate, with the exit codes and the one-line errors scripts r
 
 from __future__ import annotations
 
+import fcntl
 import gc
 import json
 import os
@@ -461,10 +462,16 @@ def test_output_piped_into_a_reader_that_stops_early_ends_quietly(
     argv = [sys.executable, "-m", "pipeline.cli", "search", "blue", "mug", "--json"]
     argv += ["--limit", "100", "--data-dir", str(data_dir), "--database-url", database_url]
     env = {k: v for k, v in os.environ.items() if not k.startswith("SGME_")}
-    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env) as run:
-        assert run.stdout is not None and run.stderr is not None
-        assert run.stdout.read(10) == b'{\n  "hits"'
-        run.stdout.close()  # `head` has what it wanted
+    # a pipe of one page, so the answer (tens of KB) cannot all fit in it before the reader
+    # stops: with the default 64 KiB the command could finish writing first, and exit 0
+    read_end, write_end = os.pipe()
+    fcntl.fcntl(read_end, fcntl.F_SETPIPE_SZ, 4096)
+    with subprocess.Popen(argv, stdout=write_end, stderr=subprocess.PIPE, env=env) as run:
+        os.close(write_end)
+        assert run.stderr is not None
+        with os.fdopen(read_end, "rb") as out:
+            assert out.read(10) == b'{\n  "hits"'
+        # `head` has what it wanted
         err = run.stderr.read()
         code = run.wait(60)
     assert err == b""

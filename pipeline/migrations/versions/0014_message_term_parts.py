@@ -15,6 +15,7 @@ Create Date: 2026-12-05 13:00:00
 from __future__ import annotations
 
 import logging
+
 import sqlalchemy as sa
 from alembic import context, op
 
