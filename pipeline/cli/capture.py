@@ -7,7 +7,13 @@
   into the agent's settings (see :mod:`pipeline.capture.install`), then check that the hook
   will be let in by the server, and say how to give it its token;
 - ``sgme capture status [--json]`` — per agent, what waits in the spool, the last delivery and
-  the last error.
+  the last error;
+- ``sgme capture preview {claude-code,codex} [--prompt TEXT] [--cwd DIR]`` — what the
+  SessionStart / UserPromptSubmit hooks would inject (:mod:`pipeline.capture.inject`).
+
+On SessionStart and UserPromptSubmit a run captures first, then prints the block of memory
+the agent adds to the model's context (its only output on stdout), configured by
+``SGME_INJECT_*`` (docs/clients.md).
 
 Configured by ``SGME_URL``, ``SGME_TOKEN`` (else the token file ``SGME_TOKEN_FILE``, default
 ``~/.config/sgme/token``, readable by its owner only), ``SGME_AGENT_ID`` (default: the agent's
@@ -65,9 +71,10 @@ def run(args: argparse.Namespace, *, started: float | None = None) -> int:
     """The installer (exit 2 with one line on an error), the status, or a capture run (exit 0,
     always) whose budget counts from ``started`` (``time.monotonic()``; default now): what the
     command took to start is part of what the agent waits for."""
-    if args.what in ("install", "status"):
+    if args.what in ("install", "status", "preview"):
         try:
-            return _install(args) if args.what == "install" else _status(args)
+            command = {"install": _install, "status": _status, "preview": _preview}[args.what]
+            return command(args)
         except errors.SgmeError as exc:
             print(f"sgme capture: {exc.detail}", file=sys.stderr)
             return 2
@@ -80,7 +87,7 @@ def run(args: argparse.Namespace, *, started: float | None = None) -> int:
 
 
 def _run(agent: str, notification: str | None, started: float) -> None:
-    from pipeline.capture import hooks, runner, state
+    from pipeline.capture import hooks, inject, runner, state
 
     env = config.agent(agent)
     log = _logger(env.spool_dir)
@@ -95,8 +102,16 @@ def _run(agent: str, notification: str | None, started: float) -> None:
     else:
         targets = hooks.codex_targets(hook, config.agent_home("codex"))
         seconds = env.seconds
+    event = hook.get("hook_event_name")
+    if event in inject.EVENTS:
+        # a session that starts has no transcript yet: nothing to capture, nothing to log
+        targets = [t for t in targets if t.path.exists()]
+    # the capture of what the transcripts gained comes first: the injection takes only what
+    # is left of its own budget, so it can neither delay nor risk a turn's capture
     seconds = max(0.1, seconds - (time.monotonic() - started))
-    summary = runner.capture(env, targets, seconds=seconds)
+    summary = runner.capture(env, targets, seconds=seconds) if targets else runner.Summary()
+    if event in inject.EVENTS:
+        _inject(env, hook, started, log)
     for problem in summary.problems:
         log.warning("sgme capture %s: %s", agent, problem)
     for path in summary.lagging:
@@ -120,6 +135,54 @@ def _run(agent: str, notification: str | None, started: float) -> None:
     with contextlib.suppress(OSError):
         now = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
         state.State(env.spool_dir).note(agent, at=now, delivered=summary.sent, error=failed)
+
+
+def _inject(env: config.Agent, hook: dict[str, Any], started: float, log: logging.Logger) -> None:
+    """Print the block of memory a SessionStart or UserPromptSubmit hook injects, when there
+    is one and it is ready within the injection's budget (counted from the hook's start)."""
+    from pipeline.capture import inject
+
+    settings = config.injection()
+    for bad in settings.invalid:
+        log.warning("sgme capture: %s is not valid: its default is used", bad)
+    call = inject.Call.from_hook(hook)
+    found = inject.inject(env, settings, call, deadline=started + settings.seconds)
+    if found.block:
+        sys.stdout.write(inject.output(call.event, found.block) + "\n")
+        sys.stdout.flush()
+    elif found.failed:
+        log.warning("sgme capture: nothing injected on %s: %s", call.event, found.why)
+
+
+def _preview(args: argparse.Namespace) -> int:
+    """What a hook would inject for a prompt (or a session's start) in a directory: the block
+    as the model would read it, or on stderr why there is none."""
+    from pipeline.capture import inject
+
+    env = config.agent(args.agent)
+    settings = config.injection()
+    for bad in settings.invalid:
+        print(f"sgme capture preview: {bad} is not valid: its default is used", file=sys.stderr)
+    event = args.event or ("UserPromptSubmit" if args.prompt else "SessionStart")
+    call = inject.Call(
+        event=event,
+        session_id=args.session,
+        cwd=str(Path(args.cwd).expanduser().absolute()),
+        prompt=args.prompt or "",
+        source=args.source,
+    )
+    # a person waits longer than an agent's hook: the budget's shortness is not previewed
+    seconds = max(settings.seconds, CHECK_SECONDS)
+    found = inject.inject(env, settings, call, deadline=time.monotonic() + seconds, remember=False)
+    if not found.block:
+        print(f"Nothing would be injected: {found.why}", file=sys.stderr)
+        return 0
+    print(found.block)
+    print(
+        f"\n({len(found.block)} characters of {settings.chars}; {found.took:.2f} s)",
+        file=sys.stderr,
+    )
+    return 0
 
 
 def _failure(summary: runner.Summary, env: config.Agent) -> str | None:
@@ -362,6 +425,26 @@ def _declare(p: argparse.ArgumentParser) -> None:
     )
     installer.add_argument(
         "--uninstall", action="store_true", help="take the capture hooks out again"
+    )
+    preview = sub.add_parser(
+        "preview",
+        help="print what the hooks would inject for a prompt (or a session's start) in DIR",
+        description="Print the block of memory a UserPromptSubmit hook (with --prompt) or a "
+        "SessionStart hook (without) would inject, with the same settings (SGME_INJECT_*) and "
+        "token; nothing is recorded as injected.",
+    )
+    preview.add_argument("agent", choices=AGENTS, help="whose hook to play")
+    preview.add_argument("--prompt", metavar="TEXT", help="the prompt the user submits")
+    preview.add_argument("--cwd", metavar="DIR", default=".", help="the project's directory")
+    preview.add_argument("--session", metavar="ID", help="the current session's id (left out)")
+    preview.add_argument(
+        "--event", choices=("SessionStart", "UserPromptSubmit"), help="the hook's event"
+    )
+    preview.add_argument(
+        "--source",
+        choices=("startup", "resume", "clear", "compact"),
+        default="startup",
+        help="SessionStart's source",
     )
     status = sub.add_parser(
         "status",
