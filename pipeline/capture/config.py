@@ -144,7 +144,7 @@ class Injection:
     #: characters of a hook's output that reach the model whole
     chars: int = 8000
     #: ``SGME_INJECT_MIN_SCORE``: hits scoring less are left out (the relevance floor)
-    min_score: float = 3.0
+    min_score: float = 2.0
     seconds: float = 1.0  #: ``SGME_INJECT_SECONDS``: from the hook's start; past it, nothing
     scope: str = "project"  #: ``SGME_INJECT_SCOPE``: one of :data:`SCOPES`
     agents: str = "self"  #: ``SGME_INJECT_AGENTS``: one of :data:`AGENT_SCOPES`
