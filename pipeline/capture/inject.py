@@ -43,7 +43,8 @@ from pipeline.capture.config import Agent, Injection
 EVENTS = ("SessionStart", "UserPromptSubmit")
 #: characters of a prompt sent as the query (the API's ``q`` takes 1000 at most)
 QUERY_CHARS = 1000
-#: sessions of the agent looked through for this project's (the newest; one request)
+#: this project's sessions listed at most (the newest; one request): the hits of these count
+#: as this project's
 PROJECT_SESSIONS = 200
 #: L1 items shown per session at most (its newest)
 L1_PER_SESSION = 5
@@ -223,11 +224,12 @@ def _current(session_key: str, session_id: str | None) -> bool:
 def _project_sessions(
     reader: Reader, config: Agent, settings: Injection, call: Call
 ) -> list[dict[str, Any]]:
-    """This project's sessions, newest first (among the agent's newest
-    :data:`PROJECT_SESSIONS`), the current one left out."""
+    """This project's newest :data:`PROJECT_SESSIONS` sessions (``GET /v1/sessions?cwd=``),
+    newest first, the current one left out. Each is checked here too: a server from before
+    the ``cwd`` filter ignores it and lists every session."""
     if not call.cwd:
         return []
-    params: dict[str, Any] = {"limit": PROJECT_SESSIONS}
+    params: dict[str, Any] = {"limit": PROJECT_SESSIONS, "cwd": call.cwd}
     if settings.agents == "self":
         params["agent_id"] = config.agent_id
     found = reader.get("/v1/sessions", params).get("sessions")

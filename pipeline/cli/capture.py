@@ -356,7 +356,7 @@ def check(env: config.Agent, *, transport: Any = None) -> str:
     except errors.Forbidden as exc:
         return (
             f"Check: {source} may not append for {env.agent_id} ({exc.detail}): give the hook a "
-            f"token with --scope append --agent-id {env.agent_id}."
+            f"token with --scope append,read --agent-id {env.agent_id}."
         )
     except errors.SgmeError as exc:
         return (
@@ -376,12 +376,14 @@ def _next_steps(agent: str, project: Path | None) -> str:
             "\nneed `[features]` `codex_hooks = true` in config.toml). "
         )
     return f"""
-{name} now runs `sgme capture {agent}` at the end of each turn. It sends to SGME_URL
+{name} now runs `sgme capture {agent}` at the end of each turn, and at a session's start
+and with each prompt, where it also brings back memory (`sgme capture preview {agent}
+--prompt TEXT --cwd DIR` shows what; SGME_INJECT_* settings). It sends to SGME_URL
 (default http://127.0.0.1:8765) as SGME_AGENT_ID (default {agent}); set them in the
 environment {name} starts from. Once the server has tokens the hook needs one of its own:
 keep it in a file only you can read (not in a shell profile others may read), e.g.
   (umask 077; mkdir -p {token.parent} && sgme token create --agent-id {agent} \\
-      --scope append --name {agent} | tail -n 1 > {token})
+      --scope append,read --name {agent} | tail -n 1 > {token})
 The hook reads {token} (SGME_TOKEN_FILE names another; SGME_TOKEN, when set, comes first)
 and refuses a token file others may read.
 Turns the server cannot take wait in ~/.local/state/sgme/spool (SGME_SPOOL_DIR) and go with a
@@ -400,12 +402,14 @@ def _declare(p: argparse.ArgumentParser) -> None:
     sub.add_parser(
         "claude-code",
         help="capture what a Claude Code transcript gained (a hook: its JSON on stdin)",
-        description="Run by Claude Code's Stop, SubagentStop, PreCompact and SessionEnd hooks.",
+        description="Run by Claude Code's Stop, SubagentStop, PreCompact and SessionEnd hooks "
+        "(capture), and SessionStart and UserPromptSubmit (capture, then memory injected).",
     ).set_defaults(notification=None)
     codex = sub.add_parser(
         "codex",
         help="capture what a Codex rollout gained (Stop hook: JSON on stdin; notify: argument)",
-        description="Run by Codex's Stop hook or as its notify program.",
+        description="Run by Codex's Stop hook or as its notify program (capture), and its "
+        "SessionStart and UserPromptSubmit hooks (capture, then memory injected).",
     )
     codex.add_argument(
         "notification", nargs="?", help="the notify program's JSON (agent-turn-complete)"

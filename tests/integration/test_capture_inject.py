@@ -293,3 +293,30 @@ def test_nothing_when_the_server_is_away_or_hangs(
     network.mode = "up"
     refused = _run(network, _env(tmp_path, "sgme_wrong"), _hook("SessionStart"))
     assert refused.block == "" and "401" in refused.why
+
+
+def test_the_sessions_listing_keeps_one_projects_sessions(
+    store: tuple[Api, dict[str, str], str],
+) -> None:
+    app, _, _ = store
+    _session(app, "claude-code", "s-sibling", PROJECT + "2", 7, [("user", "next door")])
+    _session(app, "claude-code", "s-deep", PROJECT + "/a/b_c", 7, [("user", "deep down")])
+    _session(app, "claude-code", "s-percent", "/work/fl%x", 7, [("user", "a % in a path")])
+
+    def keys(cwd: str, **more: str) -> list[str]:
+        answer = app.client.get("/v1/sessions", params={"cwd": cwd, "limit": 200, **more})
+        assert answer.status_code == 200, answer.text
+        return [s["session_key"] for s in answer.json()["sessions"]]
+
+    # newest first; the erased session is gone, the other agent's is there for a token of both
+    found = keys(PROJECT)
+    assert found == ["s-deep", CURRENT, "s-codex", "s-subdir", "s-answer", "s-redacted"]
+    assert keys(PROJECT + "/") == found  # a trailing slash names the same directory
+    assert keys(PROJECT, agent_id="claude-code") == [k for k in found if k != "s-codex"]
+    assert keys(PROJECT + "/a") == ["s-deep"]
+    # "_" and "%" are letters, not wildcards; a sibling sharing the prefix is another project
+    assert keys("/work/fl_x") == [] and keys("/work/fl%x") == ["s-percent"]
+    assert keys(PROJECT + "/a/b%") == [] and keys(PROJECT + "2") == ["s-sibling"]
+    refused = app.client.get("/v1/sessions", params={"cwd": "/work\nflux"})
+    assert refused.status_code == 422
+    assert refused.headers["content-type"].startswith("application/problem+json")
