@@ -103,15 +103,22 @@ def _run(agent: str, notification: str | None, started: float) -> None:
         targets = hooks.codex_targets(hook, config.agent_home("codex"))
         seconds = env.seconds
     event = hook.get("hook_event_name")
-    if event in inject.EVENTS:
+    injecting = event in inject.EVENTS
+    settings = config.injection()
+    if injecting:
         # a session that starts has no transcript yet: nothing to capture, nothing to log
         targets = [t for t in targets if t.path.exists()]
-    # the capture of what the transcripts gained comes first: the injection takes only what
-    # is left of its own budget, so it can neither delay nor risk a turn's capture
+        # the user waits for these two: capture and injection share the injection's budget.
+        # Capture comes first and is not at risk: what it cannot send in time it spools,
+        # and what it cannot read the next run (this turn's Stop) reads; the injection
+        # takes what is left, so it can neither delay nor risk a capture.
+        seconds = min(seconds, settings.seconds)
+        for bad in settings.invalid:
+            log.warning("sgme capture %s: %s is not valid: its default is used", agent, bad)
     seconds = max(0.1, seconds - (time.monotonic() - started))
     summary = runner.capture(env, targets, seconds=seconds) if targets else runner.Summary()
-    if event in inject.EVENTS:
-        _inject(env, hook, started, log)
+    if injecting:
+        _inject(env, settings, hook, started, log)
     for problem in summary.problems:
         log.warning("sgme capture %s: %s", agent, problem)
     for path in summary.lagging:
@@ -137,14 +144,17 @@ def _run(agent: str, notification: str | None, started: float) -> None:
         state.State(env.spool_dir).note(agent, at=now, delivered=summary.sent, error=failed)
 
 
-def _inject(env: config.Agent, hook: dict[str, Any], started: float, log: logging.Logger) -> None:
+def _inject(
+    env: config.Agent,
+    settings: config.Injection,
+    hook: dict[str, Any],
+    started: float,
+    log: logging.Logger,
+) -> None:
     """Print the block of memory a SessionStart or UserPromptSubmit hook injects, when there
     is one and it is ready within the injection's budget (counted from the hook's start)."""
     from pipeline.capture import inject
 
-    settings = config.injection()
-    for bad in settings.invalid:
-        log.warning("sgme capture: %s is not valid: its default is used", bad)
     call = inject.Call.from_hook(hook)
     found = inject.inject(env, settings, call, deadline=started + settings.seconds)
     if found.block:

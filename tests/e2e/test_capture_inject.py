@@ -9,6 +9,7 @@ nothing — exit 0, within its budget — when nothing is relevant or the server
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -201,3 +202,40 @@ def test_nothing_is_printed_when_nothing_is_relevant_or_the_server_is_away(
     ):
         printed, took = hook(away, payload)
         assert printed == "" and took < 1.0 + 2.0
+
+
+def test_a_prompt_waits_no_longer_than_the_budget_for_a_server_that_hangs(
+    tmp_path: Path,
+) -> None:
+    """Capture and injection share the injection's budget on the events the user waits for:
+    against a server that takes connections and never answers, the hook returns within it,
+    and the session's turns wait in the spool for a later run."""
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen(16)  # connections are taken by the kernel, never answered
+        env = {
+            **harness.clean_env(),
+            "SGME_URL": f"http://127.0.0.1:{listening.getsockname()[1]}",
+            "SGME_SPOOL_DIR": str(tmp_path / "spool"),
+        }
+        transcript = ClaudeTranscript(tmp_path / "projects" / f"{SID}.jsonl", SID)
+        transcript.user("the flux capacitor again")
+        transcript.assistant("m1", {"type": "text", "text": "on it"})
+        payload = {
+            "session_id": SID,
+            "transcript_path": str(transcript.path),
+            "cwd": PROJECT,
+            "hook_event_name": "UserPromptSubmit",
+            "prompt": "flux capacitor timeout?",
+        }
+        printed, took = hook(env, payload)
+    assert printed == "" and took < 1.0 + 2.0
+    status = subprocess.run(
+        [str(SGME), "capture", "status", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert json.loads(status.stdout)["waiting"]["appends"] == 2
