@@ -278,8 +278,11 @@ def prompt_block(
             else None
         )
         hits = searched.result().get("hits")
-        project = listed.result() if listed is not None else []
-    titles = {s.get("file_id"): str(s.get("title") or "") for s in project}
+        try:
+            project: list[dict[str, Any]] | None = listed.result() if listed is not None else None
+        except Away:  # the hits still stand, in the search's own order
+            project = None
+    titles = {s.get("file_id"): str(s.get("title") or "") for s in project or []}
     seen = set(injected.refs)
     kept = [
         h
@@ -291,7 +294,9 @@ def prompt_block(
         and h["source_ref"] not in seen
         and not _current(str(h.get("session_key", "")), call.session_id)
     ]
-    if settings.scope != "all":
+    if project is None and settings.scope == "project-only":
+        return Outcome(why="this project's sessions could not be listed", failed=True)
+    if project is not None:
         ours = [h for h in kept if h.get("file_id") in titles]
         others = [] if settings.scope == "project-only" else [h for h in kept if h not in ours]
         kept = ours + others
@@ -307,11 +312,13 @@ def prompt_block(
         if len(refs) >= settings.hits:
             break
         title = titles.get(hit.get("file_id"))
-        where = "this project" if title is not None else "another project"
+        where = ""
+        if project is not None:
+            where = " (this project)" if title is not None else " (another project)"
         session = _one_line(title or str(hit.get("session_key", "")), 80)
         entry = (
             f"- ref `{hit['source_ref']}` · {_when(hit.get('ts'))} · {hit.get('role')} · "
-            f"session “{session}” ({where})\n"
+            f"session “{session}”{where}\n"
             f"  > {_one_line(str(hit.get('snippet', '')), settings.snippet_chars)}"
         )
         if not _fits(parts, entry, settings.chars):

@@ -56,7 +56,9 @@ class Network(httpx.BaseTransport):
         self.mode = "up"
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        if self.mode == "down":
+        if self.mode == "down" or (
+            self.mode == "no-listing" and request.url.path == "/v1/sessions"
+        ):
             raise httpx.ConnectError("connection refused", request=request)
         if self.mode == "hanging":
             time.sleep(request.extensions.get("timeout", {}).get("read") or 5.0)
@@ -290,6 +292,12 @@ def test_nothing_when_the_server_is_away_or_hangs(
             found = _run(network, env, call, seconds=0.5)
             assert found.block == "" and found.failed, (mode, call.event)
             assert time.monotonic() - started < 0.7
+    # the project's sessions cannot be listed: the hits stand, in the search's order, unlabelled
+    network.mode = "no-listing"
+    found = _run(network, env, _hook("UserPromptSubmit", prompt=PROMPT, session_id="s-3"))
+    assert ANSWER in found.block and "project)" not in found.block
+    only = _run(network, env, _hook("UserPromptSubmit", prompt=PROMPT), scope="project-only")
+    assert only.block == "" and only.failed
     network.mode = "up"
     refused = _run(network, _env(tmp_path, "sgme_wrong"), _hook("SessionStart"))
     assert refused.block == "" and "401" in refused.why
