@@ -239,3 +239,36 @@ def test_a_prompt_waits_no_longer_than_the_budget_for_a_server_that_hangs(
         check=True,
     )
     assert json.loads(status.stdout)["waiting"]["appends"] == 2
+
+
+def test_preview_prints_what_would_be_injected_and_records_nothing(
+    server: tuple[str, str, httpx.Client], tmp_path: Path
+) -> None:
+    url, token, _ = server
+    env = {
+        **harness.clean_env(),
+        "SGME_URL": url,
+        "SGME_TOKEN": token,
+        "SGME_SPOOL_DIR": str(tmp_path / "spool"),
+    }
+
+    def preview(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(SGME), "capture", "preview", "claude-code", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+
+    asked = ["--prompt", "What flux capacitor timeout did we settle on?", "--cwd", PROJECT]
+    first = preview(*asked, "--session", "s-preview")
+    assert ANSWER in first.stdout and first.stdout.startswith("## Memory from SGME")
+    assert "characters of 8000" in first.stderr
+    # nothing was recorded as injected: the same preview shows the same block
+    assert preview(*asked, "--session", "s-preview").stdout == first.stdout
+    start = preview("--cwd", PROJECT)
+    assert "recent sessions in /src/app" in start.stdout and "“talk earlier”" in start.stdout
+    nothing = preview("--prompt", "xylophone quasar", "--cwd", PROJECT)
+    assert nothing.stdout == "" and nothing.stderr.startswith("Nothing would be injected: ")
