@@ -8,6 +8,7 @@ nothing — exit 0, within its budget — when nothing is relevant or the server
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import subprocess
@@ -39,6 +40,17 @@ CHATTER = [
 ]
 
 
+@dataclasses.dataclass(frozen=True)
+class Server:
+    """A running ``sgme serve``, the hooks' tokens (append and read, for ``claude-code`` and
+    for ``codex``) and an admin client."""
+
+    url: str
+    hook: str
+    codex: str
+    admin: httpx.Client
+
+
 def _token(procs: harness.Procs, data_dir: Path, agent: str, scope: str) -> str:
     out = procs.run(
         ["token", "create", "--data-dir", str(data_dir), "--agent-id", agent, "--scope", scope],
@@ -66,9 +78,8 @@ def _append(client: httpx.Client, agent: str, key: str, cwd: str, *texts: str) -
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, httpx.Client]]:
-    """A ``sgme serve`` with an earlier store: its URL, the hook's token (``claude-code``,
-    append and read) and an admin client."""
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A ``sgme serve`` with an earlier store."""
     root = tmp_path_factory.mktemp("inject")
     data_dir = root / "data"
     procs = harness.Procs(root / "logs")
@@ -76,6 +87,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str,
         procs.run(["migrate", "--data-dir", str(data_dir)], harness.clean_env())
         admin = _token(procs, data_dir, "*", "append,read,admin")
         hook = _token(procs, data_dir, "claude-code", "append,read")
+        codex = _token(procs, data_dir, "codex", "append,read")
         port = harness.free_port()
         argv = ["serve", "--data-dir", str(data_dir), "--port", str(port), "--log-level", "warning"]
         proc = procs.start("serve", argv, harness.clean_env())
@@ -103,7 +115,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str,
             assert done.status_code == 200, done.text
             done = client.delete(f"/v1/files/{gone}", params={"reason": "asked"})
             assert done.status_code in (200, 204), done.text
-            yield url, hook, client
+            yield Server(url, hook, codex, client)
     finally:
         procs.close()
 
@@ -135,9 +147,9 @@ def context(printed: str, event: str) -> str:
 
 
 def test_claude_code_gets_its_memory_at_session_start_and_with_a_prompt(
-    server: tuple[str, str, httpx.Client], tmp_path: Path
+    server: Server, tmp_path: Path
 ) -> None:
-    url, token, admin = server
+    url, token, admin = server.url, server.hook, server.admin
     env = {
         **harness.clean_env(),
         "SGME_URL": url,
@@ -182,9 +194,9 @@ def test_claude_code_gets_its_memory_at_session_start_and_with_a_prompt(
 
 
 def test_nothing_is_printed_when_nothing_is_relevant_or_the_server_is_away(
-    server: tuple[str, str, httpx.Client], tmp_path: Path
+    server: Server, tmp_path: Path
 ) -> None:
-    url, token, _ = server
+    url, token = server.url, server.hook
     env = {
         **harness.clean_env(),
         "SGME_URL": url,
@@ -242,9 +254,9 @@ def test_a_prompt_waits_no_longer_than_the_budget_for_a_server_that_hangs(
 
 
 def test_preview_prints_what_would_be_injected_and_records_nothing(
-    server: tuple[str, str, httpx.Client], tmp_path: Path
+    server: Server, tmp_path: Path
 ) -> None:
-    url, token, _ = server
+    url, token = server.url, server.hook
     env = {
         **harness.clean_env(),
         "SGME_URL": url,
@@ -272,3 +284,43 @@ def test_preview_prints_what_would_be_injected_and_records_nothing(
     assert "recent sessions in /src/app" in start.stdout and "“talk earlier”" in start.stdout
     nothing = preview("--prompt", "xylophone quasar", "--cwd", PROJECT)
     assert nothing.stdout == "" and nothing.stderr.startswith("Nothing would be injected: ")
+
+
+def test_codex_gets_its_own_memory_the_same_way(server: Server, tmp_path: Path) -> None:
+    """Codex's SessionStart and UserPromptSubmit hooks take the same JSON and read the same
+    ``hookSpecificOutput.additionalContext``: ``sgme capture codex`` injects Codex's memory
+    (its agent id, its token), not Claude Code's."""
+    url = server.url
+    env = {
+        **harness.clean_env(),
+        "SGME_URL": url,
+        "SGME_TOKEN": server.codex,
+        "SGME_SPOOL_DIR": str(tmp_path / "spool"),
+        "CODEX_HOME": str(tmp_path / "codex"),
+    }
+    base = {"session_id": "codex-thread-2", "transcript_path": None, "cwd": PROJECT}
+    payload = {**base, "hook_event_name": "UserPromptSubmit", "prompt": "timeout seconds?"}
+    started = time.monotonic()
+    done = subprocess.run(
+        [str(SGME), "capture", "codex"],
+        input=json.dumps(payload),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert time.monotonic() - started < 1.0 + 2.0
+    block = context(done.stdout, "UserPromptSubmit")
+    assert OTHER_AGENT in block and ANSWER not in block
+    start = subprocess.run(
+        [str(SGME), "capture", "codex"],
+        input=json.dumps({**base, "hook_event_name": "SessionStart", "source": "startup"}),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    listed = context(start.stdout, "SessionStart")
+    assert "“talk codex-1”" in listed and "talk earlier" not in listed
