@@ -48,6 +48,8 @@ AGENTS = ("claude-code", "codex")
 MAX_PAYLOAD = 1024 * 1024  #: bytes of hook input read at most
 LOG_BYTES = 1024 * 1024  #: capture.log is rotated past this size (one old file kept)
 CHECK_SECONDS = 5.0  #: what the installer's check of the server may take
+#: seconds a process may have run before ``sgme capture`` starts and still count as a hook's
+FRESH_SECONDS = 2.0
 
 
 TEXT = "live capture for Claude Code and Codex (run by their hooks)"
@@ -56,10 +58,28 @@ TEXT = "live capture for Claude Code and Codex (run by their hooks)"
 def main(argv: list[str]) -> int:
     """``sgme capture ARGS``, parsed and run without the other commands' modules (a hook's
     budget is about a second; see :func:`pipeline.cli.main`)."""
-    started = time.monotonic()
+    started = process_start()
     parser = argparse.ArgumentParser(prog="sgme capture", description=TEXT)
     _declare(parser)
     return run(parser.parse_args(argv), started=started)
+
+
+def process_start() -> float:
+    """When this process started, on ``time.monotonic()``'s clock: the agent waits for the
+    interpreter's start too (a tenth of a second, several on a loaded machine), so a hook's
+    budget counts from it. From ``/proc`` (Linux); elsewhere — or in a process that has run
+    for longer than :data:`FRESH_SECONDS`, which is not a hook's (a test's, say) — now."""
+    try:
+        with open("/proc/self/stat", "rb") as stat:
+            # the fields after the command's name, which may hold spaces and parentheses;
+            # the 22nd field of the line, starttime, is the 20th of these (clock ticks)
+            ticks = int(stat.read().rsplit(b")", 1)[1].split()[19])
+        with open("/proc/uptime", "rb") as uptime:
+            since_boot = float(uptime.read().split()[0])
+        age = since_boot - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return time.monotonic()
+    return time.monotonic() - (age if 0.0 <= age <= FRESH_SECONDS else 0.0)
 
 
 def cmd_capture(ctx: Context) -> int:

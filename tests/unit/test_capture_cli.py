@@ -160,3 +160,25 @@ def test_an_injecting_hook_loads_nothing_of_the_server_and_keeps_to_its_budget(
     # the default budget is 1 s from the command's start (with the interpreter's on top)
     assert float(done.stderr.split()[-1]) < 1.0
     assert time.monotonic() - started < 5.0
+
+
+def test_a_hooks_budget_counts_from_its_process_start() -> None:
+    """The agent waits for the interpreter's start too: a fresh process's start is read from
+    /proc; a process that has run for long (this one) is no hook's, and counts from now."""
+    import subprocess
+    import time
+
+    from pipeline.cli import capture
+
+    start = capture.process_start()
+    assert 0.0 <= time.monotonic() - start < 0.05
+    script = (
+        "import time\n"
+        "time.sleep(0.4)\n"
+        "from pipeline.cli import capture\n"
+        "print(time.monotonic() - capture.process_start())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert 0.4 <= float(done.stdout) < capture.FRESH_SECONDS
