@@ -46,8 +46,10 @@ QUERY_CHARS = 1000
 #: this project's sessions listed at most (the newest; one request): the hits of these count
 #: as this project's
 PROJECT_SESSIONS = 200
-#: L1 items shown per session at most (its newest)
+#: L1 items shown per session at most (its newest of the first :data:`L1_READ`, which
+#: ``GET /v1/l1`` lists oldest first)
 L1_PER_SESSION = 5
+L1_READ = 100
 #: refs remembered per session at most (the oldest are forgotten first)
 MAX_REFS = 2000
 #: sessions whose injected refs are remembered at most (the least recently used go first)
@@ -335,6 +337,17 @@ def prompt_block(
     return Outcome(block="\n".join(parts), refs=refs)
 
 
+def _decided(reader: Reader, file_id: Any) -> list[dict[str, Any]]:
+    """A session's newest :data:`L1_PER_SESSION` L1 items among its first
+    :data:`L1_READ` (none when they cannot be read in time)."""
+    try:
+        items = reader.get("/v1/l1", {"file_id": file_id, "limit": L1_READ}).get("items")
+    except Away:
+        return []
+    found = [i for i in items if isinstance(i, dict)] if isinstance(items, list) else []
+    return found[-L1_PER_SESSION:]
+
+
 def session_block(
     reader: Reader, config: Agent, settings: Injection, call: Call, injected: Injected
 ) -> Outcome:
@@ -349,7 +362,9 @@ def session_block(
     ]
     refs: list[str] = []
     seen = set(injected.refs)
-    for session in recent:
+    with futures.ThreadPoolExecutor(max_workers=4) as pool:
+        decided = list(pool.map(lambda s: _decided(reader, s.get("file_id")), recent))
+    for session, items in zip(recent, decided, strict=True):
         title = _one_line(str(session.get("title") or session.get("session_key", "")), 100)
         line = (
             f"- {_when(session.get('ended_at') or session.get('started_at'))} · “{title}” · "
@@ -358,24 +373,17 @@ def session_block(
         if not _fits(parts, line, settings.chars):
             break
         parts.append(line)
-        with contextlib.suppress(Away):
-            items = reader.get("/v1/l1", {"file_id": session.get("file_id"), "limit": 100}).get(
-                "items"
+        for item in items:
+            item_refs = [r for r in item.get("source_refs") or [] if isinstance(r, str)]
+            if item_refs and all(r in seen for r in item_refs):
+                continue
+            cited = ", ".join(f"`{r}`" for r in item_refs[:3])
+            entry = f"  - {item.get('kind')}: {_one_line(str(item.get('content', '')), 300)}" + (
+                f" (refs {cited})" if cited else ""
             )
-            for item in (items if isinstance(items, list) else [])[-L1_PER_SESSION:]:
-                if not isinstance(item, dict):
-                    continue
-                item_refs = [r for r in item.get("source_refs") or [] if isinstance(r, str)]
-                if item_refs and all(r in seen for r in item_refs):
-                    continue
-                cited = ", ".join(f"`{r}`" for r in item_refs[:3])
-                entry = (
-                    f"  - {item.get('kind')}: {_one_line(str(item.get('content', '')), 300)}"
-                    + (f" (refs {cited})" if cited else "")
-                )
-                if _fits(parts, entry, settings.chars):
-                    parts.append(entry)
-                    refs += item_refs
+            if _fits(parts, entry, settings.chars):
+                parts.append(entry)
+                refs += item_refs
     return Outcome(block="\n".join(parts), refs=refs)
 
 
