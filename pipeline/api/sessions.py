@@ -14,7 +14,6 @@ from pipeline.api.security import Reader
 
 router = APIRouter(tags=["files"])
 SourceType = Literal["session", "upload", "external"]
-MAX_CWD_CHARS = 4096  #: characters of a ``cwd`` filter (Linux's PATH_MAX)
 
 
 @router.get("/v1/sessions", response_model=models.Sessions, responses=problems(422, 503))
@@ -33,7 +32,7 @@ def list_sessions(
         str | None,
         Query(
             min_length=1,
-            max_length=MAX_CWD_CHARS,
+            max_length=sessions.MAX_CWD_CHARS,
             pattern="^[^\\x00-\\x1f\\x7f]*$",
             description="sessions recorded in this directory or a directory below it (their "
             "metadata's cwd)",
