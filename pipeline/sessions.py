@@ -32,10 +32,10 @@ from pipeline.importers import convention
 DEFAULT_LIMIT = 20
 MAX_LIMIT = 200
 MAX_OFFSET = 10_000_000
-MAX_CWD_CHARS = 4096  #: characters of a ``cwd`` filter (Linux's PATH_MAX)
 TITLE_WORDS = 12  #: words of the first message a title is made of, at most
 TITLE_CHARS = 90  #: characters of a title, at most
 _TITLE_READ = 2048  #: bytes of the first message read to make a title
+MAX_CWD_CHARS = 4096  #: characters of a ``cwd`` filter (Linux's PATH_MAX)
 _SPACE = re.compile(r"\s+")
 
 _R = tables.raw_files.c
