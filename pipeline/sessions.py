@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
 
 from pipeline import convention, database, errors, paging, reader, tables
 
@@ -33,6 +34,7 @@ MAX_OFFSET = paging.SESSIONS_MAX_OFFSET
 TITLE_WORDS = 12  #: words of the first message a title is made of, at most
 TITLE_CHARS = 90  #: characters of a title, at most
 _TITLE_READ = 2048  #: bytes of the first message read to make a title
+MAX_CWD_CHARS = 4096  #: characters of a ``cwd`` filter (Linux's PATH_MAX)
 _SPACE = re.compile(r"\s+")
 
 _R = tables.raw_files.c
@@ -51,6 +53,8 @@ class Filters:
     since: dt.datetime | None = None  #: naive UTC
     until: dt.datetime | None = None  #: naive UTC
     session_key: str | None = None
+    #: sessions recorded in this directory or below it (their metadata's ``cwd``)
+    cwd: str | None = None
     #: files with no message in them yet (acknowledged, not flushed) too, newest of all
     unflushed: bool = False
 
@@ -153,7 +157,21 @@ class Page:
         }
 
 
-def _where(filters: Filters) -> list[sa.ColumnElement[bool]]:
+def _in_directory(directory: str, *, postgres: bool) -> sa.ColumnElement[bool]:
+    """Sessions whose metadata's ``cwd`` is ``directory`` or a directory below it (the
+    metadata is JSON text: read with each database's own JSON function)."""
+    if postgres:
+        cwd: Any = sa.cast(_R.metadata_json, postgresql.JSONB)["cwd"].astext
+    else:
+        cwd = sa.func.json_extract(_R.metadata_json, "$.cwd")
+    base = directory.rstrip("/") or "/"
+    below = base.rstrip("/") + "/"
+    # "_" and "%" in a path are letters, not LIKE's wildcards
+    pattern = below.replace("!", "!!").replace("%", "!%").replace("_", "!_") + "%"
+    return sa.or_(cwd == base, cwd.like(pattern, escape="!"))
+
+
+def _where(filters: Filters, *, postgres: bool = False) -> list[sa.ColumnElement[bool]]:
     where: list[sa.ColumnElement[bool]] = [] if filters.unflushed else [_R.flushed_seq > 0]
     if filters.agents is not None:
         where.append(_R.agent_id.in_(sorted(filters.agents)))
@@ -169,6 +187,8 @@ def _where(filters: Filters) -> list[sa.ColumnElement[bool]]:
         where.append(_R.ended_at >= filters.since)
     if filters.until is not None:
         where.append(_R.started_at <= filters.until)
+    if filters.cwd is not None:
+        where.append(_in_directory(filters.cwd, postgres=postgres))
     return where
 
 
@@ -187,7 +207,7 @@ def list_sessions(
         raise errors.InvalidInput(f"offset must be 0..{MAX_OFFSET}, got {offset}")
     if filters.agents is not None and not filters.agents:
         return Page([], 0, offset, limit)
-    where = _where(filters)
+    where = _where(filters, postgres=database.is_postgres(db.engine))
     # a file not flushed yet has no ended_at: it is the newest of all
     newest = _R.ended_at.desc().nulls_first() if filters.unflushed else _R.ended_at.desc()
     query = (

@@ -125,3 +125,85 @@ def agent_home(name: str, environ: Mapping[str, str] | None = None) -> Path:
     }[name]
     found = env.get(variable, "").strip()
     return Path(found) if found else Path.home() / default
+
+
+#: what ``SGME_INJECT_SCOPE`` may say: this project's sessions first then the rest, only this
+#: project's, or the search's own order over everything
+SCOPES = ("project", "project-only", "all")
+#: what ``SGME_INJECT_AGENTS`` may say: the hook's own agent id, or every agent the token reads
+AGENT_SCOPES = ("self", "token")
+
+
+@dataclasses.dataclass(frozen=True)
+class Injection:
+    """What the hooks bring back to the agent (``SGME_INJECT_*``; docs/clients.md)."""
+
+    session_start: bool = True  #: ``SGME_INJECT_SESSION_START``: on SessionStart
+    prompt: bool = True  #: ``SGME_INJECT_PROMPT``: on UserPromptSubmit
+    #: ``SGME_INJECT_CHARS``: characters of the block at most — under Claude Code's ~10,000
+    #: characters of a hook's output that reach the model whole
+    chars: int = 8000
+    #: ``SGME_INJECT_MIN_SCORE``: hits scoring less are left out (the relevance floor)
+    min_score: float = 2.0
+    seconds: float = 1.0  #: ``SGME_INJECT_SECONDS``: from the hook's start; past it, nothing
+    scope: str = "project"  #: ``SGME_INJECT_SCOPE``: one of :data:`SCOPES`
+    agents: str = "self"  #: ``SGME_INJECT_AGENTS``: one of :data:`AGENT_SCOPES`
+    hits: int = 6  #: ``SGME_INJECT_HITS``: turns a prompt's block holds at most
+    sessions: int = 5  #: ``SGME_INJECT_SESSIONS``: recent sessions a SessionStart block lists
+    snippet_chars: int = 400  #: ``SGME_INJECT_SNIPPET_CHARS``: characters of a turn's snippet
+    invalid: tuple[str, ...] = ()  #: variables whose value was refused (defaults used)
+
+
+def injection(environ: Mapping[str, str] | None = None) -> Injection:
+    """The injection's settings from the environment; a value that is not valid is reported
+    in ``invalid`` and its default used, as :func:`agent` does."""
+    env = os.environ if environ is None else environ
+    default = Injection()
+    invalid: list[str] = []
+
+    def raw(name: str) -> str:
+        return env.get(name, "").strip()
+
+    def switch(name: str, value: bool) -> bool:
+        found = raw(name).lower()
+        if not found:
+            return value
+        if found in ("1", "true", "yes", "on"):
+            return True
+        if found in ("0", "false", "no", "off"):
+            return False
+        invalid.append(f"{name}={found!r}")
+        return value
+
+    def number(name: str, value: Any, kind: type[int] | type[float], least: float) -> Any:
+        found = raw(name)
+        if not found:
+            return value
+        try:
+            parsed = kind(found)
+        except ValueError:
+            parsed = None
+        if parsed is None or parsed < least or parsed != parsed:  # NaN is not a number here
+            invalid.append(f"{name}={found!r}")
+            return value
+        return parsed
+
+    def choice(name: str, value: str, allowed: tuple[str, ...]) -> str:
+        found = raw(name).lower()
+        if found and found not in allowed:
+            invalid.append(f"{name}={found!r}")
+        return found if found in allowed else value
+
+    return Injection(
+        session_start=switch("SGME_INJECT_SESSION_START", default.session_start),
+        prompt=switch("SGME_INJECT_PROMPT", default.prompt),
+        chars=number("SGME_INJECT_CHARS", default.chars, int, 200),
+        min_score=number("SGME_INJECT_MIN_SCORE", default.min_score, float, 0.0),
+        seconds=number("SGME_INJECT_SECONDS", default.seconds, float, 0.05),
+        scope=choice("SGME_INJECT_SCOPE", default.scope, SCOPES),
+        agents=choice("SGME_INJECT_AGENTS", default.agents, AGENT_SCOPES),
+        hits=number("SGME_INJECT_HITS", default.hits, int, 1),
+        sessions=number("SGME_INJECT_SESSIONS", default.sessions, int, 0),
+        snippet_chars=number("SGME_INJECT_SNIPPET_CHARS", default.snippet_chars, int, 40),
+        invalid=tuple(invalid),
+    )

@@ -4,11 +4,13 @@ out again.
 - **Claude Code**: ``settings.json`` — the user's (``$CLAUDE_CONFIG_DIR``, default
   ``~/.claude``) or a project's (``DIR/.claude/settings.json``) — gets one command hook
   ``sgme capture claude-code`` under each of ``Stop``, ``SubagentStop``, ``PreCompact`` and
-  ``SessionEnd``.
+  ``SessionEnd`` (capture) and ``SessionStart`` and ``UserPromptSubmit`` (capture, then the
+  memory it injects: :mod:`.inject`).
 - **Codex**: ``$CODEX_HOME/hooks.json`` (default ``~/.codex``; a project's ``DIR/.codex``) gets a
-  ``Stop`` hook ``sgme capture codex``; the user's ``config.toml`` gets ``notify = [sgme,
-  "capture", "codex"]`` when it has no ``notify`` yet (Codex runs one notify program; one that
-  is set is left alone — the hook captures without it).
+  ``Stop``, ``SessionStart`` and ``UserPromptSubmit`` hook ``sgme capture codex``; the user's
+  ``config.toml`` gets ``notify = [sgme, "capture", "codex"]`` when it has no ``notify`` yet
+  (Codex runs one notify program; one that is set is left alone — the hook captures without
+  it).
 
 Everything else in those files is kept as it was: other hooks (in the same events too), other
 keys, their order. A hook is ours when its command runs ``sgme capture <agent>``; installing
@@ -34,9 +36,17 @@ from typing import Any
 
 from pipeline import errors
 
+#: the events our hook is set in: the capture's, and the two that inject memory
 EVENTS = {
-    "claude-code": ("Stop", "SubagentStop", "PreCompact", "SessionEnd"),
-    "codex": ("Stop",),
+    "claude-code": (
+        "Stop",
+        "SubagentStop",
+        "PreCompact",
+        "SessionEnd",
+        "SessionStart",
+        "UserPromptSubmit",
+    ),
+    "codex": ("Stop", "SessionStart", "UserPromptSubmit"),
 }
 #: seconds the agents give our hook at most (the run keeps to its own, smaller, budget)
 HOOK_TIMEOUT = 30

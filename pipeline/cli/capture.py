@@ -7,7 +7,13 @@
   into the agent's settings (see :mod:`pipeline.capture.install`), then check that the hook
   will be let in by the server, and say how to give it its token;
 - ``sgme capture status [--json]`` — per agent, what waits in the spool, the last delivery and
-  the last error.
+  the last error;
+- ``sgme capture preview {claude-code,codex} [--prompt TEXT] [--cwd DIR]`` — what the
+  SessionStart / UserPromptSubmit hooks would inject (:mod:`pipeline.capture.inject`).
+
+On SessionStart and UserPromptSubmit a run captures first, then prints the block of memory
+the agent adds to the model's context (its only output on stdout), configured by
+``SGME_INJECT_*`` (docs/clients.md).
 
 Configured by ``SGME_URL``, ``SGME_TOKEN`` (else the token file ``SGME_TOKEN_FILE``, default
 ``~/.config/sgme/token``, readable by its owner only), ``SGME_AGENT_ID`` (default: the agent's
@@ -42,6 +48,8 @@ AGENTS = ("claude-code", "codex")
 MAX_PAYLOAD = 1024 * 1024  #: bytes of hook input read at most
 LOG_BYTES = 1024 * 1024  #: capture.log is rotated past this size (one old file kept)
 CHECK_SECONDS = 5.0  #: what the installer's check of the server may take
+#: seconds a process may have run before ``sgme capture`` starts and still count as a hook's
+FRESH_SECONDS = 2.0
 
 
 TEXT = "live capture for Claude Code and Codex (run by their hooks)"
@@ -50,10 +58,28 @@ TEXT = "live capture for Claude Code and Codex (run by their hooks)"
 def main(argv: list[str]) -> int:
     """``sgme capture ARGS``, parsed and run without the other commands' modules (a hook's
     budget is about a second; see :func:`pipeline.cli.main`)."""
-    started = time.monotonic()
+    started = process_start()
     parser = argparse.ArgumentParser(prog="sgme capture", description=TEXT)
     _declare(parser)
     return run(parser.parse_args(argv), started=started)
+
+
+def process_start() -> float:
+    """When this process started, on ``time.monotonic()``'s clock: the agent waits for the
+    interpreter's start too (a tenth of a second, several on a loaded machine), so a hook's
+    budget counts from it. From ``/proc`` (Linux); elsewhere — or in a process that has run
+    for longer than :data:`FRESH_SECONDS`, which is not a hook's (a test's, say) — now."""
+    try:
+        with open("/proc/self/stat", "rb") as stat:
+            # the fields after the command's name, which may hold spaces and parentheses;
+            # the 22nd field of the line, starttime, is the 20th of these (clock ticks)
+            ticks = int(stat.read().rsplit(b")", 1)[1].split()[19])
+        with open("/proc/uptime", "rb") as uptime:
+            since_boot = float(uptime.read().split()[0])
+        age = since_boot - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return time.monotonic()
+    return time.monotonic() - (age if 0.0 <= age <= FRESH_SECONDS else 0.0)
 
 
 def cmd_capture(ctx: Context) -> int:
@@ -65,9 +91,10 @@ def run(args: argparse.Namespace, *, started: float | None = None) -> int:
     """The installer (exit 2 with one line on an error), the status, or a capture run (exit 0,
     always) whose budget counts from ``started`` (``time.monotonic()``; default now): what the
     command took to start is part of what the agent waits for."""
-    if args.what in ("install", "status"):
+    if args.what in ("install", "status", "preview"):
         try:
-            return _install(args) if args.what == "install" else _status(args)
+            command = {"install": _install, "status": _status, "preview": _preview}[args.what]
+            return command(args)
         except errors.SgmeError as exc:
             print(f"sgme capture: {exc.detail}", file=sys.stderr)
             return 2
@@ -80,7 +107,7 @@ def run(args: argparse.Namespace, *, started: float | None = None) -> int:
 
 
 def _run(agent: str, notification: str | None, started: float) -> None:
-    from pipeline.capture import hooks, runner, state
+    from pipeline.capture import hooks, inject, runner, state
 
     env = config.agent(agent)
     log = _logger(env.spool_dir)
@@ -95,8 +122,23 @@ def _run(agent: str, notification: str | None, started: float) -> None:
     else:
         targets = hooks.codex_targets(hook, config.agent_home("codex"))
         seconds = env.seconds
+    event = hook.get("hook_event_name")
+    injecting = event in inject.EVENTS
+    settings = config.injection()
+    if injecting:
+        # a session that starts has no transcript yet: nothing to capture, nothing to log
+        targets = [t for t in targets if t.path.exists()]
+        # the user waits for these two: capture and injection share the injection's budget.
+        # Capture comes first and is not at risk: what it cannot send in time it spools,
+        # and what it cannot read the next run (this turn's Stop) reads; the injection
+        # takes what is left, so it can neither delay nor risk a capture.
+        seconds = min(seconds, settings.seconds)
+        for bad in settings.invalid:
+            log.warning("sgme capture %s: %s is not valid: its default is used", agent, bad)
     seconds = max(0.1, seconds - (time.monotonic() - started))
-    summary = runner.capture(env, targets, seconds=seconds)
+    summary = runner.capture(env, targets, seconds=seconds) if targets else runner.Summary()
+    if injecting:
+        _inject(env, settings, hook, started, log)
     for problem in summary.problems:
         log.warning("sgme capture %s: %s", agent, problem)
     for path in summary.lagging:
@@ -120,6 +162,57 @@ def _run(agent: str, notification: str | None, started: float) -> None:
     with contextlib.suppress(OSError):
         now = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
         state.State(env.spool_dir).note(agent, at=now, delivered=summary.sent, error=failed)
+
+
+def _inject(
+    env: config.Agent,
+    settings: config.Injection,
+    hook: dict[str, Any],
+    started: float,
+    log: logging.Logger,
+) -> None:
+    """Print the block of memory a SessionStart or UserPromptSubmit hook injects, when there
+    is one and it is ready within the injection's budget (counted from the hook's start)."""
+    from pipeline.capture import inject
+
+    call = inject.Call.from_hook(hook)
+    found = inject.inject(env, settings, call, deadline=started + settings.seconds)
+    if found.block:
+        sys.stdout.write(inject.output(call.event, found.block) + "\n")
+        sys.stdout.flush()
+    elif found.failed:
+        log.warning("sgme capture: nothing injected on %s: %s", call.event, found.why)
+
+
+def _preview(args: argparse.Namespace) -> int:
+    """What a hook would inject for a prompt (or a session's start) in a directory: the block
+    as the model would read it, or on stderr why there is none."""
+    from pipeline.capture import inject
+
+    env = config.agent(args.agent)
+    settings = config.injection()
+    for bad in settings.invalid:
+        print(f"sgme capture preview: {bad} is not valid: its default is used", file=sys.stderr)
+    event = args.event or ("UserPromptSubmit" if args.prompt else "SessionStart")
+    call = inject.Call(
+        event=event,
+        session_id=args.session,
+        cwd=str(Path(args.cwd).expanduser().absolute()),
+        prompt=args.prompt or "",
+        source=args.source,
+    )
+    # a person waits longer than an agent's hook: the budget's shortness is not previewed
+    seconds = max(settings.seconds, CHECK_SECONDS)
+    found = inject.inject(env, settings, call, deadline=time.monotonic() + seconds, remember=False)
+    if not found.block:
+        print(f"Nothing would be injected: {found.why}", file=sys.stderr)
+        return 0
+    print(found.block)
+    print(
+        f"\n({len(found.block)} characters of {settings.chars}; {found.took:.2f} s)",
+        file=sys.stderr,
+    )
+    return 0
 
 
 def _failure(summary: runner.Summary, env: config.Agent) -> str | None:
@@ -293,7 +386,7 @@ def check(env: config.Agent, *, transport: Any = None) -> str:
     except errors.Forbidden as exc:
         return (
             f"Check: {source} may not append for {env.agent_id} ({exc.detail}): give the hook a "
-            f"token with --scope append --agent-id {env.agent_id}."
+            f"token with --scope append,read --agent-id {env.agent_id}."
         )
     except errors.SgmeError as exc:
         return (
@@ -313,12 +406,14 @@ def _next_steps(agent: str, project: Path | None) -> str:
             "\nneed `[features]` `codex_hooks = true` in config.toml). "
         )
     return f"""
-{name} now runs `sgme capture {agent}` at the end of each turn. It sends to SGME_URL
+{name} now runs `sgme capture {agent}` at the end of each turn, and at a session's start
+and with each prompt, where it also brings back memory (`sgme capture preview {agent}
+--prompt TEXT --cwd DIR` shows what; SGME_INJECT_* settings). It sends to SGME_URL
 (default http://127.0.0.1:8765) as SGME_AGENT_ID (default {agent}); set them in the
 environment {name} starts from. Once the server has tokens the hook needs one of its own:
 keep it in a file only you can read (not in a shell profile others may read), e.g.
   (umask 077; mkdir -p {token.parent} && sgme token create --agent-id {agent} \\
-      --scope append --name {agent} | tail -n 1 > {token})
+      --scope append,read --name {agent} | tail -n 1 > {token})
 The hook reads {token} (SGME_TOKEN_FILE names another; SGME_TOKEN, when set, comes first)
 and refuses a token file others may read.
 Turns the server cannot take wait in ~/.local/state/sgme/spool (SGME_SPOOL_DIR) and go with a
@@ -337,12 +432,14 @@ def _declare(p: argparse.ArgumentParser) -> None:
     sub.add_parser(
         "claude-code",
         help="capture what a Claude Code transcript gained (a hook: its JSON on stdin)",
-        description="Run by Claude Code's Stop, SubagentStop, PreCompact and SessionEnd hooks.",
+        description="Run by Claude Code's Stop, SubagentStop, PreCompact and SessionEnd hooks "
+        "(capture), and SessionStart and UserPromptSubmit (capture, then memory injected).",
     ).set_defaults(notification=None)
     codex = sub.add_parser(
         "codex",
         help="capture what a Codex rollout gained (Stop hook: JSON on stdin; notify: argument)",
-        description="Run by Codex's Stop hook or as its notify program.",
+        description="Run by Codex's Stop hook or as its notify program (capture), and its "
+        "SessionStart and UserPromptSubmit hooks (capture, then memory injected).",
     )
     codex.add_argument(
         "notification", nargs="?", help="the notify program's JSON (agent-turn-complete)"
@@ -362,6 +459,26 @@ def _declare(p: argparse.ArgumentParser) -> None:
     )
     installer.add_argument(
         "--uninstall", action="store_true", help="take the capture hooks out again"
+    )
+    preview = sub.add_parser(
+        "preview",
+        help="print what the hooks would inject for a prompt (or a session's start) in DIR",
+        description="Print the block of memory a UserPromptSubmit hook (with --prompt) or a "
+        "SessionStart hook (without) would inject, with the same settings (SGME_INJECT_*) and "
+        "token; nothing is recorded as injected.",
+    )
+    preview.add_argument("agent", choices=AGENTS, help="whose hook to play")
+    preview.add_argument("--prompt", metavar="TEXT", help="the prompt the user submits")
+    preview.add_argument("--cwd", metavar="DIR", default=".", help="the project's directory")
+    preview.add_argument("--session", metavar="ID", help="the current session's id (left out)")
+    preview.add_argument(
+        "--event", choices=("SessionStart", "UserPromptSubmit"), help="the hook's event"
+    )
+    preview.add_argument(
+        "--source",
+        choices=("startup", "resume", "clear", "compact"),
+        default="startup",
+        help="SessionStart's source",
     )
     status = sub.add_parser(
         "status",

@@ -121,3 +121,64 @@ def test_a_hook_run_loads_nothing_of_the_server(env: str, tmp_path: Path) -> Non
     )
     assert done.stdout.strip() == "[]", done.stderr
     assert (tmp_path / "spool" / "capture.log").read_text().count("cannot deliver") == 1
+
+
+@pytest.mark.parametrize("event", ["SessionStart", "UserPromptSubmit"])
+def test_an_injecting_hook_loads_nothing_of_the_server_and_keeps_to_its_budget(
+    env: str, tmp_path: Path, event: str
+) -> None:
+    """The injection reads over HTTP with httpx alone (not even pydantic, which
+    ``pipeline.exchange`` needs), and with the server away prints nothing, within budget."""
+    import subprocess
+    import time
+
+    payload = {
+        "session_id": "aaaaaaaa-0000-4000-8000-000000000012",
+        "transcript_path": str(tmp_path / "p" / "not-yet.jsonl"),
+        "cwd": str(tmp_path),
+        "hook_event_name": event,
+        "source": "startup",
+        "prompt": "what did we decide about the cache?",
+    }
+    script = (
+        "import io, sys, time\n"
+        "started = time.monotonic()\n"
+        "from pipeline import cli\n"
+        f"sys.stdin = io.StringIO({json.dumps(json.dumps(payload))})\n"
+        "assert cli.main(['capture', 'claude-code']) == 0\n"
+        "took = time.monotonic() - started\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('sqlalchemy', 'fastapi',"
+        " 'pydantic') or m in ('pipeline.tables', 'pipeline.client', 'pipeline.settings',"
+        " 'pipeline.exchange')))\n"
+        "print(round(took, 3), file=sys.stderr)\n"
+    )
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout == "[]\n", done.stderr
+    # the default budget is 1 s from the command's start (with the interpreter's on top)
+    assert float(done.stderr.split()[-1]) < 1.0
+    assert time.monotonic() - started < 5.0
+
+
+def test_a_hooks_budget_counts_from_its_process_start() -> None:
+    """The agent waits for the interpreter's start too: a fresh process's start is read from
+    /proc; a process that has run for long (this one) is no hook's, and counts from now."""
+    import subprocess
+    import time
+
+    from pipeline.cli import capture
+
+    start = capture.process_start()
+    assert 0.0 <= time.monotonic() - start < 0.05
+    script = (
+        "import time\n"
+        "time.sleep(0.4)\n"
+        "from pipeline.cli import capture\n"
+        "print(time.monotonic() - capture.process_start())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert 0.4 <= float(done.stdout) < capture.FRESH_SECONDS
