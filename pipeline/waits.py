@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import os
 import threading
 from collections.abc import Callable
 
@@ -156,30 +155,38 @@ def _short(got: Outcome, seq: int) -> bool:
     return isinstance(got, FlushResult) and got.flushed_seq < seq and got.more
 
 
-_pool: concurrent.futures.ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
+class _SyncPool:
+    """The process' pool of :data:`SYNC_THREADS` threads, made at first use; forgotten in a
+    forked child (:mod:`pipeline.forks`): the parent's pool threads are not there, and its
+    lock may have been held by one of them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        forks.reset_in_child(self)
+
+    def after_fork_in_child(self) -> None:
+        """Forget the parent's pool and lock."""
+        self._lock = threading.Lock()
+        self._pool = None
+
+    def run(self, thunks: list[Callable[[], None]]) -> list[BaseException | None]:
+        """Each thunk on a thread of the pool; each one's error (None: it ran)."""
+        with self._lock:
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(
+                    SYNC_THREADS, thread_name_prefix="sgme-wait-sync"
+                )
+            pool = self._pool
+        return list(pool.map(flush.outcome, thunks))
 
 
-def _forget_pool() -> None:
-    """In a forked child: the parent's pool threads are not there, and its lock may have
-    been held by one of them."""
-    global _pool, _pool_lock
-    _pool, _pool_lock = None, threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_pool)
+_SYNCS = _SyncPool()
 
 
 def _run(thunks: list[Callable[[], None]]) -> list[BaseException | None]:
     """The :data:`Runner` of waited rounds: one thunk on the calling thread, more on the
-    process' sync pool (made at first use)."""
+    process' sync pool."""
     if len(thunks) <= 1:
         return flush.serially(thunks)
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = concurrent.futures.ThreadPoolExecutor(
-                SYNC_THREADS, thread_name_prefix="sgme-wait-sync"
-            )
-        pool = _pool
-    return list(pool.map(flush.outcome, thunks))
+    return _SYNCS.run(thunks)

@@ -11,6 +11,8 @@ index, not in a process).
 from __future__ import annotations
 
 import dataclasses
+import functools
+from typing import Any
 
 from fastapi import FastAPI
 
@@ -19,18 +21,35 @@ from pipeline.api import server
 from pipeline.runtime import Runtime, long_running
 from pipeline.settings import Settings
 
-settings = Settings.load()
-#: the HTTP protocol with this process's share of the connection bounds
-Protocol = server.guarded_protocol(
-    dataclasses.replace(settings.http, max_connections=server.connection_budget(settings.http))
-)
+
+@functools.cache
+def settings() -> Settings:
+    """This process's settings, read once from the environment the parent prepared (when
+    uvicorn asks for the protocol or the app, not when the module is imported)."""
+    return Settings.load()
+
+
+@functools.cache
+def _protocol() -> Any:
+    http = settings().http
+    return server.guarded_protocol(
+        dataclasses.replace(http, max_connections=server.connection_budget(http))
+    )
+
+
+def __getattr__(name: str) -> Any:
+    """``Protocol``: the HTTP protocol with this process's share of the connection bounds
+    (uvicorn imports it by name, ``pipeline.api.child:Protocol``), made on first use."""
+    if name != "Protocol":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _protocol()
 
 
 def app() -> FastAPI:
     """The app of this process (uvicorn calls it once the process has started, its loggers
     set up)."""
     server.hide_query_values()
-    runtime = Runtime.open(settings)
+    runtime = Runtime.open(settings())
     app = api_app.create_app(runtime.workers.service(runtime))
     long_running()
     return app

@@ -1,8 +1,8 @@
 """Group commit (docs/design.md §3): concurrent transactions of one process share one commit.
 
-A durable commit costs a disk flush (an fsync of SQLite's WAL, a WAL flush on PostgreSQL),
+A durable commit costs a sync to disk (an fsync of SQLite's WAL, a WAL sync on PostgreSQL),
 whatever it holds. So the transactions that arrive while one commits do not each wait for a
-disk flush of their own: they queue, and the next one to commit takes everything queued into
+sync of their own: they queue, and the next one to commit takes everything queued into
 one transaction (a *group*), each piece of work in a savepoint of its own, and commits once.
 Work that fails (a bad request, a conflict, a full backlog) rolls back to its savepoint and
 fails alone; the rest commit. Every caller gets its answer only after its group's commit. On
@@ -95,7 +95,7 @@ class Group:
     """The group committer of one database handle. Work is durable (its commit is on stable storage
     before it returns: an acknowledgement) or lazy (:func:`database.transaction`'s
     ``durable``); a group's commit is durable when any of its work is, so lazy work that
-    queues behind an acknowledgement rides on its disk flush and costs no commit of its own."""
+    queues behind an acknowledgement rides on its sync and costs no commit of its own."""
 
     def __init__(
         self, db: Transactions, *, max_group: int = MAX_GROUP, optimistic: bool = False

@@ -221,7 +221,7 @@ class Reader:
         out: list[convention.Message] = []
         texts: list[str] = []
 
-        def flush_text() -> None:
+        def add_text() -> None:
             text = "\n".join(texts)
             if text.strip():
                 out.append(convention.text_message("user", text, when))
@@ -229,7 +229,7 @@ class Reader:
 
         for block in content if isinstance(content, list) else [content]:
             if isinstance(block, Mapping) and block.get("type") == "tool_result":
-                flush_text()
+                add_text()
                 answered = block.get("tool_use_id")
                 name = self.names.get(str(answered), "tool")
                 out.append(convention.tool_result(name, block.get("content"), when, answered))
@@ -237,7 +237,7 @@ class Reader:
                 texts.append("[image]")
             else:
                 texts.append(convention.content_text(block))
-        flush_text()
+        add_text()
         return out
 
     def _assistant(self, content: Any, when: str | None) -> list[convention.Message]:

@@ -84,7 +84,7 @@ class _Turns:
         when = convention.ts(entry.get("timestamp"))
         texts: list[str] = []
 
-        def flush_text() -> None:
+        def add_text() -> None:
             text = "\n".join(texts)
             if text.strip():
                 self._add(convention.text_message("user", text, when), uuid)
@@ -92,7 +92,7 @@ class _Turns:
 
         for block in content if isinstance(content, list) else [content]:
             if isinstance(block, Mapping) and block.get("type") == "tool_result":
-                flush_text()
+                add_text()
                 answered = block.get("tool_use_id")
                 name = self.names.get(str(answered), "tool")
                 self._add(convention.tool_result(name, block.get("content"), when, answered), uuid)
@@ -100,7 +100,7 @@ class _Turns:
                 texts.append("[image]")
             else:
                 texts.append(convention.content_text(block))
-        flush_text()
+        add_text()
 
     def _assistant(self, entry: Mapping[str, Any], message: Mapping[str, Any], uuid: str) -> None:
         message_id = message.get("id") or uuid

@@ -21,9 +21,8 @@ from typing import Any, TypeVar
 import anyio.to_thread
 import pydantic
 
-from pipeline import answers, auth, errors, validation
+from pipeline import answers, auth, errors, validation, vocabulary
 from pipeline.api import files, searching, sessions
-from pipeline.mcp.memory import Role
 from pipeline.service import Service
 
 T = TypeVar("T")
@@ -60,7 +59,7 @@ class Local:
         since: str | None,
         until: str | None,
         limit: int,
-        role: Role | None,
+        role: vocabulary.Role | None,
         agent_id: str | None,
     ) -> answers.Hits:
         """``GET /v1/search``'s function."""

@@ -13,11 +13,9 @@ This module imports no server code: ``sgme mcp`` is a client.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Mapping, Sequence
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
-from pipeline import answers
-
-Role = Literal["user", "assistant", "tool", "system"]
+from pipeline import answers, vocabulary
 
 
 class Memory(Protocol):
@@ -31,7 +29,7 @@ class Memory(Protocol):
         since: str | None,
         until: str | None,
         limit: int,
-        role: Role | None,
+        role: vocabulary.Role | None,
         agent_id: str | None,
     ) -> Awaitable[answers.Hits]:
         """``GET /v1/search``: the best hits first."""

@@ -29,7 +29,7 @@ from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError
 from mcp.types import CallToolResult, TextContent
 from pydantic import Field, ValidationError
 
-from pipeline import convention, errors, validation
+from pipeline import convention, errors, validation, vocabulary
 from pipeline.mcp.memory import Memory
 from pipeline.settings import Mcp
 
@@ -147,7 +147,7 @@ async def search(
     since: str | None = None,
     until: str | None = None,
     limit: int = 10,
-    role: Literal["user", "assistant", "tool", "system"] | None = None,
+    role: vocabulary.Role | None = None,
     agent_id: str | None = None,
 ) -> dict[str, Any]:
     """``search_memory``: the best hits, each with where its session ran."""
@@ -325,7 +325,7 @@ def build(link: Link, bounds: Mcp) -> MCPServer[Any]:
         ] = None,
         limit: Annotated[int, Field(ge=1, le=bounds.max_search_hits)] = 10,
         role: Annotated[
-            Literal["user", "assistant", "tool", "system"] | None,
+            vocabulary.Role | None,
             Field(description="only messages of this role (user: what the person said)"),
         ] = None,
         agent_id: Annotated[

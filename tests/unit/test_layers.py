@@ -338,3 +338,15 @@ def test_the_migrations_run_none_of_todays_code() -> None:
         if name in revisions
     }
     assert {name: found for name, found in ours.items() if found} == {}
+
+
+def test_one_fork_hook_for_the_process() -> None:
+    """``os.register_at_fork`` never forgets a hook: :mod:`pipeline.forks` holds the one
+    hook, and objects with state a child must make afresh ask it (``reset_in_child``)."""
+    hooks = sorted(
+        path.relative_to(ROOT).as_posix()
+        for package in ("pipeline", "workers")
+        for path in (ROOT / package).rglob("*.py")
+        if "register_at_fork" in path.read_text(encoding="utf-8")
+    )
+    assert hooks == ["pipeline/forks.py"]
