@@ -9,7 +9,8 @@ model's context (Claude Code and Codex take a ``SessionStart`` or ``UserPromptSu
   ``compact`` the model has it already.
 - **UserPromptSubmit**: the best hits of the ranked search (``GET /v1/search``) for the
   prompt, this project's sessions first (``scope``), each with its ``source_ref``, time,
-  session and a snippet; none from the current session (the model has its turns), none below
+  session and a snippet; none from the current session (the model has its turns; when they
+  fill the search's answer, it is asked again for what came before the session), none below
   the relevance floor, none injected earlier in this session.
 
 Everything is read over the HTTP API with the hook's token, so the block holds what the
