@@ -168,7 +168,12 @@ class Injected:
 
 
 class Away(Exception):
-    """The server did not answer in time, or refused: nothing is injected."""
+    """The server did not answer in time, or refused (``status``: its answer's, None when
+    there was none): nothing is injected."""
+
+    def __init__(self, detail: str, *, status: int | None = None) -> None:
+        super().__init__(detail)
+        self.status = status
 
 
 class Reader:
@@ -198,8 +203,17 @@ class Reader:
             answer = self._client.get(path, params=dict(params), timeout=left)
         except httpx.HTTPError as exc:
             raise Away(f"no answer from {path}: {type(exc).__name__}") from exc
+        if answer.status_code == 403:
+            raise Away(
+                f"{path} answered 403: the token may not read (capture needs append, injection "
+                "read too: --scope append,read)",
+                status=403,
+            )
         if answer.status_code != 200:
-            raise Away(f"{path} answered {answer.status_code}: {answer.text[:200]}")
+            raise Away(
+                f"{path} answered {answer.status_code}: {answer.text[:200]}",
+                status=answer.status_code,
+            )
         try:
             found = answer.json()
         except ValueError as exc:
