@@ -124,7 +124,7 @@ def _run(agent: str, notification: str | None, started: float) -> None:
         seconds = env.seconds
     event = hook.get("hook_event_name")
     injecting = event in inject.EVENTS
-    settings = config.injection()
+    settings = config.injection() if injecting else config.Injection()
     if injecting:
         # a session that starts has no transcript yet: nothing to capture, nothing to log
         targets = [t for t in targets if t.path.exists()]
