@@ -124,7 +124,7 @@ def _run(agent: str, notification: str | None, started: float) -> None:
         seconds = env.seconds
     event = hook.get("hook_event_name")
     injecting = event in inject.EVENTS
-    settings = config.injection()
+    settings = config.injection() if injecting else config.Injection()
     if injecting:
         # a session that starts has no transcript yet: nothing to capture, nothing to log
         targets = [t for t in targets if t.path.exists()]
@@ -371,7 +371,9 @@ def check(env: config.Agent, *, transport: Any = None) -> str:
         ) as probe:
             probe.append(agent_id=env.agent_id, session_key="sgme-capture-check", messages=[])
     except errors.InvalidInput:
-        return f"Check: the server at {env.url} takes appends from the hook ({source})."
+        return f"Check: the server at {env.url} takes appends from the hook ({source}); " + (
+            _read_check(env, transport=transport)
+        )
     except errors.Unauthorized:
         if env.token is None:
             why = env.token_problem or "no SGME_TOKEN here and no token file"
@@ -394,6 +396,26 @@ def check(env: config.Agent, *, transport: Any = None) -> str:
             "turns in its spool until it does."
         )
     return f"Check: the server at {env.url} answered a check with no messages as an append?"
+
+
+def _read_check(env: config.Agent, *, transport: Any = None) -> str:
+    """Whether the hook may read its agent's memory back (the injection), as it reads it."""
+    from pipeline.capture import inject
+
+    reader = inject.Reader(env, deadline=time.monotonic() + CHECK_SECONDS, transport=transport)
+    try:
+        reader.get("/v1/sessions", {"agent_id": env.agent_id, "limit": 1})
+    except inject.Away as exc:
+        if exc.status == 403:
+            return (
+                "it may not read them back, so SessionStart and UserPromptSubmit inject nothing: "
+                f"give it a token with --scope append,read --agent-id {env.agent_id}, or set "
+                "SGME_INJECT_SESSION_START=off and SGME_INJECT_PROMPT=off."
+            )
+        return f"whether it may read them back is not known ({exc})."
+    finally:
+        reader.close()
+    return "it reads them back at a session's start and with each prompt."
 
 
 def _next_steps(agent: str, project: Path | None) -> str:

@@ -181,6 +181,26 @@ def test_claude_code_gets_its_memory_at_session_start_and_with_a_prompt(
         assert absent not in block
     assert len(block) <= 8000 and took < 1.0 + slack
     first = [line for line in block.splitlines() if line.startswith("- ref `")]
+    # what was injected is in the transcript as Claude Code records it (an attachment; older
+    # versions: a meta user message): the turn's Stop hook captures the turn, not the block
+    transcript.write(
+        transcript.record(
+            "attachment",
+            attachment={"type": "hook_additional_context", "content": [block]},
+        )
+    )
+    transcript.write(transcript.record("user", {"role": "user", "content": block}, isMeta=True))
+    transcript.assistant("m2", {"type": "text", "text": "It is 42 seconds."})
+    hook(env, {**base, "hook_event_name": "Stop", "last_assistant_message": "It is 42 seconds."})
+    deadline = time.monotonic() + 30  # the server writes the file in the background
+    while True:
+        answer = admin.get(f"/v1/files/{current['file_id']}/messages", params={"limit": 100})
+        captured = answer.json()["messages"]
+        if captured[-1]["content"] == "It is 42 seconds." or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert captured[-1]["content"] == "It is 42 seconds."
+    assert not any("Memory from SGME" in m["content"] for m in captured)
     # the same prompt again: what this session was given is not given again
     again, _ = hook(env, payload)
     if again:

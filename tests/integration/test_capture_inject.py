@@ -67,24 +67,26 @@ class Network(httpx.BaseTransport):
         return httpx.Response(answer.status_code, headers=answer.headers, content=answer.read())
 
 
+def _body(agent: str, key: str, cwd: str, day: int, turns: list[tuple[str, str]]) -> dict[str, Any]:
+    return {
+        "agent_id": agent,
+        "session_key": key,
+        "metadata": {"cwd": cwd, "title": f"session {key}"},
+        "messages": [
+            {
+                "role": role,
+                "content": text,
+                "ts": f"2026-11-{day:02d}T10:{i // 60:02d}:{i % 60:02d}Z",
+            }
+            for i, (role, text) in enumerate(turns)
+        ],
+    }
+
+
 def _session(
     app: Api, agent: str, key: str, cwd: str, day: int, turns: list[tuple[str, str]]
 ) -> str:
-    ack = app.append(
-        {
-            "agent_id": agent,
-            "session_key": key,
-            "metadata": {"cwd": cwd, "title": f"session {key}"},
-            "messages": [
-                {
-                    "role": role,
-                    "content": text,
-                    "ts": f"2026-11-{day:02d}T10:{i // 60:02d}:{i % 60:02d}Z",
-                }
-                for i, (role, text) in enumerate(turns)
-            ],
-        }
-    )
+    ack = app.append(_body(agent, key, cwd, day, turns))
     app.flush(ack["file_id"])
     return str(ack["file_id"])
 
@@ -328,3 +330,22 @@ def test_the_sessions_listing_keeps_one_projects_sessions(
     refused = app.client.get("/v1/sessions", params={"cwd": "/work\nflux"})
     assert refused.status_code == 422
     assert refused.headers["content-type"].startswith("application/problem+json")
+
+
+def test_a_long_session_on_the_same_subject_does_not_hide_the_earlier_answer(
+    store: tuple[Api, dict[str, str], str], tmp_path: Path
+) -> None:
+    app, files, token = store
+    turns = [("user", f"{PROMPT} (attempt {n})") for n in range(60)]
+    app.append({**_body("claude-code", CURRENT, PROJECT, 6, turns), "idempotency_key": "more"})
+    app.flush(files["current"])
+    network = Network(app.client._transport)
+    asked = app.client.get(
+        "/v1/search", params={"q": PROMPT, "agent_id": "claude-code", "limit": 34}
+    ).json()["hits"]
+    # the first answer holds the current session's turns only: the earlier one is not in it
+    assert {h["session_key"] for h in asked} == {CURRENT}
+    # (so many turns on it make the subject's words common in this small store: no floor)
+    call = _hook("UserPromptSubmit", prompt=PROMPT)
+    found = _run(network, _env(tmp_path, token), call, min_score=0.0)
+    assert ANSWER in found.block and "attempt" not in found.block

@@ -212,9 +212,25 @@ def test_the_check_says_whether_the_server_lets_the_hook_in(tmp_path: Path) -> N
         )
 
     env = config.agent("claude-code", {"SGME_URL": "http://sgme", "HOME": str(tmp_path)})
-    assert "takes appends from the hook (no token)" in capture.check(
-        env, transport=answer(422, "invalid-input")
+    both = httpx.MockTransport(
+        lambda request: (
+            httpx.Response(200, json={"sessions": []})
+            if request.method == "GET"
+            else httpx.Response(422, json={"type": "urn:sgme:problem:invalid-input", "status": 422})
+        )
     )
+    said = capture.check(env, transport=both)
+    assert "takes appends from the hook (no token); it reads them back" in said
+    # a token that may append and not read: the check says the injection will be empty
+    appends = httpx.MockTransport(
+        lambda request: httpx.Response(
+            403 if request.method == "GET" else 422,
+            json={"type": "urn:sgme:problem:x", "status": 403 if request.method == "GET" else 422},
+        )
+    )
+    said = capture.check(env, transport=appends)
+    assert "takes appends" in said and "may not read them back" in said
+    assert "--scope append,read --agent-id claude-code" in said
     assert "needs a token and the hook has none" in capture.check(
         env, transport=answer(401, "unauthorized")
     )

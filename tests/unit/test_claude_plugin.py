@@ -289,8 +289,9 @@ def test_the_mcp_server_gets_the_token_file_only_when_private(
     token.parent.mkdir(parents=True)
     token.write_text("sgme_secret\n")
     env = {**bare, "SGME_BIN": str(fake), "XDG_CONFIG_HOME": str(tmp_path / "config")}
-    token.chmod(0o644)
-    assert _run(["mcp"], env).stdout == "args=mcp token=none\n"
+    for shared in (0o644, 0o640, 0o604):
+        token.chmod(shared)
+        assert _run(["mcp"], env).stdout == "args=mcp token=none\n"
     token.chmod(0o600)
     assert _run(["mcp"], env).stdout == "args=mcp token=sgme_secret\n"
     assert _run(["mcp"], {**env, "SGME_TOKEN": "sgme_set"}).stdout == "args=mcp token=sgme_set\n"
