@@ -532,6 +532,14 @@ def test_text_past_the_first_100000_characters_is_searchable(
     assert sorted(refs('"quartz obelisk"', "any")[:2]) == sorted([long, uploaded])
     hit = search.search(db, data_dir, '"obelisk stands" zephyr', limit=1, match="all")[0]
     assert hit.source_ref == long and "quartz obelisk stands" in hit.snippet
+    # the filters hold for a long message as for any other
+    doc = catalog.Filters(agent_id="hermes", session_key="doc", role="user")
+    found = search.search(db, data_dir, "zephyr obelisk", doc, limit=1, match="all")
+    assert [h.source_ref for h in found] == [long]
+    assert ranked(db, data_dir, '"quartz obelisk"', session_key="doc")[0] == long
+    assert ranked(db, data_dir, '"quartz obelisk"', agent_id="nobody") == []
+    assert refs("zephyr") == [long]
+    assert search.search(db, data_dir, "zephyr", catalog.Filters(role="tool"), match="all") == []
 
     redaction.redact(db, file_locks, data_dir, long, rewrite.Who("t", "asked"))
     assert refs('"quartz obelisk"') == [uploaded]
