@@ -6,6 +6,7 @@ fsck; archived files still searchable."""
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import os
 from pathlib import Path
 from typing import Any
@@ -507,6 +508,21 @@ def test_a_phrase_past_postgresqls_last_position_is_found(
     assert refs('"ab crimson walrus ab"') == [f"{file_id}:3"]
     snippets = [h.snippet for h in search.search(db, data_dir, '"crimson walrus"', match="all")]
     assert all("crimson walrus" in s for s in snippets) and len(snippets) == 2
+
+
+def test_a_message_of_a_million_bytes_of_hashes_is_indexed_whole(
+    db: database.Database, data_dir: Path
+) -> None:
+    """16,000 unique 64-character words are more than one tsvector takes (1 MiB)."""
+    hashes = [hashlib.sha256(str(i).encode()).hexdigest() for i in range(16_000)]
+    file_id = session(db, data_dir, "hashes", [" ".join(hashes) + " crimson walrus"])
+    for q in (
+        '"crimson walrus"',
+        f"{hashes[0]} {hashes[-1]}",
+        f'"{hashes[14491]} {hashes[14492]}"',
+    ):
+        found = search.search(db, data_dir, q, match="all")
+        assert [h.source_ref for h in found] == [f"{file_id}:1"]
 
 
 def test_text_past_the_first_100000_characters_is_searchable(
