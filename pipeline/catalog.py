@@ -480,14 +480,8 @@ def _find_postgres(
         newest = newest.join(tables.messages, m.id == t.c.id).join(
             tables.raw_files, files.file_id == m.file_id
         )
-    newest = newest.add_columns(sa.cast(sa.null(), sa.Float).label("score"))
-    newest = newest.where(*where).order_by(t.c.id.desc()).limit(window).subquery()
-    # long messages: a score of their own (their message_terms row is empty)
-    long = parts_matching(query, f, lambda tsv: sa.func.ts_rank_cd(tsv, _tsquery(query, "any")))
-    long = long.order_by(PARTS.c.id.desc()).limit(window).subquery()
-    both = sa.union_all(sa.select(newest), sa.select(long)).subquery()
-    ids = sa.select(both).order_by(both.c.id.desc()).limit(window).subquery()
-    score = sa.func.coalesce(ids.c.score, sa.func.ts_rank_cd(t.c.tsv, q))
+    ids = newest.where(*where).order_by(t.c.id.desc()).limit(window).subquery()
+    score = sa.func.ts_rank_cd(t.c.tsv, q)
     stmt = (
         sa.select(*HIT_COLUMNS, score.label("score"))
         .select_from(ids)
@@ -500,8 +494,55 @@ def _find_postgres(
     # Planned for this query's words: psycopg prepares a statement run often on a connection,
     # and PostgreSQL's generic plan for it (one for any words) scans for a rare word as for a
     # common one — ten times slower at a million messages (bench/bench_search.py).
-    conn.exec_driver_sql("SET LOCAL plan_cache_mode = force_custom_plan")
-    return [hit_of(row) for row in conn.execute(stmt, {"tsquery": terms.tsquery(query)})]
+    long_ones = custom_plans(conn)
+    found = [hit_of(row) for row in conn.execute(stmt, {"tsquery": terms.tsquery(query)})]
+    # and the long messages (their message_terms row is empty), ranked by their best segment:
+    # a statement of its own, built only when there are any (most stores have few or none)
+    if not long_ones:
+        return found
+    rank = parts_matching(query, f, lambda tsv: sa.func.ts_rank_cd(tsv, _tsquery(query, "any")))
+    newest_long = list(conn.execute(rank.order_by(PARTS.c.id.desc()).limit(window)))
+    if not newest_long:
+        return found
+    best = sorted(newest_long, key=lambda r: (-r.score, -r.id))[:limit]
+    found += hits_by_id(conn, [(r.id, r.score) for r in best])
+    found.sort(key=lambda h: (-h.score, h.message.file_id, h.message.seq))
+    return found[:limit]
+
+
+def hits_by_id(conn: sa.Connection, scored: Sequence[tuple[int, float]]) -> list[Hit]:
+    """The hits of message ids with their scores, best first (ties in source_ref order)."""
+    if not scored:
+        return []
+    score = dict(scored)
+    m, files = tables.messages.c, tables.raw_files.c
+    found: list[Hit] = []
+    ids = list(score)
+    for lo in range(0, len(ids), 500):  # SQLite's bound parameters are few
+        stmt = (
+            sa.select(*HIT_COLUMNS, sa.literal(0.0).label("score"))
+            .select_from(tables.messages)
+            .join(tables.raw_files, files.file_id == m.file_id)
+            .where(m.id.in_(ids[lo : lo + 500]))
+        )
+        for row in conn.execute(stmt):
+            hit = hit_of(row)
+            found.append(dataclasses.replace(hit, score=score[hit.message.id]))
+    found.sort(key=lambda h: (-h.score, h.message.file_id, h.message.seq))
+    return found
+
+
+def custom_plans(conn: sa.Connection) -> bool:
+    """PostgreSQL: the rest of the transaction planned for each statement's own values
+    (``SET LOCAL plan_cache_mode = force_custom_plan``); and, asked in the same round trip,
+    whether any message has its terms in segments (:data:`PARTS`)."""
+    return bool(conn.exec_driver_sql(_CUSTOM_PLANS).one()[1])
+
+
+_CUSTOM_PLANS = (
+    "SELECT set_config('plan_cache_mode', 'force_custom_plan', true), "
+    "EXISTS (SELECT 1 FROM message_term_parts)"
+)
 
 
 def _tsquery(query: terms.Query, match: terms.Match | None = None) -> Any:

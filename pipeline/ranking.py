@@ -58,14 +58,17 @@ def rank(
     try:
         if postgres and timeout is not None:
             conn.exec_driver_sql(f"SET LOCAL statement_timeout = {max(1, int(timeout * 1000))}")
+        # PostgreSQL: whether any message's terms are in segments (catalog.PARTS); most
+        # stores have none, and then no statement asks for them
+        long_ones = postgres and catalog.custom_plans(conn)
         with _interrupted_after(conn, None if postgres else timeout):
 
             def ranked(q: terms.Query, counts: list[int]) -> list[tuple[int, float]]:
                 if postgres:
-                    return _rank_postgres(conn, q, counts, filters, limit)
+                    return _rank_postgres(conn, q, counts, filters, limit, long_ones)
                 return _rank_sqlite(conn, q, filters, limit)
 
-            counts = _counts(conn, query, common)
+            counts = _counts(conn, query, common, long_ones)
             kept = [i for i, n in enumerate(counts) if n < common] or list(range(len(counts)))
             scored = ranked(_only(query, kept), [counts[i] for i in kept] if counts else [])
             if len(scored) < (enough or limit) and len(kept) < len(counts):
@@ -125,24 +128,7 @@ def _interrupted_after(conn: sa.Connection, timeout: float | None) -> Iterator[N
 
 def hits_by_id(conn: sa.Connection, scored: Sequence[tuple[int, float]]) -> list[catalog.Hit]:
     """The hits of message ids with their scores, best first (ties in source_ref order)."""
-    if not scored:
-        return []
-    score = dict(scored)
-    m, files = tables.messages.c, tables.raw_files.c
-    found: list[catalog.Hit] = []
-    ids = list(score)
-    for lo in range(0, len(ids), 500):  # SQLite's bound parameters are few
-        stmt = (
-            sa.select(*catalog.HIT_COLUMNS, sa.literal(0.0).label("score"))
-            .select_from(tables.messages)
-            .join(tables.raw_files, files.file_id == m.file_id)
-            .where(m.id.in_(ids[lo : lo + 500]))
-        )
-        for row in conn.execute(stmt):
-            hit = catalog.hit_of(row)
-            found.append(dataclasses.replace(hit, score=score[hit.message.id]))
-    found.sort(key=lambda h: (-h.score, h.message.file_id, h.message.seq))
-    return found
+    return catalog.hits_by_id(conn, scored)
 
 
 def _rank_sqlite(
@@ -177,14 +163,14 @@ def _rank_sqlite(
     return [(int(i), -float(r)) for i, r in conn.execute(stmt, params)]
 
 
-def _counts(conn: sa.Connection, query: terms.Query, common: int) -> list[int]:
+def _counts(conn: sa.Connection, query: terms.Query, common: int, long_ones: bool) -> list[int]:
     """How many messages hold each phrase of ``query``, counted up to ``common`` (a phrase in
     that many is common: left out of a first ranking when the query has rarer ones). SQLite
     counts only when there is a choice (its bm25() counts for itself): none for one phrase."""
     postgres = database.is_postgres(conn)
     if len(query.phrases) < 2 and not postgres:
         return []
-    return [_matches(conn, p, common, postgres) for p in query.phrases]
+    return [_matches(conn, p, common, postgres, long_ones) for p in query.phrases]
 
 
 def _only(query: terms.Query, kept: list[int]) -> terms.Query:
@@ -194,9 +180,12 @@ def _only(query: terms.Query, kept: list[int]) -> terms.Query:
     return dataclasses.replace(query, phrases=tuple(query.phrases[i] for i in kept))
 
 
-def _matches(conn: sa.Connection, phrase: tuple[str, ...], common: int, postgres: bool) -> int:
+def _matches(
+    conn: sa.Connection, phrase: tuple[str, ...], common: int, postgres: bool, long_ones: bool
+) -> int:
     """Messages that hold ``phrase``, counted up to ``common`` (through the index: the count
-    stops there, so a common word costs no more than that)."""
+    stops there, so a common word costs no more than that); on PostgreSQL with ``long_ones``,
+    the long messages whose segments hold it too."""
     if postgres:
         where, q = "tsv @@ CAST(:q AS tsquery)", terms.phrase_tsquery(phrase)
         # PostgreSQL's own estimate first: counting a common word's thousands of matches
@@ -207,7 +196,9 @@ def _matches(conn: sa.Connection, phrase: tuple[str, ...], common: int, postgres
         plan = json.loads(plan) if isinstance(plan, str) else plan
         if plan[0]["Plan"]["Plan Rows"] >= common:
             return common
-        # and the long messages (catalog.PARTS) whose segments hold it
+        if not long_ones:
+            sql = f"SELECT count(*) FROM (SELECT 1 FROM message_terms WHERE {where} LIMIT :cap) s"
+            return int(conn.execute(sa.text(sql), {"q": q, "cap": common}).scalar_one())
         sql = (
             f"SELECT (SELECT count(*) FROM (SELECT 1 FROM message_terms WHERE {where} LIMIT :cap)"
             " AS s) + (SELECT count(*) FROM (SELECT DISTINCT id FROM message_term_parts "
@@ -220,9 +211,13 @@ def _matches(conn: sa.Connection, phrase: tuple[str, ...], common: int, postgres
 
 
 def _rank_postgres(
-    conn: sa.Connection, query: terms.Query, df: list[int], f: catalog.Filters, limit: int
+    conn: sa.Connection,
+    query: terms.Query,
+    df: list[int],
+    f: catalog.Filters,
+    limit: int,
+    long_ones: bool,
 ) -> list[tuple[int, float]]:
-    conn.exec_driver_sql("SET LOCAL plan_cache_mode = force_custom_plan")
     rows = _pg_rows(conn)
     idf = [_idf(rows, n) for n in df]
     t = sa.table("message_terms", sa.column("id"), sa.column("tsv"))
@@ -252,29 +247,31 @@ def _rank_postgres(
             tables.raw_files, files.file_id == m.file_id
         )
     n = max(PG_FIRST_PASS, limit)
-    stmt = stmt.where(*where).order_by(first.desc(), t.c.id).limit(n).subquery()
-    # long messages, each by its best segment (their message_terms row is empty)
-    long = catalog.parts_matching(query, f, first_of)
-    long = long.order_by(sa.literal_column("score").desc(), catalog.PARTS.c.id).limit(n)
-    long = long.subquery()
-    both = sa.union_all(
-        sa.select(stmt.c.id, stmt.c.r), sa.select(long.c.id, long.c.score)
-    ).subquery()
-    best = sa.select(both.c.id).order_by(both.c.r.desc(), both.c.id).limit(n)
-    ids = list(conn.execute(best).scalars())
+    stmt = stmt.where(*where).order_by(first.desc(), t.c.id).limit(n)
+    first_pass = [(int(i), float(r)) for i, r in conn.execute(stmt)]
+    # long messages, each by its best segment (their message_terms row is empty): a statement
+    # of its own, built only when there are any (most stores have few or none)
+    if long_ones:
+        long = catalog.parts_matching(query, f, first_of)
+        long = long.order_by(sa.literal_column("score").desc(), catalog.PARTS.c.id).limit(n)
+        first_pass += [(int(i), float(r)) for i, r in conn.execute(long)]
+    first_pass.sort(key=lambda s: (-s[1], s[0]))
+    ids = [i for i, _ in first_pass[:n]]
     if not ids:
         return []
     # second pass: FTS5's BM25 exactly, from the candidates' lengths and the positions of the
     # query's terms (unnested in the database: parsing whole tsvectors costs more); a long
     # message's from its segments, each position past the terms before its segment
     lengths: dict[int, int | None] = {}
-    for i, length in conn.execute(_PG_LENGTHS, {"ids": ids}):
+    for i, length in conn.execute(_PG_LENGTHS_ALL if long_ones else _PG_LENGTHS, {"ids": ids}):
         lengths[i] = max(length or 0, lengths.get(i) or 0)
     seen: dict[int, dict[str, set[int]]] = {i: {} for i in lengths}
     lexemes = sorted({t for p in query.phrases for t in p})
     any_lexeme = " | ".join(terms.phrase_tsquery((x,)) for x in lexemes)
     params = {"ids": ids, "lexemes": lexemes, "any": any_lexeme}
-    for i, lexeme, base, at_ in conn.execute(_PG_POSITIONS, params):
+    for i, lexeme, base, at_ in conn.execute(
+        _PG_POSITIONS_ALL if long_ones else _PG_POSITIONS, params
+    ):
         seen[i].setdefault(lexeme, set()).update(base + a for a in at_)
     positions_of = {i: {k: sorted(v) for k, v in ps.items()} for i, ps in seen.items()}
     avgdl = _pg_average_length(conn, rows)
@@ -298,15 +295,21 @@ _LONG_LENGTH = (
     f"(SELECT l.base + {_LAST.replace('tsv', 'l.tsv')} FROM message_term_parts l "
     "WHERE l.id = {id} ORDER BY l.part DESC LIMIT 1)"
 )
-_PG_LENGTHS = sa.text(
-    f"SELECT t.id, {_LAST.replace('tsv', 't.tsv')} FROM message_terms t "
-    "WHERE t.id = ANY(:ids) UNION ALL "
-    f"SELECT s.id, {_LONG_LENGTH.format(id='s.id')} "
+_LENGTHS = (
+    f"SELECT t.id, {_LAST.replace('tsv', 't.tsv')} FROM message_terms t WHERE t.id = ANY(:ids)"
+)
+_PG_LENGTHS = sa.text(_LENGTHS)
+_PG_LENGTHS_ALL = sa.text(  # and of the long messages
+    f"{_LENGTHS} UNION ALL SELECT s.id, {_LONG_LENGTH.format(id='s.id')} "
     "FROM (SELECT DISTINCT id FROM message_term_parts WHERE id = ANY(:ids)) AS s"
 )
-_PG_POSITIONS = sa.text(
+_POSITIONS = (
     "SELECT t.id, u.lexeme, 0, u.positions FROM message_terms t, unnest(t.tsv) AS u "
-    "WHERE t.id = ANY(:ids) AND u.lexeme = ANY(:lexemes) UNION ALL "
+    "WHERE t.id = ANY(:ids) AND u.lexeme = ANY(:lexemes)"
+)
+_PG_POSITIONS = sa.text(_POSITIONS)
+_PG_POSITIONS_ALL = sa.text(  # and of the long messages' segments that hold any of them
+    f"{_POSITIONS} UNION ALL "
     "SELECT l.id, u.lexeme, l.base, u.positions FROM message_term_parts l, unnest(l.tsv) AS u "
     "WHERE l.id = ANY(:ids) AND l.tsv @@ CAST(:any AS tsquery) AND u.lexeme = ANY(:lexemes)"
 )

@@ -45,6 +45,10 @@ MAX_TERM = 64  #: characters of one term; the rest of a longer run (a hash, base
 #: of a term (it drops the rest without a word: a phrase there would not be found)
 PG_MAX_POSITION = 16_383
 PG_MAX_TERM_POSITIONS = 256
+#: bytes of a ``tsvector``'s terms and positions kept under PostgreSQL's 1 MiB (1,048,575:
+#: each term's UTF-8 bytes, about 3 more, and 2 a position) — a segment of long unique words
+#: (hashes) reaches it before its 16,383 positions
+PG_MAX_BYTES = 1_000_000
 #: terms a PostgreSQL segment of a long message repeats from the end of the one before
 #: (:func:`segments`), so that a phrase of up to :data:`MAX_PHRASE_TERMS` terms that crosses
 #: the boundary is whole in one of them; at most half :data:`PG_MAX_TERM_POSITIONS`, so every
@@ -286,31 +290,42 @@ def tsvector(found: list[str]) -> str:
 def segments(found: list[str]) -> list[tuple[int, list[str]]]:
     """A message's terms as PostgreSQL indexes them: ``(terms before it, its terms)`` of each
     segment, in order — one for any message within PostgreSQL's bounds on a ``tsvector``
-    (:data:`PG_MAX_POSITION` terms, none more than :data:`PG_MAX_TERM_POSITIONS` times), else
+    (:data:`PG_MAX_POSITION` terms, none more than :data:`PG_MAX_TERM_POSITIONS` times, at
+    most :data:`PG_MAX_BYTES`), else
     as many as it takes, each starting :data:`SEGMENT_OVERLAP` terms before the one before
     ends. So every run of :data:`MAX_PHRASE_TERMS` terms is whole in a segment: a phrase is
     found anywhere (SQLite's one row has no such bounds)."""
-    if len(found) <= PG_MAX_TERM_POSITIONS or (
-        len(found) <= PG_MAX_POSITION
-        and max(collections.Counter(found).values()) <= PG_MAX_TERM_POSITIONS
-    ):
+    if len(found) <= PG_MAX_TERM_POSITIONS:  # at most 256 * (64 * 4 + 5) bytes
         return [(0, found)]
+    if len(found) <= PG_MAX_POSITION:
+        counts = collections.Counter(found)
+        size = sum(map(_size, counts)) + 2 * len(found)
+        if max(counts.values()) <= PG_MAX_TERM_POSITIONS and size <= PG_MAX_BYTES:
+            return [(0, found)]
     made: list[tuple[int, list[str]]] = []
     start = 0
     while True:
-        counts: dict[str, int] = {}
-        end, last = start, min(len(found), start + PG_MAX_POSITION)
+        counts = collections.Counter()
+        end, last, size = start, min(len(found), start + PG_MAX_POSITION), 0
         while end < last:
-            seen = counts.get(found[end], 0)
-            if seen == PG_MAX_TERM_POSITIONS:
+            term = found[end]
+            seen = counts[term]
+            size += 2 if seen else _size(term) + 2
+            if seen == PG_MAX_TERM_POSITIONS or size > PG_MAX_BYTES:
                 break
-            counts[found[end]] = seen + 1
+            counts[term] = seen + 1
             end += 1
         made.append((start, found[start:end]))
         if end == len(found):
             return made
-        # a segment holds PG_MAX_TERM_POSITIONS terms at least, twice the overlap: it moves on
+        # a segment holds PG_MAX_TERM_POSITIONS terms at least (PG_MAX_BYTES, over 3,800 of
+        # the longest), twice the overlap: it moves on
         start = end - SEGMENT_OVERLAP
+
+
+def _size(term: str) -> int:
+    """The bytes a term takes in a ``tsvector`` but its positions (:data:`PG_MAX_BYTES`)."""
+    return (len(term) if term.isascii() else len(term.encode("utf-8", "surrogatepass"))) + 3
 
 
 def phrase_count(positions: dict[str, list[int]], phrase: tuple[str, ...]) -> int:

@@ -6,6 +6,7 @@ fsck; archived files still searchable."""
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import os
 from pathlib import Path
 from typing import Any
@@ -509,6 +510,21 @@ def test_a_phrase_past_postgresqls_last_position_is_found(
     assert all("crimson walrus" in s for s in snippets) and len(snippets) == 2
 
 
+def test_a_message_of_a_million_bytes_of_hashes_is_indexed_whole(
+    db: database.Database, data_dir: Path
+) -> None:
+    """16,000 unique 64-character words are more than one tsvector takes (1 MiB)."""
+    hashes = [hashlib.sha256(str(i).encode()).hexdigest() for i in range(16_000)]
+    file_id = session(db, data_dir, "hashes", [" ".join(hashes) + " crimson walrus"])
+    for q in (
+        '"crimson walrus"',
+        f"{hashes[0]} {hashes[-1]}",
+        f'"{hashes[14491]} {hashes[14492]}"',
+    ):
+        found = search.search(db, data_dir, q, match="all")
+        assert [h.source_ref for h in found] == [f"{file_id}:1"]
+
+
 def test_text_past_the_first_100000_characters_is_searchable(
     db: database.Database, data_dir: Path, file_locks: locks.FileLocks
 ) -> None:
@@ -532,6 +548,14 @@ def test_text_past_the_first_100000_characters_is_searchable(
     assert sorted(refs('"quartz obelisk"', "any")[:2]) == sorted([long, uploaded])
     hit = search.search(db, data_dir, '"obelisk stands" zephyr', limit=1, match="all")[0]
     assert hit.source_ref == long and "quartz obelisk stands" in hit.snippet
+    # the filters hold for a long message as for any other
+    doc = catalog.Filters(agent_id="hermes", session_key="doc", role="user")
+    found = search.search(db, data_dir, "zephyr obelisk", doc, limit=1, match="all")
+    assert [h.source_ref for h in found] == [long]
+    assert ranked(db, data_dir, '"quartz obelisk"', session_key="doc")[0] == long
+    assert ranked(db, data_dir, '"quartz obelisk"', agent_id="nobody") == []
+    assert refs("zephyr") == [long]
+    assert search.search(db, data_dir, "zephyr", catalog.Filters(role="tool"), match="all") == []
 
     redaction.redact(db, file_locks, data_dir, long, rewrite.Who("t", "asked"))
     assert refs('"quartz obelisk"') == [uploaded]

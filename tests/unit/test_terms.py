@@ -3,6 +3,7 @@ gives (:func:`reference`), for any text."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 import unicodedata
 from collections import Counter
@@ -93,6 +94,8 @@ def _segments_hold(found: list[str]) -> list[tuple[int, list[str]]]:
         assert part == found[base : base + len(part)]
         assert len(part) <= terms.PG_MAX_POSITION
         assert max(Counter(part).values(), default=0) <= terms.PG_MAX_TERM_POSITIONS
+        size = sum(len(t.encode()) + 3 for t in set(part)) + 2 * len(part)
+        assert size <= terms.PG_MAX_BYTES
         assert base <= covered
         end = base + len(part)
         covered = len(found) if end == len(found) else end - terms.MAX_PHRASE_TERMS + 1
@@ -116,6 +119,14 @@ def test_long_messages_are_overlapping_segments_postgresql_holds_whole() -> None
     assert all(len(p) == terms.PG_MAX_TERM_POSITIONS for _, p in made[:-1])
     assert len(made) == -(-(10_001 - 256) // (256 - terms.SEGMENT_OVERLAP)) + 1
     _segments_hold(["a", "b"] * 300 + ["c"] * 20_000 + ["a"])
+
+
+def test_segments_of_long_unique_words_stay_under_postgresqls_bytes() -> None:
+    hashes = [hashlib.sha256(str(i).encode()).hexdigest() for i in range(16_000)]
+    made = _segments_hold(hashes)
+    assert len(made) == 2 and len(made[0][1]) == terms.PG_MAX_BYTES // (64 + 3 + 2)
+    cjk = terms.terms("".join(chr(0x4E00 + i) for i in range(15_000)))  # 14,999 bigrams
+    assert len(_segments_hold(cjk)) == 1  # 6 bytes each
 
 
 @settings(max_examples=200)
