@@ -238,7 +238,7 @@ class Service:
                 self.kick(result.file_id)
             return Appended(result, redacted=redacted)
         try:
-            flushed = self.waits.flushed(result.file_id, result.last_seq)
+            flushed = self.waits.join(result.file_id, result.last_seq)
         except errors.SgmeError as exc:
             log.warning("flush of %s after its append failed: %s", result.file_id, exc.detail)
             self.kick(result.file_id)
@@ -268,7 +268,7 @@ class Service:
         """:meth:`flush`, in one round with the files other threads of this process flush at
         the same moment (the worker's flush tasks on a thread pool), as waited appends share
         theirs (:mod:`pipeline.waits`); at once and on its own when nobody else flushes."""
-        return self.waits.flushed(file_id, 0)
+        return self.waits.join(file_id, 0)
 
     def flush_round(self, file_ids: list[str], *, run: Runner | None = None) -> list[str]:
         """A batched flush (:func:`flush.flush_many`, the syncs through ``run``), then what
