@@ -394,3 +394,20 @@ def test_a_clients_server_and_token_are_read_in_one_module_of_the_standard_libra
 def test_a_second_reader_of_a_clients_variables_is_caught() -> None:
     source = 'import os\n\nURL = os.environ.get("SGME_URL", "")\nT = os.environ["SGME_TOKEN"]\n'
     assert client_variable_reads(source) == ["3: SGME_URL", "4: SGME_TOKEN"]
+
+
+def test_the_service_holds_its_collaborators_and_inherits_none() -> None:
+    """Browsing, upkeep and removals are objects ``Service`` holds (``service.browsing``…),
+    not mixins reaching into attributes it sets."""
+    tree = ast.parse((ROOT / "pipeline" / "service.py").read_text(encoding="utf-8"))
+    (service,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Service"]
+    assert service.bases == []
+    init = next(n for n in service.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+    held = {
+        target.attr
+        for node in ast.walk(init)
+        if isinstance(node, ast.Assign)
+        for target in node.targets
+        if isinstance(target, ast.Attribute)
+    }
+    assert {"browsing", "upkeep", "removals"} <= held
