@@ -6,7 +6,7 @@ commit. SGME L0's equivalent is the durable acknowledgement (the journal commit)
 file following:
 
 * ``ack``: ``Service.append`` (the acknowledgement) with the embedded service's flusher
-  (``FlushThreads``) writing the files in the same process; the clock stops when every
+  (``LocalQueue``) writing the files in the same process; the clock stops when every
   message is in its file (no journal row left). One stream, and 16 threads each with a
   session of its own. Target: >= 1.0x Hermes on one stream, >= 1.5x with 16 sessions.
 * ``flushed``: ``Service.append(wait=True)`` per message (the ``wait=flushed`` path: the
@@ -163,14 +163,19 @@ class _NoJobs:
 def acknowledged(messages: int, threads: int, size: int) -> dict[str, float]:
     """The durable acknowledgement (``Service.append``) with the embedded service's flusher
     writing the files in this process; the clock stops once every message is in its file."""
-    from pipeline import flush_threads
+    import importlib
+
+    try:  # the embedded service's queue; named flush_threads.FlushThreads in older trees
+        made = importlib.import_module("pipeline.local_queue").LocalQueue
+    except ModuleNotFoundError:
+        made = importlib.import_module("pipeline.flush_threads").FlushThreads
 
     rates = {}
     with _runtime() as rt:
         options = {}
         if hasattr(rt.settings.backlog, "flush_linger"):  # as workers/app.py builds it
             options["linger"] = rt.settings.backlog.flush_linger
-        queue = flush_threads.FlushThreads(_NoJobs(), threads=FLUSH_THREADS, **options)  # type: ignore[arg-type]
+        queue = made(_NoJobs(), threads=FLUSH_THREADS, **options)
         service = rt.service(queue)
         # as workers/app.py starts the embedded service's flushes (rounds, where the code has them)
         flush_round = getattr(service, "flush_round", None)

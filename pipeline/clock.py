@@ -3,7 +3,9 @@
 Everything that stamps or compares a time in the index (leases, cooldowns, the age of a
 journal row or of a held append, archive cutoffs) asks the :class:`Clock` it was given —
 :attr:`pipeline.database.Database.clock` — rather than the system, so that a test can move
-time forward instead of sleeping through it (:class:`ManualClock`).
+time forward instead of sleeping through it (:class:`ManualClock`). A thread that waits for a
+time by a clock (the lease keeper, :mod:`pipeline.leases`) asks the clock to :meth:`Clock.watch`
+its condition: a manual clock wakes it when it is moved, the system's never needs to.
 """
 
 from __future__ import annotations
@@ -20,6 +22,11 @@ class Clock(Protocol):
         """Now, as a naive UTC datetime."""
         ...
 
+    def watch(self, condition: threading.Condition) -> None:
+        """Notify ``condition`` whenever this clock's time jumps, so a thread waiting on it
+        for a time by this clock looks at the time again."""
+        ...
+
 
 class SystemClock:
     """The system's time."""
@@ -27,6 +34,9 @@ class SystemClock:
     def now(self) -> dt.datetime:
         """Now, as a naive UTC datetime."""
         return dt.datetime.now(dt.UTC).replace(tzinfo=None)
+
+    def watch(self, condition: threading.Condition) -> None:
+        """Nothing to do: the system's time never jumps (a wait's timeout measures it)."""
 
 
 SYSTEM = SystemClock()
@@ -55,14 +65,26 @@ class ManualClock:
     def __init__(self, start: dt.datetime | None = None) -> None:
         self._now = start if start is not None else SYSTEM.now()
         self._lock = threading.Lock()
+        self._watching: list[threading.Condition] = []
 
     def now(self) -> dt.datetime:
         """The time the clock was last set to."""
         with self._lock:
             return self._now
 
+    def watch(self, condition: threading.Condition) -> None:
+        """Notify ``condition`` after each :meth:`advance` (once, however often it is given)."""
+        with self._lock:
+            if not any(known is condition for known in self._watching):
+                self._watching.append(condition)
+
     def advance(self, seconds: float) -> dt.datetime:
-        """Move the clock forward by ``seconds``; the new time."""
+        """Move the clock forward by ``seconds``, and wake the threads waiting by it; the new
+        time."""
         with self._lock:
             self._now += dt.timedelta(seconds=seconds)
-            return self._now
+            now, watching = self._now, list(self._watching)
+        for condition in watching:  # not under the clock's lock: a waiter may read the time
+            with condition:
+                condition.notify_all()
+        return now

@@ -8,12 +8,18 @@ A thread of its own for each job cost a thread start and join per claim: about 6
 claim's CPU in a profile of ``bench/bench_refine.py``, and more wall time while other threads
 hold the GIL (a third of a job's, in ``sgme serve`` under load).
 The thread ends after :data:`IDLE_SECONDS` without a job; the next job starts it again.
+
+A lease's renewals are timed by its database's clock (:attr:`database.Database.clock`), the
+clock its expiry is stamped by: the thread waits until the earliest lease is due by its own
+clock, and a clock that jumps (:class:`~pipeline.clock.ManualClock`) wakes it, so a test moves
+time through a lease instead of sleeping through it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime as dt
 import logging
 import math
 import threading
@@ -33,7 +39,15 @@ class _Lease:
     file_id: str
     epoch: int
     lease_seconds: float
-    due: float  #: ``time.monotonic()`` of its next renewal
+    due: dt.datetime  #: its next renewal, by its database's clock
+
+    def left(self) -> float:
+        """Seconds until its next renewal, by its database's clock."""
+        return (self.due - self.db.now()).total_seconds()
+
+    def plan(self) -> None:
+        """Its next renewal: a third of a lease from now."""
+        self.due = self.db.now() + dt.timedelta(seconds=self.lease_seconds / 3)
 
 
 class Keeper:
@@ -49,7 +63,8 @@ class Keeper:
         self._leases: set[_Lease] = set()
         self._thread: threading.Thread | None = None
         self._last = time.monotonic()  #: when the last job ended (or the keeper was made)
-        #: when the thread looks at the leases next (a lease due earlier must wake it)
+        #: when the thread looks at the leases next, ``time.monotonic()`` (a lease due earlier
+        #: must wake it)
         self._wakes = math.inf
 
     def after_fork_in_child(self) -> None:
@@ -62,13 +77,15 @@ class Keeper:
     ) -> Iterator[None]:
         """Renew the lease of ``file_id``'s claim ``epoch`` every third of ``lease_seconds``
         while the block runs, until a renewal finds the claim replaced."""
-        lease = _Lease(db, file_id, epoch, lease_seconds, time.monotonic() + lease_seconds / 3)
+        lease = _Lease(db, file_id, epoch, lease_seconds, db.now())
+        lease.plan()
         with self._changed:
+            db.clock.watch(self._changed)
             self._leases.add(lease)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="sgme-leases", daemon=True)
                 self._thread.start()
-            elif lease.due < self._wakes:  # due before the thread would look again
+            elif time.monotonic() + lease.left() < self._wakes:  # due before the thread looks
                 self._changed.notify()
         try:
             yield
@@ -91,24 +108,27 @@ class Keeper:
         """The leases to renew now, once there are any (the lock held); None once the keeper
         has been idle for :data:`IDLE_SECONDS`."""
         while True:
-            now = time.monotonic()
             if not self._leases:
-                if now - self._last >= IDLE_SECONDS:
+                idle = time.monotonic() - self._last
+                if idle >= IDLE_SECONDS:
                     return None
-                self._wait(self._last + IDLE_SECONDS, now)
+                self._wait(IDLE_SECONDS - idle)
                 continue
-            due = [lease for lease in self._leases if lease.due <= now]
+            left = {lease: lease.left() for lease in self._leases}
+            due = [lease for lease, seconds in left.items() if seconds <= 0]
             if due:
-                self._wakes = now  # renewing: a lease added meanwhile is looked at after
+                self._wakes = time.monotonic()  # renewing: a lease added meanwhile is next
                 return due
-            self._wait(min(lease.due for lease in self._leases), now)
+            self._wait(min(left.values()))
 
-    def _wait(self, until: float, now: float) -> None:
-        self._wakes = until
-        self._changed.wait(until - now)
+    def _wait(self, seconds: float) -> None:
+        """Wait ``seconds`` (by the earliest lease's clock: a clock that jumps notifies), or
+        until a lease or a jump of a clock wakes the thread."""
+        self._wakes = time.monotonic() + seconds
+        self._changed.wait(seconds)
 
     def _renew(self, lease: _Lease) -> None:
-        lease.due = time.monotonic() + lease.lease_seconds / 3
+        lease.plan()
         db = lease.db
         try:
             with db.transaction() as conn:
@@ -132,8 +152,8 @@ class Keeper:
             return len(self._leases)
 
     def wakes(self) -> float:
-        """When the thread looks at the leases next, unless a lease due earlier wakes it
-        (``time.monotonic()``; tests)."""
+        """When the thread looks at the leases next, unless a lease due earlier or a clock's
+        jump wakes it (``time.monotonic()``; tests)."""
         with self._changed:
             return self._wakes
 

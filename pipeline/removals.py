@@ -1,23 +1,28 @@
-"""Redaction and erasure, as use cases of the :class:`~pipeline.service.Service` (it inherits
-them from :class:`Removals`): redact messages, erase files, sessions and agents, let an
-erasure's tombstone go, and the audit trail of all of it (docs/privacy.md, docs/design.md §13).
+"""Redaction and erasure: redact messages, erase files, sessions and agents, let an erasure's
+tombstone go, and the audit trail of all of it (docs/privacy.md, docs/design.md §13), through
+the :class:`Removals` a :class:`~pipeline.service.Service` holds (``service.removals``).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Collection, Sequence
 
-from pipeline import audit, database, erasure, locks, redaction, rewrite, tables
+from pipeline import audit, database, erasure, errors, locks, redaction, rewrite, tables
 from pipeline.settings import Settings
+
+log = logging.getLogger(__name__)
 
 
 class Removals:
-    """The removals of a :class:`~pipeline.service.Service` (which sets ``settings``, ``db``
-    and ``file_locks``)."""
+    """The removals over one runtime's settings, index handle and file locks."""
 
-    settings: Settings
-    db: database.Database
-    file_locks: locks.FileLocks
+    def __init__(
+        self, settings: Settings, db: database.Database, file_locks: locks.FileLocks
+    ) -> None:
+        self.settings = settings
+        self.db = db
+        self.file_locks = file_locks
 
     def who(self, token_id: str | None, reason: object, *, required: bool = True) -> rewrite.Who:
         """Who asks over HTTP (the token's id and name) and why, as the audit trail keeps it."""
@@ -93,3 +98,13 @@ class Removals:
     ) -> tables.AuditRow:
         """Let go of an erasure's tombstone: its units may be written again (audited)."""
         return erasure.release(self.db, file_id, who, agents=agents)
+
+    def finish_interrupted(self, *, age: float = redaction.FINISH_AFTER) -> int:
+        """Finish the redactions and erasures a crash interrupted more than ``age`` seconds
+        ago (part of every sweep)."""
+        try:
+            data_dir = self.settings.data_dir
+            return redaction.finish_interrupted(self.db, self.file_locks, data_dir, age=age)
+        except errors.SgmeError as exc:  # the next sweep comes back to them
+            log.warning("could not finish an interrupted redaction or erasure: %s", exc.detail)
+            return 0

@@ -13,6 +13,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Collection, Iterator, Mapping
+from pathlib import Path
 from typing import Any, Protocol
 
 from pipeline import (
@@ -20,6 +21,7 @@ from pipeline import (
     auth,
     backlog,
     batches,
+    browsing,
     catalog,
     database,
     document,
@@ -33,21 +35,19 @@ from pipeline import (
     metrics,
     privacy,
     reader,
-    redaction,
     refine,
+    removals,
     search,
     store,
     tables,
     terms,
+    upkeep,
     validation,
     waits,
 )
 from pipeline.flush import FlushResult, Round, Runner
-from pipeline.removals import Removals
 from pipeline.settings import Settings
 from pipeline.tables import Kind
-from pipeline.upkeep import Upkeep
-from pipeline.views import Views
 
 log = logging.getLogger(__name__)
 
@@ -84,13 +84,13 @@ class Appended:
         return answer
 
 
-class Service(Views, Upkeep, Removals):
+class Service:
     """The use cases over one runtime's parts: its settings, index handle, per-file locks and
     refiner, and a queue (None: nothing is enqueued and nothing is claimed for refinement, as a
-    one-shot command must not strand a claim no worker will run). The browsing reads (the
-    sessions listing, the store's overview) come from :class:`~pipeline.views.Views`, the
-    archive and the index's checks from :class:`~pipeline.upkeep.Upkeep`, redaction and erasure
-    from :class:`~pipeline.removals.Removals`."""
+    one-shot command must not strand a claim no worker will run). It holds the collaborators
+    over the same parts: :attr:`browsing` (the sessions listing, the store's overview),
+    :attr:`upkeep` (the archive and the index's checks) and :attr:`removals` (redaction and
+    erasure)."""
 
     def __init__(
         self,
@@ -115,6 +115,17 @@ class Service(Views, Upkeep, Removals):
         self.waits = waits.Waits(self._round, self.flush)
         #: each session's file, the order of an append's row lock (pipeline.ingest)
         self.known = ingest.KnownFiles(ingest.KNOWN_FILES if db.postgres else 0)
+        #: what people and agents browse (pipeline.browsing)
+        self.browsing = browsing.Browsing(settings, db)
+        #: the cold archive, its restore, the index's check and rebuild (pipeline.upkeep)
+        self.upkeep = upkeep.Upkeep(settings, db, file_locks)
+        #: redaction, erasure and their audit trail (pipeline.removals)
+        self.removals = removals.Removals(settings, db, file_locks)
+
+    @property
+    def data_dir(self) -> Path:
+        """Where the raw files are."""
+        return self.settings.data_dir
 
     # -----------------------------------------------------------------------------------------
     # appends
@@ -227,7 +238,7 @@ class Service(Views, Upkeep, Removals):
                 self.kick(result.file_id)
             return Appended(result, redacted=redacted)
         try:
-            flushed = self.waits.flushed(result.file_id, result.last_seq)
+            flushed = self.waits.join(result.file_id, result.last_seq)
         except errors.SgmeError as exc:
             log.warning("flush of %s after its append failed: %s", result.file_id, exc.detail)
             self.kick(result.file_id)
@@ -257,7 +268,7 @@ class Service(Views, Upkeep, Removals):
         """:meth:`flush`, in one round with the files other threads of this process flush at
         the same moment (the worker's flush tasks on a thread pool), as waited appends share
         theirs (:mod:`pipeline.waits`); at once and on its own when nobody else flushes."""
-        return self.waits.flushed(file_id, 0)
+        return self.waits.join(file_id, 0)
 
     def flush_round(self, file_ids: list[str], *, run: Runner | None = None) -> list[str]:
         """A batched flush (:func:`flush.flush_many`, the syncs through ``run``), then what
@@ -315,17 +326,8 @@ class Service(Views, Upkeep, Removals):
             if file_id not in stale:
                 self.kick(file_id)
                 stale.append(file_id)
-        self.finish_removals()
+        self.removals.finish_interrupted()
         return stale
-
-    def finish_removals(self, *, age: float = redaction.FINISH_AFTER) -> int:
-        """Finish the redactions and erasures a crash interrupted more than ``age`` seconds
-        ago (part of every sweep)."""
-        try:
-            return redaction.finish_interrupted(self.db, self.file_locks, self.data_dir, age=age)
-        except errors.SgmeError as exc:  # the next sweep comes back to them
-            log.warning("could not finish an interrupted redaction or erasure: %s", exc.detail)
-            return 0
 
     def dispatch(self, file_ids: list[str] | None = None) -> list[refine.Claim]:
         """Claim due files (all, or those of ``file_ids``) and enqueue one job per claim."""

@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from pipeline import errors
+from pipeline import errors, remote
 
 DEFAULT_LOCK_TIMEOUT = 30.0  #: seconds to wait for a per-file lock (flush, archive, restore)
 DEFAULT_BUSY_TIMEOUT = 30.0  #: seconds SQLite waits for a lock before failing
@@ -415,14 +415,12 @@ def hermes_home(environ: Mapping[str, str] | None = None) -> Path:
     return Path.home() / ".hermes"
 
 
-DEFAULT_URL = "http://127.0.0.1:8765"  #: the server a client command talks to by default
-
-
 @dataclasses.dataclass(frozen=True)
 class Remote:
     """How a command that is a client of the HTTP API (``sgme mcp``) reaches its server:
-    ``SGME_URL`` (default :data:`DEFAULT_URL`), ``SGME_TOKEN`` and ``SGME_AGENT_ID``. Not
-    settings of a server: they name the server and who the client is."""
+    ``SGME_URL`` (default :data:`remote.DEFAULT_URL <pipeline.remote.DEFAULT_URL>`),
+    ``SGME_TOKEN`` and ``SGME_AGENT_ID``, as :mod:`pipeline.remote` reads them. Not settings
+    of a server: they name the server and who the client is."""
 
     url: str
     token: str | None
@@ -433,9 +431,7 @@ class Remote:
         """From the environment; ``agent_id`` is the default when ``SGME_AGENT_ID`` is unset."""
         env = os.environ if environ is None else environ
         return cls(
-            url=env.get("SGME_URL", "").strip() or DEFAULT_URL,
-            token=env.get("SGME_TOKEN", "").strip() or None,
-            agent_id=env.get("SGME_AGENT_ID", "").strip() or agent_id,
+            url=remote.url(env), token=remote.token(env), agent_id=remote.agent_id(env, agent_id)
         )
 
 

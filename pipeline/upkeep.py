@@ -1,6 +1,6 @@
-"""The store's upkeep, as use cases of the :class:`~pipeline.service.Service` (it inherits them
-from :class:`Upkeep`): the cold archive and its restore, and the index's check and rebuild from
-the files (``sgme archive/restore/fsck/reindex``; docs/design.md §5 and §6)."""
+"""The store's upkeep: the cold archive and its restore, and the index's check and rebuild from
+the files (``sgme archive/restore/fsck/reindex``; docs/design.md §5 and §6), through the
+:class:`Upkeep` a :class:`~pipeline.service.Service` holds (``service.upkeep``)."""
 
 from __future__ import annotations
 
@@ -12,12 +12,14 @@ from pipeline.settings import Settings
 
 
 class Upkeep:
-    """The archive and index upkeep of a :class:`~pipeline.service.Service` (which sets
-    ``settings``, ``db``, ``file_locks`` and ``data_dir``)."""
+    """The archive and index upkeep over one runtime's settings, index handle and file locks."""
 
-    settings: Settings
-    db: database.Database
-    file_locks: locks.FileLocks
+    def __init__(
+        self, settings: Settings, db: database.Database, file_locks: locks.FileLocks
+    ) -> None:
+        self.settings = settings
+        self.db = db
+        self.file_locks = file_locks
 
     @property
     def data_dir(self) -> Path:

@@ -78,9 +78,10 @@ class Waits:
         with self._lock:
             return self._leading
 
-    def flushed(self, file_id: str, seq: int) -> FlushResult:
-        """The flush that put ``file_id`` in its file up to ``seq`` (in a round, or on its
-        own); the error of that flush raised (:class:`errors.SgmeError`, or a bug)."""
+    def join(self, file_id: str, seq: int) -> FlushResult:
+        """Join the next round of flushes until ``file_id`` is in its file up to ``seq``:
+        the result of the flush that put it there (in a round, or on its own); the error of
+        that flush raised (:class:`errors.SgmeError`, or a bug)."""
         mine = _Wait(file_id, seq)
         with self._lock:
             self._queue.append(mine)

@@ -17,7 +17,7 @@ from celery import Celery, signals
 from kombu.transport import redis as kombu_redis
 from redis import exceptions as redis_exceptions
 
-from pipeline import flush_threads, refine
+from pipeline import local_queue, refine
 from pipeline.runtime import Runtime
 from pipeline.service import Queue, Service
 from workers import deployment, embedded, schedule, tasks
@@ -86,7 +86,7 @@ class CeleryQueue:
 def create(runtime: Runtime, *, flush_threads_count: int = 0) -> tuple[Celery, Service]:
     """A Celery app whose tasks call the service it is answered with, made over ``runtime``:
     work for later goes to the app's broker — or, with ``flush_threads_count``, flushes run on
-    that many threads of this process (:class:`flush_threads.FlushThreads`, the embedded
+    that many threads of this process (:class:`local_queue.LocalQueue`, the embedded
     service) and only refinement jobs go to the broker."""
     settings = runtime.settings
     ours = runtime.deployment
@@ -135,7 +135,7 @@ def create(runtime: Runtime, *, flush_threads_count: int = 0) -> tuple[Celery, S
     )
     queue: Queue = CeleryQueue(app, ours)
     if flush_threads_count:
-        queue = flush_threads.FlushThreads(
+        queue = local_queue.LocalQueue(
             queue, threads=flush_threads_count, linger=settings.backlog.flush_linger
         )
     service = runtime.service(queue)
@@ -211,7 +211,7 @@ class CeleryWorkers:
         if deployment.shared(runtime.settings.broker_url):
             queues = (*QUEUES, deployment.queue(runtime.deployment))
         app, service = create(runtime, flush_threads_count=concurrency)
-        assert isinstance(service.queue, flush_threads.FlushThreads)
+        assert isinstance(service.queue, local_queue.LocalQueue)
         service.queue.start(service.flush, service.flush_round)
         keeper.start()
         try:

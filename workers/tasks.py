@@ -118,7 +118,7 @@ def register(app: Celery, service: Service, *, deployment_id: str) -> None:
     @app.task(name="sgme.archive_cold_files", **plain)
     def archive_cold_files() -> int:
         """Daily: compress cold, fully refined files; flag cold unrefined ones."""
-        report = service.archive_cold()
+        report = service.upkeep.archive_cold()
         for file_id, detail in report.failed:
             log.error("archiving %s failed: %s", file_id, detail)
         return report.files

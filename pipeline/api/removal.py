@@ -61,8 +61,8 @@ def redact_ref(
     its lock; the message's catalog and search rows and the L1 items citing it go, and the
     file is refined again from there; the audit trail records who, when, why and the sha256
     of the removed body. Redacting a redacted message changes nothing."""
-    who = service.who(caller.token_id, body.reason)
-    (record,) = service.redact([ref], who, agents=caller.agents)
+    who = service.removals.who(caller.token_id, body.reason)
+    (record,) = service.removals.redact([ref], who, agents=caller.agents)
     found = service.resolve(ref, context=0, agents=caller.agents)
     file_id = found.file.file_id
     return {
@@ -95,8 +95,8 @@ def erase_file(
     """Erase a file: its bytes (live and archived), its journal rows, waiting appends,
     catalog and search rows, L1 items and idempotency records go; the audit trail keeps who,
     when and why. Afterwards the file and its source_refs answer 410 Gone."""
-    who = service.who(caller.token_id, reason, required=False)
-    service.erase_file(file_id, who, agents=caller.agents)
+    who = service.removals.who(caller.token_id, reason, required=False)
+    service.removals.erase_file(file_id, who, agents=caller.agents)
     return Response(status_code=204)
 
 
@@ -111,7 +111,8 @@ def audit_trail(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> dict[str, Any]:
     """The audit trail of redactions and erasures, oldest first (the token's agents only)."""
-    rows = service.audit_trail(agents=caller.agents, file_id=file_id, after=after, limit=limit)
+    trail = service.removals.audit_trail
+    rows = trail(agents=caller.agents, file_id=file_id, after=after, limit=limit)
     next_after = rows[-1].id if len(rows) == limit else None
     return {"records": [row.to_json() for row in rows], "next_after": next_after}
 
@@ -139,5 +140,5 @@ def put_policy(
     sent) or send it back to the setting (``null``). Other API processes apply it within
     ``token_cache_seconds``."""
     caller.require_agent(agent_id)
-    who = service.who(caller.token_id, "policy", required=False)
+    who = service.removals.who(caller.token_id, "policy", required=False)
     return service.policies.set(agent_id, body.redact_secrets, actor=who.actor).to_json()

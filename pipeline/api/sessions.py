@@ -53,4 +53,4 @@ def list_sessions(
         until=utc(until),
         cwd=cwd,
     )
-    return service.list_sessions(filters, offset=offset, limit=limit).to_json()
+    return service.browsing.list_sessions(filters, offset=offset, limit=limit).to_json()

@@ -4,7 +4,9 @@ client of a server over HTTP, wherever that runs.
 This is the one place outside :mod:`pipeline.settings` that reads the environment, on
 purpose: a capture runs inside an agent's hook with a budget of about a second, and
 ``pipeline.settings`` imports the server's domain modules (the index, the journal), which
-alone take a good part of that.
+alone take a good part of that. The server's address, the token and the agent's id it shares
+with ``sgme mcp``'s :class:`settings.Remote <pipeline.settings.Remote>`: both read them
+through :mod:`pipeline.remote`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from pipeline import remote
 
 #: the token file's name in ``$XDG_CONFIG_HOME/sgme/`` (default ``~/.config/sgme/``)
 TOKEN_FILE = "token"
@@ -58,15 +62,15 @@ def agent(default_agent_id: str, environ: Mapping[str, str] | None = None) -> Ag
         return default
 
     state = Path(env.get("XDG_STATE_HOME", "").strip() or Path.home() / ".local" / "state")
-    token, source, problem = env.get("SGME_TOKEN", "").strip() or None, "SGME_TOKEN", None
+    token, source, problem = remote.token(env), "SGME_TOKEN", None
     if token is None:
         path = token_file(env)
         token, problem = read_token(path)
         source = str(path) if token else ""
     return Agent(
-        url=(env.get("SGME_URL", "").strip() or "http://127.0.0.1:8765").rstrip("/"),
+        url=remote.url(env).rstrip("/"),
         token=token,
-        agent_id=env.get("SGME_AGENT_ID", "").strip() or default_agent_id,
+        agent_id=remote.agent_id(env, default_agent_id),
         spool_dir=Path(env.get("SGME_SPOOL_DIR", "").strip() or state / "sgme" / "spool"),
         spool_max_bytes=number("SGME_SPOOL_MAX_BYTES", 256 * 1024 * 1024, int),
         seconds=number("SGME_CAPTURE_SECONDS", 10.0, float),

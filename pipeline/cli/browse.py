@@ -33,10 +33,10 @@ def _find(ctx: Context, service: Service, given: str) -> sessions.Session:
 
     a = ctx.args
     filters = sessions.Filters(agent_id=a.agent_id, session_key=given)
-    page = service.list_sessions(filters, limit=20)
+    page = service.browsing.list_sessions(filters, limit=20)
     if not page.sessions and re.fullmatch(refs.FILE_ID_PATTERN, given):
         try:
-            return service.get_session(given)
+            return service.browsing.get_session(given)
         except errors.NotFound:
             pass  # said below, as for any other name
     if not page.sessions:

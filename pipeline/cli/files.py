@@ -64,10 +64,10 @@ def cmd_ls(ctx: Context) -> int:
         agent_id=a.agent_id, source_type=a.source_type, status=a.status, unflushed=True
     )
     limit = sessions.MAX_LIMIT if a.all else a.limit
-    page = service.list_sessions(filters, offset=a.offset, limit=limit)
+    page = service.browsing.list_sessions(filters, offset=a.offset, limit=limit)
     found = list(page.sessions)
     while a.all and page.next_offset is not None:
-        page = service.list_sessions(filters, offset=page.next_offset, limit=limit)
+        page = service.browsing.list_sessions(filters, offset=page.next_offset, limit=limit)
         found += page.sessions
     if a.json:
         print_json([{**s.file.to_json(), "title": s.title} for s in found])

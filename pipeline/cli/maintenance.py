@@ -57,12 +57,12 @@ def cmd_archive(ctx: Context) -> int:
         raise errors.InvalidInput(f"--older-than must be >= 0 days, got {days}")
     summary: dict[str, Any] = {"older_than_days": days, "dry_run": a.dry_run}
     if a.dry_run:
-        rows = service.archive_candidates(days)
+        rows = service.upkeep.archive_candidates(days)
         summary.update(files=len(rows), bytes_before=sum(r.flushed_bytes for r in rows))
     else:
-        total = len(service.archive_candidates(days))
+        total = len(service.upkeep.archive_candidates(days))
         with progress("archive", total) as advance:
-            report = service.archive_cold(older_than_days=days, progress=advance)
+            report = service.upkeep.archive_cold(older_than_days=days, progress=advance)
         summary.update(
             cleaned_up=report.cleaned_up,
             unrefined_cold_flagged=report.unrefined_flagged,
@@ -93,7 +93,7 @@ def cmd_archive(ctx: Context) -> int:
 
 def cmd_restore(ctx: Context) -> int:
     """Move an archived file back to its live place."""
-    row = ctx.service(ctx.settings()).restore(ctx.args.file_id)
+    row = ctx.service(ctx.settings()).upkeep.restore(ctx.args.file_id)
     print_json({"file_id": row.file_id, "status": row.status, "path": row.path})
     return 0
 
@@ -101,8 +101,8 @@ def cmd_restore(ctx: Context) -> int:
 def cmd_fsck(ctx: Context) -> int:
     """Check every file against the index; exit 1 when something differs."""
     service = ctx.service(ctx.settings())
-    with progress("fsck", service.count_files()) as advance:
-        problems = service.fsck(progress=advance)
+    with progress("fsck", service.upkeep.count_files()) as advance:
+        problems = service.upkeep.fsck(progress=advance)
     if ctx.args.json:
         by_file: dict[str, list[dict[str, str]]] = {}
         for p in problems:
@@ -128,7 +128,7 @@ def cmd_reindex(ctx: Context) -> int:
     service = ctx.service(settings)
     total = sum(1 for _ in settings.data_dir.glob("raw/*/*.md"))
     with progress("reindex", total) as advance:
-        report = service.reindex(progress=advance)
+        report = service.upkeep.reindex(progress=advance)
     summary = {
         "scanned": report.scanned,
         "inserted": report.inserted,

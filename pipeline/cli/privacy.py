@@ -27,8 +27,8 @@ def cmd_redact(ctx: Context) -> int:
     settings = ctx.settings()
     service = ctx.service(settings)
     who = _who(a.reason, required=True)
-    service.finish_removals(age=0)
-    records = service.redact(a.refs, who)
+    service.removals.finish_interrupted(age=0)
+    records = service.removals.redact(a.refs, who)
     if a.json:
         print_json([record.to_json() for record in records])
         return 0
@@ -55,13 +55,13 @@ def cmd_erase(ctx: Context) -> int:
     settings = ctx.settings()
     service = ctx.service(settings)
     who = _who(a.reason, required=False)
-    service.finish_removals(age=0)
+    service.removals.finish_interrupted(age=0)
     if a.file_id is not None:
-        erased, other = [service.erase_file(a.file_id, who)], 0
+        erased, other = [service.removals.erase_file(a.file_id, who)], 0
     else:
-        total = service.count_agent_files(a.agent_id, a.session_key)
+        total = service.removals.count_agent_files(a.agent_id, a.session_key)
         with progress("erase", total) as advance:
-            erased, other = service.erase_agent(
+            erased, other = service.removals.erase_agent(
                 a.agent_id, who, session_key=a.session_key, progress=advance
             )
     summary: dict[str, Any] = {
@@ -99,7 +99,7 @@ def _release(ctx: Context) -> int:
             "releasing lets an import or a capture bring the erased content back: add --yes"
         )
     service = ctx.service(ctx.settings())
-    record = service.release_erased(a.file_id, _who(a.reason, required=False))
+    record = service.removals.release_erased(a.file_id, _who(a.reason, required=False))
     if a.json:
         print_json(record.to_json())
         return 0
@@ -115,7 +115,7 @@ def cmd_audit(ctx: Context) -> int:
     """List the audit trail of redactions and erasures."""
     a = ctx.args
     service = ctx.service(ctx.settings())
-    rows = service.audit_trail(file_id=a.file_id, limit=a.limit)
+    rows = service.removals.audit_trail(file_id=a.file_id, limit=a.limit)
     if a.json:
         print_json([row.to_json() for row in rows])
         return 0

@@ -242,7 +242,7 @@ def list_sessions(request: Request) -> Response:
             until=_time(params, "until", end_of_day=True),
         )
         offset = _int(params, "offset", default=0, high=sessions.MAX_OFFSET)
-        page = service.list_sessions(filters, offset=offset, limit=size)
+        page = service.browsing.list_sessions(filters, offset=offset, limit=size)
         kept = {k: v for k, v in params.items() if k != "offset" and v}
 
         def at(offset: int) -> str:
@@ -267,7 +267,7 @@ def show_session(request: Request, file_id: str) -> Response:
     size = ui.page_messages
 
     def build(caller: auth.Caller) -> Response:
-        session = service.get_session(file_id, agents=caller.agents)
+        session = service.browsing.get_session(file_id, agents=caller.agents)
         row = session.file
         after = _int(params, "after", default=0, high=refs.MAX_SEQ)
         found = service.messages(file_id, after_seq=after, limit=size, agents=caller.agents)
@@ -401,7 +401,7 @@ def status_page(request: Request) -> Response:
     shown = _ui(request).status_anomalies
 
     def build(caller: auth.Caller) -> Response:
-        found = service.store_overview(anomalies=shown, agents=caller.agents)
+        found = service.browsing.store_overview(anomalies=shown, agents=caller.agents)
         return _page(request, "status.html", caller=caller, o=found, now=found.at)
 
     return _view(request, "admin", build)

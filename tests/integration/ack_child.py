@@ -17,7 +17,7 @@ from pathlib import Path
 
 import helpers
 
-from pipeline import database, flush_threads, journal, validation
+from pipeline import database, journal, local_queue, validation
 from pipeline.settings import Settings
 
 APPENDS = 15
@@ -29,7 +29,7 @@ def main() -> None:
     db = database.Database.from_url(url)
     database.migrate(db.engine)
     marker = os.open("/dev/null", os.O_WRONLY)
-    queue = flush_threads.FlushThreads(helpers.RecordingQueue(), threads=2)
+    queue = local_queue.LocalQueue(helpers.RecordingQueue(), threads=2)
     service = helpers.service(db, Settings(data_dir=data_dir, database_url=url), queue)
     if mode == "service":
         queue.start(service.flush, service.flush_round)

@@ -1,6 +1,6 @@
 """Batched flushes (docs/design.md §3): :func:`flush.flush_many` writes many files with one
 read snapshot and one commit, hands back every file that needs more than an append, and
-stays within its byte budget; :class:`flush_threads.FlushThreads` in rounds flushes the
+stays within its byte budget; :class:`local_queue.LocalQueue` in rounds flushes the
 handed-back files on their own — on SQLite and PostgreSQL."""
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from pipeline import (
     database,
     document,
     flush,
-    flush_threads,
     index,
     integrity,
     journal,
+    local_queue,
     locks,
     search,
     store,
@@ -243,7 +243,7 @@ def test_rounds_flush_kicked_files_and_hand_the_rest_to_threads(
 ) -> None:
     settings = Settings(data_dir=data_dir, database_url=database_url)
     jobs = helpers.RecordingQueue()
-    threads = flush_threads.FlushThreads(jobs, threads=2, linger=0.001)
+    threads = local_queue.LocalQueue(jobs, threads=2, linger=0.001)
     service = helpers.service(db, settings, threads)
     threads.start(service.flush, service.flush_round)
     try:

@@ -1,4 +1,4 @@
-"""The embedded service's flush threads (:class:`pipeline.flush_threads.FlushThreads`): kicks
+"""The embedded service's flush threads (:class:`pipeline.local_queue.LocalQueue`): kicks
 coalesce, a file kicked while it is being flushed is flushed again, and refinement jobs go to
 the task queue."""
 
@@ -8,12 +8,12 @@ import threading
 
 import helpers
 
-from pipeline import flush_threads, refine
+from pipeline import local_queue, refine
 
 
 def test_kicks_coalesce_and_a_kick_during_a_flush_flushes_again() -> None:
     jobs = helpers.RecordingQueue()
-    threads = flush_threads.FlushThreads(jobs, threads=2)
+    threads = local_queue.LocalQueue(jobs, threads=2)
     started, release = threading.Event(), threading.Event()
     flushed: list[str] = []
 
@@ -50,7 +50,7 @@ def test_a_failing_flush_does_not_stop_the_thread() -> None:
         if file_id == "bad":
             raise RuntimeError("a bug")
 
-    threads = flush_threads.FlushThreads(helpers.RecordingQueue(), threads=1)
+    threads = local_queue.LocalQueue(helpers.RecordingQueue(), threads=1)
     threads.start(flush)
     try:
         threads.kick("bad")

@@ -1,9 +1,11 @@
 """The lease keeper (:mod:`pipeline.leases`): one thread renews every running refinement job's
-lease, stops renewing a claim that was replaced, and ends when no job runs. Real threads on
-real time, briefly (docs/design.md §9)."""
+lease, stops renewing a claim that was replaced, and ends when no job runs. Real threads; the
+leases on the test's clock, moved instead of slept through (docs/design.md §9)."""
 
 from __future__ import annotations
 
+import datetime as dt
+import functools
 import threading
 import time
 from pathlib import Path
@@ -13,8 +15,10 @@ import pytest
 from conftest import set_row
 
 from pipeline import database, journal, leases, refine
+from pipeline.clock import ManualClock
 
 LEASE = 1.0  #: seconds; renewed every third of it
+STEP = 0.4 * LEASE  #: how far the clock moves at a time: past one renewal, well within a lease
 
 
 def _file(db: database.Database, data_dir: Path, session: str) -> str:
@@ -38,17 +42,34 @@ def _renewing_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "sgme-leases"]
 
 
+def _renewed(db: database.Database, file_id: str, until: dt.datetime) -> bool:
+    found = helpers.file_row(db, file_id).refine_lease_until
+    return found is not None and found >= until
+
+
+def _step(db: database.Database, clock: ManualClock, file_ids: list[str]) -> None:
+    """Move the clock past the next renewal of every lease of ``file_ids`` and wait for the
+    keeper to renew each one: a whole lease from the new now."""
+    now = clock.advance(STEP)
+    renewed = now + dt.timedelta(seconds=LEASE)
+    for file_id in file_ids:
+        helpers.wait_for(
+            functools.partial(_renewed, db, file_id, renewed),
+            timeout=10,
+            what=f"the keeper to renew the lease of {file_id}",
+        )
+
+
 def test_one_thread_renews_the_lease_of_every_running_job(
-    db: database.Database, data_dir: Path
+    db: database.Database, clock: ManualClock, data_dir: Path
 ) -> None:
-    live = database.Database(db.engine)  # the system's clock: the leases run on real time
     files = [_file(db, data_dir, f"s{i}") for i in range(3)]
-    claims = [_claim(live, file_id) for file_id in files]
+    claims = [_claim(db, file_id) for file_id in files]
     started = threading.Barrier(len(claims) + 1)
     done = threading.Event()
 
     def job(c: refine.Claim) -> None:
-        with refine.heartbeat(live, c, lease_seconds=LEASE):
+        with refine.heartbeat(db, c, lease_seconds=LEASE):
             started.wait()
             done.wait(30)
 
@@ -57,10 +78,9 @@ def test_one_thread_renews_the_lease_of_every_running_job(
         thread.start()
     try:
         started.wait()
-        deadline = time.monotonic() + 2.5 * LEASE  # each lease would have run out twice
-        while time.monotonic() < deadline:
-            assert [refine.claim(live, f, lease_seconds=LEASE) for f in files] == [None] * 3
-            time.sleep(LEASE / 10)
+        for _ in range(7):  # each lease would have run out twice
+            _step(db, clock, files)
+            assert [refine.claim(db, f, lease_seconds=LEASE) for f in files] == [None] * 3
         assert len(_renewing_threads()) == 1
         assert leases.KEEPER.renewing() == 3
     finally:
@@ -69,24 +89,25 @@ def test_one_thread_renews_the_lease_of_every_running_job(
             thread.join()
     assert leases.KEEPER.renewing() == 0
     # nothing renews them any more: each file is claimable again once its lease ran out
-    again = helpers.wait_for(
-        lambda: refine.claim(live, files[0], lease_seconds=LEASE),
-        timeout=5 * LEASE,
-        what="the last renewed lease to run out",
-    )
-    assert again.epoch == claims[0].epoch + 1
+    clock.advance(LEASE * 0.9)
+    assert refine.claim(db, files[0], lease_seconds=LEASE) is None
+    clock.advance(LEASE * 0.2)
+    again = refine.claim(db, files[0], lease_seconds=LEASE)
+    assert again is not None and again.epoch == claims[0].epoch + 1
 
 
-def test_a_replaced_claim_is_no_longer_renewed(db: database.Database, data_dir: Path) -> None:
-    live = database.Database(db.engine)
+def test_a_replaced_claim_is_no_longer_renewed(
+    db: database.Database, clock: ManualClock, data_dir: Path
+) -> None:
     file_id = _file(db, data_dir, "replaced")
-    c = _claim(live, file_id)
-    with refine.heartbeat(live, c, lease_seconds=LEASE):
+    c = _claim(db, file_id)
+    with refine.heartbeat(db, c, lease_seconds=LEASE):
         assert leases.KEEPER.renewing() == 1
         set_row(db, file_id, refine_epoch=c.epoch + 1)  # a full re-refine took the file over
+        clock.advance(STEP)  # past the next renewal: it finds the claim replaced
         helpers.wait_for(
             lambda: leases.KEEPER.renewing() == 0,
-            timeout=3 * LEASE,
+            timeout=10,
             what="the keeper to drop the replaced claim",
         )
 
@@ -94,34 +115,37 @@ def test_a_replaced_claim_is_no_longer_renewed(db: database.Database, data_dir: 
 def test_the_renewing_thread_ends_when_no_job_runs_and_the_next_job_starts_it(
     db: database.Database, data_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(leases, "IDLE_SECONDS", 0.2)
-    live = database.Database(db.engine)
+    monkeypatch.setattr(leases, "IDLE_SECONDS", 0.2)  # the thread's idleness is real time
     first, second = (_file(db, data_dir, name) for name in ("first", "second"))
-    with refine.heartbeat(live, _claim(live, first), lease_seconds=LEASE):
+    with refine.heartbeat(db, _claim(db, first), lease_seconds=LEASE):
         assert leases.KEEPER.running()
     helpers.wait_for(lambda: not _renewing_threads(), timeout=10, what="the thread to end")
     assert not leases.KEEPER.running()
-    with refine.heartbeat(live, _claim(live, second), lease_seconds=LEASE):
+    with refine.heartbeat(db, _claim(db, second), lease_seconds=LEASE):
         assert leases.KEEPER.running()
         assert leases.KEEPER.renewing() == 1
 
 
 def test_a_shorter_lease_taken_while_the_thread_waits_for_a_longer_one_is_renewed_in_time(
-    db: database.Database, data_dir: Path
+    db: database.Database, clock: ManualClock, data_dir: Path
 ) -> None:
-    live = database.Database(db.engine)
     long_file, short_file = (_file(db, data_dir, name) for name in ("long", "short"))
-    long_claim = refine.claim(live, long_file, lease_seconds=60)
+    long_claim = refine.claim(db, long_file, lease_seconds=60)
     assert long_claim is not None
-    short_claim = _claim(live, short_file)
-    with refine.heartbeat(live, long_claim, lease_seconds=60):  # its first renewal in 20 s
+    short_claim = _claim(db, short_file)
+    with refine.heartbeat(db, long_claim, lease_seconds=60):  # its first renewal in 20 s
         helpers.wait_for(
             lambda: 10 < leases.KEEPER.wakes() - time.monotonic() < 60,
             timeout=10,
             what="the thread to wait for the long lease's renewal",
         )
-        with refine.heartbeat(live, short_claim, lease_seconds=LEASE):
-            deadline = time.monotonic() + 2.5 * LEASE
-            while time.monotonic() < deadline:
-                assert refine.claim(live, short_file, lease_seconds=LEASE) is None
-                time.sleep(LEASE / 10)
+        with refine.heartbeat(db, short_claim, lease_seconds=LEASE):
+            # taking it woke the thread, not the clock (it has not moved yet)
+            helpers.wait_for(
+                lambda: leases.KEEPER.wakes() - time.monotonic() <= LEASE / 3,
+                timeout=10,
+                what="the thread to wait for the short lease's renewal instead",
+            )
+            for _ in range(7):
+                _step(db, clock, [short_file])
+                assert refine.claim(db, short_file, lease_seconds=LEASE) is None

@@ -344,7 +344,7 @@ def test_a_claim_made_before_a_redaction_commits_nothing(
     claim = refine.claim(db, file_id, lease_seconds=60)
     assert claim is not None
     service = helpers.service(db, Settings(data_dir=data_dir))
-    service.redact([f"{file_id}:2"], rewrite.Who("test", "r"))
+    service.removals.redact([f"{file_id}:2"], rewrite.Who("test", "r"))
     stale = [refine.Item("fact", f"about {SECRET_WORD}", (f"{file_id}:2",))]
     assert refine.commit(db, claim, stale, refiner="test") is False
     assert _items(db, file_id) == []

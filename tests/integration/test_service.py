@@ -127,7 +127,7 @@ def test_refine_now_runs_every_segment_in_this_process(
 def test_restore_of_a_live_file_is_a_conflict(service: Service) -> None:
     file_id = helpers.append(service, _body("s"), wait=True).result.file_id
     with pytest.raises(errors.Conflict, match="not archived"):
-        service.restore(file_id)
+        service.upkeep.restore(file_id)
 
 
 def test_health_counts_what_waits_for_its_file(service: Service) -> None:

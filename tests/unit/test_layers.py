@@ -350,3 +350,64 @@ def test_one_fork_hook_for_the_process() -> None:
         if "register_at_fork" in path.read_text(encoding="utf-8")
     )
     assert hooks == ["pipeline/forks.py"]
+
+
+#: the variables that say where a client's server is and who the client is
+CLIENT_VARIABLES = {"SGME_URL", "SGME_TOKEN", "SGME_AGENT_ID"}
+
+
+def client_variable_reads(source: str) -> list[str]:
+    """Each read of a :data:`CLIENT_VARIABLES` variable in ``source``: ``x.get("SGME_URL"…)``,
+    ``x["SGME_URL"]`` or ``os.getenv("SGME_URL")``, as ``line: name``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call | ast.Subscript):
+            continue
+        key: ast.expr | None = None
+        if isinstance(node, ast.Call) and node.args:
+            func = node.func
+            if isinstance(func, ast.Attribute) and func.attr in {"get", "getenv"}:
+                key = node.args[0]
+        elif isinstance(node, ast.Subscript):
+            key = node.slice
+        if isinstance(key, ast.Constant) and key.value in CLIENT_VARIABLES:
+            found.append(f"{node.lineno}: {key.value}")
+    return found
+
+
+def test_a_clients_server_and_token_are_read_in_one_module_of_the_standard_library_only() -> None:
+    """``SGME_URL``, ``SGME_TOKEN`` and ``SGME_AGENT_ID`` are read by :mod:`pipeline.remote`
+    alone, which a capture hook loads without :mod:`pipeline.settings` (slow to import)."""
+    reads = {
+        path.relative_to(ROOT).as_posix(): found
+        for package in ("pipeline", "workers")
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if (found := client_variable_reads(path.read_text(encoding="utf-8")))
+    }
+    assert set(reads) == {"pipeline/remote.py"}
+    module = MODULES["pipeline.remote"]
+    assert sorted(i for i in module.top | module.deferred if i.startswith("pipeline")) == []
+    hook = loaded(MODULES, ["pipeline.capture.config"], deferred=True)
+    assert "pipeline.remote" in hook and "pipeline.settings" not in hook
+
+
+def test_a_second_reader_of_a_clients_variables_is_caught() -> None:
+    source = 'import os\n\nURL = os.environ.get("SGME_URL", "")\nT = os.environ["SGME_TOKEN"]\n'
+    assert client_variable_reads(source) == ["3: SGME_URL", "4: SGME_TOKEN"]
+
+
+def test_the_service_holds_its_collaborators_and_inherits_none() -> None:
+    """Browsing, upkeep and removals are objects ``Service`` holds (``service.browsing``…),
+    not mixins reaching into attributes it sets."""
+    tree = ast.parse((ROOT / "pipeline" / "service.py").read_text(encoding="utf-8"))
+    (service,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Service"]
+    assert service.bases == []
+    init = next(n for n in service.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+    held = {
+        target.attr
+        for node in ast.walk(init)
+        if isinstance(node, ast.Assign)
+        for target in node.targets
+        if isinstance(target, ast.Attribute)
+    }
+    assert {"browsing", "upkeep", "removals"} <= held

@@ -60,7 +60,7 @@ class Caller(threading.Thread):
 
     def run(self) -> None:
         try:
-            self.answer = self.combined.flushed(self.file_id, self.seq)
+            self.answer = self.combined.join(self.file_id, self.seq)
         except BaseException as exc:
             self.answer = exc
 
@@ -88,7 +88,7 @@ def behind_a_gate(
 def test_a_lone_wait_is_flushed_on_its_own_at_once() -> None:
     fakes = Fakes([])
     combined = waits.Waits(fakes.round, fakes.flush_alone)
-    assert combined.flushed("a", 3) == result("a", 99)
+    assert combined.join("a", 3) == result("a", 99)
     assert (fakes.rounds, fakes.alone) == ([], ["a"])
     assert (combined.rounds, combined.settled) == (1, 1)
 
@@ -235,7 +235,7 @@ def test_a_forked_child_runs_its_own_syncs_and_leads_its_own_rounds() -> None:
         ran: list[int] = []
         try:
             outcomes = waits._run([lambda: ran.append(1), lambda: ran.append(2)])
-            answer = combined.flushed("a", 1)
+            answer = combined.join("a", 1)
             ok = outcomes == [None, None] and sorted(ran) == [1, 2] and answer == result("a", 99)
         except BaseException:
             ok = False

@@ -1,8 +1,8 @@
-"""Flushes on this process's own threads: the queue of the embedded service (``sgme serve``).
+"""The queue of the embedded service (``sgme serve``): flushes on this process's own threads.
 
 In the embedded service the API and the worker are one process, so a flush kick need not go
 through a broker: a Celery task per kick cost more of the process's time than the flush it
-asked for (bench/bench_http.py). :class:`FlushThreads` keeps the files to flush in a set (a file
+asked for (bench/bench_http.py). :class:`LocalQueue` keeps the files to flush in a set (a file
 kicked twice before its flush starts is flushed once; a file kicked while it is being flushed
 is flushed again after). Refinement jobs still go to the task queue it wraps.
 
@@ -41,7 +41,7 @@ Thunks = list[Callable[[], None]]
 RoundFunction = Callable[..., list[str]]
 
 
-class FlushThreads:
+class LocalQueue:
     """A :class:`pipeline.service.Queue` that flushes kicked files on threads of this process
     and submits refinement jobs to ``jobs``."""
 

@@ -1,7 +1,8 @@
-"""What people and agents browse, as use cases of the :class:`~pipeline.service.Service` (it
-inherits them from :class:`Views`): the sessions listing, one session as the listing shows it,
+"""What people and agents browse: the sessions listing, one session as the listing shows it,
 and the store's overview for an operator — what ``GET /v1/sessions``, the web view, ``sgme
-ls/show`` and the MCP tools read (docs/views.md). Each reads in a snapshot of the index."""
+ls/show`` and the MCP tools read (docs/views.md), through the :class:`Browsing` a
+:class:`~pipeline.service.Service` holds (``service.browsing``). Each reads in a snapshot of
+the index."""
 
 from __future__ import annotations
 
@@ -11,12 +12,12 @@ from pipeline import database, overview, reader, sessions
 from pipeline.settings import Settings
 
 
-class Views:
-    """The browsing reads of a :class:`~pipeline.service.Service` (which sets ``settings``
-    and ``db``)."""
+class Browsing:
+    """The browsing reads over one runtime's settings and index handle."""
 
-    settings: Settings
-    db: database.Database
+    def __init__(self, settings: Settings, db: database.Database) -> None:
+        self.settings = settings
+        self.db = db
 
     def list_sessions(
         self, filters: sessions.Filters, *, offset: int = 0, limit: int = sessions.DEFAULT_LIMIT
