@@ -161,7 +161,11 @@ def _in_directory(directory: str, *, postgres: bool) -> sa.ColumnElement[bool]:
     """Sessions whose metadata's ``cwd`` is ``directory`` or a directory below it (the
     metadata is JSON text: read with each database's own JSON function)."""
     if postgres:
-        cwd: Any = sa.cast(_R.metadata_json, postgresql.JSONB)["cwd"].astext
+        # jsonb refuses the escape of a NUL (``\\u0000``), which a metadata string may hold:
+        # read as U+FFFD instead (the same six characters' length, valid JSON whether they
+        # were an escape or text), so such a row fails nobody's listing
+        text = sa.func.replace(_R.metadata_json, "\\u0000", "\\ufffd")
+        cwd: Any = sa.cast(text, postgresql.JSONB)["cwd"].astext
     else:
         cwd = sa.func.json_extract(_R.metadata_json, "$.cwd")
     base = directory.rstrip("/") or "/"

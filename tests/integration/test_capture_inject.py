@@ -327,6 +327,12 @@ def test_the_sessions_listing_keeps_one_projects_sessions(
     # "_" and "%" are letters, not wildcards; a sibling sharing the prefix is another project
     assert keys("/work/fl_x") == [] and keys("/work/fl%x") == ["s-percent"]
     assert keys(PROJECT + "/a/b%") == [] and keys(PROJECT + "2") == ["s-sibling"]
+    # a NUL in another session's metadata (PostgreSQL's jsonb refuses one) fails nobody's listing
+    nul = _body("claude-code", "s-nul", PROJECT, 7, [("user", "odd metadata")])
+    nul["metadata"] = {"\u0001x": {}, "v\u0000": "y", "cwd": PROJECT}
+    app.flush(app.append(nul)["file_id"])
+    listed = keys(PROJECT)
+    assert "s-nul" in listed and [k for k in listed if k != "s-nul"] == found
     refused = app.client.get("/v1/sessions", params={"cwd": "/work\nflux"})
     assert refused.status_code == 422
     assert refused.headers["content-type"].startswith("application/problem+json")
