@@ -43,6 +43,7 @@ from pipeline import (
     waits,
 )
 from pipeline.flush import FlushResult, Round, Runner
+from pipeline.hybrid import Hybrid
 from pipeline.removals import Removals
 from pipeline.settings import Settings
 from pipeline.tables import Kind
@@ -84,7 +85,7 @@ class Appended:
         return answer
 
 
-class Service(Views, Upkeep, Removals):
+class Service(Views, Upkeep, Removals, Hybrid):
     """The use cases over one runtime's parts: its settings, index handle, per-file locks and
     refiner, and a queue (None: nothing is enqueued and nothing is claimed for refinement, as a
     one-shot command must not strand a claim no worker will run). The browsing reads (the
@@ -456,8 +457,7 @@ class Service(Views, Upkeep, Removals):
         self, q: str, filters: catalog.Filters, *, limit: int, match: terms.Match = "any"
     ) -> list[search.Result]:
         """Messages that match ``q`` within ``filters``, best first (docs/search.md)."""
-        how = search.Ranking(**dataclasses.asdict(self.settings.search))
-        return search.search(self.db, self.data_dir, q, filters, limit=limit, match=match, how=how)
+        return self.ranked(q, filters, limit=limit, match=match)[0]
 
     def health(self) -> dict[str, Any]:
         """Whether the index answers and the data directory is writable (``status`` ok or

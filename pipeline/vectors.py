@@ -1,0 +1,356 @@
+"""Message vectors (docs/search.md, semantic search): made off the append path, exactly once per
+message and model, and scored for a query within the caller's scope.
+
+**Exactly once, like refinement** (docs/design.md §4). Each file has a watermark in
+``embed_marks``: the last seq the current model embedded. A round takes the files whose
+watermark is behind ``flushed_seq`` (or was made by another model: a model change starts the
+file over, and the old vectors are ignored until replaced, never compared with the new),
+*claims* each one — one conditional UPDATE bumps the epoch and leases the file, so two
+workers never embed one stretch at once — reads the claimed messages from the file, embeds
+them with no lock and no transaction held, and *commits* the vectors with the watermark's
+advance in one transaction, fenced on the epoch and the old watermark: a claim that lost its
+lease (a slow endpoint, a killed worker) or was replaced (a redaction, an erasure) commits
+nothing. A failed embedder frees the claim; the messages wait for the next round. Appends and
+flushes never wait for any of it.
+
+**Storage.** A vector is stored as int8 (the unit vector times 127: ``dim`` bytes, a quarter
+of float32, cosine kept to about 1e-3) keyed by ``(file_id, seq)`` like its source_ref, so a
+reindex keeps it. A query is scored by reading the vectors of the messages within its
+filters in batches of :data:`SCAN_BATCH` and keeping the best: memory stays bounded whatever
+the store's size, on SQLite and PostgreSQL alike (docs/search.md has the measurements).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import heapq
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import sqlalchemy as sa
+
+from pipeline import catalog, database, embeddings, errors, ranking, reader, tables
+from pipeline.tables import Status
+
+log = logging.getLogger(__name__)
+
+#: vectors read and scored at a time by :func:`nearest` (about 384 bytes each)
+SCAN_BATCH = 8192
+#: files one embedding round claims at most
+ROUND_FILES = 64
+
+_V = tables.message_vectors.c
+_E = tables.embed_marks.c
+_F = tables.raw_files.c
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    """Messages ``lo < seq <= hi`` of a file leased to one embedding job, fenced by
+    ``epoch``, for ``model``."""
+
+    file_id: str
+    lo: int
+    hi: int
+    epoch: int
+    model: str
+
+
+def encode(vector: np.ndarray[Any, Any]) -> bytes:
+    """A unit vector as stored: int8, times 127."""
+    return np.clip(np.rint(vector * 127.0), -127, 127).astype(np.int8).tobytes()
+
+
+def decode(data: bytes, dim: int) -> np.ndarray[Any, Any]:
+    """A stored vector back as float32 (length about 1)."""
+    return np.frombuffer(data, dtype=np.int8, count=dim).astype(np.float32) / 127.0
+
+
+# the watermark: due files, claim, commit, release
+
+
+def due_files(conn: sa.Connection, model: str, *, now: dt.datetime, limit: int) -> list[str]:
+    """Files with flushed messages that ``model`` has not embedded, not leased."""
+    behind = sa.or_(_E.file_id.is_(None), _E.model != model, _E.embedded_seq < _F.flushed_seq)
+    free = sa.or_(_E.lease_until.is_(None), _E.lease_until < now)
+    query = (
+        sa.select(_F.file_id)
+        .select_from(tables.raw_files.outerjoin(tables.embed_marks, _E.file_id == _F.file_id))
+        .where(_F.flushed_seq > 0, _F.status != Status.ERROR, behind, free)
+        .order_by(_F.file_id)
+        .limit(limit)
+    )
+    return list(conn.execute(query).scalars())
+
+
+def claim(
+    db: database.Database, file_id: str, model: str, *, most: int, lease_seconds: float
+) -> Claim | None:
+    """Lease the next at most ``most`` un-embedded messages of a file, or None when it is
+    leased to another job or has nothing to embed."""
+    now = db.now()
+
+    def work(conn: sa.Connection) -> Claim | None:
+        flushed = conn.execute(
+            sa.select(_F.flushed_seq).where(_F.file_id == file_id, _F.status != Status.ERROR)
+        ).scalar()
+        if not flushed:
+            return None
+        conn.execute(
+            database.insert(conn, tables.embed_marks)
+            .values(file_id=file_id, model=model, embedded_seq=0, epoch=0)
+            .on_conflict_do_nothing(index_elements=["file_id"])
+        )
+        lo = sa.case((_E.model == model, _E.embedded_seq), else_=0)
+        stmt = (
+            sa.update(tables.embed_marks)
+            .where(
+                _E.file_id == file_id,
+                sa.or_(_E.lease_until.is_(None), _E.lease_until < now),
+                lo < flushed,
+            )
+            .values(
+                embedded_seq=lo,
+                model=model,
+                epoch=_E.epoch + 1,
+                lease_until=now + dt.timedelta(seconds=lease_seconds),
+            )
+            .returning(_E.embedded_seq, _E.epoch)
+        )
+        row = conn.execute(stmt).first()
+        if row is None:
+            return None
+        return Claim(
+            file_id, row.embedded_seq, min(flushed, row.embedded_seq + most), row.epoch, model
+        )
+
+    return db.commit(work, key=file_id)
+
+
+def commit(db: database.Database, c: Claim, vectors: np.ndarray[Any, Any]) -> bool:
+    """Store the claim's vectors (one row per message, in seq order) and advance the
+    watermark to ``hi`` — only if the claim still holds; False (nothing stored) otherwise."""
+    if len(vectors) != c.hi - c.lo:
+        raise errors.InternalError(f"{len(vectors)} vectors for {c.hi - c.lo} messages")
+    dim = int(vectors.shape[1]) if len(vectors) else 0
+    rows = [
+        {
+            "file_id": c.file_id,
+            "seq": c.lo + 1 + i,
+            "model": c.model,
+            "dim": dim,
+            "vector": encode(v),
+        }
+        for i, v in enumerate(vectors)
+    ]
+    now = db.now()
+
+    def work(conn: sa.Connection) -> bool:
+        advance = (
+            sa.update(tables.embed_marks)
+            .where(
+                _E.file_id == c.file_id,
+                _E.epoch == c.epoch,
+                _E.embedded_seq == c.lo,
+                _E.model == c.model,
+            )
+            .values(embedded_seq=c.hi, lease_until=None, embedded_at=now)
+        )
+        if not conn.execute(advance).rowcount:
+            return False
+        conn.execute(
+            sa.delete(tables.message_vectors).where(
+                _V.file_id == c.file_id, _V.seq > c.lo, _V.seq <= c.hi
+            )
+        )
+        if rows:
+            conn.execute(sa.insert(tables.message_vectors), rows)
+        return True
+
+    return db.commit(work, key=c.file_id)
+
+
+def release(db: database.Database, c: Claim) -> None:
+    """Free a claim whose embedding failed, so the next round may take the file at once."""
+    stmt = (
+        sa.update(tables.embed_marks)
+        .where(_E.file_id == c.file_id, _E.epoch == c.epoch)
+        .values(lease_until=None)
+    )
+    db.commit(lambda conn: conn.execute(stmt), key=c.file_id)
+
+
+def forget(conn: sa.Connection, file_id: str, *, after: int = 0) -> None:
+    """Drop a file's vectors of seqs past ``after`` and move its watermark back to ``after``
+    (a redaction: the message is embedded again from its redacted text; an erasure:
+    ``after=0`` and the mark goes too). The epoch moves on, so a job holding a claim on the
+    file commits nothing."""
+    conn.execute(sa.delete(tables.message_vectors).where(_V.file_id == file_id, _V.seq > after))
+    if after == 0:
+        conn.execute(sa.delete(tables.embed_marks).where(_E.file_id == file_id))
+        return
+    conn.execute(
+        sa.update(tables.embed_marks)
+        .where(_E.file_id == file_id)
+        .values(
+            embedded_seq=sa.case((_E.embedded_seq > after, after), else_=_E.embedded_seq),
+            epoch=_E.epoch + 1,
+            lease_until=None,
+        )
+    )
+
+
+def forget_message(conn: sa.Connection, file_id: str, seq: int) -> None:
+    """Drop the vector of message ``seq`` (redacted: it must not keep the secret's meaning)
+    and move the file's watermark back before it, so the message is embedded again from its
+    redacted text (the vectors after it stay until their re-embedding replaces them). The
+    epoch moves on: a job that read the old text commits nothing."""
+    conn.execute(sa.delete(tables.message_vectors).where(_V.file_id == file_id, _V.seq == seq))
+    conn.execute(
+        sa.update(tables.embed_marks)
+        .where(_E.file_id == file_id)
+        .values(
+            embedded_seq=sa.case((_E.embedded_seq >= seq, seq - 1), else_=_E.embedded_seq),
+            epoch=_E.epoch + 1,
+            lease_until=None,
+        )
+    )
+
+
+def lag(conn: sa.Connection, model: str) -> int:
+    """Flushed messages that ``model`` has not embedded yet (files in ``error`` left out)."""
+    done = sa.case((_E.model == model, _E.embedded_seq), else_=0)
+    query = (
+        sa.select(sa.func.coalesce(sa.func.sum(_F.flushed_seq - sa.func.coalesce(done, 0)), 0))
+        .select_from(tables.raw_files.outerjoin(tables.embed_marks, _E.file_id == _F.file_id))
+        .where(_F.status != Status.ERROR)
+    )
+    return int(conn.execute(query).scalar() or 0)
+
+
+def count(conn: sa.Connection, model: str) -> int:
+    """Vectors stored for ``model``."""
+    return int(conn.execute(sa.select(sa.func.count()).where(_V.model == model)).scalar() or 0)
+
+
+# a round: claim, read, embed, commit
+
+
+def texts(messages: Sequence[Any], *, max_chars: int) -> list[str]:
+    """What is embedded of each message: the start of its text."""
+    return [m.content[:max_chars] for m in messages]
+
+
+def embed_file(
+    db: database.Database,
+    data_dir: Path,
+    embedder: embeddings.Embedder,
+    c: Claim,
+    *,
+    max_chars: int,
+) -> bool:
+    """Embed a claim's messages and commit them; False when the claim no longer held. An
+    embedder's failure frees the claim and is raised (:class:`errors.EmbedderUnavailable`)."""
+    try:
+        row = reader.get_file(db, c.file_id)
+        found = reader.between(db, data_dir, row, c.lo, c.hi)
+        if len(found) != c.hi - c.lo:
+            raise errors.FileDamaged(
+                f"file {c.file_id} has {len(found)} of the messages {c.lo}<seq<={c.hi} claimed"
+            )
+        vectors = embedder.passages(texts(found, max_chars=max_chars))
+    except errors.SgmeError:
+        release(db, c)
+        raise
+    return commit(db, c, vectors)
+
+
+def run_round(
+    db: database.Database,
+    data_dir: Path,
+    embedder: embeddings.Embedder,
+    *,
+    claim_messages: int,
+    lease_seconds: float,
+    max_chars: int,
+    files: int = ROUND_FILES,
+) -> int:
+    """One embedding round: each due file's next claim embedded and committed; the messages
+    embedded. An embedder that fails ends the round (raised); a damaged file is skipped."""
+    with db.reading() as conn:
+        due = due_files(conn, embedder.model, now=db.now(), limit=files)
+    done = 0
+    for file_id in due:
+        c = claim(db, file_id, embedder.model, most=claim_messages, lease_seconds=lease_seconds)
+        if c is None:
+            continue
+        try:
+            if embed_file(db, data_dir, embedder, c, max_chars=max_chars):
+                done += c.hi - c.lo
+        except (errors.FileDamaged, errors.NotFound) as exc:
+            log.warning("file %s not embedded: %s", file_id, exc)
+    return done
+
+
+# scoring a query
+
+
+def nearest(
+    conn: sa.Connection,
+    model: str,
+    query: np.ndarray[Any, Any],
+    filters: catalog.Filters,
+    *,
+    limit: int,
+) -> list[ranking.Scored]:
+    """The ``limit`` messages within ``filters`` whose ``model`` vectors are closest to
+    ``query`` (cosine), best first, ties in source_ref order."""
+    m, f = tables.messages.c, _F
+    stmt = (
+        sa.select(m.id, _V.file_id, _V.seq, _V.dim, _V.vector)
+        .select_from(
+            tables.message_vectors.join(
+                tables.messages, sa.and_(m.file_id == _V.file_id, m.seq == _V.seq)
+            ).join(tables.raw_files, f.file_id == _V.file_id)
+        )
+        .where(_V.model == model, _V.dim == len(query))
+    )
+    if filters.agents is not None:
+        stmt = stmt.where(f.agent_id.in_(list(filters.agents)))
+    if filters.agent_id is not None:
+        stmt = stmt.where(f.agent_id == filters.agent_id)
+    if filters.session_key is not None:
+        stmt = stmt.where(f.session_key == filters.session_key)
+    if filters.file_id is not None:
+        stmt = stmt.where(_V.file_id == filters.file_id)
+    if filters.role is not None:
+        stmt = stmt.where(m.role == filters.role)
+    if filters.since is not None:
+        stmt = stmt.where(m.ts >= filters.since)
+    if filters.until is not None:
+        stmt = stmt.where(m.ts <= filters.until)
+    q = np.asarray(query, dtype=np.float32) * (1.0 / 127.0)
+    dim = len(query)
+    best: list[tuple[float, int, str, int]] = []
+    result = conn.execution_options(yield_per=SCAN_BATCH).execute(stmt)
+    for part in result.partitions():
+        matrix = np.frombuffer(b"".join(r[4] for r in part), dtype=np.int8).reshape(-1, dim)
+        scores = matrix.astype(np.float32) @ q
+        keep = (
+            np.argpartition(-scores, limit - 1)[:limit]
+            if len(scores) > limit
+            else range(len(scores))
+        )
+        for i in keep:
+            r = part[int(i)]
+            item = (float(scores[int(i)]), -r[0], r[1], r[2])
+            if len(best) < limit:
+                heapq.heappush(best, item)
+            elif item > best[0]:
+                heapq.heapreplace(best, item)
+    ordered = sorted(best, key=lambda t: (-t[0], t[2], t[3]))
+    return [ranking.Scored(-neg_id, file_id, seq, score) for score, neg_id, file_id, seq in ordered]

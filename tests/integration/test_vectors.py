@@ -1,0 +1,270 @@
+"""The semantic leg of search (pipeline.vectors, pipeline.hybrid; docs/search.md), on SQLite and
+PostgreSQL: vectors follow the flush exactly once under a fenced per-file watermark, a model
+change starts over without mixing, redaction and erasure drop what they must, and a hybrid
+search stays within the caller's scope and falls back to its lexical ranking when the
+embedder fails."""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import sqlalchemy as sa
+
+from pipeline import catalog, database, embeddings, errors, hybrid, journal, tables, vectors
+from pipeline.settings import Settings
+
+
+def session(
+    db: database.Database, data_dir: Path, key: str, contents: list[str], *, agent: str = "hermes"
+) -> str:
+    """A flushed session of ``contents``; its file_id."""
+    messages = [{"role": "user", "content": c} for c in contents]
+    file_id = journal.ingest(db, {"agent_id": agent, "session_key": key, "messages": messages})
+    journal.flush(db, data_dir, file_id.file_id)
+    return file_id.file_id
+
+
+class Fake:
+    """A deterministic embedder for the protocol's tests: each text's vector is its words,
+    hashed into 64 dimensions (so equal texts have equal vectors), made unit length. It counts
+    what it embedded and can be told to fail."""
+
+    def __init__(self, model: str = "fake-1") -> None:
+        self.model = model
+        self.embedded: list[str] = []
+        self.down = False
+
+    def _vector(self, text: str) -> np.ndarray[Any, Any]:
+        v = np.zeros(64, np.float32)
+        for word in text.lower().split():
+            v[zlib.crc32(word.encode()) % 64] += 1.0
+        v[63] += 0.01
+        return v / np.linalg.norm(v)
+
+    def passages(self, texts: Sequence[str]) -> embeddings.Vectors:
+        if self.down:
+            raise errors.EmbedderUnavailable("the fake is down")
+        self.embedded.extend(texts)
+        return np.stack([self._vector(t) for t in texts]).astype(np.float32)
+
+    def query(self, text: str) -> embeddings.Vectors:
+        if self.down:
+            raise errors.EmbedderUnavailable("the fake is down")
+        return self._vector(text).astype(np.float32)
+
+
+def run(db: database.Database, data_dir: Path, embedder: Any, **kw: Any) -> int:
+    options = {"claim_messages": 256, "lease_seconds": 60.0, "max_chars": 2000} | kw
+    return vectors.run_round(db, data_dir, embedder, **options)
+
+
+def stored(db: database.Database) -> list[tuple[str, int, str]]:
+    v = tables.message_vectors.c
+    with db.reading() as conn:
+        rows = conn.execute(sa.select(v.file_id, v.seq, v.model).order_by(v.file_id, v.seq))
+        return [(r.file_id, r.seq, r.model) for r in rows]
+
+
+def test_vectors_follow_the_flush_once_each(db: database.Database, data_dir: Path) -> None:
+    fake = Fake()
+    a = session(db, data_dir, "a", ["one two", "three four", "five six"])
+    assert run(db, data_dir, fake) == 3
+    assert run(db, data_dir, fake) == 0
+    with db.reading() as conn:
+        assert vectors.lag(conn, fake.model) == 0
+    journal.ingest(
+        db,
+        {
+            "agent_id": "hermes",
+            "session_key": "a",
+            "messages": [{"role": "user", "content": "seven eight"}],
+        },
+    )
+    with db.reading() as conn:
+        assert vectors.lag(conn, fake.model) == 0  # not flushed: nothing to embed yet
+    journal.flush(db, data_dir, a)
+    with db.reading() as conn:
+        assert vectors.lag(conn, fake.model) == 1
+    assert run(db, data_dir, fake) == 1
+    assert fake.embedded == ["one two", "three four", "five six", "seven eight"]
+    assert [(s, m) for _, s, m in stored(db)] == [
+        (1, "fake-1"),
+        (2, "fake-1"),
+        (3, "fake-1"),
+        (4, "fake-1"),
+    ]
+
+
+def test_claims_are_fenced(db: database.Database, data_dir: Path, clock: Any) -> None:
+    fake = Fake()
+    a = session(db, data_dir, "a", [f"m{i}" for i in range(5)])
+    first = vectors.claim(db, a, fake.model, most=2, lease_seconds=60)
+    assert first is not None and (first.lo, first.hi) == (0, 2)
+    # leased: nobody else gets the file
+    assert vectors.claim(db, a, fake.model, most=2, lease_seconds=60) is None
+    clock.advance(61)
+    # the lease lapsed: a second job claims the same stretch; the first may no longer commit
+    second = vectors.claim(db, a, fake.model, most=2, lease_seconds=60)
+    assert second is not None and (second.lo, second.hi, second.epoch) == (0, 2, first.epoch + 1)
+    two = fake.passages(["m0", "m1"])
+    assert not vectors.commit(db, first, two)
+    assert stored(db) == []
+    assert vectors.commit(db, second, two)
+    assert not vectors.commit(db, second, two)  # a repeated commit stores nothing more
+    assert len(stored(db)) == 2
+    third = vectors.claim(db, a, fake.model, most=10, lease_seconds=60)
+    assert third is not None and (third.lo, third.hi) == (2, 5)
+
+
+def test_a_failing_embedder_frees_its_claim_and_delays_only_vectors(
+    db: database.Database, data_dir: Path
+) -> None:
+    fake = Fake()
+    session(db, data_dir, "a", ["alpha", "beta"])
+    fake.down = True
+    with pytest.raises(errors.EmbedderUnavailable):
+        run(db, data_dir, fake)
+    assert stored(db) == []
+    fake.down = False
+    assert run(db, data_dir, fake) == 2  # freed at once, not after the lease
+
+
+def test_a_model_change_starts_over_and_never_mixes(db: database.Database, data_dir: Path) -> None:
+    old, new = Fake("fake-1"), Fake("fake-2")
+    a = session(db, data_dir, "a", ["red apple", "green pear"])
+    run(db, data_dir, old)
+    with db.reading() as conn:
+        assert vectors.lag(conn, new.model) == 2
+        assert (
+            vectors.nearest(conn, new.model, new.query("red apple"), catalog.Filters(), limit=5)
+            == []
+        )
+    assert run(db, data_dir, new) == 2
+    assert {m for _, _, m in stored(db)} == {"fake-2"}
+    with db.reading() as conn:
+        found = vectors.nearest(conn, new.model, new.query("red apple"), catalog.Filters(), limit=5)
+    assert [(h.file_id, h.seq) for h in found] == [(a, 1), (a, 2)]
+
+
+def test_nearest_keeps_to_the_callers_scope_and_filters(
+    db: database.Database, data_dir: Path
+) -> None:
+    fake = Fake()
+    mine = session(db, data_dir, "mine", ["the secret plan", "lunch"], agent="alice")
+    other = session(db, data_dir, "theirs", ["the secret plan"], agent="bob")
+    run(db, data_dir, fake)
+    point = fake.query("the secret plan")
+    with db.reading() as conn:
+        every = vectors.nearest(conn, fake.model, point, catalog.Filters(), limit=10)
+        alices = vectors.nearest(
+            conn, fake.model, point, catalog.Filters(agents=["alice"]), limit=10
+        )
+        one = vectors.nearest(conn, fake.model, point, catalog.Filters(), limit=1)
+    assert {(h.file_id, h.seq) for h in every} == {(mine, 1), (mine, 2), (other, 1)}
+    assert [(h.file_id, h.seq) for h in alices] == [(mine, 1), (mine, 2)]
+    assert alices[0].score == pytest.approx(1.0, abs=0.02)
+    assert len(one) == 1 and one[0].score == pytest.approx(1.0, abs=0.02)
+
+
+def test_forget_drops_vectors_and_moves_the_watermark_back(
+    db: database.Database, data_dir: Path
+) -> None:
+    fake = Fake()
+    a = session(db, data_dir, "a", ["one", "two", "three"])
+    run(db, data_dir, fake)
+    with db.transaction() as conn:
+        vectors.forget(conn, a, after=1)
+        assert vectors.lag(conn, fake.model) == 2
+    assert [s for _, s, _ in stored(db)] == [1]
+    assert run(db, data_dir, fake) == 2
+    with db.transaction() as conn:
+        vectors.forget(conn, a)
+        assert vectors.lag(conn, fake.model) == 3
+    assert stored(db) == []
+
+
+def test_redaction_re_embeds_the_redacted_text_and_erasure_drops_the_file(
+    db: database.Database, data_dir: Path, file_locks: Any
+) -> None:
+    from pipeline import erasure, redaction, rewrite
+
+    fake = Fake()
+    a = session(db, data_dir, "a", ["hello there", "my password is hunter2", "bye now"])
+    b = session(db, data_dir, "b", ["another file"])
+    run(db, data_dir, fake)
+    secret = fake.query("my password is hunter2")
+    who = rewrite.Who(reason="a leaked password", actor="test", token_id=None)
+    redaction.redact(db, file_locks, data_dir, f"{a}:2", who)
+    with db.reading() as conn:
+        assert vectors.lag(conn, fake.model) == 2  # seq 2 and the one after it
+        found = vectors.nearest(conn, fake.model, secret, catalog.Filters(file_id=a), limit=5)
+    assert [h.seq for h in found] == [1, 3]  # the secret's vector is gone at once
+    fake.embedded.clear()
+    assert run(db, data_dir, fake) == 2
+    assert "hunter2" not in fake.embedded[0] and "REDACTED" in fake.embedded[0].upper()
+    with db.reading() as conn:
+        found = vectors.nearest(conn, fake.model, secret, catalog.Filters(file_id=a), limit=5)
+    assert [h.seq for h in found] != [] and found[0].score < 0.9
+    erasure.erase_file(db, file_locks, data_dir, a, who)
+    assert {f for f, _, _ in stored(db)} == {b}
+
+
+@pytest.fixture
+def local(db: database.Database, data_dir: Path, database_url: str) -> Any:
+    import helpers
+
+    settings = Settings.load(
+        environ={}, data_dir=data_dir, database_url=database_url, search_embedder="local"
+    )
+    return helpers.service(db, settings)
+
+
+def test_hybrid_search_finds_by_meaning_within_scope_and_says_how(
+    db: database.Database, data_dir: Path, local: Any
+) -> None:
+    session(
+        db,
+        data_dir,
+        "mine",
+        [
+            "The weather was grey all week.",
+            "On Saturdays I go kayaking on the river, and I paint watercolours in winter.",
+            "The invoice number is 4471.",
+        ],
+        agent="alice",
+    )
+    session(
+        db, data_dir, "theirs", ["My favourite pastimes are kayaking and painting."], agent="bob"
+    )
+    alice = catalog.Filters(agents=["alice"])
+    found, how = local.ranked("what hobbies do I have", alice, limit=3)
+    assert (how.mode, how.fallback) == ("lexical", "no message has a vector of this model yet")
+    assert how.embedding_lag == 4
+    assert local.embed_round() == 4
+    found, how = local.ranked("what hobbies do I have", alice, limit=3)
+    assert (how.mode, how.embedding_lag, how.fallback) == ("hybrid", 0, None)
+    assert found[0].snippet.startswith("On Saturdays I go kayaking")
+    assert {r.agent_id for r in found} == {"alice"}  # bob's closer message never shows
+    lexical, how = local.ranked("what hobbies do I have", alice, limit=3, mode="lexical")
+    assert how.mode == "lexical" and all("kayaking" not in r.snippet for r in lexical)
+
+
+def test_hybrid_search_falls_back_when_the_embedder_fails(
+    db: database.Database, data_dir: Path, local: Any
+) -> None:
+    session(db, data_dir, "a", ["the deploy key rotates monthly"])
+    local._embedder = Fake(embeddings.LOCAL_MODEL)
+    assert local.embed_round() == 1
+    local._embedder.down = True
+    found, how = local.ranked("deploy key", catalog.Filters(), limit=5)
+    assert how.mode == "lexical" and how.fallback is not None and "down" in how.fallback
+    assert [r.seq for r in found] == [1]
+    with pytest.raises(errors.InvalidInput, match="search_embedder"):
+        none = hybrid.Hybrid()
+        none.settings, none.db, none._embedder = Settings(), db, None
+        none.ranked("deploy key", catalog.Filters(), limit=5, mode="hybrid")
