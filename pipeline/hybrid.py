@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, Literal
 
 import sqlalchemy as sa
@@ -109,13 +109,14 @@ class Hybrid:
         finally:
             lock.release()
 
-    def embedding_lag(self) -> int | None:
-        """Flushed messages the configured embedder has not embedded yet (None: none set)."""
+    def embedding_lag(self, *, agents: Collection[str] | None = None) -> int | None:
+        """Flushed messages (of ``agents``, when given) the configured embedder has not
+        embedded yet; None when no embedder is set."""
         embedder = self.embedder
         if embedder is None:
             return None
         with self.db.reading() as conn:
-            return vectors.lag(conn, embedder.model)
+            return vectors.lag(conn, embedder.model, agents=agents)
 
     def ranked(
         self,

@@ -500,7 +500,9 @@ class Service(Views, Upkeep, Removals, Hybrid):
 
     def metrics(self) -> bytes:
         """The Prometheus text exposition: this process's histograms and the index gauges."""
-        return metrics.render(self.db)
+        embedder = self.embedder
+        model = None if embedder is None else embedder.model
+        return metrics.render(self.db, embedding_model=model)
 
     # -----------------------------------------------------------------------------------------
     # tokens

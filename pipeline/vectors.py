@@ -26,7 +26,7 @@ import dataclasses
 import datetime as dt
 import heapq
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -221,14 +221,17 @@ def forget_message(conn: sa.Connection, file_id: str, seq: int) -> None:
     )
 
 
-def lag(conn: sa.Connection, model: str) -> int:
-    """Flushed messages that ``model`` has not embedded yet (files in ``error`` left out)."""
+def lag(conn: sa.Connection, model: str, *, agents: Collection[str] | None = None) -> int:
+    """Flushed messages that ``model`` has not embedded yet (files in ``error`` left out), of
+    ``agents`` only when given."""
     done = sa.case((_E.model == model, _E.embedded_seq), else_=0)
     query = (
         sa.select(sa.func.coalesce(sa.func.sum(_F.flushed_seq - sa.func.coalesce(done, 0)), 0))
         .select_from(tables.raw_files.outerjoin(tables.embed_marks, _E.file_id == _F.file_id))
         .where(_F.status != Status.ERROR)
     )
+    if agents is not None:
+        query = query.where(_F.agent_id.in_(list(agents)))
     return int(conn.execute(query).scalar() or 0)
 
 

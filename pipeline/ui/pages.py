@@ -401,7 +401,10 @@ def status_page(request: Request) -> Response:
 
     def build(caller: auth.Caller) -> Response:
         found = service.store_overview(anomalies=shown, agents=caller.agents)
-        return _page(request, "status.html", caller=caller, o=found, now=found.at)
+        behind = service.embedding_lag(agents=caller.agents)
+        return _page(
+            request, "status.html", caller=caller, o=found, now=found.at, embedding_lag=behind
+        )
 
     return _view(request, "admin", build)
 

@@ -6,6 +6,7 @@ embedder fails."""
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -268,3 +269,116 @@ def test_hybrid_search_falls_back_when_the_embedder_fails(
         none = hybrid.Hybrid()
         none.settings, none.db, none._embedder = Settings(), db, None
         none.ranked("deploy key", catalog.Filters(), limit=5, mode="hybrid")
+
+
+def test_the_beat_and_a_worker_embed_appends_in_the_background(
+    database_url: str, data_dir: Path
+) -> None:
+    """As ``sgme serve`` runs it: beat's ``sgme.embed`` on the ``embed`` queue of the
+    in-process worker; the appends are acknowledged and flushed without waiting for it."""
+    import helpers
+
+    from pipeline.runtime import Runtime
+    from workers import app as worker_app
+    from workers import embedded
+
+    settings = Settings.load(
+        environ={},
+        data_dir=data_dir,
+        database_url=database_url,
+        broker_url="memory://",
+        search_embedder="local",
+        embed_interval=0.2,
+        sweep_interval=0.5,
+        sweep_age=0.2,
+    )
+    runtime = Runtime(settings, database.Database.from_url(database_url))
+    app, service = worker_app.create(runtime)
+    runner = embedded.Embedded(app, queues=worker_app.QUEUES, data_dir=data_dir, concurrency=2)
+    runner.start()
+    try:
+        for i in range(3):
+            body = {
+                "agent_id": "hermes",
+                "session_key": f"s{i}",
+                "messages": [{"role": "user", "content": f"note {i} about sailing"}],
+            }
+            helpers.append(service, body)
+        helpers.wait_for(
+            lambda: service.embedding_lag() == 0 and _count(runtime.db) == 3,
+            timeout=60,
+            what="every message embedded",
+        )
+        found, how = service.ranked("boats", catalog.Filters(), limit=3)
+        assert how.mode == "hybrid" and len(found) == 3
+    finally:
+        runner.stop()
+        runtime.close()
+
+
+def _count(db: database.Database) -> int:
+    with db.reading() as conn:
+        return vectors.count(conn, embeddings.LOCAL_MODEL)
+
+
+def test_the_api_says_how_it_ranked_and_metrics_show_the_lag(
+    db: database.Database, data_dir: Path, local: Any
+) -> None:
+    import warnings
+
+    from starlette.exceptions import StarletteDeprecationWarning
+
+    from pipeline.api import app as api_app
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", StarletteDeprecationWarning)
+        from fastapi.testclient import TestClient
+
+    local.settings = dataclasses.replace(local.settings, allowed_hosts=("testserver",))
+    client = TestClient(api_app.create_app(local))
+    session(db, data_dir, "a", ["we picked PostgreSQL as the datastore", "lunch at noon"])
+    metrics = client.get("/metrics").text
+    assert "sgme_embedding_lag_messages 2.0" in metrics
+    r = client.get("/v1/search", params={"q": "which database"})
+    assert r.status_code == 200, r.text
+    assert r.json()["ranking"]["mode"] == "lexical"
+    assert r.json()["ranking"]["fallback"] == "no message has a vector of this model yet"
+    assert local.embed_round() == 2
+    r = client.get("/v1/search", params={"q": "which database"})
+    body = r.json()
+    assert body["ranking"] == {
+        "mode": "hybrid",
+        "model": embeddings.LOCAL_MODEL,
+        "embedding_lag": 0,
+        "fallback": None,
+    }
+    assert body["hits"][0]["snippet"].startswith("we picked PostgreSQL")
+    r = client.get("/v1/search", params={"q": "which database", "mode": "lexical"})
+    assert r.json()["ranking"]["mode"] == "lexical"
+    r = client.get("/v1/search", params={"q": "which database", "mode": "fuzzy"})
+    assert r.status_code == 422
+    assert "sgme_embedding_lag_messages 0.0" in client.get("/metrics").text
+    assert 'id="embedding-lag">0</p>' in client.get("/ui/status").text
+
+
+def test_sgme_embed_backfills_an_existing_store(
+    db: database.Database, data_dir: Path, sgme: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    session(db, data_dir, "a", [f"message number {i}" for i in range(5)])
+    session(db, data_dir, "b", ["one more"])
+    monkeypatch.setenv("SGME_SEARCH_EMBEDDER", "local")
+    monkeypatch.setenv("SGME_EMBED_CLAIM_MESSAGES", "2")  # several claims per file
+    status = sgme("embed", "--json")
+    assert status.code == 0, status.err
+    assert json.loads(status.out)["embedding_lag"] == 6
+    run = sgme("embed", "--backfill", "--json")
+    assert run.code == 0, run.err
+    report = json.loads(run.out)
+    assert (report["embedded"], report["embedding_lag"]) == (6, 0)
+    assert report["model"] == embeddings.LOCAL_MODEL
+    assert _count(db) == 6
+    monkeypatch.setenv("SGME_SEARCH_EMBEDDER", "none")
+    refused = sgme("embed")
+    assert refused.code == 2 and "search_embedder" in refused.err
