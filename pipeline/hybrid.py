@@ -147,7 +147,7 @@ class Hybrid:
         assert embedder is not None
         with self.db.reading() as conn:
             behind = vectors.lag(conn, embedder.model)
-            stored = vectors.count(conn, embedder.model)
+            stored = vectors.any_of(conn, embedder.model)
         fallback = None if stored else "no message has a vector of this model yet"
         near: Callable[[sa.Connection, list[ranking.Scored]], list[ranking.Scored]] | None = None
         if fallback is None:

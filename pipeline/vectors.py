@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 
 #: vectors read and scored at a time by :func:`nearest` (about 384 bytes each)
 SCAN_BATCH = 8192
+#: files whose vectors one statement of :func:`nearest` reads
+FILES_AT_ONCE = 500
 #: files one embedding round claims at most
 ROUND_FILES = 64
 
@@ -240,6 +242,11 @@ def count(conn: sa.Connection, model: str) -> int:
     return int(conn.execute(sa.select(sa.func.count()).where(_V.model == model)).scalar() or 0)
 
 
+def any_of(conn: sa.Connection, model: str) -> bool:
+    """Whether any vector of ``model`` is stored (one index probe)."""
+    return conn.execute(sa.select(_V.seq).where(_V.model == model).limit(1)).first() is not None
+
+
 # a round: claim, read, embed, commit
 
 
@@ -302,6 +309,20 @@ def run_round(
 # scoring a query
 
 
+def _scope(conn: sa.Connection, filters: catalog.Filters) -> list[str] | None:
+    """The files a search within ``filters`` may return messages of (None: every file)."""
+    conditions = [] if filters.file_id is None else [_F.file_id == filters.file_id]
+    if filters.agents is not None:
+        conditions.append(_F.agent_id.in_(list(filters.agents)))
+    if filters.agent_id is not None:
+        conditions.append(_F.agent_id == filters.agent_id)
+    if filters.session_key is not None:
+        conditions.append(_F.session_key == filters.session_key)
+    if not conditions:
+        return None
+    return list(conn.execute(sa.select(_F.file_id).where(*conditions)).scalars())
+
+
 def nearest(
     conn: sa.Connection,
     model: str,
@@ -311,49 +332,52 @@ def nearest(
     limit: int,
 ) -> list[ranking.Scored]:
     """The ``limit`` messages within ``filters`` whose ``model`` vectors are closest to
-    ``query`` (cosine), best first, ties in source_ref order."""
-    m, f = tables.messages.c, _F
-    stmt = (
-        sa.select(m.id, _V.file_id, _V.seq, _V.dim, _V.vector)
-        .select_from(
-            tables.message_vectors.join(
-                tables.messages, sa.and_(m.file_id == _V.file_id, m.seq == _V.seq)
-            ).join(tables.raw_files, f.file_id == _V.file_id)
-        )
-        .where(_V.model == model, _V.dim == len(query))
-    )
-    if filters.agents is not None:
-        stmt = stmt.where(f.agent_id.in_(list(filters.agents)))
-    if filters.agent_id is not None:
-        stmt = stmt.where(f.agent_id == filters.agent_id)
-    if filters.session_key is not None:
-        stmt = stmt.where(f.session_key == filters.session_key)
-    if filters.file_id is not None:
-        stmt = stmt.where(_V.file_id == filters.file_id)
-    if filters.role is not None:
-        stmt = stmt.where(m.role == filters.role)
-    if filters.since is not None:
-        stmt = stmt.where(m.ts >= filters.since)
-    if filters.until is not None:
-        stmt = stmt.where(m.ts <= filters.until)
-    q = np.asarray(query, dtype=np.float32) * (1.0 / 127.0)
+    ``query`` (cosine), best first, ties in source_ref order.
+
+    The files in scope are found first (the caller's agents, the session, the file), then
+    their vectors read through ``(model, file_id)``, :data:`FILES_AT_ONCE` files a statement;
+    the messages' own filters (role, time) join the catalog only when one is given."""
+    m = tables.messages.c
+    files = _scope(conn, filters)
     dim = len(query)
-    best: list[tuple[float, int, str, int]] = []
-    result = conn.execution_options(yield_per=SCAN_BATCH).execute(stmt)
-    for part in result.partitions():
-        matrix = np.frombuffer(b"".join(r[4] for r in part), dtype=np.int8).reshape(-1, dim)
-        scores = matrix.astype(np.float32) @ q
-        keep = (
-            np.argpartition(-scores, limit - 1)[:limit]
-            if len(scores) > limit
-            else range(len(scores))
-        )
-        for i in keep:
-            r = part[int(i)]
-            item = (float(scores[int(i)]), -r[0], r[1], r[2])
-            if len(best) < limit:
-                heapq.heappush(best, item)
-            elif item > best[0]:
-                heapq.heapreplace(best, item)
-    ordered = sorted(best, key=lambda t: (-t[0], t[2], t[3]))
-    return [ranking.Scored(-neg_id, file_id, seq, score) for score, neg_id, file_id, seq in ordered]
+    own = filters.role is not None or filters.since is not None or filters.until is not None
+    base = sa.select(_V.file_id, _V.seq, _V.vector).where(_V.model == model, _V.dim == dim)
+    if own:
+        base = base.join(tables.messages, sa.and_(m.file_id == _V.file_id, m.seq == _V.seq))
+        if filters.role is not None:
+            base = base.where(m.role == filters.role)
+        if filters.since is not None:
+            base = base.where(m.ts >= filters.since)
+        if filters.until is not None:
+            base = base.where(m.ts <= filters.until)
+    if files is None:
+        statements = [base]
+    else:
+        statements = [
+            base.where(_V.file_id.in_(files[i : i + FILES_AT_ONCE]))
+            for i in range(0, len(files), FILES_AT_ONCE)
+        ]
+    q = np.asarray(query, dtype=np.float32) * (1.0 / 127.0)
+    best: list[tuple[float, str, int]] = []
+    for stmt in statements:
+        result = conn.execution_options(yield_per=SCAN_BATCH).execute(stmt)
+        for part in result.partitions():
+            matrix = np.frombuffer(b"".join(r[2] for r in part), dtype=np.int8)
+            scores = matrix.reshape(-1, dim).astype(np.float32) @ q
+            keep = (
+                np.argpartition(-scores, limit - 1)[:limit]
+                if len(scores) > limit
+                else range(len(scores))
+            )
+            for i in keep:
+                r = part[int(i)]
+                item = (float(scores[int(i)]), r[0], r[1])
+                if len(best) < limit:
+                    heapq.heappush(best, item)
+                elif item[0] > best[0][0]:
+                    heapq.heapreplace(best, item)
+    scores_by_key = {(f, seq): score for score, f, seq in best}
+    # the catalog's ids (what a hit is read by); a message not cataloged is left out
+    found = ranking.at(conn, scores_by_key, catalog.Filters())
+    ordered = sorted(found, key=lambda r: (-scores_by_key[(r[1], r[2])], r[1], r[2]))
+    return [ranking.Scored(i, f, q_, scores_by_key[(f, q_)]) for i, f, q_ in ordered]
