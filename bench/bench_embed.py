@@ -152,24 +152,27 @@ def scan(total: int, agents: int = 10, rounds: int = 30) -> None:
         model = "bench-random-384"
         gen = np.random.default_rng(7)
         with db.transaction() as conn:
-            keys = conn.execute(sa.select(tables.messages.c.file_id, tables.messages.c.seq)).all()
-            for lo in range(0, len(keys), 10000):
-                part = keys[lo : lo + 10000]
-                v = gen.standard_normal((len(part), 384)).astype(np.float32)
-                v /= np.linalg.norm(v, axis=1, keepdims=True)
-                conn.execute(
-                    sa.insert(tables.message_vectors),
-                    [
+            m = tables.messages.c
+            flushed = conn.execute(
+                sa.select(m.file_id, sa.func.max(m.seq)).group_by(m.file_id)
+            ).all()
+            for file_id, last in flushed:
+                blocks = []
+                for lo in range(0, last, 256):  # as rounds of embed_claim_messages store them
+                    hi = min(last, lo + 256)
+                    v = gen.standard_normal((hi - lo, 384)).astype(np.float32)
+                    v /= np.linalg.norm(v, axis=1, keepdims=True)
+                    blocks.append(
                         {
-                            "file_id": f,
-                            "seq": q,
+                            "file_id": file_id,
+                            "lo": lo,
+                            "hi": hi,
                             "model": model,
                             "dim": 384,
-                            "vector": vectors.encode(x),
+                            "vectors": vectors.encode(v),
                         }
-                        for (f, q), x in zip(part, v, strict=True)
-                    ],
-                )
+                    )
+                conn.execute(sa.insert(tables.message_vectors), blocks)
         point = gen.standard_normal(384).astype(np.float32)
         point /= np.linalg.norm(point)
         one = catalog.Filters(agents=["a0"])

@@ -7,6 +7,7 @@ embedder fails."""
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -65,10 +66,15 @@ def run(db: database.Database, data_dir: Path, embedder: Any, **kw: Any) -> int:
 
 
 def stored(db: database.Database) -> list[tuple[str, int, str]]:
+    """(file_id, seq, model) of every stored vector, checking each block's size."""
     v = tables.message_vectors.c
     with db.reading() as conn:
-        rows = conn.execute(sa.select(v.file_id, v.seq, v.model).order_by(v.file_id, v.seq))
-        return [(r.file_id, r.seq, r.model) for r in rows]
+        rows = conn.execute(sa.select(tables.message_vectors).order_by(v.file_id, v.lo)).all()
+    found = []
+    for r in rows:
+        assert len(r.vectors) == (r.hi - r.lo) * r.dim
+        found += [(r.file_id, seq, r.model) for seq in range(r.lo + 1, r.hi + 1)]
+    return found
 
 
 def test_vectors_follow_the_flush_once_each(db: database.Database, data_dir: Path) -> None:
@@ -172,20 +178,24 @@ def test_nearest_keeps_to_the_callers_scope_and_filters(
     assert len(one) == 1 and one[0].score == pytest.approx(1.0, abs=0.02)
 
 
-def test_forget_drops_vectors_and_moves_the_watermark_back(
+def test_forget_drops_blocks_and_moves_the_watermark_back(
     db: database.Database, data_dir: Path
 ) -> None:
     fake = Fake()
-    a = session(db, data_dir, "a", ["one", "two", "three"])
-    run(db, data_dir, fake)
+    a = session(db, data_dir, "a", ["one", "two", "three", "four", "five"])
+    # one claim a file a round: blocks (0,2] (2,4] (4,5]
+    assert [run(db, data_dir, fake, claim_messages=2) for _ in range(4)] == [2, 2, 1, 0]
     with db.transaction() as conn:
-        vectors.forget(conn, a, after=1)
-        assert vectors.lag(conn, fake.model) == 2
-    assert [s for _, s, _ in stored(db)] == [1]
-    assert run(db, data_dir, fake) == 2
+        vectors.forget_message(conn, a, 4)  # its block goes; the watermark back to 2
+        assert vectors.lag(conn, fake.model) == 3
+    assert [s for _, s, _ in stored(db)] == [1, 2, 5]
+    fake.embedded.clear()
+    assert [run(db, data_dir, fake, claim_messages=2) for _ in range(3)] == [2, 1, 0]
+    assert fake.embedded == ["three", "four", "five"]
+    assert [s for _, s, _ in stored(db)] == [1, 2, 3, 4, 5]
     with db.transaction() as conn:
         vectors.forget(conn, a)
-        assert vectors.lag(conn, fake.model) == 3
+        assert vectors.lag(conn, fake.model) == 5
     assert stored(db) == []
 
 
@@ -202,12 +212,13 @@ def test_redaction_re_embeds_the_redacted_text_and_erasure_drops_the_file(
     who = rewrite.Who(reason="a leaked password", actor="test", token_id=None)
     redaction.redact(db, file_locks, data_dir, f"{a}:2", who)
     with db.reading() as conn:
-        assert vectors.lag(conn, fake.model) == 2  # seq 2 and the one after it
+        assert vectors.lag(conn, fake.model) == 3  # the block that held seq 2
         found = vectors.nearest(conn, fake.model, secret, catalog.Filters(file_id=a), limit=5)
-    assert [h.seq for h in found] == [1, 3]  # the secret's vector is gone at once
+    assert found == []  # the secret's vector is gone at once
     fake.embedded.clear()
-    assert run(db, data_dir, fake) == 2
-    assert "hunter2" not in fake.embedded[0] and "REDACTED" in fake.embedded[0].upper()
+    assert run(db, data_dir, fake) == 3
+    assert fake.embedded[0] == "hello there" and fake.embedded[2] == "bye now"
+    assert "hunter2" not in fake.embedded[1] and "REDACTED" in fake.embedded[1].upper()
     with db.reading() as conn:
         found = vectors.nearest(conn, fake.model, secret, catalog.Filters(file_id=a), limit=5)
     assert [h.seq for h in found] != [] and found[0].score < 0.9
@@ -382,3 +393,26 @@ def test_sgme_embed_backfills_an_existing_store(
     monkeypatch.setenv("SGME_SEARCH_EMBEDDER", "none")
     refused = sgme("embed")
     assert refused.code == 2 and "search_embedder" in refused.err
+
+
+def test_nearest_keeps_to_role_and_time(db: database.Database, data_dir: Path) -> None:
+    fake = Fake()
+    messages = [
+        {"role": "user", "content": "red apple", "ts": "2026-08-01T10:00:00Z"},
+        {"role": "assistant", "content": "red apple", "ts": "2026-08-02T10:00:00Z"},
+        {"role": "user", "content": "red apple", "ts": "2026-08-03T10:00:00Z"},
+    ]
+    a = journal.ingest(db, {"agent_id": "x", "session_key": "k", "messages": messages}).file_id
+    journal.flush(db, data_dir, a)
+    run(db, data_dir, fake)
+    point = fake.query("red apple")
+    since = dt.datetime(2026, 8, 2)
+    with db.reading() as conn:
+        users = vectors.nearest(conn, fake.model, point, catalog.Filters(role="user"), limit=5)
+        late = vectors.nearest(
+            conn, fake.model, point, catalog.Filters(agents=["x"], since=since), limit=5
+        )
+        none = vectors.nearest(conn, fake.model, point, catalog.Filters(agents=["y"]), limit=5)
+    assert [h.seq for h in users] == [1, 3]
+    assert [h.seq for h in late] == [2, 3]
+    assert none == []

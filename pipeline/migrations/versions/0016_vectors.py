@@ -1,5 +1,6 @@
-"""message vectors: the semantic leg of search (pipeline.vectors, docs/search.md) — each
-message's vector with the model that made it, and each file's embedding watermark.
+"""message vectors: the semantic leg of search (pipeline.vectors, docs/search.md) — blocks of
+consecutive messages' vectors with the model that made them, and each file's embedding
+watermark.
 
 Revision ID: 0016
 Revises: 0013
@@ -21,10 +22,11 @@ def upgrade() -> None:
     op.create_table(
         "message_vectors",
         sa.Column("file_id", sa.String(36), primary_key=True),
-        sa.Column("seq", sa.Integer, primary_key=True),
+        sa.Column("lo", sa.Integer, primary_key=True),
+        sa.Column("hi", sa.Integer, nullable=False),
         sa.Column("model", sa.String(200), nullable=False),
         sa.Column("dim", sa.Integer, nullable=False),
-        sa.Column("vector", sa.LargeBinary, nullable=False),
+        sa.Column("vectors", sa.LargeBinary, nullable=False),
     )
     op.create_index("ix_message_vectors_model", "message_vectors", ["model", "file_id"])
     op.create_table(
