@@ -146,7 +146,7 @@ class Hybrid:
             return found, HowRanked("lexical", model=model)
         assert embedder is not None
         with self.db.reading() as conn:
-            behind = vectors.lag(conn, embedder.model)
+            behind = vectors.lag(conn, embedder.model, agents=filters.agents)
             stored = vectors.any_of(conn, embedder.model)
         fallback = None if stored else "no message has a vector of this model yet"
         near: Callable[[sa.Connection, list[ranking.Scored]], list[ranking.Scored]] | None = None

@@ -243,7 +243,8 @@ class HowRanked(Model):
 
     mode: Literal["lexical", "hybrid"]  #: what ranked the hits
     model: str | None = None  #: the embedder's model, when one is set
-    #: flushed messages without a vector of ``model`` yet (they rank by their words only)
+    #: flushed messages of the caller's agents without a vector of ``model`` yet (they rank
+    #: by their words only)
     embedding_lag: int | None = None
     fallback: str | None = None  #: why a hybrid search ranked lexically
 

