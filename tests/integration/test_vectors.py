@@ -256,7 +256,7 @@ def test_hybrid_search_finds_by_meaning_within_scope_and_says_how(
     alice = catalog.Filters(agents=["alice"])
     found, how = local.ranked("what hobbies do I have", alice, limit=3)
     assert (how.mode, how.fallback) == ("lexical", "no message has a vector of this model yet")
-    assert how.embedding_lag == 4
+    assert how.embedding_lag == 3  # alice's messages only
     assert local.embed_round() == 4
     found, how = local.ranked("what hobbies do I have", alice, limit=3)
     assert (how.mode, how.embedding_lag, how.fallback) == ("hybrid", 0, None)
