@@ -98,12 +98,16 @@ class Hybrid:
             return 0
         try:
             e = self.settings.embed
+            # a claim outlives its slowest embedding (every request at its timeout), so a slow
+            # endpoint delays vectors without losing the work to another claim
+            requests = -(-e.claim_messages // e.batch)
+            lease = max(e.lease_seconds, requests * e.timeout * 1.5)
             return vectors.run_round(
                 self.db,
                 self.settings.data_dir,
                 embedder,
                 claim_messages=e.claim_messages,
-                lease_seconds=e.lease_seconds,
+                lease_seconds=lease,
                 max_chars=e.max_chars,
             )
         finally:

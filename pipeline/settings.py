@@ -192,7 +192,9 @@ class Embed:
     #: messages of one file claimed at a time; a claim is committed whole, so this bounds
     #: the work lost to a crash and the memory of one round
     claim_messages: int = 256
-    lease_seconds: float = 120.0  #: how long a claim is reserved before another may take it
+    #: how long a claim is reserved before another may take it; at least what the claim's
+    #: requests may take (claim_messages / batch requests, each at most ``timeout``) x 1.5
+    lease_seconds: float = 120.0
     interval: float = 2.0  #: seconds between embedding rounds (the beat's ``sgme.embed``)
     #: characters of a message's text embedded (its start): a model reads ~512 tokens anyway
     max_chars: int = 2000

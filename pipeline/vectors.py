@@ -30,6 +30,7 @@ import dataclasses
 import datetime as dt
 import heapq
 import logging
+import time
 from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,9 @@ log = logging.getLogger(__name__)
 SCAN_BLOCKS = 64
 #: files whose vectors one statement of :func:`nearest` reads
 FILES_AT_ONCE = 500
+#: seconds after which an embedding round claims no more files (the next round goes on): a
+#: round stays well inside a task's time limit, and one process's rounds take turns
+ROUND_SECONDS = 60.0
 #: files one embedding round claims at most
 ROUND_FILES = 64
 
@@ -283,13 +287,18 @@ def run_round(
     lease_seconds: float,
     max_chars: int,
     files: int = ROUND_FILES,
+    seconds: float = ROUND_SECONDS,
 ) -> int:
-    """One embedding round: each due file's next claim embedded and committed; the messages
-    embedded. An embedder that fails ends the round (raised); a damaged file is skipped."""
+    """One embedding round: each due file's next claim embedded and committed, no new claim
+    after ``seconds``; the messages embedded. An embedder that fails ends the round (raised);
+    a damaged file is skipped."""
     with db.reading() as conn:
         due = due_files(conn, embedder.model, now=db.now(), limit=files)
     done = 0
+    ends = time.monotonic() + seconds
     for file_id in due:
+        if time.monotonic() > ends:
+            break
         c = claim(db, file_id, embedder.model, most=claim_messages, lease_seconds=lease_seconds)
         if c is None:
             continue
