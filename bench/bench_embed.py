@@ -19,6 +19,7 @@ thread) unless ``--embedder`` names another model's results already stored.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 import statistics
 import sys
@@ -33,6 +34,7 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT), str(ROOT / "bench")]
 
 import bench_recall  # noqa: E402
 import recall_set  # noqa: E402
+from conftest import scratch_database  # noqa: E402
 
 from pipeline import catalog, embeddings, hybrid, ranking, search, vectors  # noqa: E402
 
@@ -118,7 +120,7 @@ def weighted(semantic: float) -> Fuse:
     return fuse
 
 
-def scan(total: int, agents: int = 10, rounds: int = 30) -> None:
+def scan(total: int, *, postgres: bool = False, agents: int = 10, rounds: int = 30) -> None:
     """Latency at ``total`` messages (``agents`` agents of equal share, random vectors of the
     local model's 384 dimensions stored as the rounds store them): the lexical search, the
     vector scan within one agent and over every agent, and the hybrid search (the query's
@@ -132,8 +134,11 @@ def scan(total: int, agents: int = 10, rounds: int = 30) -> None:
 
     rng = random.Random(7)
     vocabulary = [f"w{i}" for i in range(20000)] + ["database", "kayak", "retry", "deploy"]
-    with tempfile.TemporaryDirectory() as tmp:
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory())
         url = f"sqlite:///{Path(tmp) / 'index.sqlite3'}"
+        if postgres:
+            url = stack.enter_context(scratch_database("bench_embed"))
         db = database.Database.from_url(url)
         database.migrate(db.engine)
         data_dir = Path(tmp)
@@ -208,7 +213,8 @@ def scan(total: int, agents: int = 10, rounds: int = 30) -> None:
                 samples.append(1000 * (time.perf_counter() - t0))
             return statistics.median(samples)
 
-        print(f"\n{total} messages, {agents} agents, SQLite, p50 of {rounds} searches (ms):")
+        engine = "PostgreSQL" if postgres else "SQLite"
+        print(f"\n{total} messages, {agents} agents, {engine}, p50 of {rounds} searches (ms):")
         print("| scope | lexical | vector scan | hybrid (query embedding excluded) |")
         print("|---|---:|---:|---:|")
         for name, filters in ((f"one agent ({per} messages)", one), ("every agent", every)):
@@ -226,9 +232,10 @@ def main() -> None:
     parser.add_argument(
         "--scan", type=int, default=0, metavar="N", help="only the latency at N messages"
     )
+    parser.add_argument("--postgres", action="store_true", help="--scan on PostgreSQL")
     args = parser.parse_args()
     if args.scan:
-        scan(args.scan)
+        scan(args.scan, postgres=args.postgres)
         return
     conversations, questions = recall_set.build()
     if args.conversations:
