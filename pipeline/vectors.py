@@ -254,6 +254,26 @@ def texts(messages: Sequence[Any], *, max_chars: int) -> list[str]:
     return [m.content[:max_chars] for m in messages]
 
 
+def read_texts(db: database.Database, data_dir: Path, c: Claim, *, max_chars: int) -> list[str]:
+    """The text embedded of each claimed message: at most ``max_chars`` characters, read from
+    at most 4 bytes a character of its block (one read a message), so a claim of messages of
+    8 MiB each costs what its embedded text does. An archive, read as a stream, is read in
+    one range; a file not fully cataloged (a store migrated without its data, before a
+    reindex) is read whole."""
+    row = reader.get_file(db, c.file_id)
+    with db.reading() as conn:
+        cataloged = catalog.rows(conn, c.file_id, after=c.lo, upto=c.hi)
+    if len(cataloged) == c.hi - c.lo and row.status != Status.ARCHIVED:
+        cap = max_chars * 4 + 1024  # and the heading
+        return [reader.message_text(db, data_dir, row, m, cap=cap)[:max_chars] for m in cataloged]
+    found = reader.between(db, data_dir, row, c.lo, c.hi)
+    if len(found) != c.hi - c.lo:
+        raise errors.FileDamaged(
+            f"file {c.file_id} has {len(found)} of the messages {c.lo}<seq<={c.hi} claimed"
+        )
+    return texts(found, max_chars=max_chars)
+
+
 def embed_file(
     db: database.Database,
     data_dir: Path,
@@ -265,13 +285,8 @@ def embed_file(
     """Embed a claim's messages and commit them; False when the claim no longer held. An
     embedder's failure frees the claim and is raised (:class:`errors.EmbedderUnavailable`)."""
     try:
-        row = reader.get_file(db, c.file_id)
-        found = reader.between(db, data_dir, row, c.lo, c.hi)
-        if len(found) != c.hi - c.lo:
-            raise errors.FileDamaged(
-                f"file {c.file_id} has {len(found)} of the messages {c.lo}<seq<={c.hi} claimed"
-            )
-        vectors = embedder.passages(texts(found, max_chars=max_chars))
+        found = read_texts(db, data_dir, c, max_chars=max_chars)
+        vectors = embedder.passages(found)
     except errors.SgmeError:
         release(db, c)
         raise

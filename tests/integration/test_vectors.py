@@ -466,3 +466,25 @@ def test_the_openai_embedder_against_a_real_endpoint(
     embedder = service.embedder
     assert isinstance(embedder, embeddings.OpenAIEmbedder)
     embedder.close()
+
+
+def test_a_round_reads_only_what_it_embeds_of_a_long_message(
+    db: database.Database, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    fake = Fake()
+    long = "word " * 200_000  # 1 MB
+    session(db, data_dir, "a", ["short one", long, "# a heading-like line\nand more"])
+    read = []
+    real_pread = os.pread
+
+    def pread(fd: int, n: int, offset: int) -> bytes:
+        data = real_pread(fd, n, offset)
+        read.append(len(data))
+        return data
+
+    monkeypatch.setattr(os, "pread", pread)
+    assert run(db, data_dir, fake, max_chars=100) == 3
+    assert 0 < sum(read) < 4 * (3 * (100 * 4 + 1024))
+    assert fake.embedded == ["short one", long[:100], "# a heading-like line\nand more"]
