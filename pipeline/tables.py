@@ -284,9 +284,9 @@ message_vectors = sa.Table(
     "message_vectors",
     metadata,
     sa.Column("file_id", sa.String(36), primary_key=True),
+    sa.Column("model", sa.String(200), primary_key=True),
     sa.Column("lo", sa.Integer, primary_key=True),
     sa.Column("hi", sa.Integer, nullable=False),
-    sa.Column("model", sa.String(200), nullable=False),
     sa.Column("dim", sa.Integer, nullable=False),
     sa.Column("vectors", sa.LargeBinary, nullable=False),
 )

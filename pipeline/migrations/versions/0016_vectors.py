@@ -22,9 +22,9 @@ def upgrade() -> None:
     op.create_table(
         "message_vectors",
         sa.Column("file_id", sa.String(36), primary_key=True),
+        sa.Column("model", sa.String(200), primary_key=True),
         sa.Column("lo", sa.Integer, primary_key=True),
         sa.Column("hi", sa.Integer, nullable=False),
-        sa.Column("model", sa.String(200), nullable=False),
         sa.Column("dim", sa.Integer, nullable=False),
         sa.Column("vectors", sa.LargeBinary, nullable=False),
     )
