@@ -225,47 +225,6 @@ def scan(total: int, *, postgres: bool = False, agents: int = 10, rounds: int = 
         db.dispose()
 
 
-def store_context(db: Any, model: str) -> str:
-    """Store, under a model name of their own, each message's vector averaged with its two
-    predecessors' in its file (the issue's measurement outside the project: 0.583 -> 0.635
-    recall@10 for the vectors alone); the name."""
-    import numpy as np
-    import sqlalchemy as sa
-
-    from pipeline import tables
-
-    v = tables.message_vectors.c
-    context = f"{model}+2 before"
-    with db.transaction() as conn:
-        rows = conn.execute(
-            sa.select(tables.message_vectors).where(v.model == model).order_by(v.file_id, v.lo)
-        ).all()
-        by_file: dict[str, list[Any]] = {}
-        for r in rows:
-            by_file.setdefault(r.file_id, []).append(r)
-        for file_id, blocks in by_file.items():
-            own = np.concatenate([vectors.decode(b.vectors, b.dim) for b in blocks])
-            mixed = own.copy()
-            mixed[1:] += own[:-1]
-            mixed[2:] += own[:-2]
-            mixed /= np.linalg.norm(mixed, axis=1, keepdims=True)
-            last = blocks[-1]
-            conn.execute(
-                sa.insert(tables.message_vectors),
-                [
-                    {
-                        "file_id": file_id,
-                        "lo": 0,
-                        "hi": last.hi,
-                        "model": context,
-                        "dim": last.dim,
-                        "vectors": vectors.encode(mixed),
-                    }
-                ],
-            )
-    return context
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--conversations", type=int, default=0, help="the first N only (0: all)")
@@ -322,8 +281,6 @@ def main() -> None:
                 query_ms.append(1000 * (time.perf_counter() - t0))
             points = {q.text: embedder.query(q.text) for q in questions}
 
-            context = store_context(db, embedder.model)
-
             def alone(model: str) -> Callable[[recall_set.Question], list[bench_recall.Key]]:
                 def semantic(q: recall_set.Question) -> list[bench_recall.Key]:
                     filters = catalog.Filters(agent_id=f"conv{q.conversation}")
@@ -335,12 +292,6 @@ def main() -> None:
 
             results.append(
                 ("semantic alone (vectors)", bench_recall.score(alone(embedder.model), questions))
-            )
-            results.append(
-                (
-                    "semantic alone, each vector averaged with its 2 predecessors'",
-                    bench_recall.score(alone(context), questions),
-                )
             )
 
             def fused(
@@ -378,12 +329,6 @@ def main() -> None:
                 if (k, weight) == (hybrid.RRF_K, hybrid.SEMANTIC_WEIGHT):
                     name += " (default)"
                 results.append((name, bench_recall.score(fused(rrf), questions)))
-            results.append(
-                (
-                    "hybrid RRF default, vectors averaged with their 2 predecessors'",
-                    bench_recall.score(fused(hybrid.fuse, context), questions),
-                )
-            )
             for weight in (1.0,):
                 results.append(
                     (

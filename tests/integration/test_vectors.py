@@ -98,7 +98,11 @@ def test_vectors_follow_the_flush_once_each(db: database.Database, data_dir: Pat
     with db.reading() as conn:
         assert vectors.lag(conn, fake.model) == 1
     assert run(db, data_dir, fake) == 1
-    assert fake.embedded == ["one two", "three four", "five six", "seven eight"]
+    # the two turns before a claim are read again: a vector is averaged with theirs
+    assert fake.embedded == [
+        *["one two", "three four", "five six"],
+        *["three four", "five six", "seven eight"],
+    ]
     assert [(s, m) for _, s, m in stored(db)] == [
         (1, "fake-1"),
         (2, "fake-1"),
@@ -186,12 +190,13 @@ def test_forget_drops_blocks_and_moves_the_watermark_back(
     # one claim a file a round: blocks (0,2] (2,4] (4,5]
     assert [run(db, data_dir, fake, claim_messages=2) for _ in range(4)] == [2, 2, 1, 0]
     with db.transaction() as conn:
-        vectors.forget_message(conn, a, 4)  # its block goes; the watermark back to 2
+        # the blocks holding 4 and the turns averaged with it (5, 6) go; the watermark to 2
+        vectors.forget_message(conn, a, 4)
         assert vectors.lag(conn, fake.model) == 3
-    assert [s for _, s, _ in stored(db)] == [1, 2, 5]
+    assert [s for _, s, _ in stored(db)] == [1, 2]
     fake.embedded.clear()
     assert [run(db, data_dir, fake, claim_messages=2) for _ in range(3)] == [2, 1, 0]
-    assert fake.embedded == ["three", "four", "five"]
+    assert fake.embedded == ["one", "two", "three", "four", "three", "four", "five"]
     assert [s for _, s, _ in stored(db)] == [1, 2, 3, 4, 5]
     with db.transaction() as conn:
         vectors.forget(conn, a)
@@ -244,9 +249,9 @@ def test_hybrid_search_finds_by_meaning_within_scope_and_says_how(
         data_dir,
         "mine",
         [
-            "The weather was grey all week.",
+            "The invoice number is 4471, paid on Tuesday.",
+            "What do you do at the weekend?",
             "On Saturdays I go kayaking on the river, and I paint watercolours in winter.",
-            "The invoice number is 4471.",
         ],
         agent="alice",
     )
@@ -363,7 +368,9 @@ def test_the_api_says_how_it_ranked_and_metrics_show_the_lag(
         "embedding_lag": 0,
         "fallback": None,
     }
-    assert body["hits"][0]["snippet"].startswith("we picked PostgreSQL")
+    # "lunch at noon" follows it, so its vector holds part of its meaning (vectors.CONTEXT)
+    snippets = [h["snippet"] for h in body["hits"]]
+    assert "we picked PostgreSQL as the datastore" in snippets[:2]
     r = client.get("/v1/search", params={"q": "which database", "mode": "lexical"})
     assert r.json()["ranking"]["mode"] == "lexical"
     r = client.get("/v1/search", params={"q": "which database", "mode": "fuzzy"})
