@@ -33,8 +33,11 @@ from pipeline.settings import Settings
 log = logging.getLogger(__name__)
 
 Mode = Literal["lexical", "hybrid"]
-RRF_K = 60  #: the rank offset of reciprocal rank fusion (the usual 60)
-SEMANTIC_WEIGHT = 1.0  #: the vector ranking's weight against the lexical one's 1
+#: the rank offset of reciprocal rank fusion, and the vector ranking's weight against the
+#: lexical one's 1: chosen on bench/bench_embed.py (docs/benchmarks.md), where they beat the
+#: usual k=60 with equal weights on every class of question
+RRF_K = 20
+SEMANTIC_WEIGHT = 2.0
 
 
 @dataclasses.dataclass(frozen=True)
