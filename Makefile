@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	@# setuptools tells every editable install of a flat layout to "be careful with folders
 	@# named like the package": true of any checkout, and it made installs look broken
-	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install --quiet -e '.[dev,bench]'
+	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install --quiet -e '.[dev,bench,embed]'
 	@touch $@
 
 install: $(STAMP)

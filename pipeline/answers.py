@@ -240,10 +240,22 @@ class Hit(Model):
     score: float = Field(description="higher is better; comparable within one answer only")
 
 
+class HowRanked(Model):
+    """How a search was ranked (docs/search.md, semantic search)."""
+
+    mode: Literal["lexical", "hybrid"]  #: what ranked the hits
+    model: str | None = None  #: the embedder's model, when one is set
+    #: flushed messages of the caller's agents without a vector of ``model`` yet (they rank
+    #: by their words only)
+    embedding_lag: int | None = None
+    fallback: str | None = None  #: why a hybrid search ranked lexically
+
+
 class Hits(Model):
     """Answer of ``GET /v1/search``, best first."""
 
     hits: list[Hit]
+    ranking: HowRanked | None = None
 
 
 class AuditRecord(Model):

@@ -29,6 +29,7 @@
      │    │         └── SerializationFailure                      could not serialize access
      │    ├── StorageUnavailable     503     storage-unavailable the data directory failed us
      │    ├── RefinerError           503     refiner-error      the refiner failed (LLM, webhook)
+     │    ├── EmbedderUnavailable    503     embedder-unavailable the embedder failed (model, API)
      │    ├── Overloaded             503     overloaded         the journal backlog is too long
      │    ├── InsufficientStorage    507     insufficient-storage the disk cannot take more
      │    └── Unreachable            503     unreachable        (client) no answer from the server
@@ -301,6 +302,13 @@ class RefinerError(TransientError):
     """A refiner failed (bad answer, timeout, unreachable service); the job is retried."""
 
     type = "refiner-error"
+
+
+class EmbedderUnavailable(TransientError):
+    """The embedder failed (endpoint down, slow or wrong, model missing): vectors wait, a
+    search ranks lexically."""
+
+    type = "embedder-unavailable"
 
 
 class Overloaded(TransientError):

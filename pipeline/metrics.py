@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from pipeline import anomalies, database, errors, ledger, overview, tables
+from pipeline import anomalies, database, errors, ledger, overview, tables, vectors
 
 FLUSH_SECONDS = Histogram(
     "sgme_flush_seconds",
@@ -31,8 +31,9 @@ REFINE_SECONDS = Histogram(
 class IndexCollector(Collector):
     """Gauges read from the index at each scrape."""
 
-    def __init__(self, db: database.Database) -> None:
+    def __init__(self, db: database.Database, *, embedding_model: str | None = None) -> None:
         self.db = db
+        self.embedding_model = embedding_model
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         """Journal backlog, held appends, refinement lag, files by status, anomalies by
@@ -44,6 +45,8 @@ class IndexCollector(Collector):
                 lag_sum, lag_max = overview.refinement_lag(conn)
                 statuses = overview.count_files_by_status(conn)
                 kinds = anomalies.count_by_kind(conn)
+                model = self.embedding_model
+                embedding_lag = None if model is None else vectors.lag(conn, model)
         except errors.SgmeError:
             up = GaugeMetricFamily("sgme_index_up", "Whether the index answered the scrape")
             up.add_metric([], 0)
@@ -81,6 +84,13 @@ class IndexCollector(Collector):
         lag.add_metric(["sum"], lag_sum)
         lag.add_metric(["max"], lag_max)
         yield lag
+        if embedding_lag is not None:
+            behind = GaugeMetricFamily(
+                "sgme_embedding_lag_messages",
+                "Flushed messages without a vector of the configured embedder's model",
+            )
+            behind.add_metric([], embedding_lag)
+            yield behind
         files = GaugeMetricFamily("sgme_files", "Files by status", labels=["status"])
         for status in tables.STATUSES:
             files.add_metric([status], statuses.get(status, 0))
@@ -91,10 +101,11 @@ class IndexCollector(Collector):
         yield by_kind
 
 
-def render(db: database.Database) -> bytes:
-    """The text exposition of this process's histograms and the index gauges."""
+def render(db: database.Database, *, embedding_model: str | None = None) -> bytes:
+    """The text exposition of this process's histograms and the index gauges (the embedding
+    lag of ``embedding_model`` when one is configured)."""
     from prometheus_client import REGISTRY
 
     registry = CollectorRegistry()
-    registry.register(IndexCollector(db))
+    registry.register(IndexCollector(db, embedding_model=embedding_model))
     return generate_latest(REGISTRY) + generate_latest(registry)

@@ -47,6 +47,7 @@ from pipeline import (
     purge,
     store,
     tables,
+    vectors,
 )
 from pipeline.tables import Status
 
@@ -189,6 +190,7 @@ def redact_locked(
         ids = purge.catalog_ids(conn, row.file_id, seq=seq)
         purge.forget_terms(conn, owner, [(ids[seq], target.message)] if seq in ids else [])
         _refine_again(conn, row.file_id, seq, db.now())
+        vectors.forget_message(conn, row.file_id, seq)
     fault("recorded")
     store.rename(temp, final)
     fault("renamed")
@@ -240,6 +242,8 @@ def _commit(
         purge.shift_offsets(conn, row.file_id, after_seq=seq, delta=delta)
         catalog.add(conn, catalog.Owner.of(row), [tomb])
         _refine_again(conn, row.file_id, seq, now)
+        # again: a round may have embedded the old text from the file before the rename
+        vectors.forget_message(conn, row.file_id, seq)
         audit.finish(conn, recorded.id, now=now)
 
 

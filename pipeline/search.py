@@ -14,7 +14,7 @@ the turn that shares the question's words.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -85,10 +85,12 @@ def search(
     match: terms.Match = "any",
     neighbours: Neighbours = NEIGHBOURS,
     how: Ranking = Ranking(),
+    fuse: Callable[[Any, list[ranking.Scored]], list[ranking.Scored]] | None = None,
 ) -> list[Result]:
     """The best ``limit`` messages for query ``q`` within ``filters``, best first: ranked by
     relevance (``match="any"``, as ``how`` says), or those holding every word and phrase
-    (``"all"``)."""
+    (``"all"``). ``fuse``: what re-ranks the ranked candidates in the same snapshot (the
+    semantic leg, :mod:`pipeline.hybrid`)."""
     if not 1 <= limit <= MAX_LIMIT:
         raise errors.InvalidInput(f"limit must be 1..{MAX_LIMIT}, got {limit}")
     query = terms.parse_query(q, match=match)
@@ -105,7 +107,10 @@ def search(
                 enough=limit,
                 timeout=how.timeout,
             )
-            best = converse(conn, ranked, filters, neighbours)[:limit]
+            best = converse(conn, ranked, filters, neighbours)
+            if fuse is not None:
+                best = fuse(conn, best)
+            best = best[:limit]
             hits = ranking.hits_by_id(conn, [(h.id, h.score) for h in best])
         files = {
             row.file_id: row

@@ -27,6 +27,7 @@ from pipeline import (
     document,
     errors,
     flush,
+    hybrid,
     index,
     ingest,
     l1,
@@ -89,8 +90,9 @@ class Service:
     refiner, and a queue (None: nothing is enqueued and nothing is claimed for refinement, as a
     one-shot command must not strand a claim no worker will run). It holds the collaborators
     over the same parts: :attr:`browsing` (the sessions listing, the store's overview),
-    :attr:`upkeep` (the archive and the index's checks) and :attr:`removals` (redaction and
-    erasure)."""
+    :attr:`upkeep` (the archive and the index's checks), :attr:`removals` (redaction and
+    erasure) and :attr:`hybrid` (the embedding rounds and the search that fuses words with
+    meaning)."""
 
     def __init__(
         self,
@@ -121,6 +123,8 @@ class Service:
         self.upkeep = upkeep.Upkeep(settings, db, file_locks)
         #: redaction, erasure and their audit trail (pipeline.removals)
         self.removals = removals.Removals(settings, db, file_locks)
+        #: the embedder, its rounds and the hybrid search (pipeline.hybrid)
+        self.hybrid = hybrid.Hybrid(settings, db)
 
     @property
     def data_dir(self) -> Path:
@@ -458,8 +462,7 @@ class Service:
         self, q: str, filters: catalog.Filters, *, limit: int, match: terms.Match = "any"
     ) -> list[search.Result]:
         """Messages that match ``q`` within ``filters``, best first (docs/search.md)."""
-        how = search.Ranking(**dataclasses.asdict(self.settings.search))
-        return search.search(self.db, self.data_dir, q, filters, limit=limit, match=match, how=how)
+        return self.hybrid.ranked(q, filters, limit=limit, match=match)[0]
 
     def health(self) -> dict[str, Any]:
         """Whether the index answers and the data directory is writable (``status`` ok or
@@ -502,7 +505,9 @@ class Service:
 
     def metrics(self) -> bytes:
         """The Prometheus text exposition: this process's histograms and the index gauges."""
-        return metrics.render(self.db)
+        embedder = self.hybrid.embedder
+        model = None if embedder is None else embedder.model
+        return metrics.render(self.db, embedding_model=model)
 
     # -----------------------------------------------------------------------------------------
     # tokens

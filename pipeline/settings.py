@@ -169,6 +169,36 @@ class Search:
     #: messages a word may be in and still count: a word in more is left out of a query that
     #: has rarer ones (its matches would cost more to score than they tell)
     common_matches: int = 5_000
+    #: what gives messages their vectors for the semantic leg (docs/search.md): "none" (lexical
+    #: search alone), "local" (the model in the ``embed`` extra's wheel) or "openai" (an
+    #: OpenAI-compatible ``/v1/embeddings`` endpoint, the ``embed_*`` settings)
+    embedder: str = "none"
+
+
+#: the values of ``search_embedder``
+EMBEDDERS = ("none", "local", "openai")
+
+
+@dataclasses.dataclass(frozen=True)
+class Embed:
+    """How messages get their vectors (``embed_*``; docs/search.md, semantic search): the
+    endpoint of the ``openai`` embedder, and how the backlog of un-embedded messages drains."""
+
+    url: str = ""  #: the endpoint's base URL, up to ``/v1`` (``http://127.0.0.1:11434/v1``)
+    model: str = ""  #: the model the endpoint is asked for (``openai``; ``local`` has its own)
+    api_key: str = ""  #: sent as ``Authorization: Bearer``; set it in the environment
+    timeout: float = 30.0  #: seconds one request to the endpoint may take
+    batch: int = 32  #: messages embedded per request (or per call of the local model)
+    #: messages of one file claimed at a time; a claim is committed whole, so this bounds
+    #: the work lost to a crash and the memory of one round
+    claim_messages: int = 256
+    #: how long a claim is reserved before another may take it; at least what the claim's
+    #: requests may take (claim_messages / batch requests, each at most ``timeout``) x 1.5
+    lease_seconds: float = 120.0
+    interval: float = 2.0  #: seconds between embedding rounds (the beat's ``sgme.embed``)
+    #: characters of a message's text embedded (its start): a model reads ~512 tokens anyway
+    max_chars: int = 2000
+    threads: int = 1  #: CPU threads the ``local`` model uses (each costs a core)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,6 +258,7 @@ GROUPS: dict[str, tuple[str, type[Any]]] = {
     "archive": ("archive", Archive),
     "reindex": ("reindex", Reindex),
     "search": ("search", Search),
+    "embed": ("embed", Embed),
     "mcp": ("mcp", Mcp),
     "ui": ("ui", Ui),
     "limits": ("limits", Limits),
@@ -291,6 +322,7 @@ class Settings:
     archive: Archive = Archive()
     reindex: Reindex = Reindex()
     search: Search = Search()
+    embed: Embed = Embed()
     #: worker side: expose Prometheus metrics on this port (0: off)
     worker_metrics_port: int = 0
     limits: Limits = Limits()
@@ -383,8 +415,17 @@ class Settings:
                 within = f"between 1 and {most}" if most else "at least 1"
                 raise errors.InvalidInput(f"setting {name}: must be {within}, got {value!r}")
         for name, value in _numbers(self):
-            if name.startswith("search_") and not value > 0:
+            if name.startswith(("search_", "embed_")) and not value > 0:
                 raise errors.InvalidInput(f"setting {name}: must be above 0, got {value!r}")
+        if self.search.embedder not in EMBEDDERS:
+            raise errors.InvalidInput(
+                f"setting search_embedder: must be one of {', '.join(EMBEDDERS)}, "
+                f"got {self.search.embedder!r}"
+            )
+        if self.search.embedder == "openai" and not (self.embed.url and self.embed.model):
+            raise errors.InvalidInput(
+                "search_embedder: openai needs embed_url (the endpoint, up to /v1) and embed_model"
+            )
         if not self.file_locks and not _is_postgres_url(self.database_url):
             raise errors.InvalidInput(
                 "file_locks: false needs PostgreSQL (database_url): its advisory locks are "

@@ -268,6 +268,37 @@ audit_log = sa.Table(
 sa.Index("ix_audit_log_file", audit_log.c.file_id, audit_log.c.seq)
 sa.Index("ix_audit_log_unfinished", audit_log.c.finished_at)
 
+# The semantic leg of search (pipeline.vectors, docs/search.md). The vectors of messages
+# ``lo < seq <= hi`` of a file, made by ``model`` in one embedding commit, as one block (one
+# row: a scan reads hundreds of vectors a row, not one); a search compares only the vectors of
+# the embedder it runs, so vectors of an old model are never mixed with the new ones.
+# ``vectors`` is int8, each unit vector times 127, ``dim`` bytes a message, in seq order.
+message_vectors = sa.Table(
+    "message_vectors",
+    metadata,
+    sa.Column("file_id", sa.String(36), primary_key=True),
+    sa.Column("model", sa.String(200), primary_key=True),
+    sa.Column("lo", sa.Integer, primary_key=True),
+    sa.Column("hi", sa.Integer, nullable=False),
+    sa.Column("dim", sa.Integer, nullable=False),
+    sa.Column("vectors", sa.LargeBinary, nullable=False),
+)
+sa.Index("ix_message_vectors_model", message_vectors.c.model, message_vectors.c.file_id)
+
+# Per file: the last seq embedded by ``model`` (the watermark), claimed like a refinement
+# segment: a claim bumps ``epoch`` and leases the file; its commit advances ``embedded_seq``
+# only if the epoch and the watermark are still what it claimed.
+embed_marks = sa.Table(
+    "embed_marks",
+    metadata,
+    sa.Column("file_id", sa.String(36), primary_key=True),
+    sa.Column("model", sa.String(200), nullable=False),
+    sa.Column("embedded_seq", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("epoch", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("lease_until", sa.DateTime),
+    sa.Column("embedded_at", sa.DateTime),
+)
+
 
 def iso(value: dt.datetime) -> str:
     """A stored time as the API shows it: ISO 8601, four-digit year, microseconds, ``Z``."""

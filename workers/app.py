@@ -1,6 +1,7 @@
 """The Celery application, made from a runtime by :func:`create` (never at import time).
 
-Production runs ``sgme worker --queues append`` (and ``--queues refine,archive``) and exactly
+Production runs ``sgme worker --queues append`` (and ``--queues refine,archive``, and with an
+embedder ``--queues embed``) and exactly
 one ``sgme beat``; ``sgme serve`` runs a worker and beat inside its own process on the
 in-memory broker (:mod:`workers.embedded`). The ``sgme`` command finds :data:`backend` through
 the ``sgme.workers`` entry point, so :mod:`pipeline` never imports this package.
@@ -60,7 +61,7 @@ def _close_orphaned_channel(self: kombu_redis.Channel) -> None:
 
 kombu_redis.Channel._connparams = _connparams_while_connected  # type: ignore[method-assign]
 kombu_redis.Channel.close = _close_orphaned_channel  # type: ignore[method-assign]
-QUEUES = ("append", "refine", "archive")
+QUEUES = ("append", "refine", "archive", "embed")
 TASK_TIME_LIMIT = 600  #: seconds; must stay below the broker's visibility timeout
 VISIBILITY_TIMEOUT = 3600  #: seconds before Redis redelivers an unacknowledged task
 
@@ -128,6 +129,7 @@ def create(runtime: Runtime, *, flush_threads_count: int = 0) -> tuple[Celery, S
             "sgme.dispatch_refinements": {"queue": "refine"},
             "sgme.refine_segment": {"queue": "refine"},
             "sgme.archive_cold_files": {"queue": "archive"},
+            "sgme.embed": {"queue": "embed"},
         },
         beat_schedule=schedule.beat_schedule(settings, headers={deployment.HEADER: ours}),
         beat_scheduler=f"{schedule.__name__}:{schedule.Scheduler.__name__}",

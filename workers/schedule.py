@@ -1,5 +1,6 @@
 """The beat schedule: sweep for lost flush kicks, dispatch due refinements, archive
-cold files daily; and the scheduler that keeps it in the data directory."""
+cold files daily, embed new messages (with an embedder set); and the scheduler that keeps it
+in the data directory."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ def beat_schedule(settings: Settings, *, headers: dict[str, str]) -> dict[str, d
     """Periodic tasks; intervals in seconds from ``settings``; each message carries
     ``headers`` (the deployment)."""
     options = {"headers": headers}
-    return {
+    found = {
         "sweep": {"task": "sgme.sweep", "schedule": settings.sweep_interval, "options": options},
         "dispatch-refinements": {
             "task": "sgme.dispatch_refinements",
@@ -32,6 +33,15 @@ def beat_schedule(settings: Settings, *, headers: dict[str, str]) -> dict[str, d
             "options": options,
         },
     }
+    if settings.search.embedder != "none":
+        # a round left in a queue no worker consumes expires instead of piling up
+        interval = settings.embed.interval
+        found["embed"] = {
+            "task": "sgme.embed",
+            "schedule": interval,
+            "options": {**options, "expires": max(interval * 2, 10.0)},
+        }
+    return found
 
 
 class Scheduler(beat.PersistentScheduler):  # type: ignore[misc]  # celery is untyped

@@ -115,6 +115,16 @@ def register(app: Celery, service: Service, *, deployment_id: str) -> None:
         c = refine.Claim(file_id, lo, hi, epoch)
         return service.refine_segment(c, final=self.request.retries >= self.max_retries)
 
+    @app.task(name="sgme.embed", **plain)
+    def embed() -> int:
+        """One embedding round (docs/search.md): vectors for flushed messages that have none
+        of the configured model. An embedder that is down waits for the next round."""
+        try:
+            return service.hybrid.embed_round()
+        except errors.EmbedderUnavailable as exc:
+            log.warning("embedding round stopped: %s", exc.detail)
+            return 0
+
     @app.task(name="sgme.archive_cold_files", **plain)
     def archive_cold_files() -> int:
         """Daily: compress cold, fully refined files; flag cold unrefined ones."""

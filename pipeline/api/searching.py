@@ -9,7 +9,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from pydantic import BeforeValidator
 
-from pipeline import catalog, clock, refs, search, terms, validation, vocabulary
+from pipeline import catalog, clock, hybrid, refs, search, terms, validation, vocabulary
 from pipeline.api import models
 from pipeline.api.deps import ServiceDep, problems
 from pipeline.api.security import Reader
@@ -66,6 +66,13 @@ def search_messages(
     since: Annotated[Time, Query(description="messages at or after (RFC 3339)")] = None,
     until: Annotated[Time, Query(description="messages at or before (RFC 3339)")] = None,
     limit: Annotated[int, Query(ge=1, le=search.MAX_LIMIT)] = search.DEFAULT_LIMIT,
+    mode: Annotated[
+        hybrid.Mode | None,
+        Query(
+            description="lexical: words only; hybrid: words and meaning fused (needs "
+            "search_embedder); default: hybrid when an embedder is set (docs/search.md)"
+        ),
+    ] = None,
 ) -> dict[str, Any]:
     """The messages that best match ``q``, best first, each with its ``source_ref`` and a
     snippet; filters combine. Only the caller's agents are searched. ``match=any`` ranks by
@@ -80,5 +87,5 @@ def search_messages(
         since=utc(since),
         until=utc(until),
     )
-    found = service.search(q, filters, limit=limit, match=match)
-    return search.hits_of(found)
+    found, how = service.hybrid.ranked(q, filters, limit=limit, match=match, mode=mode)
+    return {**search.hits_of(found), "ranking": how.to_json()}

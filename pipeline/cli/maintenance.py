@@ -1,9 +1,10 @@
 """Looking after the store: ``migrate``, ``refine``, ``archive``, ``restore``, ``fsck``,
-``reindex``."""
+``reindex``, ``embed``."""
 
 from __future__ import annotations
 
 import sys
+import time
 from typing import TYPE_CHECKING, Any
 
 from pipeline import errors
@@ -147,6 +148,42 @@ def cmd_reindex(ctx: Context) -> int:
     return EXIT_PROBLEMS if report.failed else 0
 
 
+def cmd_embed(ctx: Context) -> int:
+    """Say how far the vectors are behind; with ``--backfill``, embed every flushed message
+    that has no vector of the configured model, in this process (docs/search.md)."""
+    service = ctx.service(ctx.settings())
+    embedder = service.hybrid.embedder
+    if embedder is None:
+        raise errors.InvalidInput("no embedder is configured: set search_embedder (local, openai)")
+    behind = service.hybrid.embedding_lag() or 0
+    done, started = 0, time.monotonic()
+    if ctx.args.backfill:
+        with progress("embed", behind) as advance:
+            while True:
+                n = service.hybrid.embed_round()
+                advance(n)
+                done += n
+                if n == 0:
+                    break
+    seconds = time.monotonic() - started
+    report = {
+        "model": embedder.model,
+        "embedded": done,
+        "seconds": round(seconds, 3),
+        "messages_per_second": round(done / seconds, 1) if done else None,
+        "embedding_lag": service.hybrid.embedding_lag(),
+    }
+    if ctx.args.json:
+        print_json(report)
+    else:
+        rate = f" ({report['messages_per_second']} messages/s)" if done else ""
+        print(
+            f"embed: {done} messages embedded with {embedder.model} in {seconds:.1f} s{rate}; "
+            f"{report['embedding_lag']} still without a vector"
+        )
+    return 0
+
+
 def register(add: Add) -> None:
     """Declare the maintenance commands."""
     p = add("refine", cmd_refine, "refine a file's unrefined messages now (in this process)")
@@ -169,4 +206,11 @@ def register(add: Add) -> None:
     p = add("fsck", cmd_fsck, "check every file against the index (exit 1 on problems)")
     p.add_argument("--json", action="store_true", help="print the problems as JSON")
     p = add("reindex", cmd_reindex, "rebuild the index from the files")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p = add("embed", cmd_embed, "the vectors' lag; --backfill embeds what has none")
+    p.add_argument(
+        "--backfill",
+        action="store_true",
+        help="embed every flushed message without a vector of the model, in this process",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")

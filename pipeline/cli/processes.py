@@ -176,8 +176,8 @@ def register(add: Add) -> None:
     p.add_argument("--broker-url", help="Celery broker (env SGME_BROKER_URL)")
     p.add_argument(
         "--queues",
-        default="append,refine,archive",
-        help="comma-separated queues to consume (default all: append,refine,archive)",
+        default="append,refine,archive,embed",
+        help="comma-separated queues to consume (default all: append,refine,archive,embed)",
     )
     p.add_argument("--concurrency", type=int, default=2, help="worker processes (default 2)")
     p.add_argument(

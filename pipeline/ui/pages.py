@@ -402,7 +402,10 @@ def status_page(request: Request) -> Response:
 
     def build(caller: auth.Caller) -> Response:
         found = service.browsing.store_overview(anomalies=shown, agents=caller.agents)
-        return _page(request, "status.html", caller=caller, o=found, now=found.at)
+        behind = service.hybrid.embedding_lag(agents=caller.agents)
+        return _page(
+            request, "status.html", caller=caller, o=found, now=found.at, embedding_lag=behind
+        )
 
     return _view(request, "admin", build)
 

@@ -1,0 +1,192 @@
+"""Hybrid search (docs/search.md, semantic search): the lexical ranking fused with the nearest
+vectors, and the embedding rounds, through the :class:`Hybrid` a
+:class:`~pipeline.service.Service` holds (``service.hybrid``).
+
+**Fusion** is reciprocal rank fusion (:func:`fuse`): each message scores
+``1 / (RRF_K + rank)`` in the lexical ranking (BM25 with its neighbours, as
+:func:`search.converse` leaves it) plus ``SEMANTIC_WEIGHT / (RRF_K + rank)`` in the vector
+ranking, ranks from 1, a ranking the message is not in adding nothing. Ranks, not scores: BM25
+and cosine are on scales that move with the query, and the measurement in docs/search.md
+chose it over a weighted sum of normalised scores. The vector ranking is taken over the same
+filters and the caller's agents as the lexical one (:func:`vectors.nearest`), so a vector
+never surfaces a message the caller may not read.
+
+**Never in the way.** A query's embedding that fails (the endpoint down or slow past
+``embed_timeout``) or a store with no vectors of the current model answers with the lexical
+ranking, and the answer says so (:class:`HowRanked`'s ``fallback``); vectors that lag behind
+the flush (``embedding_lag``) still rank the messages they cover.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections.abc import Callable, Collection
+from typing import Any, Literal
+
+import sqlalchemy as sa
+
+from pipeline import catalog, database, embeddings, errors, ranking, search, terms, vectors
+from pipeline.settings import Settings
+
+log = logging.getLogger(__name__)
+
+Mode = Literal["lexical", "hybrid"]
+#: the rank offset of reciprocal rank fusion, and the vector ranking's weight against the
+#: lexical one's 1: chosen on bench/bench_embed.py (docs/benchmarks.md), where they beat the
+#: usual k=60 with equal weights on every class of question
+RRF_K = 20
+SEMANTIC_WEIGHT = 2.0
+
+
+@dataclasses.dataclass(frozen=True)
+class HowRanked:
+    """How one search was ranked: the ``ranking`` member of ``GET /v1/search``'s answer."""
+
+    mode: Mode  #: what ranked the hits
+    model: str | None = None  #: the embedder's model, when one is configured
+    embedding_lag: int | None = None  #: flushed messages without a vector of ``model`` yet
+    fallback: str | None = None  #: why a hybrid search ranked lexically
+
+    def to_json(self) -> dict[str, Any]:
+        """As the API shows it."""
+        return dataclasses.asdict(self)
+
+
+def fuse(
+    lexical: list[ranking.Scored],
+    near: list[ranking.Scored],
+    *,
+    k: int = RRF_K,
+    weight: float = SEMANTIC_WEIGHT,
+) -> list[ranking.Scored]:
+    """Reciprocal rank fusion of two rankings, best first, ties in source_ref order."""
+    scores: dict[tuple[str, int], float] = {}
+    ids: dict[tuple[str, int], int] = {}
+    for share, ranked in ((1.0, lexical), (weight, near)):
+        for rank, h in enumerate(ranked, start=1):
+            key = (h.file_id, h.seq)
+            ids[key] = h.id
+            scores[key] = scores.get(key, 0.0) + share / (k + rank)
+    fused = [ranking.Scored(ids[key], key[0], key[1], s) for key, s in scores.items()]
+    fused.sort(key=lambda h: (-h.score, h.file_id, h.seq))
+    return fused
+
+
+class Hybrid:
+    """The embedding and hybrid search use cases over one runtime's settings and index
+    handle."""
+
+    def __init__(self, settings: Settings, db: database.Database) -> None:
+        self.settings = settings
+        self.db = db
+        self._embedder: embeddings.Embedder | None = None
+        self._made = False  #: whether :attr:`embedder` was made (it may be None)
+        self._round_lock = threading.Lock()  #: one round at a time in this process
+
+    @property
+    def embedder(self) -> embeddings.Embedder | None:
+        """The configured embedder (``search_embedder``), made at first use."""
+        if not self._made:
+            self._embedder = embeddings.configured(self.settings)
+            self._made = True
+        return self._embedder
+
+    @embedder.setter
+    def embedder(self, embedder: embeddings.Embedder | None) -> None:
+        """Use ``embedder`` instead of the configured one (tests, benchmarks)."""
+        self._embedder, self._made = embedder, True
+
+    def embed_round(self) -> int:
+        """One embedding round (:func:`vectors.run_round`); 0 at once when no embedder is
+        configured or a round is running in this process already. The messages embedded."""
+        embedder = self.embedder
+        if embedder is None:
+            return 0
+        if not self._round_lock.acquire(blocking=False):
+            return 0
+        try:
+            e = self.settings.embed
+            # a claim outlives its slowest embedding (every request at its timeout), so a slow
+            # endpoint delays vectors without losing the work to another claim
+            requests = -(-e.claim_messages // e.batch)
+            lease = max(e.lease_seconds, requests * e.timeout * 1.5)
+            return vectors.run_round(
+                self.db,
+                self.settings.data_dir,
+                embedder,
+                claim_messages=e.claim_messages,
+                lease_seconds=lease,
+                max_chars=e.max_chars,
+            )
+        finally:
+            self._round_lock.release()
+
+    def embedding_lag(self, *, agents: Collection[str] | None = None) -> int | None:
+        """Flushed messages (of ``agents``, when given) the configured embedder has not
+        embedded yet; None when no embedder is set."""
+        embedder = self.embedder
+        if embedder is None:
+            return None
+        with self.db.reading() as conn:
+            return vectors.lag(conn, embedder.model, agents=agents)
+
+    def ranked(
+        self,
+        q: str,
+        filters: catalog.Filters,
+        *,
+        limit: int,
+        match: terms.Match = "any",
+        mode: Mode | None = None,
+    ) -> tuple[list[search.Result], HowRanked]:
+        """A search (docs/search.md), with how it was ranked. ``mode`` None: hybrid when an
+        embedder is configured; a hybrid search without one is refused (422)."""
+        embedder = self.embedder
+        if mode == "hybrid" and embedder is None:
+            raise errors.InvalidInput("mode=hybrid needs an embedder (setting search_embedder)")
+        how = search.Ranking(
+            timeout=self.settings.search.timeout,
+            candidates=self.settings.search.candidates,
+            common_matches=self.settings.search.common_matches,
+        )
+        lexical = mode == "lexical" or embedder is None or match == "all"
+        if lexical:
+            found = search.search(
+                self.db, self.settings.data_dir, q, filters, limit=limit, match=match, how=how
+            )
+            model = None if embedder is None else embedder.model
+            return found, HowRanked("lexical", model=model)
+        assert embedder is not None
+        with self.db.reading() as conn:
+            behind = vectors.lag(conn, embedder.model, agents=filters.agents)
+            stored = vectors.any_of(conn, embedder.model)
+        fallback = None if stored else "no message has a vector of this model yet"
+        near: Callable[[sa.Connection, list[ranking.Scored]], list[ranking.Scored]] | None = None
+        if fallback is None:
+            try:
+                point = embedder.query(q)
+            except errors.EmbedderUnavailable as exc:
+                log.warning("search ranked lexically: %s", exc)
+                fallback = f"the embedder is unavailable: {exc.detail}"
+            else:
+
+                def near(conn: sa.Connection, ranked: list[ranking.Scored]) -> list[ranking.Scored]:
+                    found = vectors.nearest(
+                        conn, embedder.model, point, filters, limit=how.candidates
+                    )
+                    return fuse(ranked, found)
+
+        found = search.search(
+            self.db,
+            self.settings.data_dir,
+            q,
+            filters,
+            limit=limit,
+            match=match,
+            how=how,
+            fuse=near,
+        )
+        mode_used: Mode = "lexical" if near is None else "hybrid"
+        return found, HowRanked(mode_used, embedder.model, behind, fallback)

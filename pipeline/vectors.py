@@ -1,0 +1,455 @@
+"""Message vectors (docs/search.md, semantic search): made off the append path, exactly once per
+message and model, and scored for a query within the caller's scope.
+
+**Exactly once, like refinement** (docs/design.md §4). Each file has a watermark in
+``embed_marks``: the last seq the current model embedded. A round takes the files whose
+watermark is behind ``flushed_seq`` (or was made by another model: a model change starts the
+file over, and the old vectors are ignored until replaced, never compared with the new),
+*claims* each one — one conditional UPDATE bumps the epoch and leases the file, so two
+workers never embed one stretch at once — reads the claimed messages from the file, embeds
+them with no lock and no transaction held, and *commits* the vectors with the watermark's
+advance in one transaction, fenced on the epoch and the old watermark: a claim that lost its
+lease (a slow endpoint, a killed worker) or was replaced (a redaction, an erasure) commits
+nothing. A failed embedder frees the claim; the messages wait for the next round. Appends and
+flushes never wait for any of it.
+
+**Context.** A message's vector is the average of its text's and its :data:`CONTEXT`
+predecessors' in the file (each embedding claim reads those predecessors again), made unit
+length: an answer ("We named her Biscuit") carries the meaning of the question it follows.
+The query's vector is its own.
+
+**Storage.** A vector is stored as int8 (the unit vector times 127: ``dim`` bytes, a quarter
+of float32, cosine kept to about 1e-3), and the vectors of one commit — messages
+``lo < seq <= hi`` of a file — as one block, one row: a scan then reads hundreds of vectors a
+row (reading one row per vector cost 2–4 µs a row in SQLite alone, 0.2–0.4 s at 100,000
+messages). Blocks are keyed by file and seq like source_refs, so a reindex keeps them. A
+query is scored by reading the blocks of the files within its scope, :data:`SCAN_BLOCKS` at
+a time, and keeping the best: memory stays bounded whatever the store's size, on SQLite and
+PostgreSQL alike (docs/search.md has the measurements). A redaction drops the block that
+holds the message and moves the watermark back to its start.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import heapq
+import logging
+import time
+from collections.abc import Collection, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import sqlalchemy as sa
+
+from pipeline import catalog, database, embeddings, errors, ranking, reader, tables
+from pipeline.tables import Status
+
+log = logging.getLogger(__name__)
+
+#: blocks read and scored at a time by :func:`nearest` (each at most embed_claim_messages
+#: vectors of about 384 bytes)
+SCAN_BLOCKS = 64
+#: files whose vectors one statement of :func:`nearest` reads
+FILES_AT_ONCE = 500
+#: the turns before a message whose vectors its own is averaged with: a turn's meaning is
+#: often in the question it answers (bench/bench_embed.py: recall@10 of the fused ranking
+#: 0.763 -> 0.812, two-fact questions 0.847 -> 0.944)
+CONTEXT = 2
+#: seconds after which an embedding round claims no more files (the next round goes on): a
+#: round stays well inside a task's time limit, and one process's rounds take turns
+ROUND_SECONDS = 60.0
+#: files one embedding round claims at most
+ROUND_FILES = 64
+
+_V = tables.message_vectors.c
+_E = tables.embed_marks.c
+_F = tables.raw_files.c
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    """Messages ``lo < seq <= hi`` of a file leased to one embedding job, fenced by
+    ``epoch``, for ``model``."""
+
+    file_id: str
+    lo: int
+    hi: int
+    epoch: int
+    model: str
+
+
+def encode(vectors: np.ndarray[Any, Any]) -> bytes:
+    """Unit vectors (one a row) as a block stores them: int8, times 127, row after row."""
+    return np.clip(np.rint(vectors * 127.0), -127, 127).astype(np.int8).tobytes()
+
+
+def decode(data: bytes, dim: int) -> np.ndarray[Any, Any]:
+    """A block's vectors back as float32 rows (each of length about 1)."""
+    return np.frombuffer(data, dtype=np.int8).reshape(-1, dim).astype(np.float32) / 127.0
+
+
+# the watermark: due files, claim, commit, release
+
+
+def due_files(conn: sa.Connection, model: str, *, now: dt.datetime, limit: int) -> list[str]:
+    """Files with flushed messages that ``model`` has not embedded, not leased."""
+    behind = sa.or_(_E.file_id.is_(None), _E.model != model, _E.embedded_seq < _F.flushed_seq)
+    free = sa.or_(_E.lease_until.is_(None), _E.lease_until < now)
+    query = (
+        sa.select(_F.file_id)
+        .select_from(tables.raw_files.outerjoin(tables.embed_marks, _E.file_id == _F.file_id))
+        .where(_F.flushed_seq > 0, _F.status != Status.ERROR, behind, free)
+        .order_by(_F.file_id)
+        .limit(limit)
+    )
+    return list(conn.execute(query).scalars())
+
+
+def claim(
+    db: database.Database, file_id: str, model: str, *, most: int, lease_seconds: float
+) -> Claim | None:
+    """Lease the next at most ``most`` un-embedded messages of a file, or None when it is
+    leased to another job or has nothing to embed."""
+    now = db.now()
+
+    def work(conn: sa.Connection) -> Claim | None:
+        flushed = conn.execute(
+            sa.select(_F.flushed_seq).where(_F.file_id == file_id, _F.status != Status.ERROR)
+        ).scalar()
+        if not flushed:
+            return None
+        conn.execute(
+            database.insert(conn, tables.embed_marks)
+            .values(file_id=file_id, model=model, embedded_seq=0, epoch=0)
+            .on_conflict_do_nothing(index_elements=["file_id"])
+        )
+        lo = sa.case((_E.model == model, _E.embedded_seq), else_=0)
+        stmt = (
+            sa.update(tables.embed_marks)
+            .where(
+                _E.file_id == file_id,
+                sa.or_(_E.lease_until.is_(None), _E.lease_until < now),
+                lo < flushed,
+            )
+            .values(
+                embedded_seq=lo,
+                model=model,
+                epoch=_E.epoch + 1,
+                lease_until=now + dt.timedelta(seconds=lease_seconds),
+            )
+            .returning(_E.embedded_seq, _E.epoch)
+        )
+        row = conn.execute(stmt).first()
+        if row is None:
+            return None
+        return Claim(
+            file_id, row.embedded_seq, min(flushed, row.embedded_seq + most), row.epoch, model
+        )
+
+    return db.commit(work, key=file_id)
+
+
+def commit(db: database.Database, c: Claim, vectors: np.ndarray[Any, Any]) -> bool:
+    """Store the claim's vectors (one a message, in seq order) as one block and advance the
+    watermark to ``hi`` — only if the claim still holds; False (nothing stored) otherwise.
+    Blocks the claim overlaps (an older model's, or those a redaction moved the watermark
+    back over) go."""
+    if len(vectors) != c.hi - c.lo or not len(vectors):
+        raise errors.InternalError(f"{len(vectors)} vectors for {c.hi - c.lo} messages")
+    block = {
+        "file_id": c.file_id,
+        "lo": c.lo,
+        "hi": c.hi,
+        "model": c.model,
+        "dim": int(vectors.shape[1]),
+        "vectors": encode(vectors),
+    }
+    now = db.now()
+
+    def work(conn: sa.Connection) -> bool:
+        advance = (
+            sa.update(tables.embed_marks)
+            .where(
+                _E.file_id == c.file_id,
+                _E.epoch == c.epoch,
+                _E.embedded_seq == c.lo,
+                _E.model == c.model,
+            )
+            .values(embedded_seq=c.hi, lease_until=None, embedded_at=now)
+        )
+        if not conn.execute(advance).rowcount:
+            return False
+        conn.execute(
+            sa.delete(tables.message_vectors).where(
+                _V.file_id == c.file_id, _V.lo < c.hi, _V.hi > c.lo
+            )
+        )
+        conn.execute(sa.insert(tables.message_vectors), [block])
+        return True
+
+    return db.commit(work, key=c.file_id)
+
+
+def release(db: database.Database, c: Claim) -> None:
+    """Free a claim whose embedding failed, so the next round may take the file at once."""
+    stmt = (
+        sa.update(tables.embed_marks)
+        .where(_E.file_id == c.file_id, _E.epoch == c.epoch)
+        .values(lease_until=None)
+    )
+    db.commit(lambda conn: conn.execute(stmt), key=c.file_id)
+
+
+def forget(conn: sa.Connection, file_id: str) -> None:
+    """Drop a file's vectors and its watermark (an erasure). A job holding a claim on the
+    file commits nothing: its fence finds no mark."""
+    conn.execute(sa.delete(tables.message_vectors).where(_V.file_id == file_id))
+    conn.execute(sa.delete(tables.embed_marks).where(_E.file_id == file_id))
+
+
+def forget_message(conn: sa.Connection, file_id: str, seq: int) -> None:
+    """Drop the blocks that hold a vector made with message ``seq``'s text — its own and the
+    :data:`CONTEXT` turns' after it (redacted: no vector may keep the secret's meaning) — and
+    move the file's watermark back to the first one's start, so those messages are embedded
+    again, ``seq`` from its redacted text (the blocks after them stay until their
+    re-embedding replaces them). The epoch moves on: a job that read the old text commits
+    nothing."""
+    # the message's own vector, and those of the turns after it that it is averaged into
+    holding = sa.and_(_V.file_id == file_id, _V.lo < seq + CONTEXT, _V.hi >= seq)
+    start = conn.execute(sa.select(sa.func.min(_V.lo)).where(holding)).scalar()
+    back = seq - 1 if start is None else min(int(start), seq - 1)
+    conn.execute(sa.delete(tables.message_vectors).where(holding))
+    conn.execute(
+        sa.update(tables.embed_marks)
+        .where(_E.file_id == file_id)
+        .values(
+            embedded_seq=sa.case((_E.embedded_seq > back, back), else_=_E.embedded_seq),
+            epoch=_E.epoch + 1,
+            lease_until=None,
+        )
+    )
+
+
+def lag(conn: sa.Connection, model: str, *, agents: Collection[str] | None = None) -> int:
+    """Flushed messages that ``model`` has not embedded yet (files in ``error`` left out), of
+    ``agents`` only when given."""
+    done = sa.case((_E.model == model, _E.embedded_seq), else_=0)
+    query = (
+        sa.select(sa.func.coalesce(sa.func.sum(_F.flushed_seq - sa.func.coalesce(done, 0)), 0))
+        .select_from(tables.raw_files.outerjoin(tables.embed_marks, _E.file_id == _F.file_id))
+        .where(_F.status != Status.ERROR)
+    )
+    if agents is not None:
+        query = query.where(_F.agent_id.in_(list(agents)))
+    return int(conn.execute(query).scalar() or 0)
+
+
+def count(conn: sa.Connection, model: str) -> int:
+    """Vectors stored for ``model``."""
+    stored = sa.select(sa.func.sum(_V.hi - _V.lo)).where(_V.model == model)
+    return int(conn.execute(stored).scalar() or 0)
+
+
+def any_of(conn: sa.Connection, model: str) -> bool:
+    """Whether any vector of ``model`` is stored (one index probe)."""
+    return conn.execute(sa.select(_V.lo).where(_V.model == model).limit(1)).first() is not None
+
+
+# a round: claim, read, embed, commit
+
+
+def texts(messages: Sequence[Any], *, max_chars: int) -> list[str]:
+    """What is embedded of each message: the start of its text."""
+    return [m.content[:max_chars] for m in messages]
+
+
+def read_texts(
+    db: database.Database, data_dir: Path, file_id: str, lo: int, hi: int, *, max_chars: int
+) -> list[str]:
+    """The text embedded of messages ``lo < seq <= hi``: at most ``max_chars`` characters
+    each, read from at most 4 bytes a character of its block (one read a message), so a
+    claim of messages of 8 MiB each costs what its embedded text does. An archive, read as a
+    stream, is read in one range; a file not fully cataloged (a store migrated without its
+    data, before a reindex) is read whole."""
+    row = reader.get_file(db, file_id)
+    with db.reading() as conn:
+        cataloged = catalog.rows(conn, file_id, after=lo, upto=hi)
+    if len(cataloged) == hi - lo and row.status != Status.ARCHIVED:
+        cap = max_chars * 4 + 1024  # and the heading
+        return [reader.message_text(db, data_dir, row, m, cap=cap)[:max_chars] for m in cataloged]
+    found = reader.between(db, data_dir, row, lo, hi)
+    if len(found) != hi - lo:
+        raise errors.FileDamaged(f"file {file_id} has {len(found)} of the messages {lo}<seq<={hi}")
+    return texts(found, max_chars=max_chars)
+
+
+def in_context(own: np.ndarray[Any, Any], skip: int) -> np.ndarray[Any, Any]:
+    """Each message's vector averaged with its :data:`CONTEXT` predecessors' (as many as it
+    has), made unit length again; the first ``skip`` rows (predecessors read only for this)
+    left out."""
+    mixed = own.copy()
+    for back in range(1, CONTEXT + 1):
+        mixed[back:] += own[:-back]
+    mixed /= np.linalg.norm(mixed, axis=1, keepdims=True)
+    return mixed[skip:]
+
+
+def embed_file(
+    db: database.Database,
+    data_dir: Path,
+    embedder: embeddings.Embedder,
+    c: Claim,
+    *,
+    max_chars: int,
+) -> bool:
+    """Embed a claim's messages and commit them; False when the claim no longer held. An
+    embedder's failure frees the claim and is raised (:class:`errors.EmbedderUnavailable`)."""
+    first = max(0, c.lo - CONTEXT)
+    try:
+        found = read_texts(db, data_dir, c.file_id, first, c.hi, max_chars=max_chars)
+        vectors = in_context(embedder.passages(found), c.lo - first)
+    except errors.SgmeError:
+        release(db, c)
+        raise
+    return commit(db, c, vectors)
+
+
+def run_round(
+    db: database.Database,
+    data_dir: Path,
+    embedder: embeddings.Embedder,
+    *,
+    claim_messages: int,
+    lease_seconds: float,
+    max_chars: int,
+    files: int = ROUND_FILES,
+    seconds: float = ROUND_SECONDS,
+) -> int:
+    """One embedding round: each due file's next claim embedded and committed, no new claim
+    after ``seconds``; the messages embedded. An embedder that fails ends the round (raised);
+    a damaged file is skipped."""
+    with db.reading() as conn:
+        due = due_files(conn, embedder.model, now=db.now(), limit=files)
+    done = 0
+    ends = time.monotonic() + seconds
+    for file_id in due:
+        if time.monotonic() > ends:
+            break
+        c = claim(db, file_id, embedder.model, most=claim_messages, lease_seconds=lease_seconds)
+        if c is None:
+            continue
+        try:
+            if embed_file(db, data_dir, embedder, c, max_chars=max_chars):
+                done += c.hi - c.lo
+        except (errors.FileDamaged, errors.NotFound) as exc:
+            log.warning("file %s not embedded: %s", file_id, exc)
+    return done
+
+
+# scoring a query
+
+
+def _scope(conn: sa.Connection, filters: catalog.Filters) -> list[str] | None:
+    """The files a search within ``filters`` may return messages of (None: every file)."""
+    conditions = [] if filters.file_id is None else [_F.file_id == filters.file_id]
+    if filters.agents is not None:
+        conditions.append(_F.agent_id.in_(list(filters.agents)))
+    if filters.agent_id is not None:
+        conditions.append(_F.agent_id == filters.agent_id)
+    if filters.session_key is not None:
+        conditions.append(_F.session_key == filters.session_key)
+    if not conditions:
+        return None
+    return list(conn.execute(sa.select(_F.file_id).where(*conditions)).scalars())
+
+
+def _allowed(
+    conn: sa.Connection, filters: catalog.Filters, files: list[str] | None
+) -> set[tuple[str, int]] | None:
+    """The messages within ``filters``' own conditions (role, time) in ``files``; None when
+    it has none (every message of the files is in)."""
+    if filters.role is None and filters.since is None and filters.until is None:
+        return None
+    m = tables.messages.c
+    base = sa.select(m.file_id, m.seq)
+    if filters.role is not None:
+        base = base.where(m.role == filters.role)
+    if filters.since is not None:
+        base = base.where(m.ts >= filters.since)
+    if filters.until is not None:
+        base = base.where(m.ts <= filters.until)
+    if files is None:
+        return {(f, q) for f, q in conn.execute(base)}
+    found: set[tuple[str, int]] = set()
+    for i in range(0, len(files), FILES_AT_ONCE):
+        part = base.where(m.file_id.in_(files[i : i + FILES_AT_ONCE]))
+        found.update((f, q) for f, q in conn.execute(part))
+    return found
+
+
+def nearest(
+    conn: sa.Connection,
+    model: str,
+    query: np.ndarray[Any, Any],
+    filters: catalog.Filters,
+    *,
+    limit: int,
+) -> list[ranking.Scored]:
+    """The ``limit`` messages within ``filters`` whose ``model`` vectors are closest to
+    ``query`` (cosine), best first, ties in source_ref order.
+
+    The files in scope are found first (the caller's agents, the session, the file), then
+    their blocks read through ``(model, file_id)``, :data:`FILES_AT_ONCE` files a statement
+    and :data:`SCAN_BLOCKS` blocks at a time; a message outside the filters' own conditions
+    (role, time) scores nothing."""
+    files = _scope(conn, filters)
+    allowed = _allowed(conn, filters, files)
+    dim = len(query)
+    base = sa.select(_V.file_id, _V.lo, _V.hi, _V.vectors).where(_V.model == model, _V.dim == dim)
+    if files is None:
+        statements = [base]
+    else:
+        statements = [
+            base.where(_V.file_id.in_(files[i : i + FILES_AT_ONCE]))
+            for i in range(0, len(files), FILES_AT_ONCE)
+        ]
+    # Integer dot products: exact for int8 vectors, and no BLAS call, whose threads on a busy
+    # 2-core host made one product of 16,384 vectors take 20x longer (113 ms against 5).
+    # The query keeps 15 bits a component (7 bits rounded the ranking: recall@10 fell
+    # by 1-2 points); a dot product stays below 127 * 32767 (both are unit vectors).
+    q = np.rint(np.asarray(query, dtype=np.float32) * 32767.0).astype(np.int16)
+    best: list[tuple[float, str, int]] = []
+    for stmt in statements:
+        result = conn.execution_options(yield_per=SCAN_BLOCKS).execute(stmt)
+        for part in result.partitions():
+            matrix = np.frombuffer(b"".join(r[3] for r in part), dtype=np.int8)
+            dots = np.einsum("ij,j->i", matrix.reshape(-1, dim), q, dtype=np.int32)
+            scores = dots.astype(np.float32) / (127.0 * 32767.0)
+            # where each block's vectors start in ``scores``
+            starts = np.cumsum([0] + [r[2] - r[1] for r in part])
+            if starts[-1] != len(scores):
+                raise errors.InternalError(f"blocks of {starts[-1]} messages hold {len(scores)}")
+
+            def key(i: int, part: Any = part, starts: Any = starts) -> tuple[str, int]:
+                b = int(np.searchsorted(starts, i, side="right")) - 1
+                return part[b][0], part[b][1] + 1 + i - int(starts[b])
+
+            if allowed is not None:
+                scores[[key(i) not in allowed for i in range(len(scores))]] = -np.inf
+            top = min(limit, len(scores))
+            for i in np.argpartition(-scores, top - 1)[:top]:
+                score = float(scores[int(i)])
+                if score == -np.inf:
+                    continue
+                item = (score, *key(int(i)))
+                if len(best) < limit:
+                    heapq.heappush(best, item)
+                elif score > best[0][0]:
+                    heapq.heapreplace(best, item)
+    scores_by_key = {(f, seq): score for score, f, seq in best}
+    # the catalog's ids (what a hit is read by); a message not cataloged is left out
+    found = ranking.at(conn, scores_by_key, catalog.Filters())
+    ordered = sorted(found, key=lambda r: (-scores_by_key[(r[1], r[2])], r[1], r[2]))
+    return [ranking.Scored(i, f, seq, scores_by_key[(f, seq)]) for i, f, seq in ordered]
