@@ -104,6 +104,8 @@ class OpenAIEmbedder:
     def __init__(self, options: Embed, *, transport: httpx.BaseTransport | None = None) -> None:
         self.model = options.model
         self._batch = options.batch
+        self._query_prefix = options.query_prefix
+        self._passage_prefix = options.passage_prefix
         headers = {"Authorization": f"Bearer {options.api_key}"} if options.api_key else {}
         self._client = httpx.Client(
             base_url=options.url.rstrip("/") + "/",
@@ -129,13 +131,14 @@ class OpenAIEmbedder:
         return _unit(rows)
 
     def passages(self, texts: Sequence[str]) -> Vectors:
-        """The texts, ``embed_batch`` a request."""
+        """The texts (each after ``embed_passage_prefix``), ``embed_batch`` a request."""
+        texts = [self._passage_prefix + t for t in texts]
         parts = [self._embed(texts[i : i + self._batch]) for i in range(0, len(texts), self._batch)]
         return np.concatenate(parts) if parts else np.zeros((0, 0), np.float32)
 
     def query(self, text: str) -> Vectors:
-        """The query, in a request of its own."""
-        point: Vectors = self._embed([text])[0]
+        """The query (after ``embed_query_prefix``), in a request of its own."""
+        point: Vectors = self._embed([self._query_prefix + text])[0]
         return point
 
     def close(self) -> None:

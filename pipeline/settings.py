@@ -187,6 +187,11 @@ class Embed:
     url: str = ""  #: the endpoint's base URL, up to ``/v1`` (``http://127.0.0.1:11434/v1``)
     model: str = ""  #: the model the endpoint is asked for (``openai``; ``local`` has its own)
     api_key: str = ""  #: sent as ``Authorization: Bearer``; set it in the environment
+    #: prepended to a query's and to a message's text by the ``openai`` embedder: models
+    #: trained with prefixes want them (e5: "query: " and "passage: "; nomic-embed:
+    #: "search_query: " and "search_document: "); the ``local`` model adds its own
+    query_prefix: str = ""
+    passage_prefix: str = ""
     timeout: float = 30.0  #: seconds one request to the endpoint may take
     batch: int = 32  #: messages embedded per request (or per call of the local model)
     #: messages of one file claimed at a time; a claim is committed whole, so this bounds

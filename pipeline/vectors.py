@@ -25,8 +25,9 @@ row (reading one row per vector cost 2–4 µs a row in SQLite alone, 0.2–0.4 
 messages). Blocks are keyed by file and seq like source_refs, so a reindex keeps them. A
 query is scored by reading the blocks of the files within its scope, :data:`SCAN_BLOCKS` at
 a time, and keeping the best: memory stays bounded whatever the store's size, on SQLite and
-PostgreSQL alike (docs/search.md has the measurements). A redaction drops the block that
-holds the message and moves the watermark back to its start.
+PostgreSQL alike (docs/search.md has the measurements). A redaction drops the blocks that
+hold the message's vector and those averaged with it, and moves the watermark back to the
+first one's start.
 """
 
 from __future__ import annotations
@@ -54,8 +55,8 @@ SCAN_BLOCKS = 64
 #: files whose vectors one statement of :func:`nearest` reads
 FILES_AT_ONCE = 500
 #: the turns before a message whose vectors its own is averaged with: a turn's meaning is
-#: often in the question it answers (bench/bench_embed.py: recall@10 of the fused ranking
-#: 0.763 -> 0.812, two-fact questions 0.847 -> 0.944)
+#: often in the question it answers (bench/bench_embed.py: recall@10 of the fused ranking,
+#: k=60 with equal weights, 0.763 -> 0.812; two-fact questions 0.847 -> 0.944)
 CONTEXT = 2
 #: seconds after which an embedding round claims no more files (the next round goes on): a
 #: round stays well inside a task's time limit, and one process's rounds take turns

@@ -95,6 +95,17 @@ def test_openai_embeds_in_batches_in_order_with_the_key(endpoint: str) -> None:
     np.testing.assert_allclose(found, expected, rtol=1e-6)
 
 
+def test_openai_prepends_the_prefixes_a_model_was_trained_with(endpoint: str) -> None:
+    embedder = _openai(endpoint, embed_query_prefix="query: ", embed_passage_prefix="passage: ")
+    embedder.passages(["a turn", "another"])
+    embedder.query("a question")
+    embedder.close()
+    assert [r["input"] for r in _Endpoint.requests] == [
+        ["passage: a turn", "passage: another"],
+        ["query: a question"],
+    ]
+
+
 def test_openai_failures_are_embedder_unavailable(endpoint: str) -> None:
     _Endpoint.status = 500
     embedder = _openai(endpoint)
