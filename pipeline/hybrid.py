@@ -146,11 +146,10 @@ class Hybrid:
         embedder = self.embedder
         if mode == "hybrid" and embedder is None:
             raise errors.InvalidInput("mode=hybrid needs an embedder (setting search_embedder)")
-        how = search.Ranking(
-            timeout=self.settings.search.timeout,
-            candidates=self.settings.search.candidates,
-            common_matches=self.settings.search.common_matches,
-        )
+        # every search_* setting the ranking knows of (search_embedder is this module's)
+        known = {f.name for f in dataclasses.fields(search.Ranking)}
+        given = dataclasses.asdict(self.settings.search)
+        how = search.Ranking(**{name: given[name] for name in known & given.keys()})
         lexical = mode == "lexical" or embedder is None or match == "all"
         if lexical:
             found = search.search(

@@ -271,6 +271,39 @@ def test_hybrid_search_finds_by_meaning_within_scope_and_says_how(
     assert how.mode == "lexical" and all("kayaking" not in r.snippet for r in lexical)
 
 
+def test_a_hybrid_search_ranks_with_every_search_setting(
+    db: database.Database, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pipeline import search
+
+    settings = Settings.load(
+        environ={},
+        data_dir=data_dir,
+        search_embedder="local",
+        search_timeout=1.5,
+        search_candidates=77,
+        search_common_matches=9,
+    )
+    seen: list[search.Ranking] = []
+
+    def recorded(*args: Any, how: search.Ranking, **kwargs: Any) -> list[search.Result]:
+        seen.append(how)
+        return []
+
+    monkeypatch.setattr(search, "search", recorded)
+    searcher = hybrid.Hybrid(settings, db)
+    searcher.embedder = Fake(embeddings.LOCAL_MODEL)
+    modes: tuple[hybrid.Mode | None, ...] = ("lexical", None)
+    for mode in modes:
+        searcher.ranked("deploy key", catalog.Filters(), limit=5, mode=mode)
+    given = dataclasses.asdict(settings.search)
+    assert len(seen) == 2
+    for how in seen:
+        assert (how.timeout, how.candidates, how.common_matches) == (1.5, 77, 9)
+        # and any other the ranking and the settings share
+        assert all(getattr(how, name) == given[name] for name in vars(how) if name in given)
+
+
 def test_hybrid_search_falls_back_when_the_embedder_fails(
     db: database.Database, data_dir: Path, local: Any
 ) -> None:
