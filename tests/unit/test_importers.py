@@ -801,7 +801,13 @@ def test_hermes_inactive_rows(tmp_path: Path) -> None:
         " ('s1', 'user', 'Summary of earlier turns', ?), ('s1', 'assistant', 'ok', ?)",
         (T0 + 10, T0 + 11),
     )
-    conn.execute("UPDATE messages SET active = 0 WHERE session_id = 's2' AND id >= 8")
+    # s2's unanswered question was taken back by /undo, and another turn followed
+    conn.execute("UPDATE messages SET active = 0 WHERE session_id = 's2' AND id >= 9")
+    conn.execute(
+        "INSERT INTO messages (session_id, role, content, timestamp) VALUES"
+        " ('s2', 'user', 'again', ?), ('s2', 'assistant', 'yes', ?)",
+        (T0 + 110, T0 + 111),
+    )
     conn.commit()
     conn.close()
     server = FakeServer()
@@ -814,6 +820,17 @@ def test_hermes_inactive_rows(tmp_path: Path) -> None:
         ("assistant", "One file."),
     ]
     assert server.metadata["s1#compacted"]["compacted_from"] == "s1"
-    assert "s2" not in server.files  # what is left of it is an unanswered question
-    assert report.skipped == 3  # the two rewound rows and that question
+    # the question taken back was never answered (the provider never had it): left out, and
+    # nothing stored was taken back, so there is no rewind marker
+    assert server.contents("s2") == [
+        ("user", "hello"),
+        ("assistant", "hi"),
+        ("user", "again"),
+        ("assistant", "yes"),
+    ]
+    assert [k.rsplit(":", 1)[0] for _, k in server.bodies if k.startswith("hermes:s2:")] == [
+        "hermes:s2:1",
+        "hermes:s2:2",
+    ]
+    assert report.skipped == 1  # that question
     assert len(report.errors) == 1  # the broken row, live in s1
