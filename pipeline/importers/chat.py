@@ -128,3 +128,12 @@ def rewind_position(number: int, turn: Sequence[Message]) -> str:
     it says (two rewinds back to the same turn number are two markers)."""
     parts = [part for message in turn for part in convention.split_large(message)]
     return f"{number}:{convention.digest(parts, times=False)[:16]}:rewound"
+
+
+def first_key(session: str, number: int, turn: Sequence[Message]) -> str:
+    """The key of a Hermes turn's first append (``key/0`` when it takes several): the rewind
+    marker before the turn gives it as its ``legacy_key``, so that a store already holding the
+    turn (stored before markers were written) gets no marker after it, out of place."""
+    parts = [part for message in turn for part in convention.split_large(message)]
+    key = convention.hermes_key(session, number, parts)
+    return key if len(list(convention.batches(parts))) == 1 else f"{key}/0"

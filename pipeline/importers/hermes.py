@@ -172,7 +172,9 @@ def _finished(turn: list[convention.Message]) -> bool:
     return last["role"] == "assistant" and convention.kind("assistant", last["content"]) == "text"
 
 
-def _branch(rows: list[dict[str, Any]]) -> tuple[list[tuple[source.Unit, bool]], int]:
+def _branch(
+    session_id: str, rows: list[dict[str, Any]]
+) -> tuple[list[tuple[source.Unit, bool]], int]:
     """The session's turns, live and rewound, in the order Hermes wrote them, each with whether
     it is the running end (its last turn when live, and the marker before that turn), and the
     number of messages left out.
@@ -201,7 +203,8 @@ def _branch(rows: list[dict[str, Any]]) -> tuple[list[tuple[source.Unit, bool]],
                 if places:
                     branch.rewind(number)
                     marker = convention.rewound(places, turn[0].get("ts"))
-                    units.append((source.Unit(position, (marker,)), True))
+                    legacy = chat.first_key(session_id, number, turn)
+                    units.append((source.Unit(position, (marker,), legacy_key=legacy), True))
             units.append((source.Unit(position=str(number), messages=tuple(turn)), bool(active)))
             if position not in stored:  # a turn said again word for word is stored once
                 stored.add(position)
@@ -258,7 +261,7 @@ def _sessions(
         "parent_session": session["parent_session_id"],
     }
     compacted = [r for r in rows if not r["active"] and r["compacted"]]
-    turns, skipped = _branch([r for r in rows if r["active"] or not r["compacted"]])
+    turns, skipped = _branch(session_id, [r for r in rows if r["active"] or not r["compacted"]])
     running = session["ended_at"] is None and turns and turns[-1][1]
     if running and not _finished(list(turns[-1][0].messages)):
         # the running turn (and the rewind marker before it) is imported once finished

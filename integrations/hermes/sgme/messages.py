@@ -84,7 +84,8 @@ def rewind_body(
     when: str | None,
 ) -> dict[str, Any]:
     """The append body of the rewind marker before turn ``number`` (:func:`convention.rewound`
-    naming ``places``), keyed as ``sgme import hermes`` keys it."""
+    naming ``places``), keyed as ``sgme import hermes`` keys it, with the turn's key as its
+    ``legacy_key`` (:func:`chat.first_key`)."""
     marker = convention.rewound(places, when)
     position = chat.rewind_position(number, turn)
     body: dict[str, Any] = {
@@ -95,6 +96,7 @@ def rewind_body(
             convention.HERMES, session, position, [marker], times=False
         ),
         "messages": [marker],
+        "legacy_key": chat.first_key(session, number, turn),
     }
     if metadata:
         body["metadata"] = dict(metadata)
