@@ -172,46 +172,63 @@ def _finished(turn: list[convention.Message]) -> bool:
     return last["role"] == "assistant" and convention.kind("assistant", last["content"]) == "text"
 
 
+def _state(row: Mapping[str, Any]) -> str:
+    if row["active"]:
+        return "live"
+    return "compacted" if row["compacted"] else "rewound"
+
+
 def _branch(
     session_id: str, rows: list[dict[str, Any]]
 ) -> tuple[list[tuple[source.Unit, bool]], int]:
     """The session's turns, live and rewound, in the order Hermes wrote them, each with whether
     it is the running end (its last turn when live, and the marker before that turn), and the
-    number of messages left out.
+    number of messages left out (``rows``: all of the session's, in order; the compacted ones
+    only count, see :func:`_sessions`).
 
     A run of rewound rows is a turn or more taken back; its turns are numbered as they were
-    while live (after the live turns before them), and a finished one is kept. The live turn
-    after the run gets a rewind marker naming them (:class:`chat.Branch`), as the provider
-    writes one when Hermes tells it of the rewind."""
+    while live (after the turns live before them, compacted since or not), and a finished one
+    is kept. The live turn after the run gets a rewind marker naming them
+    (:class:`chat.Branch`), as the provider writes one when Hermes tells it of the rewind; a
+    store that holds that turn already (an earlier version stored it without a marker) gets no
+    marker (:func:`chat.first_key`). A compaction starts the numbering, and what a rewind can
+    take back, again from the live rows it inserted."""
     units: list[tuple[source.Unit, bool]] = []
     branch = chat.Branch()
     live_users = 0
     skipped = 0
-    after_rewind = False
+    previous = ""
     stored: set[str] = set()
-    for active, group in itertools.groupby(rows, key=lambda r: bool(r["active"])):
+    for state, group in itertools.groupby(rows, key=_state):
         messages, left_out = chat.convert(list(group))
+        if state == "compacted":  # imported apart; its turns were live before the rewinds after
+            live_users += sum(1 for m in messages if m["role"] == "user")
+            previous = state
+            continue
+        if state == "live" and previous == "compacted":  # the set a compaction inserted
+            live_users = 0
+            branch = chat.Branch()
         skipped += left_out
         numbered = [(n + live_users if n else 0, turn) for n, turn in chat.turns(messages)]
         for index, (number, turn) in enumerate(numbered):
-            if not active and not _finished(turn):
+            if state == "rewound" and not _finished(turn):
                 skipped += len(turn)  # never answered: the provider never had it
                 continue
             position = chat.rewind_position(number, turn)
-            if active and index == 0 and after_rewind and number:
+            if state == "live" and index == 0 and previous == "rewound" and number:
                 places = branch.rewound(number)
                 if places:
                     branch.rewind(number)
                     marker = convention.rewound(places, turn[0].get("ts"))
                     legacy = chat.first_key(session_id, number, turn)
                     units.append((source.Unit(position, (marker,), legacy_key=legacy), True))
-            units.append((source.Unit(position=str(number), messages=tuple(turn)), bool(active)))
+            units.append((source.Unit(str(number), tuple(turn)), state == "live"))
             if position not in stored:  # a turn said again word for word is stored once
                 stored.add(position)
                 branch.add(number, turn)
-        if active:
+        if state == "live":
             live_users += sum(1 for n, _ in numbered if n)
-        after_rewind = not active
+        previous = state
     # the running turn is the last one when it is live, with the marker just before it
     end = len(units) - 1 if units and units[-1][1] else len(units)
     if end < len(units) and end > 0 and units[end - 1][0].position.endswith(":rewound"):
@@ -261,7 +278,7 @@ def _sessions(
         "parent_session": session["parent_session_id"],
     }
     compacted = [r for r in rows if not r["active"] and r["compacted"]]
-    turns, skipped = _branch(session_id, [r for r in rows if r["active"] or not r["compacted"]])
+    turns, skipped = _branch(session_id, rows)
     running = session["ended_at"] is None and turns and turns[-1][1]
     if running and not _finished(list(turns[-1][0].messages)):
         # the running turn (and the rewind marker before it) is imported once finished

@@ -98,6 +98,15 @@ def run(command: dict[str, Any]) -> dict[str, Any]:
         done = db.rewind_to_message(session_id, target)
         manager.on_session_switch(session_id, parent_session_id="", reset=False, rewound=True)
         return {"rewound_rows": done["rewound_count"]}
+    if op == "compact":
+        # an in-place compaction: the history soft-archived, the compacted set inserted live,
+        # and the memory providers told, under the same session id (conversation_compression)
+        session_id = command["session_id"]
+        state_db().archive_and_compact(session_id, command["messages"])
+        manager.on_session_switch(
+            session_id, parent_session_id=session_id, reset=False, reason="compression"
+        )
+        return {}
     if op == "end":
         manager.on_session_end(command.get("messages", []))
         return {}

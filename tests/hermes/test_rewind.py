@@ -24,8 +24,9 @@ class Conversation:
     """Hermes' side of a session: each turn persisted to state.db as the agent does it, then
     ``sync_turn`` with the live transcript; /undo as the CLI does it."""
 
-    def __init__(self, driver: hermes_env.Driver) -> None:
+    def __init__(self, driver: hermes_env.Driver, session: str = S) -> None:
         self.driver = driver
+        self.session = session
         self.history: list[dict[str, Any]] = [{"role": "system", "content": "You are Hermes."}]
         self.clock = T0
 
@@ -49,15 +50,32 @@ class Conversation:
             )
         new.append({"role": "assistant", "content": answer})
         self.history += new
-        self.driver("persist", session_id=S, messages=new)
+        self.driver("persist", session_id=self.session, messages=new)
         self.driver(
-            "turn", user=question, assistant=answer, session_id=S, messages=list(self.history)
+            "turn",
+            user=question,
+            assistant=answer,
+            session_id=self.session,
+            messages=list(self.history),
         )
 
     def undo(self, n: int = 1) -> None:
         users = [i for i, m in enumerate(self.history) if m["role"] == "user"]
         del self.history[users[-n] :]
-        assert self.driver("undo", session_id=S, n=n)["rewound_rows"] > 0
+        assert self.driver("undo", session_id=self.session, n=n)["rewound_rows"] > 0
+
+    def compact(self, keep: int) -> None:
+        """Compaction in place: a summary exchange and the last ``keep`` messages, live."""
+        self.clock += 10
+        kept: list[dict[str, Any]] = [
+            {k: v for k, v in m.items() if k != "timestamp"} for m in self.history[-keep:]
+        ]
+        summary: list[dict[str, Any]] = [
+            {"role": "user", "content": "[summary of earlier turns]", "timestamp": self.clock},
+            {"role": "assistant", "content": "Noted."},
+        ]
+        self.history = [self.history[0], *summary, *kept]
+        self.driver("compact", session_id=self.session, messages=summary + kept)
 
 
 def answer(response: httpx.Response) -> Any:
@@ -169,3 +187,80 @@ def test_rewinds_captured_and_imported_alike(procs: Any, tmp_path: Path) -> None
         assert [(m.role, m.content) for m in doc.messages] == [(r, c) for r, c, _ in expected]
     finally:
         db.dispose()
+
+
+def test_rewinds_around_an_in_place_compaction(procs: Any, tmp_path: Path) -> None:
+    """A rewind before an in-place compaction and one after it: the rewound turns keep the
+    provider's numbers in the import (the compacted turns count before them; the compaction's
+    live set starts again from 1) and the marker after the compaction names only what it took
+    back. What the import adds to the provider's store is the compaction's own: its live set
+    (summary and kept turns, renumbered) and the pre-compaction history as `#compacted`."""
+    hermes_env.python()
+    port = harness.free_port()
+    url = f"http://127.0.0.1:{port}"
+    serve = ["serve", "--data-dir", str(tmp_path / "data"), "--port", str(port)]
+    server = procs.start("serve", [*serve, "--log-level", "warning"], harness.clean_env())
+    home = hermes_env.make_home(tmp_path / "hermes-home")
+    env = hermes_env.hermes_env(home, SGME_URL=url, SGME_AGENT_ID=AGENT)
+    with httpx.Client(base_url=url, timeout=10) as client:
+        harness.wait_healthy(client, server)
+        driver = hermes_env.Driver(home, env, tmp_path / "driver.log")
+        try:
+            driver("load")
+            driver("init", session_id=S)
+            talk = Conversation(driver)
+            talk.say("one", "1")
+            talk.say("two", "2")
+            talk.undo()
+            talk.say("two again", "2 again")
+            talk.say("three", "3")
+            talk.compact(keep=2)  # a summary exchange, and "three" kept
+            talk.say("four", "4")
+            talk.undo()
+            talk.say("four again", "4 again")
+            captured = [
+                ("user", "one", None),
+                ("assistant", "1", None),
+                ("user", "two", None),
+                ("assistant", "2", None),
+                marker([1, 2]),
+                ("user", "two again", None),
+                ("assistant", "2 again", None),
+                ("user", "three", None),
+                ("assistant", "3", None),
+                ("user", "four", None),
+                ("assistant", "4", None),
+                marker([1, 2]),  # "four" only: what was stored before the compaction is not live
+                ("user", "four again", None),
+                ("assistant", "4 again", None),
+            ]
+            assert wait_for(client, S, len(captured)) == captured
+            assert driver("shutdown")["drain"]["abandoned_writes"] == 0
+        finally:
+            driver.close()
+
+        report = runner.run(
+            reader("hermes"),
+            home / "state.db",
+            agent_id=AGENT,
+            ingest=lambda body: answer(client.post("/v1/append", json=body)),
+        )
+        assert report.errors == []
+        # "two" (rewound before the compaction), "four", its marker and "four again" replay
+        after = [
+            *captured,
+            ("user", "[summary of earlier turns]", None),
+            ("assistant", "Noted.", None),
+            ("user", "three", None),
+            ("assistant", "3", None),
+        ]
+        assert wait_for(client, S, len(after)) == after
+        assert wait_for(client, S + "#compacted", 6) == [
+            ("user", "one", None),
+            ("assistant", "1", None),
+            ("user", "two again", None),
+            ("assistant", "2 again", None),
+            ("user", "three", None),
+            ("assistant", "3", None),
+        ]
+        assert (report.messages, report.replayed) == (4 + 6, 2 + 2 + 1 + 2)

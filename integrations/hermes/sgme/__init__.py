@@ -32,8 +32,9 @@ What it does:
   queued for the old one.
 - A rewind (``/undo``: ``on_session_switch(rewound=True)``, which does not say how far back)
   leaves what was stored in L0; the next turn's number says how far back it went, and a rewind
-  marker naming the messages of the turns this process stored from that number on is appended
-  before that turn — the marker ``sgme import hermes`` writes there.
+  marker naming the messages of the turns this process stored from that number on (since the
+  last compaction) is appended before that turn — the marker ``sgme import hermes`` writes
+  there.
 - Recall: before each turn ``prefetch`` searches this agent's messages in SGME for the
   user's message, ranked (one ``GET /v1/search``, at most :data:`PREFETCH_TIMEOUT` seconds)
   and returns the best few hits, each with its ``source_ref``, leaving out the current
@@ -370,6 +371,10 @@ class SgmeMemoryProvider(MemoryProvider):  # type: ignore[misc]  # Hermes' class
         if rewound and new_session_id:
             # /undo: the next turn says how far back (its number); a marker goes before it
             self._rewound.add(new_session_id)
+        if kwargs.get("reason") == "compression" and new_session_id:
+            # compacted (in place, the same id): the live turns are numbered anew, and a rewind
+            # can no longer take back what was stored before
+            self._branches.pop(new_session_id, None)
         if new_session_id and new_session_id != self._session_id:
             self._session_id = new_session_id
             self._turns = 0
