@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime as dt
 import re
 import sqlite3
@@ -122,7 +123,12 @@ def sgme_ranker(
     *,
     match: str = "any",
     neighbours: search.Neighbours = search.NEIGHBOURS,
+    context_weight: float | None = None,
 ) -> Ranker:
+    how = search.Ranking()
+    if context_weight is not None:
+        how = dataclasses.replace(how, context_weight=context_weight)
+
     def rank(question: recall_set.Question) -> list[Key]:
         filters = catalog.Filters(agent_id=f"conv{question.conversation}")
         found = search.search(
@@ -133,6 +139,7 @@ def sgme_ranker(
             limit=LIMIT,
             match="all" if match == "all" else "any",
             neighbours=neighbours,
+            how=how,
         )
         return [where[h.source_ref] for h in found]
 
@@ -162,13 +169,55 @@ def score(rank: Ranker, questions: list[recall_set.Question]) -> dict[str, tuple
     }
 
 
+SWEEP_TURNS = (0, 1, 2, 3)
+SWEEP_WEIGHTS = (0.1, 0.2, 0.3, 0.5, 1.0)
+
+
+def sweep(
+    conversations: list[recall_set.Conversation], questions: list[recall_set.Question]
+) -> None:
+    """recall@5/@10 overall and recall@10 per kind for each number of context turns (the
+    store made again for each) and context weight, neighbours ``next`` and ``none``."""
+    saved = catalog.CONTEXT_TURNS
+    print("| turns | weight | neighbours | recall@5 | recall@10 | " + " | ".join(KINDS) + " |")
+    print("|---:|---:|---|---:|---:|" + "---:|" * len(KINDS))
+    try:
+        for turns in SWEEP_TURNS:
+            catalog.CONTEXT_TURNS = turns
+            with tempfile.TemporaryDirectory() as tmp:
+                url = f"sqlite:///{Path(tmp) / 'index.sqlite3'}"
+                with sgme_store(url, conversations) as (db, data_dir, where):
+                    for weight in SWEEP_WEIGHTS if turns else SWEEP_WEIGHTS[:1]:
+                        for mode in ("next", "none"):
+                            ranker = sgme_ranker(
+                                db, data_dir, where, neighbours=mode, context_weight=weight
+                            )
+                            got = score(ranker, questions)
+                            kinds = " | ".join(f"{got[k][1]:.3f}" for k in KINDS)
+                            print(
+                                f"| {turns} | {weight} | {mode} | {got['all'][0]:.3f} | "
+                                f"{got['all'][1]:.3f} | {kinds} |",
+                                flush=True,
+                            )
+    finally:
+        catalog.CONTEXT_TURNS = saved
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--no-postgres", action="store_true", help="SQLite only")
+    parser.add_argument(
+        "--sweep",
+        action="store_true",
+        help="SQLite only: recall@10 for each number of context turns and context weight",
+    )
     args = parser.parse_args()
     conversations, questions = recall_set.build()
     extra, more = recall_set.build_extra(len(conversations))
     conversations, questions = conversations + extra, questions + more
+    if args.sweep:
+        sweep(conversations, questions)
+        return
     turns = sum(len(t) for c in conversations for t in c.sessions)
     counts = {k: sum(q.kind == k for q in questions) for k in KINDS}
     print(
@@ -189,6 +238,12 @@ def main() -> None:
                     "SGME SQLite, match=all",
                     score(sgme_ranker(db, data_dir, where, match="all"), questions),
                 )
+            )
+            # the context terms not looked at (weight 0; a message's length still counts
+            # them: --sweep's 0 turns is the index without them)
+            ranker = sgme_ranker(db, data_dir, where, neighbours="next", context_weight=0)
+            results.append(
+                ("SGME SQLite, ranked, next, context weight 0", score(ranker, questions))
             )
             for mode in ("none", "candidates", "next"):
                 ranker = sgme_ranker(db, data_dir, where, neighbours=mode)

@@ -9,13 +9,22 @@ column, tags for the agent, the file, the session and the role, so filters inter
 on PostgreSQL a ``tsvector`` with a GIN index (filters are ordinary SQL). The terms are
 :mod:`pipeline.terms`'s on both, so a query finds the same messages on either. The ranked search
 over them is :mod:`pipeline.ranking`'s.
+
+**Context terms.** Each message is indexed a second time with the terms of the
+:data:`CONTEXT_TURNS` messages before it in its file (its session), the last
+:data:`CONTEXT_TERMS` of each: the answer "Yes, twice last month!" holds none of its subject,
+the turn before it does. They go in a column of their own (SQLite: the FTS5 table's third
+column; PostgreSQL: a second ``tsvector``, ``ctx``), which the ranked search weighs lower and
+``match=all`` does not look at. A message's context is made wherever its terms are
+(:func:`ready` is given the texts of the messages before the first one), and a redaction
+makes its neighbours' again (:mod:`pipeline.rewrite`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
@@ -31,7 +40,38 @@ _INSERT_ROW = database.Prepared(
     sa.insert(tables.messages).values(id=sa.bindparam("id"), **database.binds(tables.messages))
 )
 _MAX_ID = database.Prepared(sa.select(sa.func.max(_M.id).label("id")))
-_PG_INSERT = sa.text("INSERT INTO message_terms (id, tsv) VALUES (:id, CAST(:tsv AS tsvector))")
+_PG_INSERT = sa.text(
+    "INSERT INTO message_terms (id, tsv, ctx) "
+    "VALUES (:id, CAST(:tsv AS tsvector), CAST(:ctx AS tsvector))"
+)
+#: messages before a message whose terms are its context (docs/search.md has the measurement
+#: that chose it; a change takes ``sgme reindex`` to reach the messages indexed before)
+CONTEXT_TURNS = 2
+#: terms of each of them at most, its last ones (where a turn's question usually is): a
+#: message's context stays small however long the turns before it
+CONTEXT_TERMS = 300
+
+
+def contexts(own: Sequence[list[str]], before: Sequence[list[str]] = ()) -> list[list[str]]:
+    """The context terms of consecutive messages whose terms are ``own``: for each, the last
+    :data:`CONTEXT_TERMS` terms of each of the :data:`CONTEXT_TURNS` messages before it, oldest
+    first (``before`` holds the terms of those before the first, oldest first)."""
+    run = [t[-CONTEXT_TERMS:] for t in (*before[max(0, len(before) - CONTEXT_TURNS) :], *own)]
+    lead = len(run) - len(own)
+    return [
+        [term for prev in run[max(0, lead + i - CONTEXT_TURNS) : lead + i] for term in prev]
+        for i in range(len(own))
+    ]
+
+
+def term_lists(
+    texts: Sequence[str], before: Sequence[str] = ()
+) -> tuple[list[list[str]], list[list[str]]]:
+    """The terms of consecutive messages' ``texts`` and their context terms (:func:`contexts`;
+    ``before``: the texts of the messages before the first, oldest first)."""
+    own = [terms.terms(t) for t in texts]
+    last = before[max(0, len(before) - CONTEXT_TURNS) :]
+    return own, contexts(own, [terms.terms(t) for t in last])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,12 +111,17 @@ class Entry(NamedTuple):
     role: str
     tool_name: str | None
     tsv: str  #: the ``tsvector`` text of its search terms
+    ctx: str  #: the ``tsvector`` text of its context terms
 
 
-def entries(owner: Owner, found: Sequence[document.Located]) -> list[Entry]:
-    """The :class:`Entry` of each message of ``found`` (PostgreSQL)."""
+def entries(
+    owner: Owner, found: Sequence[document.Located], before: Sequence[str] = ()
+) -> list[Entry]:
+    """The :class:`Entry` of each message of ``found`` (PostgreSQL; ``before``: the texts of
+    the messages before the first, oldest first)."""
     made = []
-    for located in found:
+    own, context = term_lists([f.message.content for f in found], before)
+    for located, found_terms, context_terms in zip(found, own, context, strict=True):
         row = _row(owner, located)
         made.append(
             Entry(
@@ -86,7 +131,8 @@ def entries(owner: Owner, found: Sequence[document.Located]) -> list[Entry]:
                 row["ts"],
                 row["role"],
                 row["tool_name"],
-                terms.tsvector(terms.terms(located.message.content)),
+                terms.tsvector(found_terms),
+                terms.tsvector(context_terms),
             )
         )
     return made
@@ -113,7 +159,8 @@ def _add_entries(conn: sa.Connection, files: Sequence[tuple[Owner, Sequence[Entr
     ids = list(conn.execute(_INSERT_ROWS, rows).scalars())
     all_entries = [e for _, found in files for e in found]
     conn.execute(
-        _PG_INSERT, [{"id": i, "tsv": e.tsv} for i, e in zip(ids, all_entries, strict=True)]
+        _PG_INSERT,
+        [{"id": i, "tsv": e.tsv, "ctx": e.ctx} for i, e in zip(ids, all_entries, strict=True)],
     )
 
 
@@ -123,16 +170,20 @@ _INSERT_BOUND = (
     "INSERT INTO messages (id, file_id, seq, byte_offset, byte_length, ts, role, tool_name) "
     "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 )
-_FTS_BOUND = "INSERT INTO message_terms (rowid, terms, tags) VALUES (?, ?, ?)"
+_FTS_BOUND = "INSERT INTO message_terms (rowid, terms, tags, context) VALUES (?, ?, ?, ?)"
 
 
-def bound_entries(owner: Owner, found: Sequence[document.Located]) -> list[tuple[Any, ...]]:
+def bound_entries(
+    owner: Owner, found: Sequence[document.Located], before: Sequence[str] = ()
+) -> list[tuple[Any, ...]]:
     """SQLite: each message of ``found`` as :func:`add_ready` writes it — its catalog row
-    (``file_id, seq, byte_offset, byte_length, ts, role, tool_name``) then its terms and tags,
-    the values as SQLite's driver takes them."""
+    (``file_id, seq, byte_offset, byte_length, ts, role, tool_name``) then its terms, tags and
+    context terms, the values as SQLite's driver takes them (``before``: the texts of the
+    messages before the first, oldest first)."""
     tags: dict[str, str] = {}  #: a file's messages have a handful of roles
     made = []
-    for located in found:
+    own, context = term_lists([f.message.content for f in found], before)
+    for located, found_terms, context_terms in zip(found, own, context, strict=True):
         message = located.message
         role = message.role
         tagged = tags.get(role)
@@ -147,8 +198,9 @@ def bound_entries(owner: Owner, found: Sequence[document.Located]) -> list[tuple
                 _sqlite_ts(message.ts),
                 role,
                 message.tool_name,
-                " ".join(terms.terms(message.content)),
+                " ".join(found_terms),
                 tagged,
+                " ".join(context_terms),
             )
         )
     return made
@@ -172,7 +224,7 @@ def _add_bound(conn: sa.Connection, found: Sequence[tuple[Any, ...]]) -> None:
     ids = _next_ids(conn, len(found))
     database.many_bound(conn, _INSERT_BOUND, [(i, *e[:7]) for i, e in zip(ids, found, strict=True)])
     database.many_bound(
-        conn, _FTS_BOUND, [(i, e[7], e[8]) for i, e in zip(ids, found, strict=True)]
+        conn, _FTS_BOUND, [(i, e[7], e[8], e[9]) for i, e in zip(ids, found, strict=True)]
     )
 
 
@@ -190,11 +242,15 @@ class Ready:
     bound: list[tuple[Any, ...]] = dataclasses.field(default_factory=list)
 
 
-def ready(owner: Owner, found: Sequence[document.Located], *, postgres: bool) -> Ready:
-    """The :class:`Ready` of ``found`` for the database ``postgres`` names."""
+def ready(
+    owner: Owner, found: Sequence[document.Located], *, postgres: bool, before: Sequence[str] = ()
+) -> Ready:
+    """The :class:`Ready` of ``found`` for the database ``postgres`` names (``before``: the
+    texts of the messages of the file before the first of ``found``, oldest first; at least
+    :data:`CONTEXT_TURNS` of them when there are that many)."""
     if postgres:
-        return Ready(owner, entries=entries(owner, found))
-    return Ready(owner, bound=bound_entries(owner, found))
+        return Ready(owner, entries=entries(owner, found, before))
+    return Ready(owner, bound=bound_entries(owner, found, before))
 
 
 def add_ready(conn: sa.Connection, files: Sequence[Ready]) -> None:
@@ -206,10 +262,46 @@ def add_ready(conn: sa.Connection, files: Sequence[Ready]) -> None:
         _add_bound(conn, [e for f in files for e in f.bound])
 
 
-def add(conn: sa.Connection, owner: Owner, found: Sequence[document.Located]) -> None:
+def add(
+    conn: sa.Connection,
+    owner: Owner,
+    found: Sequence[document.Located],
+    *,
+    before: Sequence[str] = (),
+) -> None:
     """Catalog flushed messages of a file and index their text (in the transaction that
-    advances the file past them)."""
-    add_ready(conn, [ready(owner, found, postgres=database.is_postgres(conn))])
+    advances the file past them; ``before`` as :func:`ready` takes it)."""
+    add_ready(conn, [ready(owner, found, postgres=database.is_postgres(conn), before=before)])
+
+
+def add_terms(
+    conn: sa.Connection,
+    owner: Owner,
+    messages: Sequence[document.Message],
+    ids: Mapping[int, int],
+    *,
+    before: Sequence[str] = (),
+) -> None:
+    """Index again the text of the cataloged messages among ``messages`` whose terms were
+    deleted (:func:`pipeline.purge.forget_terms`, which takes the same arguments):
+    ``messages`` consecutive in their file, ``ids`` ``{seq: catalog id}`` (a message without
+    one is passed over), ``before`` as :func:`ready` takes it."""
+    own, context = term_lists([m.content for m in messages], before)
+    made = [
+        (ids[m.seq], m, t, c)
+        for m, t, c in zip(messages, own, context, strict=True)
+        if m.seq in ids
+    ]
+    if not made:
+        return
+    if database.is_postgres(conn):
+        rows = [
+            {"id": i, "tsv": terms.tsvector(t), "ctx": terms.tsvector(c)} for i, _, t, c in made
+        ]
+        conn.execute(_PG_INSERT, rows)
+        return
+    bound = [(i, " ".join(t), _tags(owner, m.role), " ".join(c)) for i, m, t, c in made]
+    database.many_bound(conn, _FTS_BOUND, bound)
 
 
 def add_rows(conn: sa.Connection, owner: Owner, found: Sequence[document.Located]) -> list[int]:

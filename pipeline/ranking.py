@@ -34,6 +34,9 @@ PG_FIRST_PASS = 300
 PG_LENGTH_SAMPLE = 2_000
 #: tags every message has in SQLite's second column: FTS5 counts them in a message's length
 _TAGS_PER_MESSAGE = 4
+#: weight of a phrase found in a message's context terms (the turns before it,
+#: :data:`catalog.CONTEXT_TURNS`) against 1 in its own (docs/search.md has the measurement)
+CONTEXT_WEIGHT = 0.2
 
 
 def rank(
@@ -45,13 +48,16 @@ def rank(
     common: int = COMMON_MATCHES,
     enough: int | None = None,
     timeout: float | None = None,
+    context: float = CONTEXT_WEIGHT,
 ) -> list[Scored]:
     """The ``limit`` messages within ``filters`` that match any phrase of ``query`` with the
     highest BM25 score (FTS5's formula on both databases), best first; equal scores in
-    source_ref order. Every match is scored, however old; a phrase in ``common`` messages or
-    more is left out when the query has rarer ones, unless those find fewer than ``enough``
-    (default ``limit``) messages: then every phrase counts. QueryTooCostly when the database
-    works on it past ``timeout`` seconds (PostgreSQL: any one of its statements)."""
+    source_ref order. A phrase counts in a message's own terms with weight 1 and in its
+    context terms (the turns before it) with weight ``context`` (0: not at all). Every match
+    is scored, however old; a phrase in ``common`` messages or more is left out when the
+    query has rarer ones, unless those find fewer than ``enough`` (default ``limit``)
+    messages: then every phrase counts. QueryTooCostly when the database works on it past
+    ``timeout`` seconds (PostgreSQL: any one of its statements)."""
     if filters.agents is not None and not filters.agents:
         return []
     postgres = database.is_postgres(conn)
@@ -62,10 +68,10 @@ def rank(
 
             def ranked(q: terms.Query, counts: list[int]) -> list[tuple[int, float]]:
                 if postgres:
-                    return _rank_postgres(conn, q, counts, filters, limit)
-                return _rank_sqlite(conn, q, filters, limit)
+                    return _rank_postgres(conn, q, counts, filters, limit, context)
+                return _rank_sqlite(conn, q, filters, limit, context)
 
-            counts = _counts(conn, query, common)
+            counts = _counts(conn, query, common, context)
             kept = [i for i, n in enumerate(counts) if n < common] or list(range(len(counts)))
             scored = ranked(_only(query, kept), [counts[i] for i in kept] if counts else [])
             if len(scored) < (enough or limit) and len(kept) < len(counts):
@@ -145,14 +151,21 @@ def hits_by_id(conn: sa.Connection, scored: Sequence[tuple[int, float]]) -> list
     return found
 
 
+def _columns(context: float) -> str:
+    """The FTS5 columns a ranked query looks in."""
+    return "{terms context}" if context > 0 else "terms"
+
+
 def _rank_sqlite(
-    conn: sa.Connection, query: terms.Query, f: catalog.Filters, limit: int
+    conn: sa.Connection, query: terms.Query, f: catalog.Filters, limit: int, context: float
 ) -> list[tuple[int, float]]:
-    match = terms.fts5_match(query, tags=catalog.tag_groups(f))
-    # weights: the terms column 1, the tags column 0 (a filter, not a relevance signal)
+    match = terms.fts5_match(query, tags=catalog.tag_groups(f), columns=_columns(context))
+    # weights: the terms column 1, the tags column 0 (a filter, not a relevance signal), the
+    # context column ``context``
+    bm25 = f"bm25(message_terms, 1.0, 0.0, {float(context)!r})"
     if f.since is None and f.until is None:
         sql = (
-            "SELECT rowid, bm25(message_terms, 1.0, 0.0) AS r FROM message_terms "
+            f"SELECT rowid, {bm25} AS r FROM message_terms "
             "WHERE message_terms MATCH :match ORDER BY r, rowid LIMIT :limit"
         )
         params: dict[str, Any] = {"match": match, "limit": limit}
@@ -166,7 +179,7 @@ def _rank_sqlite(
             clauses.append("m.ts <= :until")
             params["until"] = f.until
         sql = (
-            "SELECT t.rowid, bm25(message_terms, 1.0, 0.0) AS r FROM message_terms t "
+            f"SELECT t.rowid, {bm25} AS r FROM message_terms t "
             "JOIN messages m ON m.id = t.rowid WHERE message_terms MATCH :match AND "
             + " AND ".join(clauses)
             + " ORDER BY r, t.rowid LIMIT :limit"
@@ -177,14 +190,14 @@ def _rank_sqlite(
     return [(int(i), -float(r)) for i, r in conn.execute(stmt, params)]
 
 
-def _counts(conn: sa.Connection, query: terms.Query, common: int) -> list[int]:
+def _counts(conn: sa.Connection, query: terms.Query, common: int, context: float) -> list[int]:
     """How many messages hold each phrase of ``query``, counted up to ``common`` (a phrase in
     that many is common: left out of a first ranking when the query has rarer ones). SQLite
     counts only when there is a choice (its bm25() counts for itself): none for one phrase."""
     postgres = database.is_postgres(conn)
     if len(query.phrases) < 2 and not postgres:
         return []
-    return [_matches(conn, p, common, postgres) for p in query.phrases]
+    return [_matches(conn, p, common, postgres, context) for p in query.phrases]
 
 
 def _only(query: terms.Query, kept: list[int]) -> terms.Query:
@@ -194,11 +207,16 @@ def _only(query: terms.Query, kept: list[int]) -> terms.Query:
     return dataclasses.replace(query, phrases=tuple(query.phrases[i] for i in kept))
 
 
-def _matches(conn: sa.Connection, phrase: tuple[str, ...], common: int, postgres: bool) -> int:
-    """Messages that hold ``phrase``, counted up to ``common`` (through the index: the count
-    stops there, so a common word costs no more than that)."""
+def _matches(
+    conn: sa.Connection, phrase: tuple[str, ...], common: int, postgres: bool, context: float
+) -> int:
+    """Messages that hold ``phrase`` (in their context terms too when ``context``), counted up
+    to ``common`` (through the index: the count stops there, so a common word costs no more
+    than that)."""
     if postgres:
         where, q = "tsv @@ CAST(:q AS tsquery)", terms.phrase_tsquery(phrase)
+        if context > 0:
+            where = f"({where} OR ctx @@ CAST(:q AS tsquery))"
         # PostgreSQL's own estimate first: counting a common word's thousands of matches
         # visits as many heap rows, an estimate from its statistics costs a plan
         plan = conn.execute(
@@ -208,32 +226,44 @@ def _matches(conn: sa.Connection, phrase: tuple[str, ...], common: int, postgres
         if plan[0]["Plan"]["Plan Rows"] >= common:
             return common
     else:
-        where, q = "message_terms MATCH :q", terms.phrase_fts5(phrase)
+        where, q = "message_terms MATCH :q", terms.phrase_fts5(phrase, columns=_columns(context))
     sql = f"SELECT count(*) FROM (SELECT 1 FROM message_terms WHERE {where} LIMIT :cap) AS s"
     return int(conn.execute(sa.text(sql), {"q": q, "cap": common}).scalar_one())
 
 
 def _rank_postgres(
-    conn: sa.Connection, query: terms.Query, df: list[int], f: catalog.Filters, limit: int
+    conn: sa.Connection,
+    query: terms.Query,
+    df: list[int],
+    f: catalog.Filters,
+    limit: int,
+    context: float,
 ) -> list[tuple[int, float]]:
     conn.exec_driver_sql("SET LOCAL plan_cache_mode = force_custom_plan")
     rows = _pg_rows(conn)
     idf = [_idf(rows, n) for n in df]
-    t = sa.table("message_terms", sa.column("id"), sa.column("tsv"))
+    t = sa.table("message_terms", sa.column("id"), sa.column("tsv"), sa.column("ctx"))
     m, files = tables.messages.c, tables.raw_files.c
 
     def tsq(text: str) -> Any:
         return sa.cast(sa.literal(text, sa.Text), postgresql.TSQUERY)
 
     found = terms.tsquery(query)
-    where = [t.c.tsv.op("@@")(tsq(found)), *catalog.scope(f)]
+    matched: Any = t.c.tsv.op("@@")(tsq(found))
+    if context > 0:
+        matched = sa.or_(matched, t.c.ctx.op("@@")(tsq(found)))
+    where = [matched, *catalog.scope(f)]
+
+    def rank_of(p: tuple[str, ...]) -> Any:
+        own = sa.func.ts_rank(t.c.tsv, tsq(terms.phrase_tsquery(p)), 1)
+        if context > 0:
+            return own + context * sa.func.ts_rank(t.c.ctx, tsq(terms.phrase_tsquery(p)), 1)
+        return own
+
     # first pass, in the database: each phrase's ts_rank (a saturating term frequency over
     # the log of the length) weighted by its idf, for every match
     first: Any = sum(
-        (
-            sa.func.ts_rank(t.c.tsv, tsq(terms.phrase_tsquery(p)), 1) * idf[i]
-            for i, p in enumerate(query.phrases)
-        ),
+        (rank_of(p) * idf[i] for i, p in enumerate(query.phrases)),
         sa.literal(0.0),
     )
     stmt: Any = sa.select(t.c.id).select_from(t)
@@ -247,18 +277,25 @@ def _rank_postgres(
         return []
     # second pass: FTS5's BM25 exactly, from the candidates' lengths and the positions of the
     # query's terms (unnested in the database: parsing whole tsvectors costs more)
-    lengths: dict[int, int | None] = {i: n for i, n in conn.execute(_PG_LENGTHS, {"ids": ids})}
+    lengths: dict[int, int] = {
+        i: (n or 0) + (c or 0) for i, n, c in conn.execute(_PG_LENGTHS, {"ids": ids})
+    }
     positions_of: dict[int, dict[str, list[int]]] = {i: {} for i in lengths}
+    context_of: dict[int, dict[str, list[int]]] = {i: {} for i in lengths}
     lexemes = sorted({t for p in query.phrases for t in p})
     for i, lexeme, at_ in conn.execute(_PG_POSITIONS, {"ids": ids, "lexemes": lexemes}):
         positions_of[i][lexeme] = list(at_)
+    if context > 0:
+        for i, lexeme, at_ in conn.execute(_PG_CONTEXT, {"ids": ids, "lexemes": lexemes}):
+            context_of[i][lexeme] = list(at_)
     avgdl = _pg_average_length(conn, rows)
     scored = []
     for i, positions in positions_of.items():
-        length = (lengths[i] or 0) + _TAGS_PER_MESSAGE
+        length = lengths[i] + _TAGS_PER_MESSAGE
         score = 0.0
         for p, weight in zip(query.phrases, idf, strict=True):
-            tf = terms.phrase_count(positions, p)
+            # FTS5's frequency of a phrase: its count in each column times the column's weight
+            tf = terms.phrase_count(positions, p) + context * terms.phrase_count(context_of[i], p)
             if tf:
                 score += weight * tf * (K1 + 1) / (tf + K1 * (1 - B + B * length / avgdl))
         scored.append((int(i), score))
@@ -266,12 +303,18 @@ def _rank_postgres(
     return scored[:limit]
 
 
+#: a message's length in terms and its context's (the last position of each)
 _PG_LENGTHS = sa.text(
-    "SELECT t.id, (SELECT max(p) FROM unnest(t.tsv) AS v, unnest(v.positions) AS p) "
+    "SELECT t.id, (SELECT max(p) FROM unnest(t.tsv) AS v, unnest(v.positions) AS p), "
+    "(SELECT max(p) FROM unnest(t.ctx) AS v, unnest(v.positions) AS p) "
     "FROM message_terms t WHERE t.id = ANY(:ids)"
 )
 _PG_POSITIONS = sa.text(
     "SELECT t.id, u.lexeme, u.positions FROM message_terms t, unnest(t.tsv) AS u "
+    "WHERE t.id = ANY(:ids) AND u.lexeme = ANY(:lexemes)"
+)
+_PG_CONTEXT = sa.text(
+    "SELECT t.id, u.lexeme, u.positions FROM message_terms t, unnest(t.ctx) AS u "
     "WHERE t.id = ANY(:ids) AND u.lexeme = ANY(:lexemes)"
 )
 
@@ -322,8 +365,10 @@ def _pg_average_length(conn: sa.Connection, rows: int) -> float:
 
 def _pg_measure_length(conn: sa.Connection, rows: int) -> float:
     sample = "" if rows <= PG_LENGTH_SAMPLE else f" TABLESAMPLE SYSTEM ({_sample_percent(rows)})"
+    # a message's length counts its context terms too, as FTS5 counts every column's
     sql = (
-        "SELECT avg(coalesce((SELECT max(p) FROM unnest(tsv) AS u, unnest(u.positions) AS p), 0))"
+        "SELECT avg(coalesce((SELECT max(p) FROM unnest(tsv) AS u, unnest(u.positions) AS p), 0)"
+        " + coalesce((SELECT max(p) FROM unnest(ctx) AS u, unnest(u.positions) AS p), 0))"
         f" FROM message_terms{sample}"
     )
     value = conn.execute(sa.text(sql)).scalar_one()

@@ -56,6 +56,9 @@ class Ranking:
     #: messages a phrase may be in and still find candidates (a more common one counts only
     #: when the rarer ones find fewer messages than asked for)
     common_matches: int = ranking.COMMON_MATCHES
+    #: weight of a word found in the turns before a message (its context terms) against 1
+    #: in the message itself
+    context_weight: float = ranking.CONTEXT_WEIGHT
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +109,7 @@ def search(
                 common=how.common_matches,
                 enough=limit,
                 timeout=how.timeout,
+                context=how.context_weight,
             )
             best = converse(conn, ranked, filters, neighbours)[:limit]
             hits = ranking.hits_by_id(conn, [(h.id, h.score) for h in best])

@@ -18,12 +18,14 @@ from pipeline import (
     catalog,
     database,
     errors,
+    flush,
     integrity,
     journal,
     locks,
     reader,
     refine,
     search,
+    tables,
 )
 from pipeline.database import schema
 
@@ -368,8 +370,36 @@ def test_the_turn_after_the_one_that_shares_the_words_is_found(
     )
     found = search.search(db, data_dir, "which restaurant was booked?", limit=3)
     assert [h.source_ref for h in found[:2]] == [f"{file_id}:1", f"{file_id}:2"]
+    # BM25 alone: the turns after it hold its words in their context terms, lower
     none = search.search(db, data_dir, "which restaurant was booked?", neighbours="none")
-    assert [h.source_ref for h in none] == [f"{file_id}:1"]
+    assert [h.source_ref for h in none] == [f"{file_id}:{s}" for s in (1, 2, 3)]
+    alone = search.Ranking(context_weight=0)
+    own = search.search(db, data_dir, "which restaurant was booked?", neighbours="none", how=alone)
+    assert [h.source_ref for h in own] == [f"{file_id}:1"]
+
+
+def test_a_turn_is_found_by_the_words_of_the_two_turns_before_it(
+    db: database.Database, data_dir: Path
+) -> None:
+    file_id = session(
+        db,
+        data_dir,
+        "kayak",
+        [
+            "Did you ever go kayaking on the lake like you planned?",
+            "You remember that? Ha.",
+            "Yes, twice last month! We even saw a heron.",
+            "Nice, and the garden?",
+            "Tomatoes everywhere.",
+        ],
+    )
+    alone = search.Ranking(context_weight=0)
+    q = "how often did they go kayaking on the lake?"
+    found = search.search(db, data_dir, q, neighbours="none")
+    # the answer is two turns after the question: in its context, not in the turn after's
+    assert [h.source_ref for h in found] == [f"{file_id}:{s}" for s in (1, 2, 3)]
+    own = search.search(db, data_dir, q, neighbours="none", how=alone)
+    assert [h.source_ref for h in own] == [f"{file_id}:1"]
 
 
 def test_the_token_scope_and_filters_hold_for_ranked_search(
@@ -404,7 +434,13 @@ def test_the_token_scope_and_filters_hold_for_ranked_search(
     journal.flush(db, data_dir, mixed)
     assert found(agent_id="carol") == {f"{mixed}:1", f"{mixed}:2"}  # the answer follows
     assert found(agent_id="carol", role="user") == {f"{mixed}:1"}  # but not in another role
-    assert found(agent_id="carol", role="assistant") == set()
+    # the answer matches by its context terms (the question before it), in its own role
+    assert found(agent_id="carol", role="assistant") == {f"{mixed}:2"}
+    none = search.Ranking(context_weight=0)
+    hits = search.search(
+        db, data_dir, "the launch code", catalog.Filters(role="assistant"), how=none
+    )
+    assert hits == []  # without them: the turn after a match of another role is not one
     assert found(file_id=a) == {f"{a}:1", f"{a}:2"}
     assert found(since=(TS + dt.timedelta(minutes=30)).replace(tzinfo=None)) == {
         f"{b}:1",
@@ -448,6 +484,44 @@ def test_reindex_rebuilds_the_same_rankings(
     assert results() == before
 
 
+def test_context_terms_are_the_same_however_the_turns_were_flushed(
+    db: database.Database, data_dir: Path, file_locks: locks.FileLocks
+) -> None:
+    """A turn's context is the two turns before it whether they came in its flush, an
+    earlier one, a round of many files' or an earlier chunk of a backlog; reindex makes it
+    the same from the file."""
+    turns = ["Did you try the quince jam?", "Hmm, which one?", "The one from the market.",
+             "Yes! Delicious on toast.", "Great.", "And the plum one?", "Too sweet."]  # fmt: skip
+
+    def appended(i: int) -> str:
+        message = {"role": "user" if i % 2 == 0 else "assistant", "content": turns[i]}
+        body = {"agent_id": "hermes", "session_key": "jam", "messages": [message | {"ts": ts(i)}]}
+        return journal.ingest(db, body).file_id
+
+    file_id = appended(0)
+    journal.flush(db, data_dir, file_id)
+    appended(1)
+    flush.flush_many(db, file_locks, data_dir, [file_id])
+    for i in (2, 3, 4):
+        appended(i)
+    flush.flush(db, file_locks, data_dir, file_id, chunk_bytes=1)  # a chunk a message
+    appended(5)
+    appended(6)
+    journal.flush(db, data_dir, file_id)
+
+    def results() -> list[tuple[str, float]]:
+        hits = search.search(db, data_dir, "quince jam market", neighbours="none", limit=50)
+        return [(h.source_ref, h.score) for h in hits]
+
+    before = results()
+    assert [ref for ref, _ in before][:1] == [f"{file_id}:1"]
+    assert {ref for ref, _ in before} == {f"{file_id}:{s}" for s in (1, 2, 3, 4, 5)}
+    with db.transaction() as conn:
+        catalog.clear(conn)
+    integrity.reindex(db, file_locks, data_dir)
+    assert results() == before
+
+
 def test_a_bad_match_is_refused(db: database.Database, data_dir: Path) -> None:
     with pytest.raises(errors.InvalidInput, match="match must be"):
         search.search(db, data_dir, "tea", match="some")  # type: ignore[arg-type]
@@ -465,8 +539,40 @@ def test_the_migration_to_stemmed_terms_indexes_every_message_again(
         config.attributes["connection"] = conn
         command.downgrade(config, "0009")
         catalog.clear(conn)  # as good as terms the stemmed queries do not find
-    assert search.search(db, data_dir, "deciding") == []
+        assert conn.execute(sa.select(sa.func.count()).select_from(tables.messages)).scalar() == 0
     database.migrate(db.engine, data_dir=data_dir)
     found = search.search(db, data_dir, "deciding", match="all")
     assert [h.source_ref for h in found] == [f"{file_id}:1"]
     assert integrity.fsck(db, data_dir) == []
+
+
+def test_the_migration_to_context_terms_indexes_every_message_again(
+    db: database.Database, data_dir: Path
+) -> None:
+    """A store from before context terms (schema 0013): migrating makes every message's terms
+    again, with the turns before it; without the data directory, reindex does."""
+    from alembic import command
+
+    file_id = session(db, data_dir, "ctx", ["which tea do you like?", "Oolong, always", "ok"])
+
+    def downgraded() -> None:
+        with db.engine.begin() as conn:
+            config = schema.alembic_config()
+            config.attributes["connection"] = conn
+            command.downgrade(config, "0013")
+
+    def answers() -> list[str]:
+        hits = search.search(db, data_dir, "tea", neighbours="none")
+        return [h.source_ref for h in hits]
+
+    everything = [f"{file_id}:{s}" for s in (1, 2, 3)]
+    assert answers() == everything
+    downgraded()
+    database.migrate(db.engine, data_dir=data_dir)
+    assert answers() == everything
+    assert integrity.fsck(db, data_dir) == []
+    downgraded()
+    database.migrate(db.engine)  # no data directory: the terms wait for reindex
+    assert answers() == []
+    integrity.reindex(db, locks.FileLocks(db, data_dir, timeout=5), data_dir)
+    assert answers() == everything

@@ -10,10 +10,9 @@ Create Date: 2026-12-01 01:00:00
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import sqlalchemy as sa
-from alembic import context, op
+from alembic import op
 
 revision = "0006"
 down_revision = "0005"
@@ -56,14 +55,8 @@ def upgrade() -> None:
             "CREATE VIRTUAL TABLE message_terms USING fts5(terms, tags, content='', "
             "tokenize='unicode61 remove_diacritics 0')"
         )
-    data_dir = context.config.attributes.get("data_dir")
-    if data_dir is None:
-        log.warning("messages: no data directory given; run `sgme reindex` to fill the catalog")
-        return
-    from pipeline import integrity
-
-    done, failed = integrity.catalog_all(op.get_bind(), Path(data_dir))
-    log.info("messages: cataloged %d files (%d could not be read: see sgme fsck)", done, failed)
+    # The catalog is filled from the files by 0014, which makes the search index's columns
+    # what today's code writes (filling it here, with today's code, would not fit them).
 
 
 def downgrade() -> None:

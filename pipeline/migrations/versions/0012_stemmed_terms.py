@@ -12,9 +12,6 @@ Create Date: 2026-12-01 21:30:00
 from __future__ import annotations
 
 import logging
-from pathlib import Path
-
-from alembic import context, op
 
 revision = "0012"
 down_revision = "0009"
@@ -24,21 +21,9 @@ log = logging.getLogger("alembic.runtime.migration")
 
 
 def upgrade() -> None:
-    from pipeline import catalog, integrity
-
-    data_dir = context.config.attributes.get("data_dir")
-    if data_dir is None:
-        log.warning(
-            "search terms are now stemmed; no data directory given: run `sgme reindex` so "
-            "that every message is found by its stemmed words"
-        )
-        return
-    conn = op.get_bind()
-    catalog.clear(conn)
-    done, failed = integrity.catalog_all(conn, Path(data_dir))
-    log.info(
-        "search terms: %d files indexed again (%d could not be read: see sgme fsck)", done, failed
-    )
+    # The terms are made again from the files by 0014 (with today's code, whose columns they
+    # must fit); nothing to do here.
+    pass
 
 
 def downgrade() -> None:

@@ -1,0 +1,71 @@
+"""context terms: each message is also indexed with the terms of the turns before it in its
+session (docs/search.md, "Context terms"), in a column of their own — SQLite's FTS5 table is
+made again with a third column, ``context``; PostgreSQL's ``message_terms`` gains a second
+``tsvector``, ``ctx``, with a GIN index of its own. Every message's terms are made again from
+the files when the data directory is known (``sgme migrate``, ``sgme serve``); otherwise the
+search finds nothing until ``sgme reindex`` has run (it says so).
+
+Revision ID: 0014
+Revises: 0013
+Create Date: 2026-12-05 12:30:00
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from alembic import context, op
+
+revision = "0014"
+down_revision = "0013"
+branch_labels = None
+depends_on = None
+log = logging.getLogger("alembic.runtime.migration")
+
+_FTS = (
+    "CREATE VIRTUAL TABLE message_terms USING fts5({columns}, content='', "
+    "tokenize='unicode61 remove_diacritics 0')"
+)
+
+
+def upgrade() -> None:
+    conn = op.get_bind()
+    if conn.dialect.name == "postgresql":
+        op.execute("TRUNCATE message_terms")
+        op.execute("ALTER TABLE message_terms ADD COLUMN ctx tsvector NOT NULL DEFAULT ''")
+        op.execute("ALTER TABLE message_terms ALTER COLUMN ctx DROP DEFAULT")
+        op.execute("CREATE INDEX ix_message_terms_ctx ON message_terms USING GIN (ctx)")
+    else:
+        # a contentless FTS5 table's columns cannot change: it is made again, empty
+        op.execute("DROP TABLE message_terms")
+        op.execute(_FTS.format(columns="terms, tags, context"))
+    data_dir = context.config.attributes.get("data_dir")
+    if data_dir is None:
+        if conn.exec_driver_sql("SELECT 1 FROM messages LIMIT 1").first() is None:
+            return  # nothing was indexed: nothing to make again
+        log.warning(
+            "search terms now hold each message's context; no data directory given: run "
+            "`sgme reindex` (until then the search finds nothing)"
+        )
+        return
+    from pipeline import catalog, integrity
+
+    catalog.clear(conn)
+    done, failed = integrity.catalog_all(conn, Path(data_dir))
+    log.info(
+        "search terms: %d files indexed again with their context (%d could not be read: "
+        "see sgme fsck)",
+        done,
+        failed,
+    )
+
+
+def downgrade() -> None:
+    if op.get_bind().dialect.name == "postgresql":
+        op.execute("DROP INDEX ix_message_terms_ctx")
+        op.execute("ALTER TABLE message_terms DROP COLUMN ctx")
+    else:
+        op.execute("DROP TABLE message_terms")
+        op.execute(_FTS.format(columns="terms, tags"))
+    log.warning("search terms: run `sgme reindex` with the older version")
