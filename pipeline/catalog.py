@@ -53,13 +53,24 @@ CONTEXT_TERMS = 300
 
 
 def contexts(own: Sequence[list[str]], before: Sequence[list[str]] = ()) -> list[list[str]]:
-    """The context terms of consecutive messages whose terms are ``own``: for each, the last
-    :data:`CONTEXT_TERMS` terms of each of the :data:`CONTEXT_TURNS` messages before it, oldest
-    first (``before`` holds the terms of those before the first, oldest first)."""
-    run = [t[-CONTEXT_TERMS:] for t in (*before[max(0, len(before) - CONTEXT_TURNS) :], *own)]
+    """The context terms of consecutive messages whose terms are ``own``: for each, the
+    distinct terms but stop words (a ranked query leaves those out) among the last
+    :data:`CONTEXT_TERMS` terms of each of the :data:`CONTEXT_TURNS` messages before it, in
+    the order they first come, oldest turn first (``before`` holds the terms of those before
+    the first, oldest first). Each once: the context says what was talked about, and a short
+    context keeps the index small and a flush fast (FTS5 indexes every term it is given)."""
+    stops = terms.stop_terms()
+    run = [
+        [t for t in dict.fromkeys(found[-CONTEXT_TERMS:]) if t not in stops]
+        for found in (*before[max(0, len(before) - CONTEXT_TURNS) :], *own)
+    ]
     lead = len(run) - len(own)
     return [
-        [term for prev in run[max(0, lead + i - CONTEXT_TURNS) : lead + i] for term in prev]
+        list(
+            dict.fromkeys(
+                t for prev in run[max(0, lead + i - CONTEXT_TURNS) : lead + i] for t in prev
+            )
+        )
         for i in range(len(own))
     ]
 

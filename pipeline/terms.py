@@ -148,6 +148,11 @@ def _stop_terms() -> frozenset[str]:
     return frozenset(stem(w) for w in STOP_WORDS)
 
 
+def stop_terms() -> frozenset[str]:
+    """The terms of :data:`STOP_WORDS` (which a ranked query leaves out)."""
+    return _stop_terms()
+
+
 @dataclasses.dataclass(frozen=True)
 class Query:
     """Phrases (each a sequence of adjacent terms) that must all match (``match="all"``) or
