@@ -406,12 +406,14 @@ def _search(
     until: dt.datetime | str | None = None,
     limit: int = DEFAULT_SEARCH_LIMIT,
     match: str = "any",
+    context: int = 0,
 ) -> exchange.Call[models.Hits]:
     """The messages that best match ``query`` (sent as ``q``: a question, words and
     ``"quoted phrases"``; any language), best first, each with its ``source_ref`` and a
     snippet. ``match="any"`` ranks by relevance (docs/search.md); ``match="all"`` finds only
     messages holding every word and phrase. The filters combine; ``since`` and ``until`` are
-    datetimes (naive ones are UTC) or RFC 3339 text. Only the token's agents are searched."""
+    datetimes (naive ones are UTC) or RFC 3339 text. Only the token's agents are searched.
+    ``context`` (0-3): each hit comes with that many turns before and after it."""
     params = _query(
         q=query,
         match=match,
@@ -422,6 +424,7 @@ def _search(
         since=_time(since),
         until=_time(until),
         limit=limit,
+        context=context or None,
     )
     return exchange.Call("GET", "/v1/search", exchange.model_reader(models.Hits), params)
 

@@ -45,6 +45,8 @@ Neighbours = Literal["none", "candidates", "next"]
 NEIGHBOURS: Neighbours = "next"
 PREVIOUS_WEIGHT = 0.5  #: share of the turn before's score a message gains
 NEXT_WEIGHT = 0.2  #: share of the turn after's score a message gains
+MAX_CONTEXT = 3  #: turns on each side a hit may be returned with (``context``)
+CONTEXT_CHARS = 1_000  #: characters of each such turn at most (``search_context_chars``)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +61,19 @@ class Ranking:
     #: weight of a word found in the turns before a message (its context terms) against 1
     #: in the message itself
     context_weight: float = ranking.CONTEXT_WEIGHT
+    #: characters of each turn a hit is returned with (``context``), at most
+    context_chars: int = CONTEXT_CHARS
+
+
+@dataclasses.dataclass(frozen=True)
+class Turn:
+    """A turn around a hit, as ``context`` returns it: its text cut to ``context_chars``."""
+
+    source_ref: str
+    seq: int
+    ts: str
+    role: str
+    text: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +89,10 @@ class Result:
     session_key: str
     snippet: str
     score: float
+    #: the turns just before and after it in its session (``context``), oldest first; a turn
+    #: that is a hit, or around a better one, is not repeated
+    before: tuple[Turn, ...] = ()
+    after: tuple[Turn, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """The hit as the API shows it."""
@@ -90,12 +109,16 @@ def search(
     match: terms.Match = "any",
     neighbours: Neighbours = NEIGHBOURS,
     how: Ranking = Ranking(),
+    context: int = 0,
 ) -> list[Result]:
     """The best ``limit`` messages for query ``q`` within ``filters``, best first: ranked by
     relevance (``match="any"``, as ``how`` says), or those holding every word and phrase
-    (``"all"``)."""
+    (``"all"``); each with the ``context`` turns before and after it in its session (any
+    role, each cut to ``how.context_chars``)."""
     if not 1 <= limit <= MAX_LIMIT:
         raise errors.InvalidInput(f"limit must be 1..{MAX_LIMIT}, got {limit}")
+    if not 0 <= context <= MAX_CONTEXT:
+        raise errors.InvalidInput(f"context must be 0..{MAX_CONTEXT}, got {context}")
     query = terms.parse_query(q, match=match)
     with db.reading() as conn:
         if match == "all":
@@ -118,7 +141,17 @@ def search(
             for row in (index.get_file(conn, f) for f in {h.message.file_id for h in hits})
             if row is not None
         }
-    return [
+        around = {
+            (h.message.file_id, h.message.seq): catalog.rows(
+                conn,
+                h.message.file_id,
+                after=max(0, h.message.seq - context - 1),
+                upto=h.message.seq + context,
+            )
+            for h in hits
+            if context
+        }
+    found = [
         Result(
             source_ref=refs.format(h.message.file_id, h.message.seq),
             file_id=h.message.file_id,
@@ -133,6 +166,50 @@ def search(
         for h in hits
         if h.message.file_id in files
     ]
+    if not context:
+        return found
+    return _with_turns(db, data_dir, found, files, around, how.context_chars)
+
+
+def _with_turns(
+    db: database.Database,
+    data_dir: Path,
+    found: list[Result],
+    files: dict[str, tables.FileRow],
+    around: dict[tuple[str, int], list[tables.MessageRow]],
+    chars: int,
+) -> list[Result]:
+    """``found`` with the turns ``around`` each hit: best hit first, each turn shown once (a
+    hit, or a turn already shown around a better hit, ends a side)."""
+    shown = {(r.file_id, r.seq) for r in found}
+    made = []
+    for r in found:
+        rows = {m.seq: m for m in around.get((r.file_id, r.seq), [])}
+        sides: list[list[Turn]] = [[], []]
+        for side, step in ((0, -1), (1, 1)):
+            seq = r.seq + step
+            while seq in rows and (r.file_id, seq) not in shown:
+                shown.add((r.file_id, seq))
+                sides[side].append(_turn(db, data_dir, files[r.file_id], rows[seq], chars))
+                seq += step
+        made.append(
+            dataclasses.replace(r, before=tuple(reversed(sides[0])), after=tuple(sides[1]))
+        )
+    return made
+
+
+def _turn(
+    db: database.Database, data_dir: Path, file: tables.FileRow, m: tables.MessageRow, chars: int
+) -> Turn:
+    """A turn around a hit; its text cut to ``chars`` (empty when it cannot be read: fsck will
+    name the file)."""
+    try:
+        text = reader.message_text(db, data_dir, file, m, cap=chars * 4 + 1024)
+    except errors.SgmeError:
+        text = ""
+    if len(text) > chars:
+        text = text[: chars - 1] + "…"
+    return Turn(refs.format(m.file_id, m.seq), m.seq, document.format_ts(m.ts), m.role, text)
 
 
 def converse(

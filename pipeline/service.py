@@ -453,11 +453,20 @@ class Service(Views, Upkeep, Removals):
         return reader.resolve(self.db, self.data_dir, ref, **options)
 
     def search(
-        self, q: str, filters: catalog.Filters, *, limit: int, match: terms.Match = "any"
+        self,
+        q: str,
+        filters: catalog.Filters,
+        *,
+        limit: int,
+        match: terms.Match = "any",
+        context: int = 0,
     ) -> list[search.Result]:
-        """Messages that match ``q`` within ``filters``, best first (docs/search.md)."""
+        """Messages that match ``q`` within ``filters``, best first, each with ``context``
+        turns around it (docs/search.md)."""
         how = search.Ranking(**dataclasses.asdict(self.settings.search))
-        return search.search(self.db, self.data_dir, q, filters, limit=limit, match=match, how=how)
+        return search.search(
+            self.db, self.data_dir, q, filters, limit=limit, match=match, how=how, context=context
+        )
 
     def health(self) -> dict[str, Any]:
         """Whether the index answers and the data directory is writable (``status`` ok or

@@ -172,6 +172,8 @@ class Search:
     #: weight of a word found in the turns before a message (its context terms) against 1 in
     #: the message itself
     context_weight: float = 0.2
+    #: characters of each turn a hit is returned with (``GET /v1/search?context=N``)
+    context_chars: int = 1_000
 
 
 @dataclasses.dataclass(frozen=True)

@@ -224,6 +224,17 @@ class Health(Model):
     )
 
 
+class Turn(Model):
+    """A turn around a search hit (``GET /v1/search?context=N``), its text cut to
+    ``search_context_chars``."""
+
+    source_ref: str
+    seq: int
+    ts: str
+    role: Literal["user", "assistant", "tool", "system"]
+    text: str
+
+
 class Hit(Model):
     """One search hit: the message's source_ref, where it is, and a snippet of its text."""
 
@@ -236,6 +247,10 @@ class Hit(Model):
     session_key: str
     snippet: str
     score: float = Field(description="higher is better; comparable within one answer only")
+    before: list[Turn] = Field(
+        default=[], description="the turns just before it (context=N), oldest first"
+    )
+    after: list[Turn] = Field(default=[], description="the turns just after it (context=N)")
 
 
 class Hits(Model):

@@ -66,6 +66,15 @@ def search_messages(
     since: Annotated[Time, Query(description="messages at or after (RFC 3339)")] = None,
     until: Annotated[Time, Query(description="messages at or before (RFC 3339)")] = None,
     limit: Annotated[int, Query(ge=1, le=search.MAX_LIMIT)] = search.DEFAULT_LIMIT,
+    context: Annotated[
+        int,
+        Query(
+            ge=0,
+            le=search.MAX_CONTEXT,
+            description="turns before and after each hit to return with it (in before and "
+            "after; a turn is shown once: a hit, or around the best hit next to it)",
+        ),
+    ] = 0,
 ) -> dict[str, Any]:
     """The messages that best match ``q``, best first, each with its ``source_ref`` and a
     snippet; filters combine. Only the caller's agents are searched. ``match=any`` ranks by
@@ -80,5 +89,5 @@ def search_messages(
         since=utc(since),
         until=utc(until),
     )
-    found = service.search(q, filters, limit=limit, match=match)
+    found = service.search(q, filters, limit=limit, match=match, context=context)
     return search.hits_of(found)

@@ -120,6 +120,20 @@ def _message(message: Any, limit: int) -> dict[str, Any]:
     return shown
 
 
+def _turns(hit: Any, context: int) -> dict[str, Any]:
+    """A search hit's turns around it (``context``), as search_memory shows them: none asked,
+    none shown."""
+    if not context:
+        return {}
+    return {
+        side: [
+            {"source_ref": t.source_ref, "ts": t.ts, "role": t.role, "text": t.text}
+            for t in getattr(hit, side, None) or []
+        ]
+        for side in ("before", "after")
+    }
+
+
 def build(link: Link, bounds: Mcp) -> MCPServer[Any]:
     """The MCP server: five tools and one resource template, each call through ``link``, each
     answer within ``bounds``."""
@@ -181,6 +195,15 @@ def build(link: Link, bounds: Mcp) -> MCPServer[Any]:
                 description="only this agent's messages (default: all you may read)",
             ),
         ] = None,
+        context: Annotated[
+            int,
+            Field(
+                ge=0,
+                le=3,
+                description="turns before and after each hit to return with it (an answer "
+                "is often the turn after the one that names its subject)",
+            ),
+        ] = 0,
     ) -> Answer:
         """Search every earlier conversation for messages about something: what was decided,
         said, tried or preferred before. Use it whenever the user refers to earlier work, or
@@ -198,6 +221,7 @@ def build(link: Link, bounds: Mcp) -> MCPServer[Any]:
                 limit=limit,
                 role=role,
                 agent_id=agent_id,
+                context=context,
             )
             return found, await where(sgme, {h.file_id for h in found.hits})
 
@@ -211,6 +235,7 @@ def build(link: Link, bounds: Mcp) -> MCPServer[Any]:
                 "agent_id": h.agent_id,
                 "cwd": cwds.get(h.file_id),
                 "snippet": h.snippet,
+                **_turns(h, context),
             }
             for h in found.hits
         ]

@@ -166,6 +166,7 @@ async def every_tool(session: ClientSession, server: Server, colour: str) -> Non
         "limit",
         "role",
         "agent_id",
+        "context",
     }
 
     found = await call(session, "search_memory", query="audit Postgres")
@@ -182,6 +183,11 @@ async def every_tool(session: ClientSession, server: Server, colour: str) -> Non
     own = await call(session, "search_memory", query="audit", agent_id="alpha")
     assert own["hits"] and {h["agent_id"] for h in own["hits"]} == {"alpha"}
     assert "Postgres" in hit["snippet"] and hit["ts"].endswith("Z")
+    around = await call(session, "search_memory", query="audit Postgres", limit=1, context=1)
+    top = around["hits"][0]
+    assert [t["source_ref"] for t in top["before"]] == [f"{server.alpha_file}:1"]
+    assert [t["source_ref"] for t in top["after"]] == [f"{server.alpha_file}:3"]
+    assert top["before"][0]["text"] and "before" not in hit
     none = await call(session, "search_memory", query="audit", session_key="nope")
     assert none == {"hits": [], "count": 0}
 

@@ -458,6 +458,21 @@ def test_search_ranks_by_default_and_match_is_any_or_all(app: Api) -> None:
     for bad in ("some", "ALL", ""):
         r = app.client.get("/v1/search", params={"q": "tea", "match": bad})
         assert_problem(r, 422, "invalid-input", "match")
+    assert ranked[0]["before"] == ranked[0]["after"] == []  # no context asked
+
+
+def test_search_returns_each_hit_with_the_turns_around_it(app: Api) -> None:
+    turns = ["good morning", "which tea do you like?", "Sencha, always.", "me too", "bye"]
+    app.append(body("s1", *({"role": "user", "content": t, "ts": TS1} for t in turns)), wait=True)
+    q = {"q": "which tea?", "context": 2, "limit": 1}
+    (hit,) = app.client.get("/v1/search", params=q).json()["hits"]
+    assert hit["seq"] == 2
+    assert [(t["seq"], t["text"]) for t in hit["before"]] == [(1, "good morning")]
+    assert [(t["seq"], t["text"]) for t in hit["after"]] == [(3, "Sencha, always."), (4, "me too")]
+    assert hit["after"][0]["source_ref"] == f"{hit['file_id']}:3"
+    for bad in ("4", "-1", "x"):
+        r = app.client.get("/v1/search", params={"q": "tea", "context": bad})
+        assert_problem(r, 422, "invalid-input", "context")
 
 
 def test_file_row_shows_index_state(app: Api) -> None:

@@ -522,6 +522,39 @@ def test_context_terms_are_the_same_however_the_turns_were_flushed(
     assert results() == before
 
 
+def test_hits_come_with_their_turns_around_them_each_shown_once(
+    db: database.Database, data_dir: Path
+) -> None:
+    file_id = session(
+        db,
+        data_dir,
+        "around",
+        ["hello", "any news on the quince tart?", "baked it!", "the quince tart was great",
+         "glad", "x" * 3000, "bye"],
+    )  # fmt: skip
+    how = search.Ranking(context_chars=100)
+    q = "quince tart"
+    hits = search.search(db, data_dir, q, neighbours="none", limit=2, context=2, how=how)
+    # the two turns that say it (the turns after them hold it in their context only)
+    assert sorted(h.seq for h in hits) == [2, 4]
+    by_seq = {h.seq: h for h in hits}
+    sides = {h.seq: ([t.seq for t in h.before], [t.seq for t in h.after]) for h in hits}
+    # turn 3 is between the two hits: shown once, around the better one; a side stops at a hit
+    first, second = hits[0].seq, hits[1].seq
+    if first == 2:
+        assert sides == {2: ([1], [3]), 4: ([], [5, 6])}
+    else:
+        assert sides == {4: ([3], [5, 6]), 2: ([1], [])}
+    assert by_seq[2].before[0].text == "hello" and by_seq[2].before[0].role == "user"
+    assert by_seq[2].before[0].source_ref == f"{file_id}:1"
+    long = by_seq[4].after[1]
+    assert len(long.text) == 100 and long.text == "x" * 99 + "…"
+    assert second != first
+    assert search.search(db, data_dir, "quince", context=0)[0].before == ()
+    with pytest.raises(errors.InvalidInput, match=r"context must be 0\.\.3"):
+        search.search(db, data_dir, "quince", context=4)
+
+
 def test_a_bad_match_is_refused(db: database.Database, data_dir: Path) -> None:
     with pytest.raises(errors.InvalidInput, match="match must be"):
         search.search(db, data_dir, "tea", match="some")  # type: ignore[arg-type]
