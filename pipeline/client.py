@@ -407,13 +407,15 @@ def _search(
     limit: int = DEFAULT_SEARCH_LIMIT,
     match: str = "any",
     context: int = 0,
+    ref_time: dt.datetime | str | None = None,
 ) -> exchange.Call[models.Hits]:
     """The messages that best match ``query`` (sent as ``q``: a question, words and
     ``"quoted phrases"``; any language), best first, each with its ``source_ref`` and a
     snippet. ``match="any"`` ranks by relevance (docs/search.md); ``match="all"`` finds only
     messages holding every word and phrase. The filters combine; ``since`` and ``until`` are
     datetimes (naive ones are UTC) or RFC 3339 text. Only the token's agents are searched.
-    ``context`` (0-3): each hit comes with that many turns before and after it."""
+    ``context`` (0-3): each hit comes with that many turns before and after it. A date the
+    question names is resolved against ``ref_time`` (default: now): the answer's ``window``."""
     params = _query(
         q=query,
         match=match,
@@ -425,6 +427,7 @@ def _search(
         until=_time(until),
         limit=limit,
         context=context or None,
+        ref_time=_time(ref_time),
     )
     return exchange.Call("GET", "/v1/search", exchange.model_reader(models.Hits), params)
 

@@ -21,6 +21,7 @@ from typing import Any, Literal
 from pipeline import (
     catalog,
     database,
+    dates,
     document,
     errors,
     index,
@@ -46,6 +47,9 @@ NEIGHBOURS: Neighbours = "next"
 PREVIOUS_WEIGHT = 0.5  #: share of the turn before's score a message gains
 NEXT_WEIGHT = 0.2  #: share of the turn after's score a message gains
 MAX_CONTEXT = 3  #: turns on each side a hit may be returned with (``context``)
+#: reciprocal rank fusion's constant (:func:`fused`): the usual 60, so the first few ranks of
+#: each ranking weigh about alike
+RRF_K = 60
 CONTEXT_CHARS = 1_000  #: characters of each such turn at most (``search_context_chars``)
 
 
@@ -110,11 +114,14 @@ def search(
     neighbours: Neighbours = NEIGHBOURS,
     how: Ranking = Ranking(),
     context: int = 0,
+    window: dates.Window | None = None,
 ) -> list[Result]:
     """The best ``limit`` messages for query ``q`` within ``filters``, best first: ranked by
     relevance (``match="any"``, as ``how`` says), or those holding every word and phrase
     (``"all"``); each with the ``context`` turns before and after it in its session (any
-    role, each cut to ``how.context_chars``)."""
+    role, each cut to ``how.context_chars``). Ranked, a ``window`` the question names
+    (:func:`dates.window`) is searched too, without the words that named it, and the two
+    rankings fused (:func:`fused`): scores are then the fusion's."""
     if not 1 <= limit <= MAX_LIMIT:
         raise errors.InvalidInput(f"limit must be 1..{MAX_LIMIT}, got {limit}")
     if not 0 <= context <= MAX_CONTEXT:
@@ -124,18 +131,10 @@ def search(
         if match == "all":
             hits = catalog.find(conn, query, filters, limit=limit)
         else:
-            ranked = ranking.rank(
-                conn,
-                query,
-                filters,
-                limit=max(limit, how.candidates),
-                common=how.common_matches,
-                enough=limit,
-                timeout=how.timeout,
-                context=how.context_weight,
-            )
-            best = converse(conn, ranked, filters, neighbours)[:limit]
-            hits = ranking.hits_by_id(conn, [(h.id, h.score) for h in best])
+            best = _ranked(conn, query, filters, limit, neighbours, how)
+            if window is not None:
+                best = fused([best, _dated(conn, query, window, filters, limit, neighbours, how)])
+            hits = ranking.hits_by_id(conn, [(h.id, h.score) for h in best[:limit]])
         files = {
             row.file_id: row
             for row in (index.get_file(conn, f) for f in {h.message.file_id for h in hits})
@@ -192,9 +191,7 @@ def _with_turns(
                 shown.add((r.file_id, seq))
                 sides[side].append(_turn(db, data_dir, files[r.file_id], rows[seq], chars))
                 seq += step
-        made.append(
-            dataclasses.replace(r, before=tuple(reversed(sides[0])), after=tuple(sides[1]))
-        )
+        made.append(dataclasses.replace(r, before=tuple(reversed(sides[0])), after=tuple(sides[1])))
     return made
 
 
@@ -210,6 +207,68 @@ def _turn(
     if len(text) > chars:
         text = text[: chars - 1] + "…"
     return Turn(refs.format(m.file_id, m.seq), m.seq, document.format_ts(m.ts), m.role, text)
+
+
+def _ranked(
+    conn: Any,
+    query: terms.Query,
+    filters: catalog.Filters,
+    limit: int,
+    neighbours: Neighbours,
+    how: Ranking,
+) -> list[ranking.Scored]:
+    """The ranked search's messages for ``query``, best first: BM25's candidates re-ranked
+    with their neighbours (:func:`converse`)."""
+    ranked = ranking.rank(
+        conn,
+        query,
+        filters,
+        limit=max(limit, how.candidates),
+        common=how.common_matches,
+        enough=limit,
+        timeout=how.timeout,
+        context=how.context_weight,
+    )
+    return converse(conn, ranked, filters, neighbours)
+
+
+def _dated(
+    conn: Any,
+    query: terms.Query,
+    window: dates.Window,
+    filters: catalog.Filters,
+    limit: int,
+    neighbours: Neighbours,
+    how: Ranking,
+) -> list[ranking.Scored]:
+    """:func:`_ranked` within ``window`` (and ``filters``' own times), for the question
+    without the words that named it (all of it when nothing else is left to search for)."""
+    since = max(window.since, filters.since) if filters.since else window.since
+    until = min(window.until, filters.until) if filters.until else window.until
+    if since > until:
+        return []
+    try:
+        rest = terms.parse_query(window.rest, match="any")
+    except errors.InvalidInput:
+        rest = query
+    narrowed = dataclasses.replace(filters, since=since, until=until)
+    return _ranked(conn, rest, narrowed, limit, neighbours, how)
+
+
+def fused(rankings: Sequence[Sequence[ranking.Scored]]) -> list[ranking.Scored]:
+    """Rankings fused by their ranks (reciprocal rank fusion): a message's score is the sum
+    over the rankings that hold it of ``1 / (RRF_K + rank)``, so one ranked high in either
+    comes high, and one ranked high in both highest. Best first, ties in source_ref order."""
+    score: dict[tuple[str, int], float] = {}
+    first: dict[tuple[str, int], ranking.Scored] = {}
+    for found in rankings:
+        for rank, h in enumerate(found, 1):
+            key = (h.file_id, h.seq)
+            score[key] = score.get(key, 0.0) + 1.0 / (RRF_K + rank)
+            first.setdefault(key, h)
+    made = [first[key]._replace(score=value) for key, value in score.items()]
+    made.sort(key=lambda h: (-h.score, h.file_id, h.seq))
+    return made
 
 
 def converse(
@@ -255,6 +314,17 @@ def _snippet(
     return terms.snippet(text, query)
 
 
-def hits_of(results: Sequence[Result]) -> dict[str, list[dict[str, Any]]]:
-    """The API's answer."""
-    return {"hits": [r.to_json() for r in results]}
+def hits_of(results: Sequence[Result], window: dates.Window | None = None) -> dict[str, Any]:
+    """The API's answer: the hits, and the window a date in the question named (or None)."""
+    return {"hits": [r.to_json() for r in results], "window": window_json(window)}
+
+
+def window_json(window: dates.Window | None) -> dict[str, str] | None:
+    """A window as the API shows it: its ends (RFC 3339, UTC) and the words that named it."""
+    if window is None:
+        return None
+    return {
+        "since": document.format_ts(window.since),
+        "until": document.format_ts(window.until),
+        "matched": window.matched,
+    }

@@ -253,10 +253,23 @@ class Hit(Model):
     after: list[Turn] = Field(default=[], description="the turns just after it (context=N)")
 
 
+class Window(Model):
+    """The time window a date in the question named, searched besides the whole store."""
+
+    since: str
+    until: str
+    matched: str = Field(description="the words of the question that named it")
+
+
 class Hits(Model):
     """Answer of ``GET /v1/search``, best first."""
 
     hits: list[Hit]
+    window: Window | None = Field(
+        default=None,
+        description='the window a date in the question ("in May 2023", "last Tuesday", '
+        '"昨天") named, resolved against ref_time; its hits are fused with the rest',
+    )
 
 
 class AuditRecord(Model):

@@ -75,6 +75,13 @@ def search_messages(
             "after; a turn is shown once: a hit, or around the best hit next to it)",
         ),
     ] = 0,
+    ref_time: Annotated[
+        Time,
+        Query(
+            description="when the question is asked (RFC 3339; default now): a date it names "
+            '("last Tuesday", "in May 2023", "昨天") is resolved against it'
+        ),
+    ] = None,
 ) -> dict[str, Any]:
     """The messages that best match ``q``, best first, each with its ``source_ref`` and a
     snippet; filters combine. Only the caller's agents are searched. ``match=any`` ranks by
@@ -89,5 +96,6 @@ def search_messages(
         since=utc(since),
         until=utc(until),
     )
-    found = service.search(q, filters, limit=limit, match=match, context=context)
-    return search.hits_of(found)
+    window = service.window(q, utc(ref_time)) if match == "any" else None
+    found = service.search(q, filters, limit=limit, match=match, context=context, window=window)
+    return search.hits_of(found, window)

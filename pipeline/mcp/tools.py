@@ -239,7 +239,9 @@ def build(link: Link, bounds: Mcp) -> MCPServer[Any]:
             }
             for h in found.hits
         ]
-        return answer({"hits": hits, "count": len(hits)})
+        dated = found.window
+        window = None if dated is None else {"since": dated.since, "until": dated.until}
+        return answer({"hits": hits, "count": len(hits), **({"window": window} if window else {})})
 
     @server.tool(
         description=f"""Open one remembered message whole (up to {bounds.message_chars:,} \
