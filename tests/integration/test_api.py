@@ -1027,7 +1027,11 @@ def test_a_date_in_the_question_is_a_window_fused_with_the_rest(app: Api) -> Non
         when = f"2026-03-{2 + 7 * day:02d}T19:00:00Z"
         said = {"role": "user", "content": f"Tonight I cooked {dish}.", "ts": when}
         app.append(body(f"week{day}", said), wait=True)
-    q = {"q": "What did I cook on March 16?", "limit": 2, "ref_time": "2026-04-01T12:00:00Z"}
+    q: dict[str, str | int] = {
+        "q": "What did I cook on March 16?",
+        "limit": 2,
+        "ref_time": "2026-04-01T12:00:00Z",
+    }
     answer = app.client.get("/v1/search", params=q).json()
     assert "tacos" in answer["hits"][0]["snippet"], answer
     assert answer["window"] == {
