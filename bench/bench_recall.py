@@ -105,7 +105,13 @@ def sgme_store(
                     }
                     for i, turn in enumerate(turns)
                 ]
-                body = {"agent_id": f"conv{c}", "session_key": f"s{s}", "messages": messages}
+                body = {
+                    "agent_id": f"conv{c}",
+                    "session_key": f"s{s}",
+                    # who speaks, as a dialogue's source knows it (docs/search.md, "Speakers")
+                    "metadata": {"speakers": list(conversation.names)},
+                    "messages": messages,
+                }
                 file_id = journal.ingest(db, body).file_id
                 journal.flush(db, data_dir, file_id)
                 for i in range(len(turns)):

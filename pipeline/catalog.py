@@ -41,8 +41,8 @@ _INSERT_ROW = database.Prepared(
 )
 _MAX_ID = database.Prepared(sa.select(sa.func.max(_M.id).label("id")))
 _PG_INSERT = sa.text(
-    "INSERT INTO message_terms (id, tsv, ctx) "
-    "VALUES (:id, CAST(:tsv AS tsvector), CAST(:ctx AS tsvector))"
+    "INSERT INTO message_terms (id, tsv, ctx, speaker) "
+    "VALUES (:id, CAST(:tsv AS tsvector), CAST(:ctx AS tsvector), :speaker)"
 )
 #: messages before a message whose terms are its context (docs/search.md has the measurement
 #: that chose it; a change takes ``sgme reindex`` to reach the messages indexed before)
@@ -76,39 +76,86 @@ def contexts(own: Sequence[list[str]], before: Sequence[list[str]] = ()) -> list
 
 
 def term_lists(
-    texts: Sequence[str], before: Sequence[str] = ()
-) -> tuple[list[list[str]], list[list[str]]]:
-    """The terms of consecutive messages' ``texts`` and their context terms (:func:`contexts`;
-    ``before``: the texts of the messages before the first, oldest first)."""
-    own = [terms.terms(t) for t in texts]
+    owner: Owner, messages: Sequence[document.Message], before: Sequence[str] = ()
+) -> tuple[list[str | None], list[list[str]], list[list[str]]]:
+    """The speaker (:func:`said`), the terms and the context terms (:func:`contexts`) of
+    consecutive messages of ``owner``'s file (``before``: the texts of the messages before
+    the first, oldest first). A speaker's name a turn starts with is neither."""
+    spoken = [said(owner, m.role, m.content) for m in messages]
+    own = [terms.terms(text) for _, text in spoken]
     last = before[max(0, len(before) - CONTEXT_TURNS) :]
-    return own, contexts(own, [terms.terms(t) for t in last])
+    earlier = [terms.terms(said(owner, "", t)[1]) for t in last]
+    return [who for who, _ in spoken], own, contexts(own, earlier)
+
+
+#: speakers' names a file's metadata may declare (``speakers``), and characters of each
+MAX_SPEAKERS = 64
+MAX_SPEAKER_CHARS = 64
 
 
 @dataclasses.dataclass(frozen=True)
 class Owner:
-    """What the catalog keeps of a message's file: its id, and for filtering its agent and
-    session."""
+    """What the catalog keeps of a message's file: its id, for filtering its agent and
+    session, and who speaks in it (docs/search.md, "Speakers"): ``speakers``, the names a
+    dialogue's turns start with ("Caroline: …", metadata ``speakers``), and ``user``, the
+    name of who speaks as ``user`` (metadata ``speaker``)."""
 
     file_id: str
     agent_id: str
     session_key: str
+    speakers: tuple[str, ...] = ()
+    user: str | None = None
 
     @classmethod
     def of(cls, row: tables.FileRow) -> Owner:
         """The owner facts of a file row."""
-        return cls(row.file_id, row.agent_id, row.session_key)
+        return cls.made(row.file_id, row.agent_id, row.session_key, row.metadata)
 
-
-def _tags(owner: Owner, role: str) -> str:
-    return " ".join(
-        (
-            terms.tag("a", owner.agent_id),
-            terms.tag("f", owner.file_id),
-            terms.tag("s", owner.session_key),
-            terms.tag("r", role),
+    @classmethod
+    def made(
+        cls, file_id: str, agent_id: str, session_key: str, metadata: Mapping[str, Any]
+    ) -> Owner:
+        """The owner facts of a file, its speakers from its ``metadata`` (a value that is not
+        a name, or a list of them, is passed over: the metadata was free to hold anything)."""
+        names = metadata.get("speakers")
+        speakers = (
+            tuple(dict.fromkeys(n for n in names[:MAX_SPEAKERS] if _name(n)))
+            if isinstance(names, list)
+            else ()
         )
-    )
+        user = metadata.get("speaker")
+        return cls(file_id, agent_id, session_key, speakers, user if _name(user) else None)
+
+
+def _name(value: object) -> bool:
+    return isinstance(value, str) and 0 < len(value.strip()) <= MAX_SPEAKER_CHARS
+
+
+def said(owner: Owner, role: str, text: str) -> tuple[str | None, str]:
+    """Who said a message (a name, or None) and its text without the name it starts with:
+    a dialogue's turn "Caroline: …" when Caroline is among ``owner.speakers`` (the name is a
+    tag then, not a word of the turn), else ``owner.user`` for a ``user`` message."""
+    for name in owner.speakers:
+        if text.startswith(name) and text[len(name) : len(name) + 1] == ":":
+            return name, text[len(name) + 1 :]
+    return (owner.user if role == "user" else None), text
+
+
+def speaker_key(name: str) -> str:
+    """The form a speaker's name is kept and compared in (case-folded, trimmed)."""
+    return " ".join(name.casefold().split())
+
+
+def _tags(owner: Owner, role: str, speaker: str | None = None) -> str:
+    found = [
+        terms.tag("a", owner.agent_id),
+        terms.tag("f", owner.file_id),
+        terms.tag("s", owner.session_key),
+        terms.tag("r", role),
+    ]
+    if speaker is not None:
+        found.append(terms.tag("p", speaker_key(speaker)))
+    return " ".join(found)
 
 
 class Entry(NamedTuple):
@@ -123,6 +170,7 @@ class Entry(NamedTuple):
     tool_name: str | None
     tsv: str  #: the ``tsvector`` text of its search terms
     ctx: str  #: the ``tsvector`` text of its context terms
+    speaker: str | None  #: who said it (:func:`speaker_key`)
 
 
 def entries(
@@ -131,8 +179,8 @@ def entries(
     """The :class:`Entry` of each message of ``found`` (PostgreSQL; ``before``: the texts of
     the messages before the first, oldest first)."""
     made = []
-    own, context = term_lists([f.message.content for f in found], before)
-    for located, found_terms, context_terms in zip(found, own, context, strict=True):
+    who, own, context = term_lists(owner, [f.message for f in found], before)
+    for located, speaker, found_terms, context_terms in zip(found, who, own, context, strict=True):
         row = _row(owner, located)
         made.append(
             Entry(
@@ -144,6 +192,7 @@ def entries(
                 row["tool_name"],
                 terms.tsvector(found_terms),
                 terms.tsvector(context_terms),
+                None if speaker is None else speaker_key(speaker),
             )
         )
     return made
@@ -171,7 +220,10 @@ def _add_entries(conn: sa.Connection, files: Sequence[tuple[Owner, Sequence[Entr
     all_entries = [e for _, found in files for e in found]
     conn.execute(
         _PG_INSERT,
-        [{"id": i, "tsv": e.tsv, "ctx": e.ctx} for i, e in zip(ids, all_entries, strict=True)],
+        [
+            {"id": i, "tsv": e.tsv, "ctx": e.ctx, "speaker": e.speaker}
+            for i, e in zip(ids, all_entries, strict=True)
+        ],
     )
 
 
@@ -191,15 +243,15 @@ def bound_entries(
     (``file_id, seq, byte_offset, byte_length, ts, role, tool_name``) then its terms, tags and
     context terms, the values as SQLite's driver takes them (``before``: the texts of the
     messages before the first, oldest first)."""
-    tags: dict[str, str] = {}  #: a file's messages have a handful of roles
+    tags: dict[tuple[str, str | None], str] = {}  #: a file has a handful of roles, speakers
     made = []
-    own, context = term_lists([f.message.content for f in found], before)
-    for located, found_terms, context_terms in zip(found, own, context, strict=True):
+    who, own, context = term_lists(owner, [f.message for f in found], before)
+    for located, speaker, found_terms, context_terms in zip(found, who, own, context, strict=True):
         message = located.message
         role = message.role
-        tagged = tags.get(role)
+        tagged = tags.get((role, speaker))
         if tagged is None:
-            tagged = tags[role] = _tags(owner, role)
+            tagged = tags[(role, speaker)] = _tags(owner, role, speaker)
         made.append(
             (
                 owner.file_id,
@@ -297,21 +349,27 @@ def add_terms(
     deleted (:func:`pipeline.purge.forget_terms`, which takes the same arguments):
     ``messages`` consecutive in their file, ``ids`` ``{seq: catalog id}`` (a message without
     one is passed over), ``before`` as :func:`ready` takes it."""
-    own, context = term_lists([m.content for m in messages], before)
+    who, own, context = term_lists(owner, messages, before)
     made = [
-        (ids[m.seq], m, t, c)
-        for m, t, c in zip(messages, own, context, strict=True)
+        (ids[m.seq], m, p, t, c)
+        for m, p, t, c in zip(messages, who, own, context, strict=True)
         if m.seq in ids
     ]
     if not made:
         return
     if database.is_postgres(conn):
         rows = [
-            {"id": i, "tsv": terms.tsvector(t), "ctx": terms.tsvector(c)} for i, _, t, c in made
+            {
+                "id": i,
+                "tsv": terms.tsvector(t),
+                "ctx": terms.tsvector(c),
+                "speaker": None if p is None else speaker_key(p),
+            }
+            for i, _, p, t, c in made
         ]
         conn.execute(_PG_INSERT, rows)
         return
-    bound = [(i, " ".join(t), _tags(owner, m.role), " ".join(c)) for i, m, t, c in made]
+    bound = [(i, " ".join(t), _tags(owner, m.role, p), " ".join(c)) for i, m, p, t, c in made]
     database.many_bound(conn, _FTS_BOUND, bound)
 
 
@@ -408,6 +466,7 @@ class Filters:
     role: str | None = None
     since: dt.datetime | None = None
     until: dt.datetime | None = None
+    speaker: str | None = None  #: who said it (docs/search.md, "Speakers")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -460,7 +519,28 @@ def tag_groups(f: Filters) -> list[list[str]]:
     for kind, value in (("a", f.agent_id), ("s", f.session_key), ("f", f.file_id), ("r", f.role)):
         if value is not None:
             tags.append([terms.tag(kind, value)])
+    if f.speaker is not None:
+        tags.append([terms.tag("p", speaker_key(f.speaker))])
     return tags
+
+
+def spoken_by(terms_table: Any, f: Filters) -> list[Any]:
+    """PostgreSQL: the condition of ``f``'s speaker on ``message_terms`` (none without one)."""
+    if f.speaker is None:
+        return []
+    return [terms_table.c.speaker == speaker_key(f.speaker)]
+
+
+def said_by(conn: sa.Connection, ids: Collection[int], speaker: str) -> set[int]:
+    """The ids among ``ids`` of messages ``speaker`` said."""
+    if not ids:
+        return set()
+    if database.is_postgres(conn):
+        query = sa.text("SELECT id FROM message_terms WHERE id = ANY(:ids) AND speaker = :p")
+        return set(conn.execute(query, {"ids": list(ids), "p": speaker_key(speaker)}).scalars())
+    tag = terms.tag("p", speaker_key(speaker))
+    query = sa.text("SELECT rowid FROM message_terms WHERE message_terms MATCH :m AND rowid = :id")
+    return {i for i in ids if conn.execute(query, {"m": f'tags : "{tag}"', "id": i}).first()}
 
 
 def _find_sqlite(
@@ -537,10 +617,10 @@ def scope(f: Filters) -> list[Any]:
 def _find_postgres(
     conn: sa.Connection, query: terms.Query, f: Filters, limit: int, window: int
 ) -> list[Hit]:
-    t = sa.table("message_terms", sa.column("id"), sa.column("tsv"))
+    t = sa.table("message_terms", sa.column("id"), sa.column("tsv"), sa.column("speaker"))
     q = sa.cast(sa.bindparam("tsquery", type_=sa.Text), postgresql.TSQUERY)
     m, files = tables.messages.c, tables.raw_files.c
-    where = [t.c.tsv.op("@@")(q), *scope(f)]
+    where = [t.c.tsv.op("@@")(q), *spoken_by(t, f), *scope(f)]
     # The newest matches first, by id alone (joined only when a filter needs it); the rank,
     # the rows and their files only for those: computed for every match, they cost more
     # than the search itself when a word is common.

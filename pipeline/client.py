@@ -408,6 +408,7 @@ def _search(
     match: str = "any",
     context: int = 0,
     ref_time: dt.datetime | str | None = None,
+    speaker: str | None = None,
 ) -> exchange.Call[models.Hits]:
     """The messages that best match ``query`` (sent as ``q``: a question, words and
     ``"quoted phrases"``; any language), best first, each with its ``source_ref`` and a
@@ -415,7 +416,8 @@ def _search(
     messages holding every word and phrase. The filters combine; ``since`` and ``until`` are
     datetimes (naive ones are UTC) or RFC 3339 text. Only the token's agents are searched.
     ``context`` (0-3): each hit comes with that many turns before and after it. A date the
-    question names is resolved against ``ref_time`` (default: now): the answer's ``window``."""
+    question names is resolved against ``ref_time`` (default: now): the answer's ``window``.
+    ``speaker``: only what that speaker said (docs/search.md, "Speakers")."""
     params = _query(
         q=query,
         match=match,
@@ -428,6 +430,7 @@ def _search(
         limit=limit,
         context=context or None,
         ref_time=_time(ref_time),
+        speaker=speaker,
     )
     return exchange.Call("GET", "/v1/search", exchange.model_reader(models.Hits), params)
 

@@ -52,17 +52,17 @@ def forget_terms(
         found = [ids[m.seq] for m in messages if m.seq in ids]
         conn.execute(sa.text("DELETE FROM message_terms WHERE id = ANY(:ids)"), {"ids": found})
         return
-    own, context = catalog.term_lists([m.content for m in messages], before)
+    who, own, context = catalog.term_lists(owner, messages, before)
     conn.execute(
         _FTS_DELETE,
         [
             {
                 "id": ids[m.seq],
                 "terms": " ".join(t),
-                "tags": catalog._tags(owner, m.role),
+                "tags": catalog._tags(owner, m.role, p),
                 "context": " ".join(c),
             }
-            for m, t, c in zip(messages, own, context, strict=True)
+            for m, p, t, c in zip(messages, who, own, context, strict=True)
             if m.seq in ids
         ],
     )

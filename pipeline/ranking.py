@@ -242,7 +242,13 @@ def _rank_postgres(
     conn.exec_driver_sql("SET LOCAL plan_cache_mode = force_custom_plan")
     rows = _pg_rows(conn)
     idf = [_idf(rows, n) for n in df]
-    t = sa.table("message_terms", sa.column("id"), sa.column("tsv"), sa.column("ctx"))
+    t = sa.table(
+        "message_terms",
+        sa.column("id"),
+        sa.column("tsv"),
+        sa.column("ctx"),
+        sa.column("speaker"),
+    )
     m, files = tables.messages.c, tables.raw_files.c
 
     def tsq(text: str) -> Any:
@@ -252,7 +258,7 @@ def _rank_postgres(
     matched: Any = t.c.tsv.op("@@")(tsq(found))
     if context > 0:
         matched = sa.or_(matched, t.c.ctx.op("@@")(tsq(found)))
-    where = [matched, *catalog.scope(f)]
+    where = [matched, *catalog.spoken_by(t, f), *catalog.scope(f)]
 
     def rank_of(p: tuple[str, ...]) -> Any:
         own = sa.func.ts_rank(t.c.tsv, tsq(terms.phrase_tsquery(p)), 1)
@@ -416,4 +422,7 @@ def at(
         times = [sa.bindparam(n, type_=sa.DateTime) for n in ("since", "until") if n in params]
         stmt = sa.text(sql).bindparams(*times)
         found.extend((i, f, s) for i, f, s in conn.execute(stmt, values | params))
+    if filters.speaker is not None:  # a tag in the search index, not in the catalog
+        said = catalog.said_by(conn, [i for i, _, _ in found], filters.speaker)
+        found = [key for key in found if key[0] in said]
     return found

@@ -63,6 +63,16 @@ def search_messages(
         str | None, Query(pattern=refs.FILE_ID_PATTERN, json_schema_extra={"format": "uuid"})
     ] = None,
     role: Role | None = None,
+    speaker: Annotated[
+        str | None,
+        Query(
+            min_length=1,
+            max_length=catalog.MAX_SPEAKER_CHARS,
+            pattern="^[^\\x00-\\x1f\\x7f]*[^\\s\\x00-\\x1f\\x7f][^\\x00-\\x1f\\x7f]*$",
+            description="only messages this speaker said (a name the session's metadata "
+            "declares: speakers, speaker; any case)",
+        ),
+    ] = None,
     since: Annotated[Time, Query(description="messages at or after (RFC 3339)")] = None,
     until: Annotated[Time, Query(description="messages at or before (RFC 3339)")] = None,
     limit: Annotated[int, Query(ge=1, le=search.MAX_LIMIT)] = search.DEFAULT_LIMIT,
@@ -93,6 +103,7 @@ def search_messages(
         session_key=session_key,
         file_id=file_id,
         role=role,
+        speaker=speaker,
         since=utc(since),
         until=utc(until),
     )

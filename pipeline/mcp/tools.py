@@ -195,6 +195,14 @@ def build(link: Link, bounds: Mcp) -> MCPServer[Any]:
                 description="only this agent's messages (default: all you may read)",
             ),
         ] = None,
+        speaker: Annotated[
+            str | None,
+            Field(
+                max_length=64,
+                description="only what this person said (a speaker's name the conversation "
+                "names)",
+            ),
+        ] = None,
         context: Annotated[
             int,
             Field(
@@ -222,6 +230,7 @@ def build(link: Link, bounds: Mcp) -> MCPServer[Any]:
                 role=role,
                 agent_id=agent_id,
                 context=context,
+                speaker=speaker,
             )
             return found, await where(sgme, {h.file_id for h in found.hits})
 

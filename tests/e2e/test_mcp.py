@@ -166,6 +166,7 @@ async def every_tool(session: ClientSession, server: Server, colour: str) -> Non
         "limit",
         "role",
         "agent_id",
+        "speaker",
         "context",
     }
 

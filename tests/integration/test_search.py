@@ -23,7 +23,9 @@ from pipeline import (
     journal,
     locks,
     reader,
+    redaction,
     refine,
+    rewrite,
     search,
     tables,
 )
@@ -553,6 +555,59 @@ def test_hits_come_with_their_turns_around_them_each_shown_once(
     assert search.search(db, data_dir, "quince", context=0)[0].before == ()
     with pytest.raises(errors.InvalidInput, match=r"context must be 0\.\.3"):
         search.search(db, data_dir, "quince", context=4)
+
+
+def test_speakers_are_tags_not_words_and_filter(
+    db: database.Database, data_dir: Path, file_locks: locks.FileLocks
+) -> None:
+    """A dialogue's turns start with their speaker's name: the name is a tag (the speaker=
+    filter), not a word of the turn, so a question that names a speaker ranks what is said."""
+    said = [
+        "Caroline: I finally adopted the puppy from the shelter!",
+        "Mel: No way! What is she called?",
+        "Caroline: Biscuit. She already owns the couch.",
+        "Mel: I told Caroline about my pottery class yesterday.",
+        "Caroline: Pottery sounds fun.",
+    ]
+    messages = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": text, "ts": ts(i)}
+        for i, text in enumerate(said)
+    ]
+    body = {
+        "agent_id": "hermes",
+        "session_key": "dialogue",
+        "metadata": {"speakers": ["Caroline", "Mel", 7], "speaker": "Caroline"},
+        "messages": messages,
+    }
+    file_id = journal.ingest(db, body).file_id
+    journal.flush(db, data_dir, file_id)
+    plain = session(db, data_dir, "plain", ["notes for the week"])  # no speakers declared
+
+    def refs(q: str, **filters: Any) -> list[str]:
+        found = search.search(db, data_dir, q, catalog.Filters(**filters), neighbours="none")
+        return [h.source_ref for h in found]
+
+    # "Caroline" is a word of turn 4 (and of the context of the two after it) only
+    assert refs("Caroline")[:1] == [f"{file_id}:4"]
+    assert f"{file_id}:1" not in refs("Caroline")
+    assert refs("puppy", speaker="caroline") == [f"{file_id}:1", f"{file_id}:3"]
+    assert refs("puppy", speaker="Mel") == [f"{file_id}:2"]  # by its context
+    assert refs("pottery", speaker="CAROLINE") == [f"{file_id}:5"]
+    assert refs("notes", speaker="Caroline") == []
+    assert refs("notes") == [f"{plain}:1"]
+    # the turn after a hit, in another speaker's voice, is not brought in under the filter
+    nexts = search.search(db, data_dir, "adopted", catalog.Filters(speaker="Caroline"))
+    assert [h.seq for h in nexts] == [1, 3]
+    # what reindex makes is the same; a redaction forgets a speaker's turn whole
+    before = refs("puppy couch", speaker="Caroline")
+    with db.transaction() as conn:
+        catalog.clear(conn)
+    integrity.reindex(db, file_locks, data_dir)
+    assert refs("puppy couch", speaker="Caroline") == before
+    redaction.redact(db, file_locks, data_dir, f"{file_id}:3", rewrite.Who("test", "asked"))
+    assert refs("couch") == []
+    assert refs("biscuit", speaker="Caroline") == []
+    assert integrity.fsck(db, data_dir) == []
 
 
 def test_a_bad_match_is_refused(db: database.Database, data_dir: Path) -> None:

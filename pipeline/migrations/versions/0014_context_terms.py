@@ -1,9 +1,11 @@
-"""context terms: each message is also indexed with the terms of the turns before it in its
-session (docs/search.md, "Context terms"), in a column of their own — SQLite's FTS5 table is
-made again with a third column, ``context``; PostgreSQL's ``message_terms`` gains a second
-``tsvector``, ``ctx``, with a GIN index of its own. Every message's terms are made again from
-the files when the data directory is known (``sgme migrate``, ``sgme serve``); otherwise the
-search finds nothing until ``sgme reindex`` has run (it says so).
+"""context terms and speakers: each message is also indexed with the terms of the turns before
+it in its session (docs/search.md, "Context terms"), in a column of their own — SQLite's FTS5
+table is made again with a third column, ``context``; PostgreSQL's ``message_terms`` gains a
+second ``tsvector``, ``ctx``, with a GIN index of its own — and with who said it where its
+file names its speakers (a tag on SQLite; PostgreSQL's new ``speaker`` column). Every
+message's terms are made again from the files when the data directory is known (``sgme
+migrate``, ``sgme serve``); otherwise the search finds nothing until ``sgme reindex`` has run
+(it says so).
 
 Revision ID: 0014
 Revises: 0013
@@ -36,6 +38,7 @@ def upgrade() -> None:
         op.execute("ALTER TABLE message_terms ADD COLUMN ctx tsvector NOT NULL DEFAULT ''")
         op.execute("ALTER TABLE message_terms ALTER COLUMN ctx DROP DEFAULT")
         op.execute("CREATE INDEX ix_message_terms_ctx ON message_terms USING GIN (ctx)")
+        op.execute("ALTER TABLE message_terms ADD COLUMN speaker TEXT")
     else:
         # a contentless FTS5 table's columns cannot change: it is made again, empty
         op.execute("DROP TABLE message_terms")
@@ -65,6 +68,7 @@ def downgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
         op.execute("DROP INDEX ix_message_terms_ctx")
         op.execute("ALTER TABLE message_terms DROP COLUMN ctx")
+        op.execute("ALTER TABLE message_terms DROP COLUMN speaker")
     else:
         op.execute("DROP TABLE message_terms")
         op.execute(_FTS.format(columns="terms, tags"))
