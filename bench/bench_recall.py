@@ -131,11 +131,12 @@ def sgme_ranker(
     neighbours: search.Neighbours = search.NEIGHBOURS,
     context_weight: float | None = None,
     asked: dict[int, dt.datetime] | None = None,
+    subqueries: int = 0,
 ) -> Ranker:
     """SGME's search as an agent calls it; with ``asked`` (each conversation's time a question
     about it is asked), a date the question names is a window, as ``GET /v1/search`` makes
     it (ref_time)."""
-    how = search.Ranking()
+    how = search.Ranking(subqueries=subqueries)
     if context_weight is not None:
         how = dataclasses.replace(how, context_weight=context_weight)
 
@@ -232,6 +233,13 @@ def main() -> None:
         action="store_true",
         help="SQLite only: recall@10 for each number of context turns and context weight",
     )
+    parser.add_argument(
+        "--subqueries",
+        type=int,
+        nargs="*",
+        default=[],
+        help="SQLite: also with this many sub-queries (one per word) fused in",
+    )
     args = parser.parse_args()
     conversations, questions = recall_set.build()
     extra, more = recall_set.build_extra(len(conversations))
@@ -274,6 +282,10 @@ def main() -> None:
                 )
             ranker = sgme_ranker(db, data_dir, where, asked=asked)
             results.append(("SGME SQLite, ranked, next, dates", score(ranker, questions)))
+            for n in args.subqueries:
+                ranker = sgme_ranker(db, data_dir, where, asked=asked, subqueries=n)
+                name = f"SGME SQLite, ranked, next, dates, {n} sub-queries"
+                results.append((name, score(ranker, questions)))
     if not args.no_postgres:
         with scratch_database("bench_recall") as pg, sgme_store(pg, conversations) as store:
             for mode in ("none", "next"):

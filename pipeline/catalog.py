@@ -12,13 +12,12 @@ over them is :mod:`pipeline.ranking`'s.
 
 **Context terms.** Each message is indexed a second time with the terms of the
 :data:`CONTEXT_TURNS` messages before it in its file (its session), the last
-:data:`CONTEXT_TERMS` of each: the answer "Yes, twice last month!" holds none of its subject,
-the turn before it does. They go in a column of their own (SQLite: the FTS5 table's third
-column; PostgreSQL: a second ``tsvector``, ``ctx``), which the ranked search weighs lower and
-``match=all`` does not look at. A message's context is made wherever its terms are
-(:func:`ready` is given the texts of the messages before the first one), and a redaction
-makes its neighbours' again (:mod:`pipeline.rewrite`).
-"""
+:data:`CONTEXT_TERMS` distinct words of each: the answer "Yes, twice last month!" holds none
+of its subject, the turn before it does. They go in a column of their own (SQLite: the FTS5
+table's third column; PostgreSQL: a second ``tsvector``, ``ctx``), which the ranked search
+weighs lower and ``match=all`` does not look at. A message's context is made wherever its
+terms are (:func:`ready` is given the texts of the messages before the first one), and a
+redaction makes its neighbours' again (:mod:`pipeline.rewrite`)."""
 
 from __future__ import annotations
 
@@ -47,21 +46,22 @@ _PG_INSERT = sa.text(
 #: messages before a message whose terms are its context (docs/search.md has the measurement
 #: that chose it; a change takes ``sgme reindex`` to reach the messages indexed before)
 CONTEXT_TURNS = 2
-#: terms of each of them at most, its last ones (where a turn's question usually is): a
-#: message's context stays small however long the turns before it
-CONTEXT_TERMS = 300
+#: distinct terms (but stop words) of each of them at most, its last ones (where a turn's
+#: question usually is): FTS5 indexes every term it is given, and a flush's cost grows with
+#: them (docs/search.md has the measurement that chose it)
+CONTEXT_TERMS = 8
 
 
 def contexts(own: Sequence[list[str]], before: Sequence[list[str]] = ()) -> list[list[str]]:
-    """The context terms of consecutive messages whose terms are ``own``: for each, the
-    distinct terms but stop words (a ranked query leaves those out) among the last
-    :data:`CONTEXT_TERMS` terms of each of the :data:`CONTEXT_TURNS` messages before it, in
-    the order they first come, oldest turn first (``before`` holds the terms of those before
-    the first, oldest first). Each once: the context says what was talked about, and a short
-    context keeps the index small and a flush fast (FTS5 indexes every term it is given)."""
+    """The context terms of consecutive messages whose terms are ``own``: for each, the last
+    :data:`CONTEXT_TERMS` distinct terms but stop words (a ranked query leaves those out) of
+    each of the :data:`CONTEXT_TURNS` messages before it, in their order, oldest turn first
+    (``before`` holds the terms of those before the first, oldest first). Each once: the
+    context says what was talked about, and a short context keeps the index small and a
+    flush fast (FTS5 indexes every term it is given)."""
     stops = terms.stop_terms()
     run = [
-        [t for t in dict.fromkeys(found[-CONTEXT_TERMS:]) if t not in stops]
+        [t for t in dict.fromkeys(reversed(found)) if t not in stops][:CONTEXT_TERMS][::-1]
         for found in (*before[max(0, len(before) - CONTEXT_TURNS) :], *own)
     ]
     lead = len(run) - len(own)

@@ -67,6 +67,10 @@ class Ranking:
     context_weight: float = ranking.CONTEXT_WEIGHT
     #: characters of each turn a hit is returned with (``context``), at most
     context_chars: int = CONTEXT_CHARS
+    #: ranked, the question's first words each searched alone too (this many at most), and
+    #: every ranking fused with the whole question's (:func:`fused`); 0: not (docs/search.md
+    #: has what it measured)
+    subqueries: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,6 +136,13 @@ def search(
             hits = catalog.find(conn, query, filters, limit=limit)
         else:
             best = _ranked(conn, query, filters, limit, neighbours, how)
+            if how.subqueries and len(query.phrases) > 1:
+                alone = [
+                    _ranked(conn, dataclasses.replace(query, phrases=(p,)), filters, limit,
+                            neighbours, how)
+                    for p in query.phrases[: how.subqueries]
+                ]  # fmt: skip
+                best = fused([best, *alone])
             if window is not None:
                 best = fused([best, _dated(conn, query, window, filters, limit, neighbours, how)])
             hits = ranking.hits_by_id(conn, [(h.id, h.score) for h in best[:limit]])
