@@ -1,8 +1,7 @@
-"""stemmed search terms: the terms of every message made again, now with English words reduced
-to their Snowball stems (docs/search.md), from the files when the data directory is known
-(``sgme migrate``, ``sgme serve``); otherwise ``sgme reindex`` must be run, and until then the
-ranked search misses inflected words of the messages indexed before. No table changes: the
-same FTS5 table and tsvector column hold other terms.
+"""stemmed search terms: English words reduced to their Snowball stems (docs/search.md). No
+table changes: the same FTS5 table and tsvector column hold other terms. The terms of every
+message are made again by revision 0014 (from the files when the data directory is known,
+else by ``sgme reindex``), which also changes the index's columns.
 
 Revision ID: 0012
 Revises: 0009

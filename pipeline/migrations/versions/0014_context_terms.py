@@ -45,8 +45,9 @@ def upgrade() -> None:
         op.execute(_FTS.format(columns="terms, tags, context"))
     data_dir = context.config.attributes.get("data_dir")
     if data_dir is None:
-        if conn.exec_driver_sql("SELECT 1 FROM messages LIMIT 1").first() is None:
-            return  # nothing was indexed: nothing to make again
+        flushed = "SELECT 1 FROM raw_files WHERE flushed_bytes > 0 LIMIT 1"
+        if conn.exec_driver_sql(flushed).first() is None:
+            return  # no message yet: nothing to index
         log.warning(
             "search terms now hold each message's context; no data directory given: run "
             "`sgme reindex` (until then the search finds nothing)"
