@@ -199,8 +199,7 @@ def build(link: Link, bounds: Mcp) -> MCPServer[Any]:
             str | None,
             Field(
                 max_length=64,
-                description="only what this person said (a speaker's name the conversation "
-                "names)",
+                description="only what this person said (a speaker's name the conversation names)",
             ),
         ] = None,
         context: Annotated[
