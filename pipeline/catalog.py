@@ -74,19 +74,27 @@ def contexts(own: Sequence[list[str]], before: Sequence[list[str]] = ()) -> list
     context says what was talked about, and a short context keeps the index small and a
     flush fast (FTS5 indexes every term it is given)."""
     stops = terms.stop_terms()
-    run = [
-        [t for t in dict.fromkeys(reversed(found)) if t not in stops][:CONTEXT_TERMS][::-1]
-        for found in (*before[max(0, len(before) - CONTEXT_TURNS) :], *own)
-    ]
+    earlier = before[max(0, len(before) - CONTEXT_TURNS) :]
+    run = [_last_words(found, stops) for found in (*earlier, *own)]
     lead = len(run) - len(own)
     return [
-        list(
-            dict.fromkeys(
-                t for prev in run[max(0, lead + i - CONTEXT_TURNS) : lead + i] for t in prev
-            )
-        )
-        for i in range(len(own))
+        list(dict.fromkeys(word for prev in run[max(0, i - CONTEXT_TURNS) : i] for word in prev))
+        for i in range(lead, len(run))
     ]
+
+
+def _last_words(found: list[str], stops: frozenset[str]) -> list[str]:
+    """The last :data:`CONTEXT_TERMS` distinct terms of ``found`` but stop words, in order
+    (the write path runs this for every message: it stops as soon as it has them)."""
+    last: dict[str, None] = {}
+    if CONTEXT_TERMS <= 0:
+        return []
+    for term in reversed(found):
+        if term not in stops and term not in last:
+            last[term] = None
+            if len(last) >= CONTEXT_TERMS:
+                break
+    return list(reversed(last))
 
 
 def term_lists(

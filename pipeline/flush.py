@@ -123,7 +123,7 @@ def flush(
             rewrite.settle_locked(db, data_dir, file_id)
             snapshot = _snapshot(db, file_id, chunk_bytes, settled=True)
             assert snapshot is not None
-        row, upto, batch = snapshot
+        row, upto, batch, tail = snapshot
         fault("read")
         if not batch:
             more = False
@@ -142,8 +142,8 @@ def flush(
                 ) from None
         path, current = _check_file(db, data_dir, row, fault)
         first_seq, first_bytes = row.flushed_seq, row.flushed_bytes
-        with db.reading() as conn:
-            before = _texts_before(path, row, _tail(conn, row))
+        # the restore of an archive keeps every offset: the tail read before it holds
+        before = _texts_before(path, row, tail)
         while True:
             row, next_seq, before = _write_chunk(
                 db, path, row, batch, before, exists=current is not None, fault=fault
@@ -173,10 +173,11 @@ def flush(
 
 def _snapshot(
     db: database.Database, file_id: str, chunk_bytes: int, *, settled: bool = False
-) -> tuple[tables.FileRow, int, list[tables.JournalRow]] | None:
+) -> tuple[tables.FileRow, int, list[tables.JournalRow], list[tables.MessageRow]] | None:
     """The file's row, the last seq acknowledged now (what comes later is the caller's to
-    flush again) and its first journal rows, in one snapshot; None while a redaction of the
-    file is unfinished (unless ``settled``: finished just now)."""
+    flush again), its first journal rows and the catalog rows of its last messages
+    (:func:`_tail`), in one snapshot; None while a redaction of the file is unfinished
+    (unless ``settled``: finished just now)."""
     with db.reading(held=True) as conn:
         row, unfinished = audit.file_and_pending(conn, file_id)
         if unfinished and not settled:
@@ -185,7 +186,8 @@ def _snapshot(
             raise errors.NotFound(f"no file {file_id}")
         upto = row.next_seq - 1
         batch = ledger.journal_batch(conn, file_id, row.flushed_seq, chunk_bytes, upto=upto)
-    return row, upto, batch
+        tail = _tail(conn, row) if batch else []
+    return row, upto, batch, tail
 
 
 def _check_file(
@@ -298,12 +300,15 @@ def _texts_before(path: Path, row: tables.FileRow, tail: list[tables.MessageRow]
     makes their context terms again from the whole texts, and must find the same); none
     when the catalog lacks one of them (a store migrated without its data directory, not yet
     reindexed: ``sgme reindex`` makes every context again)."""
-    if len(tail) < min(row.flushed_seq, catalog.CONTEXT_TURNS):
+    if not tail or len(tail) < min(row.flushed_seq, catalog.CONTEXT_TURNS):
         return []
+    start = tail[0].byte_offset  # the messages are adjacent: one read for them all
+    data = store.read_range(path, start, tail[-1].byte_offset + tail[-1].byte_length - start)
     texts = []
     for message in tail:
-        block = store.read_range(path, message.byte_offset, message.byte_length)
+        at = message.byte_offset - start
         try:
+            block = data[at : at + message.byte_length]
             texts.append(document.parse_block(block, message.seq).content)
         except errors.FormatError as exc:  # the committed bytes, checked by the chain: a bug
             raise errors.InternalError(f"{row.file_id}: {exc.detail}") from exc
