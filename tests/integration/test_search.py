@@ -738,6 +738,59 @@ def test_text_past_the_first_100000_characters_is_searchable(
     assert integrity.fsck(db, data_dir) == []
 
 
+def test_a_long_message_keeps_its_speaker_and_context_beside_its_segments(
+    db: database.Database, data_dir: Path, file_locks: locks.FileLocks
+) -> None:
+    """A long message (in segments on PostgreSQL) is still its speaker's under speaker=, is
+    found by the turn before it through its context terms, and a redaction of that turn makes
+    its terms again, segments and all."""
+    long = "Mel: " + _two_letter_words(20_000) + " then the quartz obelisk"
+    said = ["Caroline: the garnet lantern is lit", long, "Caroline: fine"]
+    messages = [
+        {"role": "assistant" if i == 1 else "user", "content": text, "ts": ts(i)}
+        for i, text in enumerate(said)
+    ]
+    body = {
+        "agent_id": "hermes",
+        "session_key": "long-dialogue",
+        "metadata": {"speakers": ["Caroline", "Mel"]},
+        "messages": messages,
+    }
+    file_id = journal.ingest(db, body).file_id
+    journal.flush(db, data_dir, file_id)
+    first, long_ref, last = (f"{file_id}:{s}" for s in (1, 2, 3))
+
+    def refs(q: str, match: Any = "any", **filters: Any) -> list[str]:
+        f = catalog.Filters(**filters)
+        found = search.search(db, data_dir, q, f, limit=10, match=match, neighbours="none")
+        return [h.source_ref for h in found]
+
+    def parts() -> int:
+        with db.reading() as conn:
+            query = sa.text("SELECT count(*) FROM message_term_parts")
+            return int(conn.execute(query).scalar_one())
+
+    if db.postgres:
+        assert parts() > 1
+    assert refs('"quartz obelisk"', "all", speaker="Mel") == [long_ref]
+    assert refs('"quartz obelisk"', "all", speaker="Caroline") == []
+    assert refs('"quartz obelisk"', speaker="Mel") == [long_ref]
+    assert refs('"quartz obelisk"', speaker="Caroline") == [last]  # by its context
+    assert refs("mel", "all") == []  # the leading name is a tag, not a word
+    # the long message by its context: the turn before it named the lantern
+    lantern = refs('"garnet lantern"')
+    assert lantern[0] == first and sorted(lantern) == [first, long_ref, last]
+    assert refs('"garnet lantern"', speaker="Mel") == [long_ref]
+
+    redaction.redact(db, file_locks, data_dir, first, rewrite.Who("test", "asked"))
+    assert refs("garnet lantern") == []
+    assert refs('"quartz obelisk"', "all") == [long_ref]
+    assert refs('"quartz obelisk"', "all", speaker="Mel") == [long_ref]
+    if db.postgres:
+        assert parts() > 1
+    assert integrity.fsck(db, data_dir) == []
+
+
 def test_sqlite_and_postgres_rank_long_messages_alike(tmp_path: Path, postgres_url: str) -> None:
     """A long message is one message to BM25 on both: the same matches, the same scores."""
     corpus = [
