@@ -26,7 +26,9 @@ from pipeline.answers import (
     Segment,
     Session,
     Sessions,
+    Turn,
     Uploaded,
+    Window,
 )
 
 __all__ = [
@@ -52,5 +54,7 @@ __all__ = [
     "Segment",
     "Session",
     "Sessions",
+    "Turn",
     "Uploaded",
+    "Window",
 ]
