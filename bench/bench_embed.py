@@ -251,7 +251,7 @@ def main() -> None:
     embedder = embeddings.LocalEmbedder(threads=args.threads)
     results: list[tuple[str, dict[str, tuple[float, ...]]]] = []
     original: Any = bench_recall.KINDS
-    bench_recall.KINDS = KINDS  # type: ignore[assignment]  # score() counts by these
+    bench_recall.KINDS = KINDS  # score() counts by these
     results.append(
         (
             "baseline: FTS5, words OR-ed, bm25",

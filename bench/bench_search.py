@@ -272,7 +272,7 @@ def without_terms() -> Iterator[None]:
     (the flush makes them before its commit, with ``catalog.ready``)."""
     real_ready, real_add = catalog.ready, catalog.add_ready
 
-    def rows_ready(owner: Any, found: Any, *, postgres: bool) -> Any:
+    def rows_ready(owner: Any, found: Any, *, postgres: bool, before: Any = ()) -> Any:
         return owner, list(found)
 
     def add_rows(conn: Any, files: Any) -> None:

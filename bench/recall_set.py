@@ -548,3 +548,338 @@ def _questions(
         evidence = ((first[3], first[4]), (second[3], second[4]))
         found.append(Question(number, kind or "multi", text, evidence))
     return found
+
+
+# ---------------------------------------------------------------------------------------------
+# the miss classes (issue 43): conversations of their own, each built to test one way a
+# lexical search misses, with its own questions. A scene is a few consecutive turns (who says
+# each: ``True`` the friend the fact is about), the evidence turn's index in it and questions.
+# Scenes start on whichever friend they name first; a small-talk turn is put in front when the
+# alternation needs it.
+
+Scene = tuple[tuple[tuple[bool, str], ...], int, tuple[str, ...]]
+
+
+@dataclasses.dataclass(frozen=True)
+class SceneTopic:
+    """Turns ``(about, text)`` where ``about`` is True for the friend the fact is about; the
+    evidence turn (its index); question paraphrases (one drawn); values drawn per use."""
+
+    turns: tuple[tuple[bool, str], ...]
+    evidence: int
+    questions: tuple[str, ...]
+    values: dict[str, tuple[str, ...]]
+
+
+# elliptical answers: the answer turn holds none of the question's subject; it is in the 1-3
+# turns before it (the asking turn, or the friend's own turn before a reply)
+ELLIPTICAL = [
+    SceneTopic(
+        (
+            (False, "Did you ever go kayaking on the lake like you planned?"),
+            (True, "Yes, {count} last month! The second time we even saw a heron."),
+        ),
+        1,
+        ("How many times did {n} go kayaking?", "Did {n} manage to go kayaking on the lake?"),
+        {"count": ("twice", "three times", "four times", "once")},
+    ),
+    SceneTopic(
+        (
+            (True, "Remember the half marathon I kept talking about in spring?"),
+            (False, "Of course! Did you sign up in the end?"),
+            (True, "Done, registered yesterday. My goal is {goal}."),
+        ),
+        2,
+        (
+            "What finish time is {n} aiming for in the half marathon?",
+            "What is {n}'s goal for the half marathon?",
+        ),
+        {"goal": ("under two hours", "1:45", "just finishing", "1:55 or better")},
+    ),
+    SceneTopic(
+        (
+            (False, "Did your sister have the baby yet?"),
+            (True, "Not yet when we last talked, right?"),
+            (False, "Right, you said any day now."),
+            (True, "Last Friday! A little girl, they called her {baby}."),
+        ),
+        3,
+        ("What is the name of {n}'s sister's baby?", "What did {n}'s sister call her baby?"),
+        {"baby": ("Amelia", "Rosalind", "Greta", "Noor", "Ivy", "Thea")},
+    ),
+    SceneTopic(
+        (
+            (True, "I finally finished restoring the old motorbike in the garage."),
+            (False, "No way, after two years? What does it look like?"),
+            (True, "{colour} with white stripes, and it starts on the first try."),
+        ),
+        2,
+        (
+            "What colour is {n}'s restored motorbike?",
+            "What does {n}'s old motorbike look like now?",
+        ),
+        {"colour": ("Racing green", "Deep red", "Matte black", "Sky blue", "Mustard yellow")},
+    ),
+    SceneTopic(
+        (
+            (False, "Did you ever hear back from the landlord about the leak in the bathroom?"),
+            (True, "Ugh, that saga."),
+            (False, "Tell me he did something about it."),
+            (True, "Finally! Someone came on {day} and it's all sorted now."),
+        ),
+        3,
+        (
+            "When did the landlord deal with the leak in {n}'s bathroom?",
+            "When was the bathroom leak at {n}'s place handled?",
+        ),
+        {"day": ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday")},
+    ),
+    SceneTopic(
+        (
+            (False, "How did the driving test go in the end?"),
+            (True, "{attempt}, and the examiner was surprisingly kind about my parking."),
+        ),
+        1,
+        (
+            "On which attempt did {n} get through the driving test?",
+            "How did {n}'s driving test go?",
+        ),
+        {"attempt": ("Passed on the first go", "Second time lucky", "Third attempt, finally")},
+    ),
+]
+
+# paraphrase: the question shares no word with the answer; at most one with the turn before
+PARAPHRASE = [
+    SceneTopic(
+        (
+            (False, "What do you get up to on weekends these days?"),
+            (True, "Mostly {hobby}, and I joined a {club} that meets on Sundays."),
+        ),
+        1,
+        ("What does {n} do on weekends for fun?", "What are {n}'s hobbies?"),
+        {
+            "hobby": ("bouldering", "birdwatching", "pottery", "sea swimming", "woodworking"),
+            "club": ("choir", "chess club", "running crew", "sketching group"),
+        },
+    ),
+    SceneTopic(
+        (
+            (False, "How is the database migration going at work?"),
+            (True, "We moved everything to {store}, the datastore finally keeps up with traffic."),
+        ),
+        1,
+        ("Which database did {n}'s team switch to?", "What storage system does {n} use now?"),
+        {"store": ("Cassandra", "CockroachDB", "ClickHouse", "FoundationDB", "ScyllaDB")},
+    ),
+    SceneTopic(
+        (
+            (False, "Who has been mentoring you since you started there?"),
+            (True, "{mentor} took me under her wing, she reviews my drafts every week."),
+        ),
+        1,
+        ("Who is {n}'s mentor?", "Who mentors {n} at the new job?"),
+        {"mentor": ("Dolores", "Harriet", "Mireille", "Beatrix", "Ottilie")},
+    ),
+    SceneTopic(
+        (
+            (False, "Where are you heading for the holidays this year?"),
+            (True, "We booked two weeks in {place}, the flights are already paid."),
+        ),
+        1,
+        ("Where is {n} going on vacation?", "Where is {n} spending the holidays?"),
+        {"place": ("Sardinia", "Crete", "Madeira", "Hokkaido", "Zanzibar")},
+    ),
+    SceneTopic(
+        (
+            (False, "How is your dad recovering after the surgery?"),
+            (True, "Much better, he manages {distance} a day now with the physio."),
+        ),
+        1,
+        ("How is {n}'s father doing after his operation?", "How is {n}'s dad's recovery going?"),
+        {"distance": ("two kilometres", "a mile", "twenty minutes on foot", "the stairs twice")},
+    ),
+]
+
+# long turns: the answer is one sentence in a long turn; short turns share its common word
+LONG = [
+    SceneTopic(
+        (
+            (False, "How was the conference? You were away all week."),
+            (
+                True,
+                "{filler} The keynote at the conference was given by {speaker}, who spoke about "
+                "{theme}. {filler}",
+            ),
+        ),
+        1,
+        (
+            "Who gave the keynote at the conference {n} went to?",
+            "What was the keynote about at {n}'s conference?",
+        ),
+        {
+            "speaker": ("Dr Okafor", "Professor Lindqvist", "Ms Tanaka", "Mr Varga"),
+            "theme": ("urban beekeeping", "tidal energy", "soil microbes", "glacier retreat"),
+        },
+    ),
+    SceneTopic(
+        (
+            (False, "How was the wedding? I saw the photos."),
+            (
+                True,
+                "{filler} At the wedding the band played {song} for the first dance and "
+                "everybody cried. {filler}",
+            ),
+        ),
+        1,
+        (
+            "Which song was played for the first dance at the wedding {n} attended?",
+            "What was the first dance song at the wedding?",
+        ),
+        {"song": ("Moon River", "La Vie en Rose", "Harvest Moon", "Fly Me to the Moon")},
+    ),
+    SceneTopic(
+        (
+            (False, "How did the house viewing go on Saturday?"),
+            (
+                True,
+                "{filler} The house itself has a {feature}, which is what sold it for us. {filler}",
+            ),
+        ),
+        1,
+        ("What feature of the house sold it to {n}?", "What did {n} like about the house?"),
+        {"feature": ("walled garden", "south-facing attic", "wood stove", "cellar workshop")},
+    ),
+]
+LONG_FILLER = [
+    "We set off early and the traffic was awful for the first hour, then it cleared.",
+    "I had packed far too much, as usual, and the suitcase barely closed.",
+    "The hotel was fine, nothing special, but the breakfast was generous.",
+    "On the first evening we walked around the old town and found a tiny bakery.",
+    "My phone kept losing signal, which honestly was a relief after a busy month.",
+    "There were a lot of people I had not seen in years, so the days flew by.",
+    "We ate far too much and stayed up late talking about everything and nothing.",
+    "By the end of it I was exhausted but really glad I went.",
+    "Coming back, the train was delayed twice and we only got home after midnight.",
+    "I took loads of pictures, I will send you the good ones when I sort them.",
+]
+LONG_SHORT_TALK = [
+    "I skipped the keynote at the conference, it was far too early.",
+    "The conference coffee was terrible again.",
+    "Conference season is exhausting, honestly.",
+    "The wedding photos are finally online.",
+    "Weddings make me cry every single time.",
+    "Another wedding invite came today.",
+    "The house next door is for sale again.",
+    "Cleaning the house took the whole Saturday.",
+    "Our house is always cold in the mornings.",
+    "The first dance lessons start next week.",
+    "What was that song on the radio this morning?",
+]
+
+# dates: a weekly diary told in every session (the same words each time); a question names
+# the day, which only the session's date holds
+DIARY = [
+    SceneTopic(
+        (
+            (False, "What did you make for dinner tonight?"),
+            (True, "I cooked {dish}, it turned out better than expected."),
+        ),
+        1,
+        ("What did {n} cook on {date}?", "What was {n}'s dinner on {date}?"),
+        {
+            "dish": (
+                "a mushroom risotto",
+                "lentil soup",
+                "a Thai green curry",
+                "fish tacos",
+                "shakshuka",
+                "gnocchi with sage butter",
+                "a chickpea stew",
+                "ramen",
+                "stuffed peppers",
+                "a leek pie",
+                "pad thai",
+                "a bean chilli",
+            )
+        },
+    ),
+]
+DIARY_SESSIONS = 10
+DATE_FORMS = ("%B %d, %Y", "%d %B %Y", "%Y-%m-%d", "%B %d")
+
+EXTRA = {  # class: (conversations, scenes) — scenes told about each friend per conversation
+    "elliptical": (4, ELLIPTICAL),
+    "paraphrase": (3, PARAPHRASE),
+    "long": (3, LONG),
+    "speaker": (3, ELLIPTICAL[:1] + PARAPHRASE[:2] + LONG[:1]),
+    "date": (3, DIARY),
+}
+#: names of the added conversations' friends (after the EN_NAMES pairs)
+EXTRA_NAMES = [
+    ("Abel", "Bea"), ("Cleo", "Dario"), ("Edith", "Felix"), ("Gus", "Hana"), ("Ivo", "Jana"),
+    ("Kofi", "Lise"), ("Mira", "Nils"), ("Odile", "Pavel"), ("Rhea", "Sol"), ("Tove", "Ugo"),
+    ("Vik", "Wren"), ("Xena", "Yusuf"), ("Zora", "Alvar"), ("Bruno", "Celia"), ("Dina", "Emil"),
+    ("Fleur", "Gideon"),
+]  # fmt: skip
+
+
+def build_extra(first: int, seed: int = SEED) -> tuple[list[Conversation], list[Question]]:
+    """The miss classes' conversations (numbered from ``first``) and questions."""
+    rng = random.Random(seed + 43)
+    conversations: list[Conversation] = []
+    questions: list[Question] = []
+    names = iter(EXTRA_NAMES)
+    for kind, (count, topics) in EXTRA.items():
+        for _ in range(count):
+            pair = next(names)
+            conversation, found = _scenes(rng, first + len(conversations), kind, topics, pair)
+            conversations.append(conversation)
+            questions.extend(found)
+    return conversations, questions
+
+
+def _scenes(
+    rng: random.Random, number: int, kind: str, topics: list[SceneTopic], names: tuple[str, str]
+) -> tuple[Conversation, list[Question]]:
+    sessions_n = DIARY_SESSIONS if kind == "date" else SESSIONS
+    start = dt.date(2026, 1, 5) + dt.timedelta(days=rng.randrange(200))
+    dates = [start + dt.timedelta(days=7 * s + rng.randrange(3)) for s in range(sessions_n)]
+    told: list[tuple[int, SceneTopic, int]] = []  # who, topic, session
+    if kind == "date":  # every diary topic, about both friends, in every session
+        told = [(who, t, s) for s in range(sessions_n) for t in topics for who in (0, 1)]
+    else:
+        items = [(who, t) for t in topics for who in (0, 1)]
+        rng.shuffle(items)
+        told = [(who, t, i % sessions_n) for i, (who, t) in enumerate(items)]
+    talk = LONG_SHORT_TALK + EN_SMALL_TALK if kind == "long" else EN_SMALL_TALK
+    sessions: list[list[Turn]] = []
+    questions: list[Question] = []
+    for s in range(sessions_n):
+        here = [(who, t) for who, t, at in told if at == s]
+        chat = rng.sample(talk, min(SMALL_TALK, len(talk)))
+        slots = sorted(rng.choices(range(len(chat) + 1), k=len(here)))
+        turns: list[Turn] = []
+        last = 0
+        for slot, (who, topic) in zip(slots, here, strict=True):
+            turns.extend(_said(len(turns), line) for line in chat[last:slot])
+            last = slot
+            first_about = topic.turns[0][0]
+            first_speaker = who if first_about else 1 - who
+            if _speaker(len(turns)) != first_speaker:
+                turns.append(_said(len(turns), rng.choice(talk)))
+            values = {k: rng.choice(v) for k, v in topic.values.items()}
+            base = len(turns)
+            for _, text in topic.turns:
+                filled = text.format(filler=" ".join(rng.sample(LONG_FILLER, 4)), **values)
+                turns.append(_said(len(turns), filled))
+            date = dates[s].strftime(rng.choice(DATE_FORMS)).replace(" 0", " ")
+            fill = {**values, "n": names[who], "o": names[1 - who], "date": date}
+            text = rng.choice(topic.questions).format(**fill)
+            questions.append(Question(number, kind, text, ((s, base + topic.evidence),)))
+        turns.extend(_said(len(turns), line) for line in chat[last:])
+        if kind == "speaker":  # a transcript: every turn starts with its speaker's name
+            turns = [
+                Turn(t.role, f"{names[0 if t.role == 'user' else 1]}: {t.text}") for t in turns
+            ]
+        sessions.append(turns)
+    return Conversation(names, "en", sessions, dates), questions

@@ -226,6 +226,17 @@ class Health(Model):
     )
 
 
+class Turn(Model):
+    """A turn around a search hit (``GET /v1/search?context=N``), its text cut to
+    ``search_context_chars``."""
+
+    source_ref: str
+    seq: int
+    ts: str
+    role: vocabulary.Role
+    text: str
+
+
 class Hit(Model):
     """One search hit: the message's source_ref, where it is, and a snippet of its text."""
 
@@ -238,6 +249,18 @@ class Hit(Model):
     session_key: str
     snippet: str
     score: float = Field(description="higher is better; comparable within one answer only")
+    before: list[Turn] = Field(
+        default=[], description="the turns just before it (context=N), oldest first"
+    )
+    after: list[Turn] = Field(default=[], description="the turns just after it (context=N)")
+
+
+class Window(Model):
+    """The time window a date in the question named, searched besides the whole store."""
+
+    since: str
+    until: str
+    matched: str = Field(description="the words of the question that named it")
 
 
 class HowRanked(Model):
@@ -255,6 +278,11 @@ class Hits(Model):
     """Answer of ``GET /v1/search``, best first."""
 
     hits: list[Hit]
+    window: Window | None = Field(
+        default=None,
+        description='the window a date in the question ("in May 2023", "last Tuesday", '
+        '"昨天") named, resolved against ref_time; its hits are fused with the rest',
+    )
     ranking: HowRanked | None = None
 
 

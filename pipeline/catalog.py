@@ -15,13 +15,21 @@ those bounds (:func:`terms.segments`) has an empty ``message_terms`` row and its
 ``message_term_parts``, one row per overlapping segment with the number of terms before it
 (``base``), so a phrase anywhere in it is whole in one row. A query matches such a message
 when each of its phrases matches one of its segments (:func:`parts_matching`).
-"""
+
+**Context terms.** Each message is indexed a second time with the terms of the
+:data:`CONTEXT_TURNS` messages before it in its file (its session), the last
+:data:`CONTEXT_TERMS` distinct words of each: the answer "Yes, twice last month!" holds none
+of its subject, the turn before it does. They go in a column of their own (SQLite: the FTS5
+table's third column; PostgreSQL: a second ``tsvector``, ``ctx``), which the ranked search
+weighs lower and ``match=all`` does not look at. A message's context is made wherever its
+terms are (:func:`ready` is given the texts of the messages before the first one), and a
+redaction makes its neighbours' again (:mod:`pipeline.rewrite`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
@@ -37,7 +45,10 @@ _INSERT_ROW = database.Prepared(
     sa.insert(tables.messages).values(id=sa.bindparam("id"), **database.binds(tables.messages))
 )
 _MAX_ID = database.Prepared(sa.select(sa.func.max(_M.id).label("id")))
-_PG_INSERT = sa.text("INSERT INTO message_terms (id, tsv) VALUES (:id, CAST(:tsv AS tsvector))")
+_PG_INSERT = sa.text(
+    "INSERT INTO message_terms (id, tsv, ctx, speaker) "
+    "VALUES (:id, CAST(:tsv AS tsvector), CAST(:ctx AS tsvector), :speaker)"
+)
 _PG_INSERT_PART = sa.text(
     "INSERT INTO message_term_parts (id, part, base, tsv) "
     "VALUES (:id, :part, :base, CAST(:tsv AS tsvector))"
@@ -46,32 +57,127 @@ _PG_INSERT_PART = sa.text(
 PARTS = sa.table(
     "message_term_parts", sa.column("id"), sa.column("part"), sa.column("base"), sa.column("tsv")
 )
+#: messages before a message whose terms are its context (docs/search.md has the measurement
+#: that chose it; a change takes ``sgme reindex`` to reach the messages indexed before)
+CONTEXT_TURNS = 2
+#: distinct terms (but stop words) of each of them at most, its last ones (where a turn's
+#: question usually is): FTS5 indexes every term it is given, and a flush's cost grows with
+#: them (docs/search.md has the measurement that chose it)
+CONTEXT_TERMS = 8
+
+
+def contexts(own: Sequence[list[str]], before: Sequence[list[str]] = ()) -> list[list[str]]:
+    """The context terms of consecutive messages whose terms are ``own``: for each, the last
+    :data:`CONTEXT_TERMS` distinct terms but stop words (a ranked query leaves those out) of
+    each of the :data:`CONTEXT_TURNS` messages before it, in their order, oldest turn first
+    (``before`` holds the terms of those before the first, oldest first). Each once: the
+    context says what was talked about, and a short context keeps the index small and a
+    flush fast (FTS5 indexes every term it is given)."""
+    stops = terms.stop_terms()
+    earlier = before[max(0, len(before) - CONTEXT_TURNS) :]
+    run = [_last_words(found, stops) for found in (*earlier, *own)]
+    lead = len(run) - len(own)
+    return [
+        list(dict.fromkeys(word for prev in run[max(0, i - CONTEXT_TURNS) : i] for word in prev))
+        for i in range(lead, len(run))
+    ]
+
+
+def _last_words(found: list[str], stops: frozenset[str]) -> list[str]:
+    """The last :data:`CONTEXT_TERMS` distinct terms of ``found`` but stop words, in order
+    (the write path runs this for every message: it stops as soon as it has them)."""
+    last: dict[str, None] = {}
+    if CONTEXT_TERMS <= 0:
+        return []
+    for term in reversed(found):
+        if term not in stops and term not in last:
+            last[term] = None
+            if len(last) >= CONTEXT_TERMS:
+                break
+    return list(reversed(last))
+
+
+def term_lists(
+    owner: Owner, messages: Sequence[document.Message], before: Sequence[str] = ()
+) -> tuple[list[str | None], list[list[str]], list[list[str]]]:
+    """The speaker (:func:`said`), the terms and the context terms (:func:`contexts`) of
+    consecutive messages of ``owner``'s file (``before``: the texts of the messages before
+    the first, oldest first). A speaker's name a turn starts with is neither."""
+    spoken = [said(owner, m.role, m.content) for m in messages]
+    own = [terms.terms(text) for _, text in spoken]
+    last = before[max(0, len(before) - CONTEXT_TURNS) :]
+    earlier = [terms.terms(said(owner, "", t)[1]) for t in last]
+    return [who for who, _ in spoken], own, contexts(own, earlier)
+
+
+#: speakers' names a file's metadata may declare (``speakers``), and characters of each
+MAX_SPEAKERS = 64
+MAX_SPEAKER_CHARS = 64
 
 
 @dataclasses.dataclass(frozen=True)
 class Owner:
-    """What the catalog keeps of a message's file: its id, and for filtering its agent and
-    session."""
+    """What the catalog keeps of a message's file: its id, for filtering its agent and
+    session, and who speaks in it (docs/search.md, "Speakers"): ``speakers``, the names a
+    dialogue's turns start with ("Caroline: …", metadata ``speakers``), and ``user``, the
+    name of who speaks as ``user`` (metadata ``speaker``)."""
 
     file_id: str
     agent_id: str
     session_key: str
+    speakers: tuple[str, ...] = ()
+    user: str | None = None
 
     @classmethod
     def of(cls, row: tables.FileRow) -> Owner:
         """The owner facts of a file row."""
-        return cls(row.file_id, row.agent_id, row.session_key)
+        return cls.made(row.file_id, row.agent_id, row.session_key, row.metadata)
 
-
-def _tags(owner: Owner, role: str) -> str:
-    return " ".join(
-        (
-            terms.tag("a", owner.agent_id),
-            terms.tag("f", owner.file_id),
-            terms.tag("s", owner.session_key),
-            terms.tag("r", role),
+    @classmethod
+    def made(
+        cls, file_id: str, agent_id: str, session_key: str, metadata: Mapping[str, Any]
+    ) -> Owner:
+        """The owner facts of a file, its speakers from its ``metadata`` (a value that is not
+        a name, or a list of them, is passed over: the metadata was free to hold anything)."""
+        names = metadata.get("speakers")
+        speakers = (
+            tuple(dict.fromkeys(n for n in names[:MAX_SPEAKERS] if _name(n)))
+            if isinstance(names, list)
+            else ()
         )
-    )
+        user = metadata.get("speaker")
+        return cls(file_id, agent_id, session_key, speakers, user if _name(user) else None)
+
+
+def _name(value: object) -> bool:
+    return isinstance(value, str) and 0 < len(value.strip()) <= MAX_SPEAKER_CHARS
+
+
+def said(owner: Owner, role: str, text: str) -> tuple[str | None, str]:
+    """Who said a message (a name, or None) and its text without the name it starts with:
+    a dialogue's turn "Caroline: …" when Caroline is among ``owner.speakers`` (the name is a
+    tag then, not a word of the turn), else ``owner.user`` for a ``user`` message."""
+    for name in owner.speakers:
+        if text.startswith(name) and text[len(name) : len(name) + 1] == ":":
+            return name, text[len(name) + 1 :]
+    return (owner.user if role == "user" else None), text
+
+
+def speaker_key(name: str) -> str:
+    """The form a speaker's name is kept and compared in (case-folded, trimmed)."""
+    return " ".join(name.casefold().split())
+
+
+def _tags(owner: Owner, role: str, speaker: str | None = None) -> str:
+    found = [
+        terms.tag("a", owner.agent_id),
+        terms.tag("f", owner.file_id),
+        terms.tag("s", owner.session_key),
+        terms.tag("r", role),
+    ]
+    if speaker is not None:
+        found.append(terms.tag("p", speaker_key(speaker)))
+    return " ".join(found)
 
 
 class Entry(NamedTuple):
@@ -85,25 +191,32 @@ class Entry(NamedTuple):
     role: str
     tool_name: str | None
     tsv: str  #: the ``tsvector`` text of its search terms (empty when in ``parts``)
+    ctx: str  #: the ``tsvector`` text of its context terms
+    speaker: str | None  #: who said it (:func:`speaker_key`)
     #: ``(terms before it, tsvector text)`` of each segment of a long message, else none
     parts: tuple[tuple[int, str], ...] = ()
 
 
-def pg_terms(content: str) -> tuple[str, tuple[tuple[int, str], ...]]:
-    """A message's ``message_terms`` tsvector text and its ``message_term_parts``: all its
-    terms in the one when PostgreSQL can hold them, else in segments (:func:`terms.segments`)."""
-    made = terms.segments(terms.terms(content))
+def pg_terms(found: list[str]) -> tuple[str, tuple[tuple[int, str], ...]]:
+    """A message's ``message_terms`` tsvector text and its ``message_term_parts`` from its
+    terms ``found``: all of them in the one when PostgreSQL can hold them, else in segments
+    (:func:`terms.segments`)."""
+    made = terms.segments(found)
     if len(made) == 1:
         return terms.tsvector(made[0][1]), ()
-    return "", tuple((base, terms.tsvector(found)) for base, found in made)
+    return "", tuple((base, terms.tsvector(part)) for base, part in made)
 
 
-def entries(owner: Owner, found: Sequence[document.Located]) -> list[Entry]:
-    """The :class:`Entry` of each message of ``found`` (PostgreSQL)."""
+def entries(
+    owner: Owner, found: Sequence[document.Located], before: Sequence[str] = ()
+) -> list[Entry]:
+    """The :class:`Entry` of each message of ``found`` (PostgreSQL; ``before``: the texts of
+    the messages before the first, oldest first)."""
     made = []
-    for located in found:
+    who, own, context = term_lists(owner, [f.message for f in found], before)
+    for located, speaker, found_terms, context_terms in zip(found, who, own, context, strict=True):
         row = _row(owner, located)
-        tsv, parts = pg_terms(located.message.content)
+        tsv, parts = pg_terms(found_terms)
         made.append(
             Entry(
                 row["seq"],
@@ -113,6 +226,8 @@ def entries(owner: Owner, found: Sequence[document.Located]) -> list[Entry]:
                 row["role"],
                 row["tool_name"],
                 tsv,
+                terms.tsvector(context_terms),
+                None if speaker is None else speaker_key(speaker),
                 parts,
             )
         )
@@ -140,7 +255,11 @@ def _add_entries(conn: sa.Connection, files: Sequence[tuple[Owner, Sequence[Entr
     ids = list(conn.execute(_INSERT_ROWS, rows).scalars())
     all_entries = [e for _, found in files for e in found]
     conn.execute(
-        _PG_INSERT, [{"id": i, "tsv": e.tsv} for i, e in zip(ids, all_entries, strict=True)]
+        _PG_INSERT,
+        [
+            {"id": i, "tsv": e.tsv, "ctx": e.ctx, "speaker": e.speaker}
+            for i, e in zip(ids, all_entries, strict=True)
+        ],
     )
     parts = [
         {"id": i, "part": n, "base": base, "tsv": tsv}
@@ -157,21 +276,25 @@ _INSERT_BOUND = (
     "INSERT INTO messages (id, file_id, seq, byte_offset, byte_length, ts, role, tool_name) "
     "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 )
-_FTS_BOUND = "INSERT INTO message_terms (rowid, terms, tags) VALUES (?, ?, ?)"
+_FTS_BOUND = "INSERT INTO message_terms (rowid, terms, tags, context) VALUES (?, ?, ?, ?)"
 
 
-def bound_entries(owner: Owner, found: Sequence[document.Located]) -> list[tuple[Any, ...]]:
+def bound_entries(
+    owner: Owner, found: Sequence[document.Located], before: Sequence[str] = ()
+) -> list[tuple[Any, ...]]:
     """SQLite: each message of ``found`` as :func:`add_ready` writes it — its catalog row
-    (``file_id, seq, byte_offset, byte_length, ts, role, tool_name``) then its terms and tags,
-    the values as SQLite's driver takes them."""
-    tags: dict[str, str] = {}  #: a file's messages have a handful of roles
+    (``file_id, seq, byte_offset, byte_length, ts, role, tool_name``) then its terms, tags and
+    context terms, the values as SQLite's driver takes them (``before``: the texts of the
+    messages before the first, oldest first)."""
+    tags: dict[tuple[str, str | None], str] = {}  #: a file has a handful of roles, speakers
     made = []
-    for located in found:
+    who, own, context = term_lists(owner, [f.message for f in found], before)
+    for located, speaker, found_terms, context_terms in zip(found, who, own, context, strict=True):
         message = located.message
         role = message.role
-        tagged = tags.get(role)
+        tagged = tags.get((role, speaker))
         if tagged is None:
-            tagged = tags[role] = _tags(owner, role)
+            tagged = tags[(role, speaker)] = _tags(owner, role, speaker)
         made.append(
             (
                 owner.file_id,
@@ -181,8 +304,9 @@ def bound_entries(owner: Owner, found: Sequence[document.Located]) -> list[tuple
                 _sqlite_ts(message.ts),
                 role,
                 message.tool_name,
-                " ".join(terms.terms(message.content)),
+                " ".join(found_terms),
                 tagged,
+                " ".join(context_terms),
             )
         )
     return made
@@ -206,7 +330,7 @@ def _add_bound(conn: sa.Connection, found: Sequence[tuple[Any, ...]]) -> None:
     ids = _next_ids(conn, len(found))
     database.many_bound(conn, _INSERT_BOUND, [(i, *e[:7]) for i, e in zip(ids, found, strict=True)])
     database.many_bound(
-        conn, _FTS_BOUND, [(i, e[7], e[8]) for i, e in zip(ids, found, strict=True)]
+        conn, _FTS_BOUND, [(i, e[7], e[8], e[9]) for i, e in zip(ids, found, strict=True)]
     )
 
 
@@ -224,11 +348,15 @@ class Ready:
     bound: list[tuple[Any, ...]] = dataclasses.field(default_factory=list)
 
 
-def ready(owner: Owner, found: Sequence[document.Located], *, postgres: bool) -> Ready:
-    """The :class:`Ready` of ``found`` for the database ``postgres`` names."""
+def ready(
+    owner: Owner, found: Sequence[document.Located], *, postgres: bool, before: Sequence[str] = ()
+) -> Ready:
+    """The :class:`Ready` of ``found`` for the database ``postgres`` names (``before``: the
+    texts of the messages of the file before the first of ``found``, oldest first; at least
+    :data:`CONTEXT_TURNS` of them when there are that many)."""
     if postgres:
-        return Ready(owner, entries=entries(owner, found))
-    return Ready(owner, bound=bound_entries(owner, found))
+        return Ready(owner, entries=entries(owner, found, before))
+    return Ready(owner, bound=bound_entries(owner, found, before))
 
 
 def add_ready(conn: sa.Connection, files: Sequence[Ready]) -> None:
@@ -240,10 +368,60 @@ def add_ready(conn: sa.Connection, files: Sequence[Ready]) -> None:
         _add_bound(conn, [e for f in files for e in f.bound])
 
 
-def add(conn: sa.Connection, owner: Owner, found: Sequence[document.Located]) -> None:
+def add(
+    conn: sa.Connection,
+    owner: Owner,
+    found: Sequence[document.Located],
+    *,
+    before: Sequence[str] = (),
+) -> None:
     """Catalog flushed messages of a file and index their text (in the transaction that
-    advances the file past them)."""
-    add_ready(conn, [ready(owner, found, postgres=database.is_postgres(conn))])
+    advances the file past them; ``before`` as :func:`ready` takes it)."""
+    add_ready(conn, [ready(owner, found, postgres=database.is_postgres(conn), before=before)])
+
+
+def add_terms(
+    conn: sa.Connection,
+    owner: Owner,
+    messages: Sequence[document.Message],
+    ids: Mapping[int, int],
+    *,
+    before: Sequence[str] = (),
+) -> None:
+    """Index again the text of the cataloged messages among ``messages`` whose terms were
+    deleted (:func:`pipeline.purge.forget_terms`, which takes the same arguments):
+    ``messages`` consecutive in their file, ``ids`` ``{seq: catalog id}`` (a message without
+    one is passed over), ``before`` as :func:`ready` takes it."""
+    who, own, context = term_lists(owner, messages, before)
+    made = [
+        (ids[m.seq], m, p, t, c)
+        for m, p, t, c in zip(messages, who, own, context, strict=True)
+        if m.seq in ids
+    ]
+    if not made:
+        return
+    if database.is_postgres(conn):
+        rows, parts = [], []
+        for i, _, p, t, c in made:
+            tsv, segments = pg_terms(t)
+            rows.append(
+                {
+                    "id": i,
+                    "tsv": tsv,
+                    "ctx": terms.tsvector(c),
+                    "speaker": None if p is None else speaker_key(p),
+                }
+            )
+            parts += [
+                {"id": i, "part": n, "base": base, "tsv": part}
+                for n, (base, part) in enumerate(segments)
+            ]
+        conn.execute(_PG_INSERT, rows)
+        if parts:
+            conn.execute(_PG_INSERT_PART, parts)
+        return
+    bound = [(i, " ".join(t), _tags(owner, m.role, p), " ".join(c)) for i, m, p, t, c in made]
+    database.many_bound(conn, _FTS_BOUND, bound)
 
 
 def add_rows(conn: sa.Connection, owner: Owner, found: Sequence[document.Located]) -> list[int]:
@@ -339,6 +517,7 @@ class Filters:
     role: str | None = None
     since: dt.datetime | None = None
     until: dt.datetime | None = None
+    speaker: str | None = None  #: who said it (docs/search.md, "Speakers")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -391,7 +570,28 @@ def tag_groups(f: Filters) -> list[list[str]]:
     for kind, value in (("a", f.agent_id), ("s", f.session_key), ("f", f.file_id), ("r", f.role)):
         if value is not None:
             tags.append([terms.tag(kind, value)])
+    if f.speaker is not None:
+        tags.append([terms.tag("p", speaker_key(f.speaker))])
     return tags
+
+
+def spoken_by(terms_table: Any, f: Filters) -> list[Any]:
+    """PostgreSQL: the condition of ``f``'s speaker on ``message_terms`` (none without one)."""
+    if f.speaker is None:
+        return []
+    return [terms_table.c.speaker == speaker_key(f.speaker)]
+
+
+def said_by(conn: sa.Connection, ids: Collection[int], speaker: str) -> set[int]:
+    """The ids among ``ids`` of messages ``speaker`` said."""
+    if not ids:
+        return set()
+    if database.is_postgres(conn):
+        query = sa.text("SELECT id FROM message_terms WHERE id = ANY(:ids) AND speaker = :p")
+        return set(conn.execute(query, {"ids": list(ids), "p": speaker_key(speaker)}).scalars())
+    tag = terms.tag("p", speaker_key(speaker))
+    query = sa.text("SELECT rowid FROM message_terms WHERE message_terms MATCH :m AND rowid = :id")
+    return {i for i in ids if conn.execute(query, {"m": f'tags : "{tag}"', "id": i}).first()}
 
 
 def _find_sqlite(
@@ -468,10 +668,10 @@ def scope(f: Filters) -> list[Any]:
 def _find_postgres(
     conn: sa.Connection, query: terms.Query, f: Filters, limit: int, window: int
 ) -> list[Hit]:
-    t = sa.table("message_terms", sa.column("id"), sa.column("tsv"))
+    t = sa.table("message_terms", sa.column("id"), sa.column("tsv"), sa.column("speaker"))
     q = sa.cast(sa.bindparam("tsquery", type_=sa.Text), postgresql.TSQUERY)
     m, files = tables.messages.c, tables.raw_files.c
-    where = [t.c.tsv.op("@@")(q), *scope(f)]
+    where = [t.c.tsv.op("@@")(q), *spoken_by(t, f), *scope(f)]
     # The newest matches first, by id alone (joined only when a filter needs it); the rank,
     # the rows and their files only for those: computed for every match, they cost more
     # than the search itself when a word is common.
@@ -552,7 +752,7 @@ def _tsquery(query: terms.Query, match: terms.Match | None = None) -> Any:
 
 
 def parts_matching(query: terms.Query, f: Filters, score: Callable[[Any], Any]) -> Any:
-    """PostgreSQL: ``SELECT id, score`` of the long messages within ``f`` that match
+    """PostgreSQL: ``SELECT id, score`` of the long messages within ``f`` (speaker too) that match
     ``query`` — each of its phrases (``match="any"``: one of them) whole in one of their
     segments — with the best ``score`` of a segment's ``tsv``."""
     p, m, files = PARTS.c, tables.messages.c, tables.raw_files.c
@@ -562,6 +762,10 @@ def parts_matching(query: terms.Query, f: Filters, score: Callable[[Any], Any]) 
         stmt = stmt.join(tables.messages, m.id == p.id).join(
             tables.raw_files, files.file_id == m.file_id
         )
+    if f.speaker is not None:  # who said it is on the message's message_terms row
+        t = sa.table("message_terms", sa.column("id"), sa.column("speaker"))
+        stmt = stmt.join(t, t.c.id == p.id)
+        where += spoken_by(t, f)
     stmt = stmt.where(*where).group_by(p.id)
     if query.match == "all" and len(query.phrases) > 1:
         each = [

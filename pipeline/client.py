@@ -400,12 +400,18 @@ def _search(
     until: dt.datetime | str | None = None,
     limit: int = DEFAULT_SEARCH_LIMIT,
     match: str = "any",
+    context: int = 0,
+    ref_time: dt.datetime | str | None = None,
+    speaker: str | None = None,
 ) -> exchange.Call[answers.Hits]:
     """The messages that best match ``query`` (sent as ``q``: a question, words and
     ``"quoted phrases"``; any language), best first, each with its ``source_ref`` and a
     snippet. ``match="any"`` ranks by relevance (docs/search.md); ``match="all"`` finds only
     messages holding every word and phrase. The filters combine; ``since`` and ``until`` are
-    datetimes (naive ones are UTC) or RFC 3339 text. Only the token's agents are searched."""
+    datetimes (naive ones are UTC) or RFC 3339 text. Only the token's agents are searched.
+    ``context`` (0-3): each hit comes with that many turns before and after it. A date the
+    question names is resolved against ``ref_time`` (default: now): the answer's ``window``.
+    ``speaker``: only what that speaker said (docs/search.md, "Speakers")."""
     params = _query(
         q=query,
         match=match,
@@ -416,6 +422,9 @@ def _search(
         since=_time(since),
         until=_time(until),
         limit=limit,
+        context=context or None,
+        ref_time=_time(ref_time),
+        speaker=speaker,
     )
     return exchange.Call("GET", "/v1/search", exchange.model_reader(answers.Hits), params)
 

@@ -167,8 +167,7 @@ def erase_file(
                 raise errors.NotFound(f"no file {file_id}")
             ids = purge.catalog_ids(conn, file_id)
             if found is not None:
-                messages = [(ids[f.message.seq], f.message) for f in found if f.message.seq in ids]
-                purge.forget_terms(conn, owner, messages)
+                purge.forget_terms(conn, owner, [f.message for f in found], ids)
             else:
                 terms_left = not purge.forget_file_terms(conn, file_id)
             purge.forget_rows(conn, file_id)

@@ -123,7 +123,7 @@ def flush(
             rewrite.settle_locked(db, data_dir, file_id)
             snapshot = _snapshot(db, file_id, chunk_bytes, settled=True)
             assert snapshot is not None
-        row, upto, batch = snapshot
+        row, upto, batch, tail = snapshot
         fault("read")
         if not batch:
             more = False
@@ -142,9 +142,11 @@ def flush(
                 ) from None
         path, current = _check_file(db, data_dir, row, fault)
         first_seq, first_bytes = row.flushed_seq, row.flushed_bytes
+        # the restore of an archive keeps every offset: the tail read before it holds
+        before = _texts_before(path, row, tail)
         while True:
-            row, next_seq = _write_chunk(
-                db, path, row, batch, exists=current is not None, fault=fault
+            row, next_seq, before = _write_chunk(
+                db, path, row, batch, before, exists=current is not None, fault=fault
             )
             current = row.flushed_bytes
             now = db.now()
@@ -171,10 +173,11 @@ def flush(
 
 def _snapshot(
     db: database.Database, file_id: str, chunk_bytes: int, *, settled: bool = False
-) -> tuple[tables.FileRow, int, list[tables.JournalRow]] | None:
+) -> tuple[tables.FileRow, int, list[tables.JournalRow], list[tables.MessageRow]] | None:
     """The file's row, the last seq acknowledged now (what comes later is the caller's to
-    flush again) and its first journal rows, in one snapshot; None while a redaction of the
-    file is unfinished (unless ``settled``: finished just now)."""
+    flush again), its first journal rows and the catalog rows of its last messages
+    (:func:`_tail`), in one snapshot; None while a redaction of the file is unfinished
+    (unless ``settled``: finished just now)."""
     with db.reading(held=True) as conn:
         row, unfinished = audit.file_and_pending(conn, file_id)
         if unfinished and not settled:
@@ -183,7 +186,8 @@ def _snapshot(
             raise errors.NotFound(f"no file {file_id}")
         upto = row.next_seq - 1
         batch = ledger.journal_batch(conn, file_id, row.flushed_seq, chunk_bytes, upto=upto)
-    return row, upto, batch
+        tail = _tail(conn, row) if batch else []
+    return row, upto, batch, tail
 
 
 def _check_file(
@@ -282,10 +286,46 @@ def _gap(row: tables.FileRow, batch: list[tables.JournalRow]) -> str | None:
     return None
 
 
-def _prepare(row: tables.FileRow, batch: list[tables.JournalRow], *, postgres: bool) -> _Chunk:
+def _tail(conn: sa.Connection, row: tables.FileRow) -> list[tables.MessageRow]:
+    """The catalog rows of the file's last messages, whose texts are the context terms of the
+    first ones a flush writes (:data:`catalog.CONTEXT_TURNS` of them)."""
+    if row.source_type == "upload" or not row.flushed_seq or not catalog.CONTEXT_TURNS:
+        return []
+    after = max(0, row.flushed_seq - catalog.CONTEXT_TURNS)
+    return catalog.rows(conn, row.file_id, after=after, upto=row.flushed_seq)
+
+
+def _texts_before(path: Path, row: tables.FileRow, tail: list[tables.MessageRow]) -> list[str]:
+    """The texts of the messages of :func:`_tail`, read whole from the file (a redaction
+    makes their context terms again from the whole texts, and must find the same); none
+    when the catalog lacks one of them (a store migrated without its data directory, not yet
+    reindexed: ``sgme reindex`` makes every context again)."""
+    if not tail or len(tail) < min(row.flushed_seq, catalog.CONTEXT_TURNS):
+        return []
+    start = tail[0].byte_offset  # the messages are adjacent: one read for them all
+    data = store.read_range(path, start, tail[-1].byte_offset + tail[-1].byte_length - start)
+    texts = []
+    for message in tail:
+        at = message.byte_offset - start
+        try:
+            block = data[at : at + message.byte_length]
+            texts.append(document.parse_block(block, message.seq).content)
+        except errors.FormatError as exc:  # the committed bytes, checked by the chain: a bug
+            raise errors.InternalError(f"{row.file_id}: {exc.detail}") from exc
+    return texts
+
+
+def _prepare(
+    row: tables.FileRow,
+    batch: list[tables.JournalRow],
+    before: list[str],
+    *,
+    postgres: bool,
+) -> _Chunk:
     """The chunk of ``batch`` (which :func:`_gap` found continuous): its bytes, blocks, chain
-    head and catalog rows (for the database ``postgres`` names). A journal that does not
-    parse is a bug (:class:`errors.InternalError`)."""
+    head and catalog rows (for the database ``postgres`` names; ``before``: the texts of the
+    file's messages before it, for the context terms). A journal that does not parse is a bug
+    (:class:`errors.InternalError`)."""
     seq = batch[-1].last_seq
     data = "".join(entry.data for entry in batch).encode("utf-8")
     expected = row.flushed_bytes
@@ -312,7 +352,7 @@ def _prepare(row: tables.FileRow, batch: list[tables.JournalRow], *, postgres: b
         start = located.offset - expected
         head = document.chain_extend(head, data[start : start + located.length])
     ended_at = max(document.parse_ts(e.last_ts) for e in batch).replace(tzinfo=None)
-    cataloged = catalog.ready(catalog.Owner.of(row), found, postgres=postgres)
+    cataloged = catalog.ready(catalog.Owner.of(row), found, postgres=postgres, before=before)
     return _Chunk(row, data, found, seq, head.hex(), ended_at, cataloged)
 
 
@@ -332,17 +372,19 @@ def _write_chunk(
     path: Path,
     row: tables.FileRow,
     batch: list[tables.JournalRow],
+    before: list[str],
     *,
     exists: bool,
     fault: FaultHook,
-) -> tuple[tables.FileRow, int]:
+) -> tuple[tables.FileRow, int, list[str]]:
     """Write one chunk of journal rows after the committed bytes, fsync, and commit it (the
     fenced update, the rows' deletion and their catalog rows in one transaction); the row as
-    it now is, and the file's ``next_seq`` at that commit."""
+    it now is, the file's ``next_seq`` at that commit, and the texts before the next chunk
+    (``before``: those before this one)."""
     gap = _gap(row, batch)
     if gap is not None:
         raise _damaged(db, row.file_id, Kind.JOURNAL_GAP, gap)
-    chunk = _prepare(row, batch, postgres=db.postgres)
+    chunk = _prepare(row, batch, before, postgres=db.postgres)
     _write(path, chunk, exists=exists)
     fault("written")
     now = db.now()
@@ -356,7 +398,8 @@ def _write_chunk(
 
     next_seq = db.commit(commit, durable=False, key=row.file_id)
     fault("committed")
-    return chunk.advanced(), next_seq
+    texts = [*before, *(f.message.content for f in chunk.found)]
+    return chunk.advanced(), next_seq, texts[len(texts) - catalog.CONTEXT_TURNS :]
 
 
 #: runs each thunk, perhaps in parallel (the flush threads' pool); each one's exception or None
@@ -421,7 +464,7 @@ def flush_many(
         done.alone.extend(busy)
         fault("locked")
         started = time.perf_counter()
-        todo: list[tuple[tables.FileRow, list[tables.JournalRow]]] = []
+        todo: list[tuple[tables.FileRow, list[tables.JournalRow], list[tables.MessageRow]]] = []
         settle: list[tables.FileRow] = []  #: pending files with nothing to write
         budget = chunk_bytes
         with db.reading(held=True) as conn:
@@ -444,18 +487,19 @@ def flush_many(
                         )
                     continue
                 budget -= sum(entry.size for entry in batch)
-                todo.append((row, batch))
+                todo.append((row, batch, _tail(conn, row)))
         fault("read")
         chunks: list[tuple[Path, _Chunk, bool]] = []
         paths = store.CheckedDirs(data_dir)  # under the round's locks: each directory once
-        for row, batch in todo:
+        for row, batch, tail in todo:
             try:
                 path = paths.path(row.path)
                 current = store.size(path)
                 if (current or 0) != row.flushed_bytes or _gap(row, batch) is not None:
                     done.alone.append(row.file_id)
                     continue
-                chunk = _prepare(row, batch, postgres=db.postgres)
+                before = _texts_before(path, row, tail)
+                chunk = _prepare(row, batch, before, postgres=db.postgres)
                 chunks.append((path, chunk, current is not None))
             except errors.SgmeError:
                 done.alone.append(row.file_id)
@@ -518,7 +562,7 @@ def flush_many(
                 unrefined=row.flushed_seq - row.last_refined_seq,
                 leased_until=row.refine_lease_until,
             )
-        for row, batch in todo:
+        for row, batch, _ in todo:
             if row.file_id in done.results:
                 for entry in batch:
                     metrics.ACK_TO_FLUSH_SECONDS.observe((now - entry.created_at).total_seconds())

@@ -27,7 +27,17 @@ from typing import Any, Literal
 
 import sqlalchemy as sa
 
-from pipeline import catalog, database, embeddings, errors, ranking, search, terms, vectors
+from pipeline import (
+    catalog,
+    database,
+    dates,
+    embeddings,
+    errors,
+    ranking,
+    search,
+    terms,
+    vectors,
+)
 from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -140,9 +150,12 @@ class Hybrid:
         limit: int,
         match: terms.Match = "any",
         mode: Mode | None = None,
+        context: int = 0,
+        window: dates.Window | None = None,
     ) -> tuple[list[search.Result], HowRanked]:
-        """A search (docs/search.md), with how it was ranked. ``mode`` None: hybrid when an
-        embedder is configured; a hybrid search without one is refused (422)."""
+        """A search (docs/search.md; ``context`` and ``window`` as :func:`search.search`
+        takes them), with how it was ranked. ``mode`` None: hybrid when an embedder is
+        configured; a hybrid search without one is refused (422)."""
         embedder = self.embedder
         if mode == "hybrid" and embedder is None:
             raise errors.InvalidInput("mode=hybrid needs an embedder (setting search_embedder)")
@@ -153,7 +166,15 @@ class Hybrid:
         lexical = mode == "lexical" or embedder is None or match == "all"
         if lexical:
             found = search.search(
-                self.db, self.settings.data_dir, q, filters, limit=limit, match=match, how=how
+                self.db,
+                self.settings.data_dir,
+                q,
+                filters,
+                limit=limit,
+                match=match,
+                how=how,
+                context=context,
+                window=window,
             )
             model = None if embedder is None else embedder.model
             return found, HowRanked("lexical", model=model)
@@ -185,6 +206,8 @@ class Hybrid:
             limit=limit,
             match=match,
             how=how,
+            context=context,
+            window=window,
             fuse=near,
         )
         mode_used: Mode = "lexical" if near is None else "hybrid"

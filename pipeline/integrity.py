@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import enum
+import json
 import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -239,6 +240,7 @@ def catalog_all(conn: sa.Connection, data_dir: Path) -> tuple[int, int]:
         f.session_key,
         f.source_type,
         f.started_at,
+        f.metadata_json,
     ).where(f.flushed_bytes > 0)
     done = failed = 0
     for row in conn.execute(query).all():
@@ -253,7 +255,9 @@ def catalog_all(conn: sa.Connection, data_dir: Path) -> tuple[int, int]:
             log.warning("cannot catalog %s: %s", row.file_id, exc)
             failed += 1
             continue
-        catalog.add(conn, catalog.Owner(row.file_id, row.agent_id, row.session_key), found)
+        metadata = json.loads(row.metadata_json or "{}")
+        owner = catalog.Owner.made(row.file_id, row.agent_id, row.session_key, metadata)
+        catalog.add(conn, owner, found)
         done += 1
     return done, failed
 

@@ -19,45 +19,54 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import sqlalchemy as sa
 
-from pipeline import catalog, database, document, errors, tables, terms
+from pipeline import catalog, database, document, errors, tables
 from pipeline.tables import Status
 
 log = logging.getLogger(__name__)
 _M = tables.messages.c
 _L = tables.l1_items.c
 _FTS_DELETE = sa.text(
-    "INSERT INTO message_terms (message_terms, rowid, terms, tags) "
-    "VALUES ('delete', :id, :terms, :tags)"
+    "INSERT INTO message_terms (message_terms, rowid, terms, tags, context) "
+    "VALUES ('delete', :id, :terms, :tags, :context)"
 )
 
 
 def forget_terms(
     conn: sa.Connection,
     owner: catalog.Owner,
-    messages: Sequence[tuple[int, document.Message]],
+    messages: Sequence[document.Message],
+    ids: Mapping[int, int],
+    *,
+    before: Sequence[str] = (),
 ) -> None:
-    """Delete the search terms of cataloged messages (``(catalog id, message as indexed)``)."""
-    if not messages:
+    """Delete the search terms of the cataloged messages among ``messages`` (consecutive in
+    their file, as indexed; ``ids``: ``{seq: catalog id}``, a message without one is passed
+    over); ``before``: the texts of the messages before the first, as
+    :func:`pipeline.catalog.ready` took them (their context terms are made from them)."""
+    if not any(m.seq in ids for m in messages):
         return
     if database.is_postgres(conn):
-        ids = [i for i, _ in messages]
+        found = [ids[m.seq] for m in messages if m.seq in ids]
         # a long message's segments too (catalog.PARTS)
-        conn.execute(sa.text("DELETE FROM message_term_parts WHERE id = ANY(:ids)"), {"ids": ids})
-        conn.execute(sa.text("DELETE FROM message_terms WHERE id = ANY(:ids)"), {"ids": ids})
+        conn.execute(sa.text("DELETE FROM message_term_parts WHERE id = ANY(:ids)"), {"ids": found})
+        conn.execute(sa.text("DELETE FROM message_terms WHERE id = ANY(:ids)"), {"ids": found})
         return
+    who, own, context = catalog.term_lists(owner, messages, before)
     conn.execute(
         _FTS_DELETE,
         [
             {
-                "id": i,
-                "terms": " ".join(terms.terms(m.content)),
-                "tags": catalog._tags(owner, m.role),
+                "id": ids[m.seq],
+                "terms": " ".join(t),
+                "tags": catalog._tags(owner, m.role, p),
+                "context": " ".join(c),
             }
-            for i, m in messages
+            for m, p, t, c in zip(messages, who, own, context, strict=True)
+            if m.seq in ids
         ],
     )
 

@@ -34,6 +34,9 @@ PG_FIRST_PASS = 300
 PG_LENGTH_SAMPLE = 2_000
 #: tags every message has in SQLite's second column: FTS5 counts them in a message's length
 _TAGS_PER_MESSAGE = 4
+#: weight of a phrase found in a message's context terms (the turns before it,
+#: :data:`catalog.CONTEXT_TURNS`) against 1 in its own (docs/search.md has the measurement)
+CONTEXT_WEIGHT = 0.2
 
 
 def rank(
@@ -45,13 +48,16 @@ def rank(
     common: int = COMMON_MATCHES,
     enough: int | None = None,
     timeout: float | None = None,
+    context: float = CONTEXT_WEIGHT,
 ) -> list[Scored]:
     """The ``limit`` messages within ``filters`` that match any phrase of ``query`` with the
     highest BM25 score (FTS5's formula on both databases), best first; equal scores in
-    source_ref order. Every match is scored, however old; a phrase in ``common`` messages or
-    more is left out when the query has rarer ones, unless those find fewer than ``enough``
-    (default ``limit``) messages: then every phrase counts. QueryTooCostly when the database
-    works on it past ``timeout`` seconds (PostgreSQL: any one of its statements)."""
+    source_ref order. A phrase counts in a message's own terms with weight 1 and in its
+    context terms (the turns before it) with weight ``context`` (0: not at all). Every match
+    is scored, however old; a phrase in ``common`` messages or more is left out when the
+    query has rarer ones, unless those find fewer than ``enough`` (default ``limit``)
+    messages: then every phrase counts. QueryTooCostly when the database works on it past
+    ``timeout`` seconds (PostgreSQL: any one of its statements)."""
     if filters.agents is not None and not filters.agents:
         return []
     postgres = database.is_postgres(conn)
@@ -65,10 +71,10 @@ def rank(
 
             def ranked(q: terms.Query, counts: list[int]) -> list[tuple[int, float]]:
                 if postgres:
-                    return _rank_postgres(conn, q, counts, filters, limit, long_ones)
-                return _rank_sqlite(conn, q, filters, limit)
+                    return _rank_postgres(conn, q, counts, filters, limit, long_ones, context)
+                return _rank_sqlite(conn, q, filters, limit, context)
 
-            counts = _counts(conn, query, common, long_ones)
+            counts = _counts(conn, query, common, long_ones, context)
             kept = [i for i, n in enumerate(counts) if n < common] or list(range(len(counts)))
             scored = ranked(_only(query, kept), [counts[i] for i in kept] if counts else [])
             if len(scored) < (enough or limit) and len(kept) < len(counts):
@@ -131,14 +137,21 @@ def hits_by_id(conn: sa.Connection, scored: Sequence[tuple[int, float]]) -> list
     return catalog.hits_by_id(conn, scored)
 
 
+def _columns(context: float) -> str:
+    """The FTS5 columns a ranked query looks in."""
+    return "{terms context}" if context > 0 else "terms"
+
+
 def _rank_sqlite(
-    conn: sa.Connection, query: terms.Query, f: catalog.Filters, limit: int
+    conn: sa.Connection, query: terms.Query, f: catalog.Filters, limit: int, context: float
 ) -> list[tuple[int, float]]:
-    match = terms.fts5_match(query, tags=catalog.tag_groups(f))
-    # weights: the terms column 1, the tags column 0 (a filter, not a relevance signal)
+    match = terms.fts5_match(query, tags=catalog.tag_groups(f), columns=_columns(context))
+    # weights: the terms column 1, the tags column 0 (a filter, not a relevance signal), the
+    # context column ``context``
+    bm25 = f"bm25(message_terms, 1.0, 0.0, {float(context)!r})"
     if f.since is None and f.until is None:
         sql = (
-            "SELECT rowid, bm25(message_terms, 1.0, 0.0) AS r FROM message_terms "
+            f"SELECT rowid, {bm25} AS r FROM message_terms "
             "WHERE message_terms MATCH :match ORDER BY r, rowid LIMIT :limit"
         )
         params: dict[str, Any] = {"match": match, "limit": limit}
@@ -152,7 +165,7 @@ def _rank_sqlite(
             clauses.append("m.ts <= :until")
             params["until"] = f.until
         sql = (
-            "SELECT t.rowid, bm25(message_terms, 1.0, 0.0) AS r FROM message_terms t "
+            f"SELECT t.rowid, {bm25} AS r FROM message_terms t "
             "JOIN messages m ON m.id = t.rowid WHERE message_terms MATCH :match AND "
             + " AND ".join(clauses)
             + " ORDER BY r, t.rowid LIMIT :limit"
@@ -163,14 +176,16 @@ def _rank_sqlite(
     return [(int(i), -float(r)) for i, r in conn.execute(stmt, params)]
 
 
-def _counts(conn: sa.Connection, query: terms.Query, common: int, long_ones: bool) -> list[int]:
+def _counts(
+    conn: sa.Connection, query: terms.Query, common: int, long_ones: bool, context: float
+) -> list[int]:
     """How many messages hold each phrase of ``query``, counted up to ``common`` (a phrase in
     that many is common: left out of a first ranking when the query has rarer ones). SQLite
     counts only when there is a choice (its bm25() counts for itself): none for one phrase."""
     postgres = database.is_postgres(conn)
     if len(query.phrases) < 2 and not postgres:
         return []
-    return [_matches(conn, p, common, postgres, long_ones) for p in query.phrases]
+    return [_matches(conn, p, common, postgres, long_ones, context) for p in query.phrases]
 
 
 def _only(query: terms.Query, kept: list[int]) -> terms.Query:
@@ -181,13 +196,21 @@ def _only(query: terms.Query, kept: list[int]) -> terms.Query:
 
 
 def _matches(
-    conn: sa.Connection, phrase: tuple[str, ...], common: int, postgres: bool, long_ones: bool
+    conn: sa.Connection,
+    phrase: tuple[str, ...],
+    common: int,
+    postgres: bool,
+    long_ones: bool,
+    context: float,
 ) -> int:
-    """Messages that hold ``phrase``, counted up to ``common`` (through the index: the count
-    stops there, so a common word costs no more than that); on PostgreSQL with ``long_ones``,
-    the long messages whose segments hold it too."""
+    """Messages that hold ``phrase`` (in their context terms too when ``context``), counted up
+    to ``common`` (through the index: the count stops there, so a common word costs no more
+    than that); on PostgreSQL with ``long_ones``, the long messages whose segments hold it
+    too."""
     if postgres:
         where, q = "tsv @@ CAST(:q AS tsquery)", terms.phrase_tsquery(phrase)
+        if context > 0:
+            where = f"({where} OR ctx @@ CAST(:q AS tsquery))"
         # PostgreSQL's own estimate first: counting a common word's thousands of matches
         # visits as many heap rows, an estimate from its statistics costs a plan
         plan = conn.execute(
@@ -199,13 +222,14 @@ def _matches(
         if not long_ones:
             sql = f"SELECT count(*) FROM (SELECT 1 FROM message_terms WHERE {where} LIMIT :cap) s"
             return int(conn.execute(sa.text(sql), {"q": q, "cap": common}).scalar_one())
+        # a long message matched by its context terms and by its segments counts once
         sql = (
-            f"SELECT (SELECT count(*) FROM (SELECT 1 FROM message_terms WHERE {where} LIMIT :cap)"
-            " AS s) + (SELECT count(*) FROM (SELECT DISTINCT id FROM message_term_parts "
-            f"WHERE {where} LIMIT :cap) AS l)"
+            f"SELECT count(*) FROM ((SELECT id FROM message_terms WHERE {where} LIMIT :cap) "
+            "UNION (SELECT DISTINCT id FROM message_term_parts "
+            "WHERE tsv @@ CAST(:q AS tsquery) LIMIT :cap)) AS s"
         )
         return min(common, int(conn.execute(sa.text(sql), {"q": q, "cap": common}).scalar_one()))
-    where, q = "message_terms MATCH :q", terms.phrase_fts5(phrase)
+    where, q = "message_terms MATCH :q", terms.phrase_fts5(phrase, columns=_columns(context))
     sql = f"SELECT count(*) FROM (SELECT 1 FROM message_terms WHERE {where} LIMIT :cap) AS s"
     return int(conn.execute(sa.text(sql), {"q": q, "cap": common}).scalar_one())
 
@@ -217,30 +241,41 @@ def _rank_postgres(
     f: catalog.Filters,
     limit: int,
     long_ones: bool,
+    context: float,
 ) -> list[tuple[int, float]]:
     rows = _pg_rows(conn)
     idf = [_idf(rows, n) for n in df]
-    t = sa.table("message_terms", sa.column("id"), sa.column("tsv"))
+    t = sa.table(
+        "message_terms",
+        sa.column("id"),
+        sa.column("tsv"),
+        sa.column("ctx"),
+        sa.column("speaker"),
+    )
     m, files = tables.messages.c, tables.raw_files.c
 
     def tsq(text: str) -> Any:
         return sa.cast(sa.literal(text, sa.Text), postgresql.TSQUERY)
 
     found = terms.tsquery(query)
-    where = [t.c.tsv.op("@@")(tsq(found)), *catalog.scope(f)]
+    matched: Any = t.c.tsv.op("@@")(tsq(found))
+    if context > 0:
+        matched = sa.or_(matched, t.c.ctx.op("@@")(tsq(found)))
+    where = [matched, *catalog.spoken_by(t, f), *catalog.scope(f)]
 
     # first pass, in the database: each phrase's ts_rank (a saturating term frequency over
-    # the log of the length) weighted by its idf, for every match
-    def first_of(tsv: Any) -> Any:
-        return sum(
-            (
-                sa.func.ts_rank(tsv, tsq(terms.phrase_tsquery(p)), 1) * idf[i]
-                for i, p in enumerate(query.phrases)
-            ),
-            sa.literal(0.0),
-        )
+    # the log of the length) weighted by its idf, for every match; the context terms'
+    # weighed ``context`` (a long message's segments have none: its context is on its row)
+    def first_of(tsv: Any, ctx: Any = None) -> Any:
+        def rank_of(p: tuple[str, ...]) -> Any:
+            own = sa.func.ts_rank(tsv, tsq(terms.phrase_tsquery(p)), 1)
+            if ctx is not None and context > 0:
+                return own + context * sa.func.ts_rank(ctx, tsq(terms.phrase_tsquery(p)), 1)
+            return own
 
-    first = first_of(t.c.tsv)
+        return sum((rank_of(p) * idf[i] for i, p in enumerate(query.phrases)), sa.literal(0.0))
+
+    first = first_of(t.c.tsv, t.c.ctx)
     stmt: Any = sa.select(t.c.id, first.label("r")).select_from(t)
     if len(where) > 1:
         stmt = stmt.join(tables.messages, m.id == t.c.id).join(
@@ -256,15 +291,21 @@ def _rank_postgres(
         long = long.order_by(sa.literal_column("score").desc(), catalog.PARTS.c.id).limit(n)
         first_pass += [(int(i), float(r)) for i, r in conn.execute(long)]
     first_pass.sort(key=lambda s: (-s[1], s[0]))
-    ids = [i for i, _ in first_pass[:n]]
+    # a long message matched by its context terms too is in both: once, by its best
+    ids = list(dict.fromkeys(i for i, _ in first_pass))[:n]
     if not ids:
         return []
     # second pass: FTS5's BM25 exactly, from the candidates' lengths and the positions of the
     # query's terms (unnested in the database: parsing whole tsvectors costs more); a long
-    # message's from its segments, each position past the terms before its segment
-    lengths: dict[int, int | None] = {}
-    for i, length in conn.execute(_PG_LENGTHS_ALL if long_ones else _PG_LENGTHS, {"ids": ids}):
-        lengths[i] = max(length or 0, lengths.get(i) or 0)
+    # message's from its segments, each position past the terms before its segment; a
+    # message's length counts its context terms too, as FTS5 counts every column's
+    lengths: dict[int, int] = {}
+    context_lengths: dict[int, int] = {}
+    for i, length, context_length in conn.execute(
+        _PG_LENGTHS_ALL if long_ones else _PG_LENGTHS, {"ids": ids}
+    ):
+        lengths[i] = max(length or 0, lengths.get(i, 0))
+        context_lengths[i] = max(context_length or 0, context_lengths.get(i, 0))
     seen: dict[int, dict[str, set[int]]] = {i: {} for i in lengths}
     lexemes = sorted({t for p in query.phrases for t in p})
     any_lexeme = " | ".join(terms.phrase_tsquery((x,)) for x in lexemes)
@@ -274,13 +315,18 @@ def _rank_postgres(
     ):
         seen[i].setdefault(lexeme, set()).update(base + a for a in at_)
     positions_of = {i: {k: sorted(v) for k, v in ps.items()} for i, ps in seen.items()}
+    context_of: dict[int, dict[str, list[int]]] = {i: {} for i in lengths}
+    if context > 0:
+        for i, lexeme, at_ in conn.execute(_PG_CONTEXT, {"ids": ids, "lexemes": lexemes}):
+            context_of[i][lexeme] = list(at_)
     avgdl = _pg_average_length(conn, rows)
     scored = []
     for i, positions in positions_of.items():
-        length = (lengths[i] or 0) + _TAGS_PER_MESSAGE
+        length = lengths[i] + context_lengths[i] + _TAGS_PER_MESSAGE
         score = 0.0
         for p, weight in zip(query.phrases, idf, strict=True):
-            tf = terms.phrase_count(positions, p)
+            # FTS5's frequency of a phrase: its count in each column times the column's weight
+            tf = terms.phrase_count(positions, p) + context * terms.phrase_count(context_of[i], p)
             if tf:
                 score += weight * tf * (K1 + 1) / (tf + K1 * (1 - B + B * length / avgdl))
         scored.append((int(i), score))
@@ -295,12 +341,14 @@ _LONG_LENGTH = (
     f"(SELECT l.base + {_LAST.replace('tsv', 'l.tsv')} FROM message_term_parts l "
     "WHERE l.id = {id} ORDER BY l.part DESC LIMIT 1)"
 )
+#: a message's length in terms and its context's (the last position of each)
 _LENGTHS = (
-    f"SELECT t.id, {_LAST.replace('tsv', 't.tsv')} FROM message_terms t WHERE t.id = ANY(:ids)"
+    f"SELECT t.id, {_LAST.replace('tsv', 't.tsv')}, {_LAST.replace('tsv', 't.ctx')} "
+    "FROM message_terms t WHERE t.id = ANY(:ids)"
 )
 _PG_LENGTHS = sa.text(_LENGTHS)
-_PG_LENGTHS_ALL = sa.text(  # and of the long messages
-    f"{_LENGTHS} UNION ALL SELECT s.id, {_LONG_LENGTH.format(id='s.id')} "
+_PG_LENGTHS_ALL = sa.text(  # and of the long messages (their context is on their row)
+    f"{_LENGTHS} UNION ALL SELECT s.id, {_LONG_LENGTH.format(id='s.id')}, 0 "
     "FROM (SELECT DISTINCT id FROM message_term_parts WHERE id = ANY(:ids)) AS s"
 )
 _POSITIONS = (
@@ -313,10 +361,15 @@ _PG_POSITIONS_ALL = sa.text(  # and of the long messages' segments that hold any
     "SELECT l.id, u.lexeme, l.base, u.positions FROM message_term_parts l, unnest(l.tsv) AS u "
     "WHERE l.id = ANY(:ids) AND l.tsv @@ CAST(:any AS tsquery) AND u.lexeme = ANY(:lexemes)"
 )
+_PG_CONTEXT = sa.text(
+    "SELECT t.id, u.lexeme, u.positions FROM message_terms t, unnest(t.ctx) AS u "
+    "WHERE t.id = ANY(:ids) AND u.lexeme = ANY(:lexemes)"
+)
 
 
 def _idf(rows: int, matches: int) -> float:
     """FTS5's idf (never zero or less, so a word in most messages still counts a little)."""
+    matches = min(matches, rows)  # an estimate may say more
     value = math.log((rows - matches + 0.5) / (matches + 0.5))
     return value if value > 0 else 1e-6
 
@@ -361,11 +414,13 @@ def _pg_average_length(conn: sa.Connection, rows: int) -> float:
 
 def _pg_measure_length(conn: sa.Connection, rows: int) -> float:
     sample = "" if rows <= PG_LENGTH_SAMPLE else f" TABLESAMPLE SYSTEM ({_sample_percent(rows)})"
-    # a long message's row is empty: its length is its segments' (catalog.PARTS)
+    # a long message's row is empty: its length is its segments' (catalog.PARTS); a
+    # message's length counts its context terms too, as FTS5 counts every column's
     long = _LONG_LENGTH.format(id="t.id")
     sql = (
         f"SELECT avg(coalesce(CASE WHEN length(t.tsv) = 0 THEN {long} "
-        f"ELSE {_LAST.replace('tsv', 't.tsv')} END, 0)) FROM message_terms AS t{sample}"
+        f"ELSE {_LAST.replace('tsv', 't.tsv')} END, 0) "
+        f"+ coalesce({_LAST.replace('tsv', 't.ctx')}, 0)) FROM message_terms AS t{sample}"
     )
     value = conn.execute(sa.text(sql)).scalar_one()
     return float(value or 0) + _TAGS_PER_MESSAGE
@@ -412,4 +467,7 @@ def at(
         times = [sa.bindparam(n, type_=sa.DateTime) for n in ("since", "until") if n in params]
         stmt = sa.text(sql).bindparams(*times)
         found.extend((i, f, s) for i, f, s in conn.execute(stmt, values | params))
+    if filters.speaker is not None:  # a tag in the search index, not in the catalog
+        said = catalog.said_by(conn, [i for i, _, _ in found], filters.speaker)
+        found = [key for key in found if key[0] in said]
     return found

@@ -84,7 +84,9 @@ def read(data_dir: Path, source_type: str, path: Path, *, postgres: bool) -> Rea
         "flushed_bytes": len(data),
         "chain_head": head.hex(),
     }
-    owner = catalog.Owner(header.file_id, header.agent_id, header.session_key)
+    owner = catalog.Owner.made(
+        header.file_id, header.agent_id, header.session_key, dict(header.metadata)
+    )
     cataloged = catalog.ready(owner, found, postgres=postgres)
     return Read(file_id, archived, values, cataloged, misplaced=misplaced)
 

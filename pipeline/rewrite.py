@@ -187,8 +187,11 @@ def redact_locked(
             old_size=len(data),
             new_size=len(new),
         )
-        ids = purge.catalog_ids(conn, row.file_id, seq=seq)
-        purge.forget_terms(conn, owner, [(ids[seq], target.message)] if seq in ids else [])
+        # the message's terms, and its neighbours' whose context holds its words (made again
+        # from the new file by _commit)
+        ids = purge.catalog_ids(conn, row.file_id)
+        after = [f.message for f in found[seq - 1 : seq + catalog.CONTEXT_TURNS]]
+        purge.forget_terms(conn, owner, after, ids, before=_texts_before(found, seq))
         _refine_again(conn, row.file_id, seq, db.now())
         vectors.forget_message(conn, row.file_id, seq)
     fault("recorded")
@@ -200,6 +203,11 @@ def redact_locked(
         done = audit.redaction(conn, row.file_id, seq)
     assert done is not None
     return done
+
+
+def _texts_before(found: list[document.Located], seq: int) -> list[str]:
+    """The texts of the messages a message's context terms are made of (those before ``seq``)."""
+    return [f.message.content for f in found[max(0, seq - 1 - catalog.CONTEXT_TURNS) : seq - 1]]
 
 
 def _refine_again(conn: sa.Connection, file_id: str, seq: int, now: dt.datetime) -> None:
@@ -240,7 +248,11 @@ def _commit(
             )
         purge.forget_rows(conn, row.file_id, seq=seq)
         purge.shift_offsets(conn, row.file_id, after_seq=seq, delta=delta)
-        catalog.add(conn, catalog.Owner.of(row), [tomb])
+        owner = catalog.Owner.of(row)
+        catalog.add(conn, owner, [tomb], before=_texts_before(found, seq))
+        after = [f.message for f in found[seq : seq + catalog.CONTEXT_TURNS]]
+        ids = purge.catalog_ids(conn, row.file_id)
+        catalog.add_terms(conn, owner, after, ids, before=_texts_before(found, seq + 1))
         _refine_again(conn, row.file_id, seq, now)
         # again: a round may have embedded the old text from the file before the rename
         vectors.forget_message(conn, row.file_id, seq)

@@ -10,6 +10,7 @@ index hold the state and the beat's sweeps catch up.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import logging
 import time
 from collections.abc import Collection, Iterator, Mapping
@@ -24,6 +25,7 @@ from pipeline import (
     browsing,
     catalog,
     database,
+    dates,
     document,
     errors,
     flush,
@@ -459,10 +461,28 @@ class Service:
         return reader.resolve(self.db, self.data_dir, ref, **options)
 
     def search(
-        self, q: str, filters: catalog.Filters, *, limit: int, match: terms.Match = "any"
+        self,
+        q: str,
+        filters: catalog.Filters,
+        *,
+        limit: int,
+        match: terms.Match = "any",
+        context: int = 0,
+        window: dates.Window | None = None,
     ) -> list[search.Result]:
-        """Messages that match ``q`` within ``filters``, best first (docs/search.md)."""
-        return self.hybrid.ranked(q, filters, limit=limit, match=match)[0]
+        """Messages that match ``q`` within ``filters``, best first, each with ``context``
+        turns around it; ranked, within the ``window`` the question names too
+        (:meth:`window`), and fused with the nearest vectors when an embedder is set
+        (:attr:`hybrid`; docs/search.md)."""
+        found, _ = self.hybrid.ranked(
+            q, filters, limit=limit, match=match, context=context, window=window
+        )
+        return found
+
+    def window(self, q: str, ref_time: dt.datetime | None = None) -> dates.Window | None:
+        """The time window a date in question ``q`` names, resolved against ``ref_time``
+        (when the question is asked; default now)."""
+        return dates.window(q, self.db.now() if ref_time is None else ref_time)
 
     def health(self) -> dict[str, Any]:
         """Whether the index answers and the data directory is writable (``status`` ok or

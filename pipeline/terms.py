@@ -185,6 +185,11 @@ def _stop_terms() -> frozenset[str]:
     return frozenset(stem(w) for w in STOP_WORDS)
 
 
+def stop_terms() -> frozenset[str]:
+    """The terms of :data:`STOP_WORDS` (which a ranked query leaves out)."""
+    return _stop_terms()
+
+
 @dataclasses.dataclass(frozen=True)
 class Query:
     """Phrases (each a sequence of adjacent terms) that must all match (``match="all"``) or
@@ -245,13 +250,14 @@ def _fts_phrase(phrase: tuple[str, ...]) -> str:
     return '"' + " ".join(t.replace('"', '""') for t in phrase) + '"'
 
 
-def fts5_match(query: Query, *, tags: list[list[str]]) -> str:
+def fts5_match(query: Query, *, tags: list[list[str]], columns: str = "terms") -> str:
     """An FTS5 MATCH expression: every phrase (``match="any"``: one of them) in the ``terms``
-    column, and for each group of ``tags`` one of them in the ``tags`` column."""
+    column (or the ``columns`` named, e.g. ``{terms context}``), and for each group of
+    ``tags`` one of them in the ``tags`` column."""
     if query.match == "any":
-        parts = ["terms : (" + " OR ".join(_fts_phrase(p) for p in query.phrases) + ")"]
+        parts = [f"{columns} : (" + " OR ".join(_fts_phrase(p) for p in query.phrases) + ")"]
     else:
-        parts = [f"terms : {_fts_phrase(p)}" for p in query.phrases]
+        parts = [f"{columns} : {_fts_phrase(p)}" for p in query.phrases]
     for group in tags:
         parts.append("(" + " OR ".join(f'tags : "{t}"' for t in group) + ")")
     return " AND ".join(parts)
@@ -273,9 +279,9 @@ def phrase_tsquery(phrase: tuple[str, ...]) -> str:
     return "(" + " <-> ".join(_lexeme(t) for t in phrase) + ")"
 
 
-def phrase_fts5(phrase: tuple[str, ...]) -> str:
-    """The FTS5 MATCH expression of one phrase in the ``terms`` column."""
-    return f"terms : {_fts_phrase(phrase)}"
+def phrase_fts5(phrase: tuple[str, ...], *, columns: str = "terms") -> str:
+    """The FTS5 MATCH expression of one phrase in the ``terms`` column (or ``columns``)."""
+    return f"{columns} : {_fts_phrase(phrase)}"
 
 
 def tsvector(found: list[str]) -> str:

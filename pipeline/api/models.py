@@ -27,7 +27,9 @@ from pipeline.answers import (
     Segment,
     Session,
     Sessions,
+    Turn,
     Uploaded,
+    Window,
 )
 
 __all__ = [
@@ -54,5 +56,7 @@ __all__ = [
     "Segment",
     "Session",
     "Sessions",
+    "Turn",
     "Uploaded",
+    "Window",
 ]

@@ -63,9 +63,35 @@ def search_messages(
         str | None, Query(pattern=refs.FILE_ID_PATTERN, json_schema_extra={"format": "uuid"})
     ] = None,
     role: Role | None = None,
+    speaker: Annotated[
+        str | None,
+        Query(
+            min_length=1,
+            max_length=catalog.MAX_SPEAKER_CHARS,
+            pattern="^[^\\x00-\\x1f\\x7f]*[^\\s\\x00-\\x1f\\x7f][^\\x00-\\x1f\\x7f]*$",
+            description="only messages this speaker said (a name the session's metadata "
+            "declares: speakers, speaker; any case)",
+        ),
+    ] = None,
     since: Annotated[Time, Query(description="messages at or after (RFC 3339)")] = None,
     until: Annotated[Time, Query(description="messages at or before (RFC 3339)")] = None,
     limit: Annotated[int, Query(ge=1, le=search.MAX_LIMIT)] = search.DEFAULT_LIMIT,
+    context: Annotated[
+        int,
+        Query(
+            ge=0,
+            le=search.MAX_CONTEXT,
+            description="turns before and after each hit to return with it (in before and "
+            "after; a turn is shown once: a hit, or around the best hit next to it)",
+        ),
+    ] = 0,
+    ref_time: Annotated[
+        Time,
+        Query(
+            description="when the question is asked (RFC 3339; default now): a date it names "
+            '("last Tuesday", "in May 2023", "昨天") is resolved against it'
+        ),
+    ] = None,
     mode: Annotated[
         hybrid.Mode | None,
         Query(
@@ -84,8 +110,12 @@ def search_messages(
         session_key=session_key,
         file_id=file_id,
         role=role,
+        speaker=speaker,
         since=utc(since),
         until=utc(until),
     )
-    found, how = service.hybrid.ranked(q, filters, limit=limit, match=match, mode=mode)
-    return {**search.hits_of(found), "ranking": how.to_json()}
+    window = service.window(q, utc(ref_time)) if match == "any" else None
+    found, how = service.hybrid.ranked(
+        q, filters, limit=limit, match=match, mode=mode, context=context, window=window
+    )
+    return {**search.hits_of(found, window), "ranking": how.to_json()}

@@ -30,9 +30,12 @@ def cmd_search(ctx: Context) -> int:
     )
     query = " ".join(a.query)
     match: terms.Match = "all" if a.all else "any"
-    found = ctx.service(settings).search(query, filters, limit=a.limit, match=match)
+    service = ctx.service(settings)
+    # a date the query names is a window, as GET /v1/search makes it (docs/search.md)
+    window = service.window(query) if match == "any" else None
+    found = service.search(query, filters, limit=a.limit, match=match, window=window)
     if a.json:
-        print_json(search.hits_of(found))
+        print_json(search.hits_of(found, window))
         return 0
     from rich.console import Console
     from rich.text import Text

@@ -88,3 +88,52 @@ def turns(messages: Sequence[Message]) -> list[tuple[int, list[Message]]]:
             out.append((0, []))
         out[-1][1].append(message)
     return out
+
+
+class Branch:
+    """The turns of one Hermes session in the order they were stored, to mark a rewind the same
+    way from the provider and from the ``state.db`` importer."""
+
+    def __init__(self) -> None:
+        # [turn number (None: a rewind marker), messages stored, still live]
+        self._stream: list[list[Any]] = []
+
+    def add(self, number: int, turn: Sequence[Message]) -> None:
+        """A turn stored, numbered by its user message."""
+        stored = sum(len(convention.split_large(m)) for m in turn)
+        self._stream.append([number, stored, True])
+
+    def rewound(self, number: int) -> list[int]:
+        """The places, counted back from a rewind marker stored next, of the messages of the
+        live turns numbered ``number`` or more (:func:`convention.rewound`); [] when there are
+        none (no marker)."""
+        places: list[int] = []
+        offset = 0
+        for turn_number, stored, live in reversed(self._stream):
+            if live and turn_number is not None and turn_number >= number:
+                places.extend(range(offset + 1, offset + stored + 1))
+            offset += stored
+        return sorted(places)
+
+    def rewind(self, number: int) -> None:
+        """The live turns numbered ``number`` or more taken back, and their marker stored."""
+        for entry in self._stream:
+            if entry[2] and entry[0] is not None and entry[0] >= number:
+                entry[2] = False
+        self._stream.append([None, 1, False])
+
+
+def rewind_position(number: int, turn: Sequence[Message]) -> str:
+    """Where the rewind marker before a Hermes turn goes: the turn's number and a hash of what
+    it says (two rewinds back to the same turn number are two markers)."""
+    parts = [part for message in turn for part in convention.split_large(message)]
+    return f"{number}:{convention.digest(parts, times=False)[:16]}:rewound"
+
+
+def first_key(session: str, number: int, turn: Sequence[Message]) -> str:
+    """The key of a Hermes turn's first append (``key/0`` when it takes several): the rewind
+    marker before the turn gives it as its ``legacy_key``, so that a store already holding the
+    turn (stored before markers were written) gets no marker after it, out of place."""
+    parts = [part for message in turn for part in convention.split_large(message)]
+    key = convention.hermes_key(session, number, parts)
+    return key if len(list(convention.batches(parts))) == 1 else f"{key}/0"

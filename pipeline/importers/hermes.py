@@ -8,14 +8,21 @@ Hermes' live transcript (:func:`chat.convert`). Rows of role ``session_meta`` ar
 bookkeeping, not transcript. A row whose content or tool calls do not parse, or nest past
 :data:`source.MAX_DEPTH`, is reported and left out; the rest of the session goes on.
 
-Rows no longer live in the session are not imported as its transcript:
+Rows no longer live in the session:
 
 - **pre-compaction history** (``active = 0, compacted = 1``: what an in-place compaction
   replaced with its summary) is the real conversation, so it is imported as a session of its
   own, ``{session id}#compacted``, with ``compacted_from`` in its metadata. Its rows only
   ever grow at the end, so re-imports append only what a later compaction added;
 - **rewound turns** (``active = 0, compacted = 0``: what the user took back with /undo or a
-  rewind) are left out and counted as skipped.
+  rewind) are kept where they were said, numbered as they were while live, as the provider
+  stored them; the live turn that goes on from before them gets a rewind marker
+  (:func:`convention.rewound`) naming them — the marker the provider writes when Hermes tells
+  it of the rewind (:class:`chat.Branch`). A rewound question never answered is left out and
+  counted as skipped (the provider never had it). ``state.db`` does not record where each
+  rewind went back to: a run of rewound rows is taken for one branch, so a turn written after
+  a rewind and itself taken back later, with no live turn between, is numbered as if no
+  rewind came between (docs/clients.md).
 
 A live turn appended by an earlier import stays in L0 when it is later rewound or compacted
 (L0 is append-only); a turn that comes back different is a new key and is appended.
@@ -31,6 +38,7 @@ turn, so importing what the provider stored (or the reverse) writes nothing twic
 
 from __future__ import annotations
 
+import itertools
 import sqlite3
 import urllib.parse
 from collections.abc import Iterator, Mapping
@@ -159,6 +167,75 @@ def _turns(messages: list[convention.Message], *, finished: bool) -> tuple[list[
     ], skipped
 
 
+def _finished(turn: list[convention.Message]) -> bool:
+    last = turn[-1]
+    return last["role"] == "assistant" and convention.kind("assistant", last["content"]) == "text"
+
+
+def _state(row: Mapping[str, Any]) -> str:
+    if row["active"]:
+        return "live"
+    return "compacted" if row["compacted"] else "rewound"
+
+
+def _branch(
+    session_id: str, rows: list[dict[str, Any]]
+) -> tuple[list[tuple[source.Unit, bool]], int]:
+    """The session's turns, live and rewound, in the order Hermes wrote them, each with whether
+    it is the running end (its last turn when live, and the marker before that turn), and the
+    number of messages left out (``rows``: all of the session's, in order; the compacted ones
+    only count, see :func:`_sessions`).
+
+    A run of rewound rows is a turn or more taken back; its turns are numbered as they were
+    while live (after the turns live before them, compacted since or not), and a finished one
+    is kept. The live turn after the run gets a rewind marker naming them
+    (:class:`chat.Branch`), as the provider writes one when Hermes tells it of the rewind; a
+    store that holds that turn already (an earlier version stored it without a marker) gets no
+    marker (:func:`chat.first_key`). A compaction starts the numbering, and what a rewind can
+    take back, again from the live rows it inserted."""
+    units: list[tuple[source.Unit, bool]] = []
+    branch = chat.Branch()
+    live_users = 0
+    skipped = 0
+    previous = ""
+    stored: set[str] = set()
+    for state, group in itertools.groupby(rows, key=_state):
+        messages, left_out = chat.convert(list(group))
+        if state == "compacted":  # imported apart; its turns were live before the rewinds after
+            live_users += sum(1 for m in messages if m["role"] == "user")
+            previous = state
+            continue
+        if state == "live" and previous == "compacted":  # the set a compaction inserted
+            live_users = 0
+            branch = chat.Branch()
+        skipped += left_out
+        numbered = [(n + live_users if n else 0, turn) for n, turn in chat.turns(messages)]
+        for index, (number, turn) in enumerate(numbered):
+            if state == "rewound" and not _finished(turn):
+                skipped += len(turn)  # never answered: the provider never had it
+                continue
+            position = chat.rewind_position(number, turn)
+            if state == "live" and index == 0 and previous == "rewound" and number:
+                places = branch.rewound(number)
+                if places:
+                    branch.rewind(number)
+                    marker = convention.rewound(places, turn[0].get("ts"))
+                    legacy = chat.first_key(session_id, number, turn)
+                    units.append((source.Unit(position, (marker,), legacy_key=legacy), True))
+            units.append((source.Unit(str(number), tuple(turn)), state == "live"))
+            if position not in stored:  # a turn said again word for word is stored once
+                stored.add(position)
+                branch.add(number, turn)
+        if state == "live":
+            live_users += sum(1 for n, _ in numbered if n)
+        previous = state
+    # the running turn is the last one when it is live, with the marker just before it
+    end = len(units) - 1 if units and units[-1][1] else len(units)
+    if end < len(units) and end > 0 and units[end - 1][0].position.endswith(":rewound"):
+        end -= 1
+    return [(unit, index >= end) for index, (unit, _) in enumerate(units)], skipped
+
+
 def read(path: Path) -> Iterator[source.Record]:
     """Every session of one ``state.db``."""
     conn = connect(path)
@@ -200,28 +277,31 @@ def _sessions(
         "git_branch": session["git_branch"],
         "parent_session": session["parent_session_id"],
     }
-    live = [r for r in rows if r["active"]]
     compacted = [r for r in rows if not r["active"] and r["compacted"]]
-    rewound = len(rows) - len(live) - len(compacted)
-    messages, left_out = chat.convert(live)
-    turns, unfinished = _turns(messages, finished=session["ended_at"] is not None)
+    turns, skipped = _branch(session_id, rows)
+    running = session["ended_at"] is None and turns and turns[-1][1]
+    if running and not _finished(list(turns[-1][0].messages)):
+        # the running turn (and the rewind marker before it) is imported once finished
+        skipped += len(turns.pop()[0].messages)
+        if turns and turns[-1][1]:
+            turns.pop()
     yield source.Session(
         source=SOURCE,
         session_key=session_id,
         metadata=convention.metadata(meta),
-        units=tuple(turns),
+        units=tuple(unit for unit, _ in turns),
         origin=str(path),
-        skipped=left_out + unfinished + rewound,
+        skipped=skipped,
         times=False,
     )
     if compacted:
         history, left_out = chat.convert(compacted)
-        turns, _ = _turns(history, finished=True)
+        earlier, _ = _turns(history, finished=True)
         yield source.Session(
             source=SOURCE,
             session_key=session_id + COMPACTED_SUFFIX,
             metadata=convention.metadata({**meta, "compacted_from": session_id}),
-            units=tuple(turns),
+            units=tuple(earlier),
             origin=str(path),
             skipped=left_out,
             times=False,

@@ -61,6 +61,8 @@ class Local:
         limit: int,
         role: vocabulary.Role | None,
         agent_id: str | None,
+        context: int,
+        speaker: str | None,
     ) -> answers.Hits:
         """``GET /v1/search``'s function."""
         work = functools.partial(
@@ -74,6 +76,8 @@ class Local:
             since=_time("since", since),
             until=_time("until", until),
             limit=limit,
+            context=context,
+            speaker=speaker,
         )
         return answers.Hits.model_validate(await self._run("read", work))
 

@@ -31,6 +31,8 @@ class Memory(Protocol):
         limit: int,
         role: vocabulary.Role | None,
         agent_id: str | None,
+        context: int,
+        speaker: str | None,
     ) -> Awaitable[answers.Hits]:
         """``GET /v1/search``: the best hits first."""
         ...

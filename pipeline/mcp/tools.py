@@ -124,6 +124,20 @@ def _message(message: Any, limit: int) -> dict[str, Any]:
     return shown
 
 
+def _turns(hit: Any, context: int) -> dict[str, Any]:
+    """A search hit's turns around it (``context``), as search_memory shows them: none asked,
+    none shown."""
+    if not context:
+        return {}
+    return {
+        side: [
+            {"source_ref": t.source_ref, "ts": t.ts, "role": t.role, "text": t.text}
+            for t in getattr(hit, side, None) or []
+        ]
+        for side in ("before", "after")
+    }
+
+
 # ---------------------------------------------------------------------------------------------
 # the tools, each a function of the memory it reads; an error is a pipeline.errors class
 
@@ -149,8 +163,11 @@ async def search(
     limit: int = 10,
     role: vocabulary.Role | None = None,
     agent_id: str | None = None,
+    speaker: str | None = None,
+    context: int = 0,
 ) -> dict[str, Any]:
-    """``search_memory``: the best hits, each with where its session ran."""
+    """``search_memory``: the best hits, each with where its session ran and the ``context``
+    turns around it; the window a date in the query named, when it named one."""
     found = await memory.search(
         query,
         session_key=session_key,
@@ -159,6 +176,8 @@ async def search(
         limit=limit,
         role=role,
         agent_id=agent_id,
+        context=context,
+        speaker=speaker,
     )
     cwds = await _where(memory, {h.file_id for h in found.hits})
     hits = [
@@ -170,10 +189,13 @@ async def search(
             "agent_id": h.agent_id,
             "cwd": cwds.get(h.file_id),
             "snippet": h.snippet,
+            **_turns(h, context),
         }
         for h in found.hits
     ]
-    return {"hits": hits, "count": len(hits)}
+    dated = found.window
+    window = None if dated is None else {"since": dated.since, "until": dated.until}
+    return {"hits": hits, "count": len(hits), **({"window": window} if window else {})}
 
 
 async def open_message(
@@ -335,6 +357,22 @@ def build(link: Link, bounds: Mcp) -> MCPServer[Any]:
                 description="only this agent's messages (default: all you may read)",
             ),
         ] = None,
+        speaker: Annotated[
+            str | None,
+            Field(
+                max_length=64,
+                description="only what this person said (a speaker's name the conversation names)",
+            ),
+        ] = None,
+        context: Annotated[
+            int,
+            Field(
+                ge=0,
+                le=3,
+                description="turns before and after each hit to return with it (an answer "
+                "is often the turn after the one that names its subject)",
+            ),
+        ] = 0,
     ) -> Answer:
         """Search every earlier conversation for messages about something: what was decided,
         said, tried or preferred before. Use it whenever the user refers to earlier work, or
@@ -353,6 +391,8 @@ def build(link: Link, bounds: Mcp) -> MCPServer[Any]:
                 limit=limit,
                 role=role,
                 agent_id=agent_id,
+                speaker=speaker,
+                context=context,
             ),
         )
         return answer(found)

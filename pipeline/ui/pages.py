@@ -361,7 +361,8 @@ def search_page(request: Request) -> Response:
                 since=_time(params, "since", end_of_day=False),
                 until=_time(params, "until", end_of_day=True),
             )
-            found = service.search(q, filters, limit=ui.page_hits)
+            # a date the query names is a window, as GET /v1/search makes it (docs/search.md)
+            found = service.search(q, filters, limit=ui.page_hits, window=service.window(q))
             hits = [_in_context(service, ui, caller, h) for h in found]
         return _page(
             request, "search.html", caller=caller, q=q or "", hits=hits, form=dict(params),

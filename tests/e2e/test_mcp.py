@@ -166,15 +166,17 @@ async def every_tool(session: ClientSession, server: Server, colour: str) -> Non
         "limit",
         "role",
         "agent_id",
+        "speaker",
+        "context",
     }
 
     found = await call(session, "search_memory", query="audit Postgres")
     refs = [h["source_ref"] for h in found["hits"]]
-    # ranked: the message with both words first, then its neighbours; beta's "audit" is not
-    # alpha's to see
-    assert refs[0] == f"{server.alpha_file}:2", found
+    # ranked: the message with both words and the turn after it (whose context terms hold
+    # them) first, then their neighbours; beta's "audit" is not alpha's to see
+    assert set(refs[:2]) == {f"{server.alpha_file}:2", f"{server.alpha_file}:3"}, found
     assert all(r.startswith(server.alpha_file) for r in refs), found
-    hit = found["hits"][0]
+    hit = next(h for h in found["hits"] if h["source_ref"] == f"{server.alpha_file}:2")
     assert (hit["role"], hit["session_key"]) == ("assistant", "alpha-1")
     assert hit["cwd"] == "/home/alpha/audit"  # where the session ran, as its source recorded
     asked = await call(session, "search_memory", query="audit Postgres", role="user")
@@ -182,10 +184,16 @@ async def every_tool(session: ClientSession, server: Server, colour: str) -> Non
     own = await call(session, "search_memory", query="audit", agent_id="alpha")
     assert own["hits"] and {h["agent_id"] for h in own["hits"]} == {"alpha"}
     assert "Postgres" in hit["snippet"] and hit["ts"].endswith("Z")
+    around = await call(session, "search_memory", query="audit Postgres", limit=1, context=1)
+    top = around["hits"][0]
+    seq = int(top["source_ref"].rsplit(":", 1)[1])
+    assert [t["source_ref"] for t in top["before"]] == [f"{server.alpha_file}:{seq - 1}"]
+    assert [t["source_ref"] for t in top["after"]] == [f"{server.alpha_file}:{seq + 1}"]
+    assert top["before"][0]["text"] and "before" not in hit
     none = await call(session, "search_memory", query="audit", session_key="nope")
     assert none == {"hits": [], "count": 0}
 
-    opened = await call(session, "open_memory", source_ref=refs[0], context=1)
+    opened = await call(session, "open_memory", source_ref=hit["source_ref"], context=1)
     assert opened["message"]["content"] == "Postgres, with the audit table partitioned by month."
     assert [m["seq"] for m in opened["before"]] == [1]
     assert [m["seq"] for m in opened["after"]] == [3]

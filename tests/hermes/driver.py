@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.memory_manager import MemoryManager
+from hermes_state import SessionDB
 from plugins.memory import (
     _get_active_memory_provider,
     discover_memory_providers,
@@ -24,6 +25,14 @@ from plugins.memory import (
 
 HOME = Path(os.environ["HERMES_HOME"])
 manager = MemoryManager()
+_db: list[SessionDB] = []
+
+
+def state_db() -> SessionDB:
+    """Hermes' own ``$HERMES_HOME/state.db``, as the agent keeps it."""
+    if not _db:
+        _db.append(SessionDB(db_path=HOME / "state.db"))
+    return _db[0]
 
 
 def run(command: dict[str, Any]) -> dict[str, Any]:
@@ -61,6 +70,43 @@ def run(command: dict[str, Any]) -> dict[str, Any]:
             command["session_id"], parent_session_id=command.get("parent", "")
         )
         return {}
+    if op == "persist":
+        # what AIAgent._flush_messages_to_session_db writes for the turn's new messages
+        db = state_db()
+        session_id = command["session_id"]
+        if db.get_session(session_id) is None:
+            db.create_session(session_id, "cli", model="model-a")
+        for message in command["messages"]:
+            db.append_message(
+                session_id,
+                message["role"],
+                content=message.get("content"),
+                tool_name=message.get("tool_name"),
+                tool_calls=message.get("tool_calls"),
+                tool_call_id=message.get("tool_call_id"),
+                timestamp=message.get("timestamp"),
+            )
+        return {}
+    if op == "undo":
+        # what the CLI's /undo N does (HermesCLI.undo_last): the rows from the N-th last user
+        # message on soft-deleted, and the memory providers told of the rewind
+        db = state_db()
+        session_id = command["session_id"]
+        n = command.get("n", 1)
+        recents = db.list_recent_user_messages(session_id, limit=max(n, 10))
+        target = recents[min(n - 1, len(recents) - 1)]["id"]
+        done = db.rewind_to_message(session_id, target)
+        manager.on_session_switch(session_id, parent_session_id="", reset=False, rewound=True)
+        return {"rewound_rows": done["rewound_count"]}
+    if op == "compact":
+        # an in-place compaction: the history soft-archived, the compacted set inserted live,
+        # and the memory providers told, under the same session id (conversation_compression)
+        session_id = command["session_id"]
+        state_db().archive_and_compact(session_id, command["messages"])
+        manager.on_session_switch(
+            session_id, parent_session_id=session_id, reset=False, reason="compression"
+        )
+        return {}
     if op == "end":
         manager.on_session_end(command.get("messages", []))
         return {}
@@ -88,6 +134,8 @@ def run(command: dict[str, Any]) -> dict[str, Any]:
         return {"pending": sorted(names)}
     if op == "shutdown":
         manager.shutdown_all()
+        if _db:
+            _db.pop().close()
         return {"drain": manager.shutdown_drain_state}
     raise ValueError(f"unknown op {op!r}")
 

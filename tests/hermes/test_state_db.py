@@ -1,5 +1,5 @@
 """The state.db importer on a database written by Hermes' own SessionDB (hermes-agent 0.19.0,
-in .venv-hermes): rewound rows left out, pre-compaction history as its own session, the
+in .venv-hermes): rewound rows kept and marked, pre-compaction history as its own session, the
 running turn left for later — then imported for real into a SQLite index and read back."""
 
 from __future__ import annotations
@@ -52,6 +52,9 @@ def test_import_a_state_db_made_by_hermes(tmp_path: Path) -> None:
         ("assistant", convention.call_body("terminal", '{"command": "ls"}', "c1"), None),
         ("tool", convention.result_body("a.txt", "c1"), "terminal"),
         ("assistant", "One file: a.txt", None),
+        ("user", "delete it", None),  # taken back by /undo: kept, and marked
+        ("assistant", "Deleted.", None),
+        ("system", convention.rewound([1, 2], None)["content"], None),
         ("user", "copy it", None),
         ("assistant", "Copied.", None),
     ]
@@ -81,12 +84,17 @@ def test_import_a_state_db_made_by_hermes(tmp_path: Path) -> None:
     assert first["s2#compacted"]["metadata"]["compacted_from"] == "s2"
     assert first["s1"]["messages"][0]["ts"] == "2026-08-03T11:18:07Z"
     assert report.errors == []
-    assert report.skipped == 3  # two rewound rows, and the question s2 has not answered yet
-    # the provider's keys: the turn numbered by its user message, hashed without times
-    assert [b["idempotency_key"].rsplit(":", 1)[0] for b in bodies if b["session_key"] == "s1"] == [
+    assert report.skipped == 1  # the question s2 has not answered yet
+    # the provider's keys: the turn numbered by its user message (a rewound turn as it was
+    # while live), hashed without times; the marker before the turn after the rewind
+    keys = [b["idempotency_key"] for b in bodies if b["session_key"] == "s1"]
+    assert [k.rsplit(":", 1)[0] for k in keys] == [
         "hermes:s1:1",
         "hermes:s1:2",
+        f"hermes:s1:2:{keys[3].rsplit(':', 1)[1]}:rewound",
+        "hermes:s1:2",
     ]
+    assert keys[1] != keys[3]
 
     # for real: into a SQLite index, a flush per session, twice
     db = database.Database.from_url(f"sqlite:///{tmp_path / 'index.sqlite3'}")
@@ -108,7 +116,7 @@ def test_import_a_state_db_made_by_hermes(tmp_path: Path) -> None:
                 ingest=lambda body: journal.ingest(db, body),
                 flush=flush,
             )
-            assert (again.messages, len(flushed)) == ((16, 3) if run == 0 else (0, 0))
+            assert (again.messages, len(flushed)) == ((19, 3) if run == 0 else (0, 0))
         texts = {}
         for md in (data_dir / "raw" / "sessions").glob("*.md"):
             doc = document.parse(md.read_text(encoding="utf-8"), file_id=md.stem)
@@ -117,7 +125,7 @@ def test_import_a_state_db_made_by_hermes(tmp_path: Path) -> None:
             "assistant",
             convention.call_body("terminal", '{"command": "ls"}', "c1"),
         )
-        assert {k: len(v) for k, v in texts.items()} == {"s1": 6, "s2": 6, "s2#compacted": 4}
+        assert {k: len(v) for k, v in texts.items()} == {"s1": 9, "s2": 6, "s2#compacted": 4}
     finally:
         db.dispose()
 
@@ -130,8 +138,8 @@ def test_sgme_import_hermes_reads_a_hermes_home(sgme: Sgme, tmp_path: Path) -> N
     report = json.loads(first.out.decode().splitlines()[-1])
     assert report == {
         "files": 3,
-        "messages": 16,
-        "skipped": 3,
+        "messages": 19,
+        "skipped": 1,
         "unreadable": 0,
         "erased": 0,
         "empty": 0,
@@ -140,9 +148,9 @@ def test_sgme_import_hermes_reads_a_hermes_home(sgme: Sgme, tmp_path: Path) -> N
     }
     listed = sgme("ls", "--agent-id", "hermes", "--json").json()
     assert sorted((r["session_key"], r["flushed_seq"]) for r in listed) == [
-        ("s1", 6),
+        ("s1", 9),
         ("s2", 6),
         ("s2#compacted", 4),
     ]
     again = json.loads(sgme("import", "hermes", str(home), "--json").out.decode().splitlines()[-1])
-    assert (again["messages"], again["replayed"]) == (0, 16)
+    assert (again["messages"], again["replayed"]) == (0, 19)

@@ -458,6 +458,21 @@ def test_search_ranks_by_default_and_match_is_any_or_all(app: Api) -> None:
     for bad in ("some", "ALL", ""):
         r = app.client.get("/v1/search", params={"q": "tea", "match": bad})
         assert_problem(r, 422, "invalid-input", "match")
+    assert ranked[0]["before"] == ranked[0]["after"] == []  # no context asked
+
+
+def test_search_returns_each_hit_with_the_turns_around_it(app: Api) -> None:
+    turns = ["good morning", "which tea do you like?", "Sencha, always.", "me too", "bye"]
+    app.append(body("s1", *({"role": "user", "content": t, "ts": TS1} for t in turns)), wait=True)
+    q: dict[str, str | int] = {"q": "which tea?", "context": 2, "limit": 1}
+    (hit,) = app.client.get("/v1/search", params=q).json()["hits"]
+    assert hit["seq"] == 2
+    assert [(t["seq"], t["text"]) for t in hit["before"]] == [(1, "good morning")]
+    assert [(t["seq"], t["text"]) for t in hit["after"]] == [(3, "Sencha, always."), (4, "me too")]
+    assert hit["after"][0]["source_ref"] == f"{hit['file_id']}:3"
+    for bad in ("4", "-1", "x"):
+        r = app.client.get("/v1/search", params={"q": "tea", "context": bad})
+        assert_problem(r, 422, "invalid-input", "context")
 
 
 def test_file_row_shows_index_state(app: Api) -> None:
@@ -1004,3 +1019,34 @@ def test_json_escapes_and_raw_utf8_bodies_mean_the_same(app: Api) -> None:
         assert r.status_code == 200, r.text
         ids.append(r.json()["file_id"])
     assert [app.messages(i)[0]["content"] for i in ids] == [content, content]
+
+
+def test_a_date_in_the_question_is_a_window_fused_with_the_rest(app: Api) -> None:
+    """Weekly dinners told in the same words: the date in the question finds its week's."""
+    for day, dish in enumerate(("risotto", "ramen", "tacos", "curry")):
+        when = f"2026-03-{2 + 7 * day:02d}T19:00:00Z"
+        said = {"role": "user", "content": f"Tonight I cooked {dish}.", "ts": when}
+        app.append(body(f"week{day}", said), wait=True)
+    q: dict[str, str | int] = {
+        "q": "What did I cook on March 16?",
+        "limit": 2,
+        "ref_time": "2026-04-01T12:00:00Z",
+    }
+    answer = app.client.get("/v1/search", params=q).json()
+    assert "tacos" in answer["hits"][0]["snippet"], answer
+    assert answer["window"] == {
+        "since": "2026-03-15T00:00:00Z",
+        "until": "2026-03-17T23:59:59.999999Z",
+        "matched": "on March 16",
+    }
+    for date, dish in (("March 2", "risotto"), ("March 9", "ramen"), ("March 23", "curry")):
+        q_other = {**q, "q": f"What did I cook on {date}?"}
+        first = app.client.get("/v1/search", params=q_other).json()["hits"][0]
+        assert dish in first["snippet"], (date, first)
+    # no date: no window
+    plain = app.client.get("/v1/search", params={"q": "what did I cook?"}).json()
+    assert plain["window"] is None and len(plain["hits"]) == 4
+    every = app.client.get("/v1/search", params={**q, "match": "all"}).json()
+    assert every["window"] is None
+    r = app.client.get("/v1/search", params={"q": "cook", "ref_time": "yesterday"})
+    assert_problem(r, 422, "invalid-input", "ref_time")

@@ -158,3 +158,36 @@ def test_the_resource_is_the_files_bytes_cut_to_its_bound(service: Service) -> N
         == whole[:100]
         + f"\n\n<!-- cut: {size - 100} more bytes; read_session pages through all of it -->\n"
     )
+
+
+def test_search_gives_turns_around_hits_a_speakers_turns_and_the_dates_window(
+    service: Service,
+) -> None:
+    said = ["Ana: which tea for the trip?", "Bo: the smoky oolong, I think", "Ana: noted"]
+    body: dict[str, Any] = {
+        "agent_id": "alpha",
+        "session_key": "a-1",
+        "metadata": {"speakers": ["Ana", "Bo"]},
+        "messages": [
+            {"role": "user" if i % 2 == 0 else "assistant", "content": t}
+            for i, t in enumerate(said)
+        ],
+    }
+    parsed = validation.parse_append(body, service.settings.limits)
+    file_id = str(service.append(parsed, wait=True).result.file_id)
+    memory = Local(service, ALPHA)
+    found = run(lambda: tools.search(memory, "smoky oolong", limit=1, context=1))
+    (hit,) = found["hits"]
+    assert hit["source_ref"] == f"{file_id}:2"
+    assert [t["source_ref"] for t in hit["before"]] == [f"{file_id}:1"]
+    assert [t["source_ref"] for t in hit["after"]] == [f"{file_id}:3"]
+    assert hit["before"][0]["text"].endswith("which tea for the trip?")
+    assert "window" not in found
+    plain = run(lambda: tools.search(memory, "smoky oolong", limit=1))
+    assert "before" not in plain["hits"][0] and "after" not in plain["hits"][0]
+    # Ana never said it: her turn after it holds it in its context terms only
+    by_ana = run(lambda: tools.search(memory, "smoky oolong", speaker="ana"))
+    assert [h["source_ref"] for h in by_ana["hits"]] == [f"{file_id}:3"]
+    dated = run(lambda: tools.search(memory, "the oolong yesterday"))
+    assert set(dated["window"]) == {"since", "until"}
+    assert dated["window"]["since"] < dated["window"]["until"]

@@ -28,6 +28,7 @@ from pipeline import (
     locks,
     refine,
     rewrite,
+    search,
     tables,
     terms,
     validation,
@@ -73,6 +74,11 @@ def _search(db: database.Database, word: str) -> list[str]:
     return [f"{h.message.file_id}:{h.message.seq}" for h in hits]
 
 
+def _ranked(db: database.Database, data_dir: Path, q: str) -> list[str]:
+    """The ranked search's hits, BM25 alone (its context terms: the 2 turns before each)."""
+    return [h.source_ref for h in search.search(db, data_dir, q, neighbours="none", limit=50)]
+
+
 def test_redact_replaces_the_body_keeps_every_ref_and_forgets_what_came_from_it(
     app: Api, db: database.Database, data_dir: Path
 ) -> None:
@@ -83,6 +89,8 @@ def test_redact_replaces_the_body_keeps_every_ref_and_forgets_what_came_from_it(
     before = app.messages(file_id)
     raw_before = app.disk(file_id)
     assert _search(db, SECRET_WORD) == [f"{file_id}:3"]
+    # ranked, the two turns after it hold it in their context terms
+    assert _ranked(db, data_dir, SECRET_WORD) == [f"{file_id}:{s}" for s in (3, 4, 5)]
     assert any(f"{file_id}:3" in json.loads(i.source_refs) for i in _items(db, file_id))
 
     r = app.client.post(f"/v1/refs/{file_id}:3/redact", json={"reason": "home address"})
@@ -109,6 +117,9 @@ def test_redact_replaces_the_body_keeps_every_ref_and_forgets_what_came_from_it(
     assert SECRET_WORD.encode() in raw_before and SECRET_WORD.encode() not in raw
     assert app.row(file_id)["flushed_bytes"] == len(raw)
     assert _search(db, SECRET_WORD) == []
+    # gone from its neighbours' context too, which holds the tombstone's words instead
+    assert _ranked(db, data_dir, SECRET_WORD) == []
+    assert _ranked(db, data_dir, '"home address"') == [f"{file_id}:{s}" for s in (3, 4, 5)]
     # L1: nothing cites it; refinement restarts before it and, run again, covers the rest
     assert all(f"{file_id}:3" not in i.source_refs for i in _items(db, file_id))
     assert app.row(file_id)["last_refined_seq"] <= 2
@@ -236,6 +247,7 @@ def test_erase_a_file_answers_410_and_keeps_only_the_audit_row(
         keys = conn.execute(sa.select(k.idempotency_key, k.request_hash, k.response_json)).all()
         assert [tuple(row) for row in keys] == [("k1", "erased", json.dumps({"erased": file_id}))]
     assert _search(db, SECRET_WORD) == []
+    assert _ranked(db, data_dir, SECRET_WORD) == []
     (record,) = app.client.get("/v1/audit", params={"file_id": file_id}).json()["records"]
     assert record["action"] == "erase" and record["reason"] == "user asked"
     assert record["messages"] == 5 and record["finished_at"] and record["keys"] == 1

@@ -20,6 +20,7 @@ from pipeline import (
     database,
     erasure,
     errors,
+    flush,
     integrity,
     journal,
     locks,
@@ -372,8 +373,36 @@ def test_the_turn_after_the_one_that_shares_the_words_is_found(
     )
     found = search.search(db, data_dir, "which restaurant was booked?", limit=3)
     assert [h.source_ref for h in found[:2]] == [f"{file_id}:1", f"{file_id}:2"]
+    # BM25 alone: the turns after it hold its words in their context terms, lower
     none = search.search(db, data_dir, "which restaurant was booked?", neighbours="none")
-    assert [h.source_ref for h in none] == [f"{file_id}:1"]
+    assert [h.source_ref for h in none] == [f"{file_id}:{s}" for s in (1, 2, 3)]
+    alone = search.Ranking(context_weight=0)
+    own = search.search(db, data_dir, "which restaurant was booked?", neighbours="none", how=alone)
+    assert [h.source_ref for h in own] == [f"{file_id}:1"]
+
+
+def test_a_turn_is_found_by_the_words_of_the_two_turns_before_it(
+    db: database.Database, data_dir: Path
+) -> None:
+    file_id = session(
+        db,
+        data_dir,
+        "kayak",
+        [
+            "Did you ever go kayaking on the lake like you planned?",
+            "You remember that? Ha.",
+            "Yes, twice last month! We even saw a heron.",
+            "Nice, and the garden?",
+            "Tomatoes everywhere.",
+        ],
+    )
+    alone = search.Ranking(context_weight=0)
+    q = "how often did they go kayaking on the lake?"
+    found = search.search(db, data_dir, q, neighbours="none")
+    # the answer is two turns after the question: in its context, not in the turn after's
+    assert [h.source_ref for h in found] == [f"{file_id}:{s}" for s in (1, 2, 3)]
+    own = search.search(db, data_dir, q, neighbours="none", how=alone)
+    assert [h.source_ref for h in own] == [f"{file_id}:1"]
 
 
 def test_the_token_scope_and_filters_hold_for_ranked_search(
@@ -408,7 +437,13 @@ def test_the_token_scope_and_filters_hold_for_ranked_search(
     journal.flush(db, data_dir, mixed)
     assert found(agent_id="carol") == {f"{mixed}:1", f"{mixed}:2"}  # the answer follows
     assert found(agent_id="carol", role="user") == {f"{mixed}:1"}  # but not in another role
-    assert found(agent_id="carol", role="assistant") == set()
+    # the answer matches by its context terms (the question before it), in its own role
+    assert found(agent_id="carol", role="assistant") == {f"{mixed}:2"}
+    none = search.Ranking(context_weight=0)
+    hits = search.search(
+        db, data_dir, "the launch code", catalog.Filters(role="assistant"), how=none
+    )
+    assert hits == []  # without them: the turn after a match of another role is not one
     assert found(file_id=a) == {f"{a}:1", f"{a}:2"}
     assert found(since=(TS + dt.timedelta(minutes=30)).replace(tzinfo=None)) == {
         f"{b}:1",
@@ -450,6 +485,130 @@ def test_reindex_rebuilds_the_same_rankings(
         catalog.clear(conn)
     integrity.reindex(db, file_locks, data_dir)
     assert results() == before
+
+
+def test_context_terms_are_the_same_however_the_turns_were_flushed(
+    db: database.Database, data_dir: Path, file_locks: locks.FileLocks
+) -> None:
+    """A turn's context is the two turns before it whether they came in its flush, an
+    earlier one, a round of many files' or an earlier chunk of a backlog; reindex makes it
+    the same from the file."""
+    turns = ["Did you try the quince jam?", "Hmm, which one?", "The one from the market.",
+             "Yes! Delicious on toast.", "Great.", "And the plum one?", "Too sweet."]  # fmt: skip
+
+    def appended(i: int) -> str:
+        message = {"role": "user" if i % 2 == 0 else "assistant", "content": turns[i]}
+        body = {"agent_id": "hermes", "session_key": "jam", "messages": [message | {"ts": ts(i)}]}
+        return journal.ingest(db, body).file_id
+
+    file_id = appended(0)
+    journal.flush(db, data_dir, file_id)
+    appended(1)
+    flush.flush_many(db, file_locks, data_dir, [file_id])
+    for i in (2, 3, 4):
+        appended(i)
+    flush.flush(db, file_locks, data_dir, file_id, chunk_bytes=1)  # a chunk a message
+    appended(5)
+    appended(6)
+    journal.flush(db, data_dir, file_id)
+
+    def results() -> list[tuple[str, float]]:
+        hits = search.search(db, data_dir, "quince jam market", neighbours="none", limit=50)
+        return [(h.source_ref, h.score) for h in hits]
+
+    before = results()
+    assert [ref for ref, _ in before][:1] == [f"{file_id}:1"]
+    assert {ref for ref, _ in before} == {f"{file_id}:{s}" for s in (1, 2, 3, 4, 5)}
+    with db.transaction() as conn:
+        catalog.clear(conn)
+    integrity.reindex(db, file_locks, data_dir)
+    assert results() == before
+
+
+def test_hits_come_with_their_turns_around_them_each_shown_once(
+    db: database.Database, data_dir: Path
+) -> None:
+    file_id = session(
+        db,
+        data_dir,
+        "around",
+        ["hello", "any news on the quince tart?", "baked it!", "the quince tart was great",
+         "glad", "x" * 3000, "bye"],
+    )  # fmt: skip
+    how = search.Ranking(context_chars=100)
+    q = "quince tart"
+    hits = search.search(db, data_dir, q, neighbours="none", limit=2, context=2, how=how)
+    # the two turns that say it (the turns after them hold it in their context only)
+    assert sorted(h.seq for h in hits) == [2, 4]
+    by_seq = {h.seq: h for h in hits}
+    sides = {h.seq: ([t.seq for t in h.before], [t.seq for t in h.after]) for h in hits}
+    # turn 3 is between the two hits: shown once, around the better one; a side stops at a hit
+    first, second = hits[0].seq, hits[1].seq
+    if first == 2:
+        assert sides == {2: ([1], [3]), 4: ([], [5, 6])}
+    else:
+        assert sides == {4: ([3], [5, 6]), 2: ([1], [])}
+    assert by_seq[2].before[0].text == "hello" and by_seq[2].before[0].role == "user"
+    assert by_seq[2].before[0].source_ref == f"{file_id}:1"
+    long = by_seq[4].after[1]
+    assert len(long.text) == 100 and long.text == "x" * 99 + "…"
+    assert second != first
+    assert search.search(db, data_dir, "quince", context=0)[0].before == ()
+    with pytest.raises(errors.InvalidInput, match=r"context must be 0\.\.3"):
+        search.search(db, data_dir, "quince", context=4)
+
+
+def test_speakers_are_tags_not_words_and_filter(
+    db: database.Database, data_dir: Path, file_locks: locks.FileLocks
+) -> None:
+    """A dialogue's turns start with their speaker's name: the name is a tag (the speaker=
+    filter), not a word of the turn, so a question that names a speaker ranks what is said."""
+    said = [
+        "Caroline: I finally adopted the puppy from the shelter!",
+        "Mel: No way! What is she called?",
+        "Caroline: Biscuit. She already owns the couch.",
+        "Mel: I told Caroline about my pottery class yesterday.",
+        "Caroline: Pottery sounds fun.",
+    ]
+    messages = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": text, "ts": ts(i)}
+        for i, text in enumerate(said)
+    ]
+    body = {
+        "agent_id": "hermes",
+        "session_key": "dialogue",
+        "metadata": {"speakers": ["Caroline", "Mel", 7], "speaker": "Caroline"},
+        "messages": messages,
+    }
+    file_id = journal.ingest(db, body).file_id
+    journal.flush(db, data_dir, file_id)
+    plain = session(db, data_dir, "plain", ["notes for the week"])  # no speakers declared
+
+    def refs(q: str, **filters: Any) -> list[str]:
+        found = search.search(db, data_dir, q, catalog.Filters(**filters), neighbours="none")
+        return [h.source_ref for h in found]
+
+    # "Caroline" is a word of turn 4 (and of the context of the two after it) only
+    assert refs("Caroline")[:1] == [f"{file_id}:4"]
+    assert f"{file_id}:1" not in refs("Caroline")
+    assert refs("puppy", speaker="caroline") == [f"{file_id}:1", f"{file_id}:3"]
+    assert refs("puppy", speaker="Mel") == [f"{file_id}:2"]  # by its context
+    assert refs("pottery", speaker="CAROLINE") == [f"{file_id}:5"]
+    assert refs("notes", speaker="Caroline") == []
+    assert refs("notes") == [f"{plain}:1"]
+    # the turn after a hit, in another speaker's voice, is not brought in under the filter
+    nexts = search.search(db, data_dir, "adopted", catalog.Filters(speaker="Caroline"))
+    assert [h.seq for h in nexts] == [1, 3]
+    # what reindex makes is the same; a redaction forgets a speaker's turn whole
+    before = refs("puppy couch", speaker="Caroline")
+    with db.transaction() as conn:
+        catalog.clear(conn)
+    integrity.reindex(db, file_locks, data_dir)
+    assert refs("puppy couch", speaker="Caroline") == before
+    redaction.redact(db, file_locks, data_dir, f"{file_id}:3", rewrite.Who("test", "asked"))
+    assert refs("couch") == []
+    assert refs("biscuit", speaker="Caroline") == []
+    assert integrity.fsck(db, data_dir) == []
 
 
 def test_a_bad_match_is_refused(db: database.Database, data_dir: Path) -> None:
@@ -503,7 +662,9 @@ def test_a_phrase_past_postgresqls_last_position_is_found(
         return [r.source_ref for r in search.search(db, data_dir, q, limit=10, match=match)]
 
     assert sorted(refs('"crimson walrus"')) == [f"{file_id}:2", f"{file_id}:3"]
-    assert sorted(refs('"crimson walrus"', "any")[:2]) == [f"{file_id}:2", f"{file_id}:3"]
+    # ranked, the turn after them too: the phrase is in its context terms (the turns before)
+    ranked_refs = refs('"crimson walrus"', "any")
+    assert sorted(ranked_refs) == [f"{file_id}:{s}" for s in (2, 3, 4)]
     assert refs('"walrus crimson"') == []
     assert refs('"ab crimson walrus ab"') == [f"{file_id}:3"]
     snippets = [h.snippet for h in search.search(db, data_dir, '"crimson walrus"', match="all")]
@@ -577,6 +738,59 @@ def test_text_past_the_first_100000_characters_is_searchable(
     assert integrity.fsck(db, data_dir) == []
 
 
+def test_a_long_message_keeps_its_speaker_and_context_beside_its_segments(
+    db: database.Database, data_dir: Path, file_locks: locks.FileLocks
+) -> None:
+    """A long message (in segments on PostgreSQL) is still its speaker's under speaker=, is
+    found by the turn before it through its context terms, and a redaction of that turn makes
+    its terms again, segments and all."""
+    long = "Mel: " + _two_letter_words(20_000) + " then the quartz obelisk"
+    said = ["Caroline: the garnet lantern is lit", long, "Caroline: fine"]
+    messages = [
+        {"role": "assistant" if i == 1 else "user", "content": text, "ts": ts(i)}
+        for i, text in enumerate(said)
+    ]
+    body = {
+        "agent_id": "hermes",
+        "session_key": "long-dialogue",
+        "metadata": {"speakers": ["Caroline", "Mel"]},
+        "messages": messages,
+    }
+    file_id = journal.ingest(db, body).file_id
+    journal.flush(db, data_dir, file_id)
+    first, long_ref, last = (f"{file_id}:{s}" for s in (1, 2, 3))
+
+    def refs(q: str, match: Any = "any", **filters: Any) -> list[str]:
+        f = catalog.Filters(**filters)
+        found = search.search(db, data_dir, q, f, limit=10, match=match, neighbours="none")
+        return [h.source_ref for h in found]
+
+    def parts() -> int:
+        with db.reading() as conn:
+            query = sa.text("SELECT count(*) FROM message_term_parts")
+            return int(conn.execute(query).scalar_one())
+
+    if db.postgres:
+        assert parts() > 1
+    assert refs('"quartz obelisk"', "all", speaker="Mel") == [long_ref]
+    assert refs('"quartz obelisk"', "all", speaker="Caroline") == []
+    assert refs('"quartz obelisk"', speaker="Mel") == [long_ref]
+    assert refs('"quartz obelisk"', speaker="Caroline") == [last]  # by its context
+    assert refs("mel", "all") == []  # the leading name is a tag, not a word
+    # the long message by its context: the turn before it named the lantern
+    lantern = refs('"garnet lantern"')
+    assert lantern[0] == first and sorted(lantern) == [first, long_ref, last]
+    assert refs('"garnet lantern"', speaker="Mel") == [long_ref]
+
+    redaction.redact(db, file_locks, data_dir, first, rewrite.Who("test", "asked"))
+    assert refs("garnet lantern") == []
+    assert refs('"quartz obelisk"', "all") == [long_ref]
+    assert refs('"quartz obelisk"', "all", speaker="Mel") == [long_ref]
+    if db.postgres:
+        assert parts() > 1
+    assert integrity.fsck(db, data_dir) == []
+
+
 def test_sqlite_and_postgres_rank_long_messages_alike(tmp_path: Path, postgres_url: str) -> None:
     """A long message is one message to BM25 on both: the same matches, the same scores."""
     corpus = [
@@ -625,3 +839,35 @@ def test_the_migration_to_whole_messages_indexes_every_message_again(
     found = search.search(db, data_dir, '"crimson walrus"', match="all")
     assert [h.source_ref for h in found] == [f"{file_id}:1"]
     assert integrity.fsck(db, data_dir) == []
+
+
+def test_the_migration_to_context_terms_indexes_every_message_again(
+    db: database.Database, data_dir: Path
+) -> None:
+    """A store from before context terms (schema 0014): migrating makes every message's terms
+    again, with the turns before it; without the data directory, reindex does."""
+    from alembic import command
+
+    file_id = session(db, data_dir, "ctx", ["which tea do you like?", "Oolong, always", "ok"])
+
+    def downgraded() -> None:
+        with db.engine.begin() as conn:
+            config = schema.alembic_config()
+            config.attributes["connection"] = conn
+            command.downgrade(config, "0014")
+
+    def answers() -> list[str]:
+        hits = search.search(db, data_dir, "tea", neighbours="none")
+        return [h.source_ref for h in hits]
+
+    everything = [f"{file_id}:{s}" for s in (1, 2, 3)]
+    assert answers() == everything
+    downgraded()
+    integrity.migrate(db.engine, data_dir=data_dir)
+    assert answers() == everything
+    assert integrity.fsck(db, data_dir) == []
+    downgraded()
+    database.migrate(db.engine)  # no data directory: the terms wait for reindex
+    assert answers() == []
+    integrity.reindex(db, locks.FileLocks(db, data_dir, timeout=5), data_dir)
+    assert answers() == everything

@@ -17,7 +17,17 @@ import numpy as np
 import pytest
 import sqlalchemy as sa
 
-from pipeline import catalog, database, embeddings, errors, hybrid, journal, tables, vectors
+from pipeline import (
+    catalog,
+    database,
+    dates,
+    embeddings,
+    errors,
+    hybrid,
+    journal,
+    tables,
+    vectors,
+)
 from pipeline.settings import Settings
 
 
@@ -271,7 +281,7 @@ def test_hybrid_search_finds_by_meaning_within_scope_and_says_how(
     assert how.mode == "lexical" and all("kayaking" not in r.snippet for r in lexical)
 
 
-def test_a_hybrid_search_ranks_with_every_search_setting(
+def test_a_hybrid_search_ranks_with_every_search_setting_and_passes_context_and_window(
     db: database.Database, data_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from pipeline import search
@@ -285,17 +295,25 @@ def test_a_hybrid_search_ranks_with_every_search_setting(
         search_common_matches=9,
     )
     seen: list[search.Ranking] = []
+    passed: list[tuple[int, dates.Window | None]] = []
 
-    def recorded(*args: Any, how: search.Ranking, **kwargs: Any) -> list[search.Result]:
+    def recorded(
+        *args: Any, how: search.Ranking, context: int, window: dates.Window | None, **kwargs: Any
+    ) -> list[search.Result]:
         seen.append(how)
+        passed.append((context, window))
         return []
 
     monkeypatch.setattr(search, "search", recorded)
     searcher = hybrid.Hybrid(settings, db)
     searcher.embedder = Fake(embeddings.LOCAL_MODEL)
+    window = dates.Window(dt.datetime(2026, 5, 1), dt.datetime(2026, 5, 31), "in May", "key")
     modes: tuple[hybrid.Mode | None, ...] = ("lexical", None)
     for mode in modes:
-        searcher.ranked("deploy key", catalog.Filters(), limit=5, mode=mode)
+        searcher.ranked(
+            "deploy key in May", catalog.Filters(), limit=5, mode=mode, context=2, window=window
+        )
+    assert passed == [(2, window), (2, window)]  # the turns around, the date's window
     given = dataclasses.asdict(settings.search)
     assert len(seen) == 2
     for how in seen:
@@ -404,6 +422,13 @@ def test_the_api_says_how_it_ranked_and_metrics_show_the_lag(
     # "lunch at noon" follows it, so its vector holds part of its meaning (vectors.CONTEXT)
     snippets = [h["snippet"] for h in body["hits"]]
     assert "we picked PostgreSQL as the datastore" in snippets[:2]
+    # a hybrid search's hits come with the turns around them as a lexical one's do
+    r = client.get("/v1/search", params={"q": "which database", "context": 1, "limit": 1})
+    body = r.json()
+    assert body["ranking"]["mode"] == "hybrid"
+    best = body["hits"][0]
+    around = [t["seq"] for t in best["before"] + best["after"]]
+    assert around == [s for s in (best["seq"] - 1, best["seq"] + 1) if 1 <= s <= 2]
     r = client.get("/v1/search", params={"q": "which database", "mode": "lexical"})
     assert r.json()["ranking"]["mode"] == "lexical"
     r = client.get("/v1/search", params={"q": "which database", "mode": "fuzzy"})

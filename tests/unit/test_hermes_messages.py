@@ -105,3 +105,29 @@ def test_the_answer_ends_the_turn_and_a_transcript_without_users_has_none(
     # no text match: the last turn as it is
     assert plugin.current_turn(TRANSCRIPT, "?", when=WHEN)[0] == 2
     assert plugin.current_turn([{"role": "assistant", "content": "x"}], "x", when=WHEN) is None
+
+
+def test_branch_names_what_a_rewind_took_back() -> None:
+    """The places a rewind marker names, counted back from it over what was stored: the live
+    turns from the rewind's turn number on; earlier markers and turns already taken back are
+    counted as places but not named again."""
+
+    def said(question: str, parts: int) -> list[dict[str, Any]]:
+        return [{"role": "user", "content": question}] + [
+            {"role": "assistant", "content": f"{question} {n}"} for n in range(parts - 1)
+        ]
+
+    branch = chat.Branch()
+    branch.add(1, said("one", 2))
+    branch.add(2, said("two", 3))
+    branch.add(3, said("three", 2))
+    assert branch.rewound(4) == []  # nothing stored from turn 4 on: no marker
+    assert branch.rewound(3) == [1, 2]
+    branch.rewind(3)  # its marker stored; "three" taken back
+    branch.add(3, said("three again", 2))
+    # back to turn 2: "three again" (1-2), the marker (3), "three" already back (4-5), "two" (6-8)
+    assert branch.rewound(2) == [1, 2, 6, 7, 8]
+    branch.rewind(2)
+    branch.add(2, said("two again", 2))
+    assert branch.rewound(2) == [1, 2]
+    assert branch.rewound(1) == [1, 2, 12, 13]  # "two again", and "one" past all the rest

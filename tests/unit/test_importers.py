@@ -801,7 +801,13 @@ def test_hermes_inactive_rows(tmp_path: Path) -> None:
         " ('s1', 'user', 'Summary of earlier turns', ?), ('s1', 'assistant', 'ok', ?)",
         (T0 + 10, T0 + 11),
     )
-    conn.execute("UPDATE messages SET active = 0 WHERE session_id = 's2' AND id >= 8")
+    # s2's unanswered question was taken back by /undo, and another turn followed
+    conn.execute("UPDATE messages SET active = 0 WHERE session_id = 's2' AND id >= 9")
+    conn.execute(
+        "INSERT INTO messages (session_id, role, content, timestamp) VALUES"
+        " ('s2', 'user', 'again', ?), ('s2', 'assistant', 'yes', ?)",
+        (T0 + 110, T0 + 111),
+    )
     conn.commit()
     conn.close()
     server = FakeServer()
@@ -814,6 +820,74 @@ def test_hermes_inactive_rows(tmp_path: Path) -> None:
         ("assistant", "One file."),
     ]
     assert server.metadata["s1#compacted"]["compacted_from"] == "s1"
-    assert "s2" not in server.files  # what is left of it is an unanswered question
-    assert report.skipped == 3  # the two rewound rows and that question
+    # the question taken back was never answered (the provider never had it): left out, and
+    # nothing stored was taken back, so there is no rewind marker
+    assert server.contents("s2") == [
+        ("user", "hello"),
+        ("assistant", "hi"),
+        ("user", "again"),
+        ("assistant", "yes"),
+    ]
+    assert [k.rsplit(":", 1)[0] for _, k in server.bodies if k.startswith("hermes:s2:")] == [
+        "hermes:s2:1",
+        "hermes:s2:2",
+    ]
+    assert report.skipped == 1  # that question
     assert len(report.errors) == 1  # the broken row, live in s1
+
+
+def test_hermes_rewound_turns_into_a_store_of_an_earlier_version(tmp_path: Path) -> None:
+    """An earlier version imported only the live turns: importing again adds the rewound turn
+    (it was said) but no rewind marker after the turn it belongs before (that turn is stored
+    already, so the marker, its legacy_key that turn's key, would land out of place); a fresh
+    store gets the marker in its place."""
+    path = hermes_db(tmp_path / "state.db", with_flags=True)
+    conn = sqlite3.connect(path)
+    conn.execute("DELETE FROM messages WHERE session_id = 's2' AND id = 9")  # 'waiting'
+    conn.execute(
+        "INSERT INTO messages (session_id, role, content, timestamp, active) VALUES"
+        " ('s2', 'user', 'undone', ?, 0), ('s2', 'assistant', 'taken back', ?, 0),"
+        " ('s2', 'user', 'again', ?, 1), ('s2', 'assistant', 'yes', ?, 1)",
+        (T0 + 104, T0 + 105, T0 + 110, T0 + 111),
+    )
+    conn.commit()
+    conn.close()
+    fresh = FakeServer()
+    run("hermes", path, fresh)
+    marker = convention.rewound([1, 2], None)["content"]
+    assert fresh.contents("s2") == [
+        ("user", "hello"),
+        ("assistant", "hi"),
+        ("user", "undone"),
+        ("assistant", "taken back"),
+        ("system", marker),
+        ("user", "again"),
+        ("assistant", "yes"),
+    ]
+
+    earlier = tmp_path / "earlier" / "state.db"  # what the earlier version read: live rows
+    earlier.parent.mkdir()
+    earlier.write_bytes(path.read_bytes())
+    conn = sqlite3.connect(earlier)
+    conn.execute("DELETE FROM messages WHERE active = 0")
+    conn.commit()
+    conn.close()
+    store = FakeServer()
+    run("hermes", earlier, store)
+    assert store.contents("s2") == [
+        ("user", "hello"),
+        ("assistant", "hi"),
+        ("user", "again"),
+        ("assistant", "yes"),
+    ]
+    again = run("hermes", path, store)
+    assert store.contents("s2") == [
+        ("user", "hello"),
+        ("assistant", "hi"),
+        ("user", "again"),
+        ("assistant", "yes"),
+        ("user", "undone"),
+        ("assistant", "taken back"),
+    ]
+    assert again.messages == 2
+    assert run("hermes", path, store).messages == 0

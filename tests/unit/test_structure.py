@@ -56,7 +56,8 @@ def test_the_core_modules_depend_only_on_what_they_should() -> None:
         "pipeline.vocabulary": set(),
         "pipeline.tables": {"pipeline.vocabulary"},
         "pipeline.refs": {"pipeline.errors"},
-        "pipeline.settings": {"pipeline.errors"},
+        "pipeline.settings": {"pipeline.errors", "pipeline.remote"},
+        "pipeline.remote": set(),  # SGME_URL, SGME_TOKEN, SGME_AGENT_ID: standard library only
         "pipeline.document": {"pipeline.errors", "pipeline.refs", "pipeline.vocabulary"},
         "pipeline.store": {"pipeline.errors", "pipeline.forks"},
         "pipeline.validation": {

@@ -30,6 +30,11 @@ What it does:
 - No writes for ``agent_context`` ``cron``, ``flush`` or ``subagent`` (as Hermes' own
   providers do). ``on_session_switch`` starts a new session_key; the spool keeps what was
   queued for the old one.
+- A rewind (``/undo``: ``on_session_switch(rewound=True)``, which does not say how far back)
+  leaves what was stored in L0; the next turn's number says how far back it went, and a rewind
+  marker naming the messages of the turns this process stored from that number on (since the
+  last compaction) is appended before that turn — the marker ``sgme import hermes`` writes
+  there.
 - Recall: before each turn ``prefetch`` searches this agent's messages in SGME for the
   user's message, ranked (one ``GET /v1/search``, at most :data:`PREFETCH_TIMEOUT` seconds)
   and returns the best few hits, each with its ``source_ref``, leaving out the current
@@ -134,6 +139,9 @@ class SgmeMemoryProvider(MemoryProvider):  # type: ignore[misc]  # Hermes' class
         self._reader: recall.Reader | None = None
         self._sent: OrderedDict[str, None] = OrderedDict()
         self._turns = 0
+        # session -> its turns as stored by this process (to mark a rewind), latest last
+        self._branches: OrderedDict[str, chat.Branch] = OrderedDict()
+        self._rewound: set[str] = set()  # sessions Hermes rewound since their last turn
         # session -> when each of its latest turns began (recall leaves those out)
         self._recent: OrderedDict[str, deque[dt.datetime]] = OrderedDict()
         # what queue_prefetch found for the next turn: (session, hits)
@@ -306,16 +314,45 @@ class SgmeMemoryProvider(MemoryProvider):  # type: ignore[misc]  # Hermes' class
         key, bodies = turns.bodies(
             session, number, turn, agent_id=self._config["agent_id"], metadata=self._metadata
         )
-        if key in self._sent:
-            return  # the same turn again: it is already on its way
-        self._remember_turn(session, turn)
-        if self._sender.put(bodies):
-            # only a turn that is spooled or held is on its way; one that is not stays
-            # unsent, so a later sync of it is tried again
-            self._sent[key] = None
-            while len(self._sent) > REMEMBERED_KEYS:
-                self._sent.popitem(last=False)
+        branch = self._branch(session)
+        new = key not in self._sent  # else the same turn again: it is already on its way
+        places = branch.rewound(number) if session in self._rewound else []
+        out = bodies if new else []
+        if places:
+            marker = turns.rewind_body(
+                session,
+                number,
+                turn,
+                places,
+                agent_id=self._config["agent_id"],
+                metadata=self._metadata,
+                when=completed,
+            )
+            out = [marker, *out]
+        if not out:
+            return
+        if new:
+            self._remember_turn(session, turn)
+        if self._sender.put(out):
+            # only what is spooled or held is on its way; what is not stays unsent, so a
+            # later sync of the turn tries it (and the rewind marker) again
+            self._rewound.discard(session)
+            if places:
+                branch.rewind(number)
+            if new:
+                branch.add(number, turn)
+                self._sent[key] = None
+                while len(self._sent) > REMEMBERED_KEYS:
+                    self._sent.popitem(last=False)
         self._sender.kick()
+
+    def _branch(self, session: str) -> chat.Branch:
+        """The turns this process stored for ``session`` (the latest sessions only)."""
+        branch = self._branches.pop(session, None) or chat.Branch()
+        self._branches[session] = branch
+        while len(self._branches) > RECENT_SESSIONS:
+            self._branches.popitem(last=False)
+        return branch
 
     def on_session_end(self, messages: list[dict[str, Any]]) -> None:
         if self._sender is not None:
@@ -331,6 +368,13 @@ class SgmeMemoryProvider(MemoryProvider):  # type: ignore[misc]  # Hermes' class
         **kwargs: Any,
     ) -> None:
         # Spooled turns carry their own session_key: switching drops nothing queued.
+        if rewound and new_session_id:
+            # /undo: the next turn says how far back (its number); a marker goes before it
+            self._rewound.add(new_session_id)
+        if kwargs.get("reason") == "compression" and new_session_id:
+            # compacted (in place, the same id): the live turns are numbered anew, and a rewind
+            # can no longer take back what was stored before
+            self._branches.pop(new_session_id, None)
         if new_session_id and new_session_id != self._session_id:
             self._session_id = new_session_id
             self._turns = 0

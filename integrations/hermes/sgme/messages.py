@@ -71,3 +71,33 @@ def bodies(
             body["metadata"] = dict(metadata)
         out.append(body)
     return key, out
+
+
+def rewind_body(
+    session: str,
+    number: int,
+    turn: Sequence[Message],
+    places: Sequence[int],
+    *,
+    agent_id: str,
+    metadata: Mapping[str, Any],
+    when: str | None,
+) -> dict[str, Any]:
+    """The append body of the rewind marker before turn ``number`` (:func:`convention.rewound`
+    naming ``places``), keyed as ``sgme import hermes`` keys it, with the turn's key as its
+    ``legacy_key`` (:func:`chat.first_key`)."""
+    marker = convention.rewound(places, when)
+    position = chat.rewind_position(number, turn)
+    body: dict[str, Any] = {
+        "agent_id": agent_id,
+        "session_key": session,
+        "source_type": "session",
+        "idempotency_key": convention.key(
+            convention.HERMES, session, position, [marker], times=False
+        ),
+        "messages": [marker],
+        "legacy_key": chat.first_key(session, number, turn),
+    }
+    if metadata:
+        body["metadata"] = dict(metadata)
+    return body
