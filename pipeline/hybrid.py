@@ -155,10 +155,9 @@ class Hybrid:
     ) -> tuple[list[search.Result], HowRanked]:
         """A search (docs/search.md; ``context`` and ``window`` as :func:`search.search`
         takes them), with how it was ranked. ``mode`` None: hybrid when an embedder is
-        configured; a hybrid search without one is refused (422)."""
+        configured; a hybrid search without one ranks lexically and says why (a client cannot
+        know the server's settings, and a search never fails for want of vectors)."""
         embedder = self.embedder
-        if mode == "hybrid" and embedder is None:
-            raise errors.InvalidInput("mode=hybrid needs an embedder (setting search_embedder)")
         # every search_* setting the ranking knows of (search_embedder is this module's)
         known = {f.name for f in dataclasses.fields(search.Ranking)}
         given = dataclasses.asdict(self.settings.search)
@@ -177,7 +176,9 @@ class Hybrid:
                 window=window,
             )
             model = None if embedder is None else embedder.model
-            return found, HowRanked("lexical", model=model)
+            unmet = mode == "hybrid" and embedder is None
+            why = "no embedder is configured (setting search_embedder)" if unmet else None
+            return found, HowRanked("lexical", model=model, fallback=why)
         assert embedder is not None
         with self.db.reading() as conn:
             behind = vectors.lag(conn, embedder.model, agents=filters.agents)

@@ -95,8 +95,9 @@ def search_messages(
     mode: Annotated[
         hybrid.Mode | None,
         Query(
-            description="lexical: words only; hybrid: words and meaning fused (needs "
-            "search_embedder); default: hybrid when an embedder is set (docs/search.md)"
+            description="lexical: words only; hybrid: words and meaning fused (without "
+            "search_embedder set: words only, and ranking.fallback says so); default: hybrid "
+            "when an embedder is set (docs/search.md)"
         ),
     ] = None,
 ) -> dict[str, Any]:
