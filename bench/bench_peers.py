@@ -28,8 +28,17 @@ Growth: the library's one-stream ``journal.ingest`` + ``journal.flush`` rate in 
 already holds 10,000 messages against one that holds 10 (target: within 10%): the cost of an
 append must not grow with its file.
 
+``--embedder local`` (or ``openai``, with the ``SGME_EMBED_*`` settings of the environment):
+instead of the tables above, ``ack`` and ``flushed`` with that ``search_embedder`` against
+``none``, in the same rounds (issue 44's target: within 5%). Each such case first stores a
+backlog of ``--messages`` flushed messages without vectors, and with the embedder its rounds
+run on a thread of the case's process every ``embed_interval`` seconds while it runs, as
+``sgme serve``'s beat and worker run ``sgme.embed`` (the model loaded before the clock
+starts, as a running server has it): appends measured while the embedder is busy. ``none``
+gets the same backlog and no rounds.
+
     .venv/bin/python bench/bench_peers.py [--messages 2000] [--rounds 3] [--baseline DIR]
-                                          [--growth] [--stages]
+                                          [--growth] [--stages] [--embedder local]
 """
 
 from __future__ import annotations
@@ -54,6 +63,8 @@ HERMES_PYTHON = ROOT / ".venv-hermes" / "bin" / "python"
 THREADS = 16
 SIZE = 500
 FLUSH_THREADS = 4  #: ``sgme serve --concurrency``'s default
+#: the case's ``search_embedder`` (``--embedder``; None: the settings' default, no backlog)
+EMBEDDER: str | None = None
 
 
 def _text(size: int) -> str:
@@ -109,6 +120,9 @@ def _runtime() -> Iterator[Any]:
 
     with tempfile.TemporaryDirectory(prefix="sgme-peer-") as tmp:
         environ = {k: v for k, v in os.environ.items() if k.startswith("SGME_BACKLOG_")}
+        if EMBEDDER is not None:  # --embedder: as `sgme serve` runs with it
+            environ |= {k: v for k, v in os.environ.items() if k.startswith("SGME_EMBED_")}
+            environ["SGME_SEARCH_EMBEDDER"] = EMBEDDER
         conf = settings.Settings.load(environ=environ, data_dir=str(Path(tmp) / "data"))
         rt = runtime.Runtime.open(conf, migrate=True)
         try:
@@ -132,27 +146,70 @@ def _appender(service: Any, size: int, *, wait: bool) -> Callable[[str], None]:
     return append
 
 
+@contextlib.contextmanager
+def _embedding(service: Any, messages: int, size: int) -> Iterator[dict[str, float]]:
+    """With ``--embedder``: a backlog of ``messages`` flushed messages, then (unless the
+    embedder is ``none``) embedding rounds on a thread every ``embed_interval`` seconds until
+    the block ends, as ``sgme serve``'s beat and worker run them; the messages they embedded
+    are in the yielded dict once it ends (``embedded``). Without ``--embedder``: nothing."""
+    from pipeline import validation
+
+    done: dict[str, float] = {}
+    if EMBEDDER is None:
+        yield done
+        return
+    limits = service.settings.limits
+    batch = [{"role": "user", "content": _text(size)}] * 100
+    for _ in range(max(messages // 100, 1)):
+        body = {"agent_id": "peer", "session_key": "backlog", "messages": batch}
+        service.append(validation.parse_append(body, limits), wait=True)
+    embedder = service.hybrid.embedder
+    if embedder is None:
+        yield done
+        return
+    embedder.query("warm")  # the model loaded, as a running server has it
+    stop, count = threading.Event(), [0]
+    interval = service.settings.embed.interval
+
+    def rounds() -> None:
+        while not stop.is_set():
+            began = time.monotonic()
+            count[0] += service.hybrid.embed_round()
+            stop.wait(max(0.0, interval - (time.monotonic() - began)))
+
+    runner = threading.Thread(target=rounds, name="embed-rounds")
+    runner.start()
+    try:
+        yield done
+    finally:
+        stop.set()
+        runner.join()
+        done["embedded"] = count[0]
+
+
 def flushed(messages: int, threads: int, size: int) -> dict[str, float]:
     """``wait=flushed``: ``Service.append(wait=True)``, each message, one stream and
     ``threads`` (the flush on the caller's thread, combined with the other callers' where the
     code combines them)."""
     with _runtime() as rt:
-        append = _appender(rt.service(None), size, wait=True)
-        append("warm")
-        started, cpu = time.perf_counter(), time.process_time()
-        for _ in range(messages):
-            append("one")
-        rates = {
-            "flushed one stream": messages / (time.perf_counter() - started),
-            "cpu flushed one stream": (time.process_time() - cpu) / messages * 1e6,
-        }
-        per = messages // threads
-        cpu = time.process_time()
-        rates[f"flushed {threads} sessions"] = per * threads / _streams(threads, per, append)
-        rates[f"cpu flushed {threads} sessions"] = (
-            (time.process_time() - cpu) / (per * threads) * 1e6
-        )
-    return rates
+        service = rt.service(None)
+        with _embedding(service, messages, size) as embedding:
+            append = _appender(service, size, wait=True)
+            append("warm")
+            started, cpu = time.perf_counter(), time.process_time()
+            for _ in range(messages):
+                append("one")
+            rates = {
+                "flushed one stream": messages / (time.perf_counter() - started),
+                "cpu flushed one stream": (time.process_time() - cpu) / messages * 1e6,
+            }
+            per = messages // threads
+            cpu = time.process_time()
+            rates[f"flushed {threads} sessions"] = per * threads / _streams(threads, per, append)
+            rates[f"cpu flushed {threads} sessions"] = (
+                (time.process_time() - cpu) / (per * threads) * 1e6
+            )
+    return rates | embedding
 
 
 class _NoJobs:
@@ -170,8 +227,8 @@ def acknowledged(messages: int, threads: int, size: int) -> dict[str, float]:
     except ModuleNotFoundError:
         made = importlib.import_module("pipeline.flush_threads").FlushThreads
 
-    rates = {}
-    with _runtime() as rt:
+    rates: dict[str, float] = {}
+    with _runtime() as rt, contextlib.ExitStack() as stack:
         options = {}
         if hasattr(rt.settings.backlog, "flush_linger"):  # as workers/app.py builds it
             options["linger"] = rt.settings.backlog.flush_linger
@@ -181,6 +238,7 @@ def acknowledged(messages: int, threads: int, size: int) -> dict[str, float]:
         flush_round = getattr(service, "flush_round", None)
         queue.start(service.flush, *([flush_round] if flush_round else []))
         append = _appender(service, size, wait=False)
+        embedding = stack.enter_context(_embedding(service, messages, size))
 
         def written() -> None:
             while True:
@@ -208,8 +266,9 @@ def acknowledged(messages: int, threads: int, size: int) -> dict[str, float]:
                 (time.process_time() - cpu) / (per * threads) * 1e6
             )
         finally:
+            stack.close()  # the embedding rounds end before the queue closes
             queue.close()
-    return rates
+    return rates | embedding
 
 
 def limit(messages: int, threads: int, size: int) -> dict[str, float]:
@@ -336,14 +395,61 @@ CASES: dict[str, Callable[[int, int, int], dict[str, float]]] = {
 }
 
 
-def _run(python: Path, code: Path, case: str, messages: int) -> dict[str, float]:
-    """One case in a fresh process of ``python``, importing the package from ``code``."""
+def _run(
+    python: Path, code: Path, case: str, messages: int, embedder: str | None = None
+) -> dict[str, float]:
+    """One case in a fresh process of ``python``, importing the package from ``code`` (with
+    ``search_embedder`` ``embedder`` and its backlog, when given)."""
     if case == "hermes":
         argv = [str(python), str(ROOT / "bench" / "peers" / "hermes_sessiondb.py")]
         argv += ["--threads", str(THREADS), "--size", str(SIZE)]
     else:
         argv = [str(python), __file__, "--case", case, "--code", str(code)]
+        argv += ["--embedder", embedder] if embedder else []
     return subrun.case([*argv, "--messages", str(messages)], f"{case} on {code}")
+
+
+def _with_embedder(embedder: str, messages: int, rounds: int) -> None:
+    """``ack`` and ``flushed`` with ``search_embedder`` ``embedder`` against ``none``, in the
+    same rounds; best of each, and the messages the rounds embedded while each case ran."""
+    best: dict[str, dict[str, float]] = {}
+    for _ in range(rounds):
+        for case in ("ack", "flushed"):
+            for name in ("none", embedder):
+                mine = best.setdefault(name, {})
+                for key, value in _run(Path(sys.executable), ROOT, case, messages, name).items():
+                    if key == "embedded":  # the rounds' work: the least seen
+                        mine[f"{case} {key}"] = min(mine.get(f"{case} {key}", value), value)
+                    elif key.startswith("cpu "):
+                        mine[key] = min(mine.get(key, float("inf")), value)
+                    else:
+                        mine[key] = max(mine.get(key, 0.0), value)
+    none, used = best["none"], best[embedder]
+    print(
+        f"{messages} messages of {SIZE} bytes per case, over a backlog of {messages} "
+        f"un-embedded messages, best of {rounds} rounds"
+    )
+    print(f"\n| case | `none` msg/s | `{embedder}` msg/s | ratio | target |")
+    print("|---|---|---|---|---|")
+    for case in (
+        "ack one stream",
+        f"ack {THREADS} sessions",
+        "flushed one stream",
+        f"flushed {THREADS} sessions",
+    ):
+        ratio = used[case] / none[case]
+        verdict = "met" if ratio >= 0.95 else "**missed**"
+        print(
+            f"| {case} | {none[case]:,.0f} | {used[case]:,.0f} | {ratio:.2f}x | {verdict} 0.95x |"
+        )
+    print(f"\n| process CPU µs a message (the rounds' included) | `none` | `{embedder}` | ratio |")
+    print("|---|---|---|---|")
+    for case in ("ack one stream", f"ack {THREADS} sessions", "flushed one stream"):
+        a, b = none[f"cpu {case}"], used[f"cpu {case}"]
+        print(f"| {case} | {a:.0f} | {b:.0f} | {b / a:.2f}x |")
+    for case in ("ack", "flushed"):
+        got = used.get(f"{case} embedded", 0)
+        print(f"\n{case}: the rounds embedded at least {got:.0f} messages while a case ran")
 
 
 def main() -> int:
@@ -355,10 +461,17 @@ def main() -> int:
     parser.add_argument(
         "--stages", action="store_true", help="also where a waited append's time goes"
     )
+    parser.add_argument(
+        "--embedder",
+        choices=("local", "openai", "none"),
+        help="instead: ack and flushed with this search_embedder against none",
+    )
     parser.add_argument("--case", choices=[*CASES, "growth", "stages"], help=argparse.SUPPRESS)
     parser.add_argument("--code", type=Path, default=ROOT, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.case:  # one case, in this process, on the code in args.code
+        global EMBEDDER
+        EMBEDDER = args.embedder
         sys.path.insert(0, str(args.code))
         if args.case == "growth":
             print(json.dumps(growth(args.messages, SIZE)))
@@ -366,6 +479,9 @@ def main() -> int:
             print(json.dumps(stages(args.messages, THREADS, SIZE)))
         else:
             print(json.dumps(CASES[args.case](args.messages, THREADS, SIZE)))
+        return 0
+    if args.embedder:
+        _with_embedder(args.embedder, args.messages, args.rounds)
         return 0
     if not HERMES_PYTHON.exists():
         raise SystemExit("run `make hermes-env` first: Hermes runs in its own virtualenv")
