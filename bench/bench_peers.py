@@ -65,6 +65,9 @@ SIZE = 500
 FLUSH_THREADS = 4  #: ``sgme serve --concurrency``'s default
 #: the case's ``search_embedder`` (``--embedder``; None: the settings' default, no backlog)
 EMBEDDER: str | None = None
+#: where the embedding rounds run (``--embed-in``): a thread of the appending process (as
+#: ``sgme serve`` runs them) or a process of their own (``sgme worker --queues embed``)
+EMBED_IN = "thread"
 
 
 def _text(size: int) -> str:
@@ -113,9 +116,10 @@ def _streams(threads: int, per: int, append: Callable[[str], Any]) -> float:
 
 
 @contextlib.contextmanager
-def _runtime() -> Iterator[Any]:
+def _runtime(data_dir: Path | None = None) -> Iterator[Any]:
     """A new embedded store's :class:`pipeline.runtime.Runtime` (the ``SGME_BACKLOG_*``
-    settings of the environment), closed afterwards."""
+    settings of the environment, and ``--embedder``'s), closed afterwards; ``data_dir``: that
+    store's instead of a new one."""
     from pipeline import runtime, settings
 
     with tempfile.TemporaryDirectory(prefix="sgme-peer-") as tmp:
@@ -123,8 +127,9 @@ def _runtime() -> Iterator[Any]:
         if EMBEDDER is not None:  # --embedder: as `sgme serve` runs with it
             environ |= {k: v for k, v in os.environ.items() if k.startswith("SGME_EMBED_")}
             environ["SGME_SEARCH_EMBEDDER"] = EMBEDDER
-        conf = settings.Settings.load(environ=environ, data_dir=str(Path(tmp) / "data"))
-        rt = runtime.Runtime.open(conf, migrate=True)
+        where = data_dir or Path(tmp) / "data"
+        conf = settings.Settings.load(environ=environ, data_dir=str(where))
+        rt = runtime.Runtime.open(conf, migrate=data_dir is None)
         try:
             yield rt
         finally:
@@ -167,6 +172,10 @@ def _embedding(service: Any, messages: int, size: int) -> Iterator[dict[str, flo
     if embedder is None:
         yield done
         return
+    if EMBED_IN == "process":
+        with _rounds_process(service.settings.data_dir) as done:
+            yield done
+        return
     embedder.query("warm")  # the model loaded, as a running server has it
     stop, count = threading.Event(), [0]
     interval = service.settings.embed.interval
@@ -185,6 +194,50 @@ def _embedding(service: Any, messages: int, size: int) -> Iterator[dict[str, flo
         stop.set()
         runner.join()
         done["embedded"] = count[0]
+
+
+@contextlib.contextmanager
+def _rounds_process(data_dir: Path) -> Iterator[dict[str, float]]:
+    """The embedding rounds in a process of their own over the store in ``data_dir`` (as
+    ``sgme worker --queues embed`` runs them), started and its model loaded before the block
+    runs, stopped after it; ``embedded``: the messages it embedded meanwhile."""
+    import subprocess
+
+    argv = [sys.executable, __file__, "--case", "rounds", "--code", sys.path[0]]
+    argv += ["--embedder", str(EMBEDDER), "--data-dir", str(data_dir)]
+    child = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert child.stdin is not None and child.stdout is not None
+    done: dict[str, float] = {}
+    try:
+        assert child.stdout.readline().strip() == "ready", "the rounds' process did not start"
+        yield done
+    finally:
+        child.stdin.close()  # the rounds end with the one running
+        out = child.stdout.read()
+        child.wait(timeout=300)
+        done["embedded"] = float(json.loads(out)["embedded"]) if out.strip() else 0.0
+
+
+def rounds(data_dir: Path) -> dict[str, float]:
+    """The ``rounds`` case: embedding rounds every ``embed_interval`` seconds over the store
+    in ``data_dir`` until stdin closes; says ``ready`` once its model is loaded."""
+    with _runtime(data_dir) as rt:
+        service = rt.service(None)
+        service.hybrid.embedder.query("warm")
+        stop, count = threading.Event(), 0
+
+        def closed() -> None:
+            sys.stdin.read()
+            stop.set()
+
+        threading.Thread(target=closed, daemon=True).start()
+        print("ready", flush=True)
+        interval = service.settings.embed.interval
+        while not stop.is_set():
+            began = time.monotonic()
+            count += service.hybrid.embed_round()
+            stop.wait(max(0.0, interval - (time.monotonic() - began)))
+    return {"embedded": count}
 
 
 def flushed(messages: int, threads: int, size: int) -> dict[str, float]:
@@ -396,7 +449,12 @@ CASES: dict[str, Callable[[int, int, int], dict[str, float]]] = {
 
 
 def _run(
-    python: Path, code: Path, case: str, messages: int, embedder: str | None = None
+    python: Path,
+    code: Path,
+    case: str,
+    messages: int,
+    embedder: str | None = None,
+    embed_in: str = "thread",
 ) -> dict[str, float]:
     """One case in a fresh process of ``python``, importing the package from ``code`` (with
     ``search_embedder`` ``embedder`` and its backlog, when given)."""
@@ -405,11 +463,11 @@ def _run(
         argv += ["--threads", str(THREADS), "--size", str(SIZE)]
     else:
         argv = [str(python), __file__, "--case", case, "--code", str(code)]
-        argv += ["--embedder", embedder] if embedder else []
+        argv += ["--embedder", embedder, "--embed-in", embed_in] if embedder else []
     return subrun.case([*argv, "--messages", str(messages)], f"{case} on {code}")
 
 
-def _with_embedder(embedder: str, messages: int, rounds: int) -> None:
+def _with_embedder(embedder: str, messages: int, rounds: int, embed_in: str) -> None:
     """``ack`` and ``flushed`` with ``search_embedder`` ``embedder`` against ``none``, in the
     same rounds; best of each, and the messages the rounds embedded while each case ran."""
     best: dict[str, dict[str, float]] = {}
@@ -417,7 +475,8 @@ def _with_embedder(embedder: str, messages: int, rounds: int) -> None:
         for case in ("ack", "flushed"):
             for name in ("none", embedder):
                 mine = best.setdefault(name, {})
-                for key, value in _run(Path(sys.executable), ROOT, case, messages, name).items():
+                ran = _run(Path(sys.executable), ROOT, case, messages, name, embed_in)
+                for key, value in ran.items():
                     if key == "embedded":  # the rounds' work: the least seen
                         mine[f"{case} {key}"] = min(mine.get(f"{case} {key}", value), value)
                     elif key.startswith("cpu "):
@@ -427,7 +486,8 @@ def _with_embedder(embedder: str, messages: int, rounds: int) -> None:
     none, used = best["none"], best[embedder]
     print(
         f"{messages} messages of {SIZE} bytes per case, over a backlog of {messages} "
-        f"un-embedded messages, best of {rounds} rounds"
+        f"un-embedded messages, best of {rounds} rounds; the embedding rounds in a "
+        + ("thread of the appending process" if embed_in == "thread" else "process of their own")
     )
     print(f"\n| case | `none` msg/s | `{embedder}` msg/s | ratio | target |")
     print("|---|---|---|---|---|")
@@ -442,7 +502,8 @@ def _with_embedder(embedder: str, messages: int, rounds: int) -> None:
         print(
             f"| {case} | {none[case]:,.0f} | {used[case]:,.0f} | {ratio:.2f}x | {verdict} 0.95x |"
         )
-    print(f"\n| process CPU µs a message (the rounds' included) | `none` | `{embedder}` | ratio |")
+    rounds_cpu = "the rounds' included" if embed_in == "thread" else "the rounds' not included"
+    print(f"\n| process CPU µs a message ({rounds_cpu}) | `none` | `{embedder}` | ratio |")
     print("|---|---|---|---|")
     for case in ("ack one stream", f"ack {THREADS} sessions", "flushed one stream"):
         a, b = none[f"cpu {case}"], used[f"cpu {case}"]
@@ -466,14 +527,26 @@ def main() -> int:
         choices=("local", "openai", "none"),
         help="instead: ack and flushed with this search_embedder against none",
     )
-    parser.add_argument("--case", choices=[*CASES, "growth", "stages"], help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--embed-in",
+        choices=("thread", "process"),
+        default="thread",
+        help="with --embedder: the embedding rounds on a thread of the appending process "
+        "(sgme serve) or in a process of their own (sgme worker --queues embed)",
+    )
+    parser.add_argument(
+        "--case", choices=[*CASES, "growth", "stages", "rounds"], help=argparse.SUPPRESS
+    )
+    parser.add_argument("--data-dir", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--code", type=Path, default=ROOT, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.case:  # one case, in this process, on the code in args.code
-        global EMBEDDER
-        EMBEDDER = args.embedder
+        global EMBEDDER, EMBED_IN
+        EMBEDDER, EMBED_IN = args.embedder, args.embed_in
         sys.path.insert(0, str(args.code))
-        if args.case == "growth":
+        if args.case == "rounds":
+            print(json.dumps(rounds(args.data_dir)))
+        elif args.case == "growth":
             print(json.dumps(growth(args.messages, SIZE)))
         elif args.case == "stages":
             print(json.dumps(stages(args.messages, THREADS, SIZE)))
@@ -481,7 +554,7 @@ def main() -> int:
             print(json.dumps(CASES[args.case](args.messages, THREADS, SIZE)))
         return 0
     if args.embedder:
-        _with_embedder(args.embedder, args.messages, args.rounds)
+        _with_embedder(args.embedder, args.messages, args.rounds, args.embed_in)
         return 0
     if not HERMES_PYTHON.exists():
         raise SystemExit("run `make hermes-env` first: Hermes runs in its own virtualenv")
