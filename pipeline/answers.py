@@ -266,7 +266,7 @@ class Window(Model):
 class HowRanked(Model):
     """How a search was ranked (docs/search.md, semantic search)."""
 
-    mode: Literal["lexical", "hybrid"]  #: what ranked the hits
+    mode: vocabulary.SearchMode  #: what ranked the hits
     model: str | None = None  #: the embedder's model, when one is set
     #: flushed messages of the caller's agents without a vector of ``model`` yet (they rank
     #: by their words only)

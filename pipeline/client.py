@@ -49,7 +49,7 @@ from urllib.parse import quote
 import httpx
 import pydantic
 
-from pipeline import answers, document, errors, exchange
+from pipeline import answers, document, errors, exchange, vocabulary
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -403,6 +403,7 @@ def _search(
     context: int = 0,
     ref_time: dt.datetime | str | None = None,
     speaker: str | None = None,
+    mode: vocabulary.SearchMode | None = None,
 ) -> exchange.Call[answers.Hits]:
     """The messages that best match ``query`` (sent as ``q``: a question, words and
     ``"quoted phrases"``; any language), best first, each with its ``source_ref`` and a
@@ -411,7 +412,10 @@ def _search(
     datetimes (naive ones are UTC) or RFC 3339 text. Only the token's agents are searched.
     ``context`` (0-3): each hit comes with that many turns before and after it. A date the
     question names is resolved against ``ref_time`` (default: now): the answer's ``window``.
-    ``speaker``: only what that speaker said (docs/search.md, "Speakers")."""
+    ``speaker``: only what that speaker said (docs/search.md, "Speakers"). ``mode``:
+    ``"lexical"`` ranks by words only, ``"hybrid"`` fuses words with meaning (the server
+    needs ``search_embedder``); default: hybrid when the server has an embedder. The answer's
+    ``ranking`` says how it was ranked (docs/search.md, "Semantic search")."""
     params = _query(
         q=query,
         match=match,
@@ -425,6 +429,7 @@ def _search(
         context=context or None,
         ref_time=_time(ref_time),
         speaker=speaker,
+        mode=mode,
     )
     return exchange.Call("GET", "/v1/search", exchange.model_reader(answers.Hits), params)
 

@@ -23,7 +23,7 @@ import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Collection
-from typing import Any, Literal
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -37,12 +37,13 @@ from pipeline import (
     search,
     terms,
     vectors,
+    vocabulary,
 )
 from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
 
-Mode = Literal["lexical", "hybrid"]
+Mode = vocabulary.SearchMode
 #: the rank offset of reciprocal rank fusion, and the vector ranking's weight against the
 #: lexical one's 1: chosen on bench/bench_embed.py (docs/benchmarks.md), where they beat the
 #: usual k=60 with equal weights on every class of question

@@ -34,5 +34,10 @@ ROLES: tuple[Role, ...] = get_args(Role)
 SourceType = Literal["session", "upload", "external"]
 SOURCE_TYPES: tuple[SourceType, ...] = get_args(SourceType)
 
+#: how a search ranks (docs/search.md, "Semantic search"): by words only, or by words and
+#: meaning fused
+SearchMode = Literal["lexical", "hybrid"]
+SEARCH_MODES: tuple[SearchMode, ...] = get_args(SearchMode)
+
 #: what a token may do; ``admin`` implies the others
 SCOPES = ("append", "read", "refine", "admin")

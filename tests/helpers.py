@@ -1,13 +1,17 @@
 """What many tests need, written once: a queue that records what would be enqueued, a service
-over a test's index, polling for a condition, and the index row of a file."""
+over a test's index, polling for a condition, the index row of a file, and a deterministic
+embedder."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+import zlib
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from pipeline import database, index, refine, tables, validation
+import numpy as np
+
+from pipeline import database, embeddings, errors, index, refine, tables, validation
 from pipeline.runtime import Runtime
 from pipeline.service import Service
 from pipeline.settings import Settings
@@ -31,6 +35,35 @@ class RecordingQueue:
         if self.broken:
             raise ConnectionError("broker down")
         self.claims.append(claim)
+
+
+class FakeEmbedder:
+    """A deterministic embedder for the tests: each text's vector is its words, hashed into 64
+    dimensions (so equal texts have equal vectors), made unit length. It counts what it
+    embedded and can be told to fail."""
+
+    def __init__(self, model: str = "fake-1") -> None:
+        self.model = model
+        self.embedded: list[str] = []
+        self.down = False
+
+    def _vector(self, text: str) -> np.ndarray[Any, Any]:
+        v = np.zeros(64, np.float32)
+        for word in text.lower().split():
+            v[zlib.crc32(word.encode()) % 64] += 1.0
+        v[63] += 0.01
+        return v / np.linalg.norm(v)
+
+    def passages(self, texts: Sequence[str]) -> embeddings.Vectors:
+        if self.down:
+            raise errors.EmbedderUnavailable("the fake is down")
+        self.embedded.extend(texts)
+        return np.stack([self._vector(t) for t in texts]).astype(np.float32)
+
+    def query(self, text: str) -> embeddings.Vectors:
+        if self.down:
+            raise errors.EmbedderUnavailable("the fake is down")
+        return self._vector(text).astype(np.float32)
 
 
 def service(db: database.Database, settings: Settings, queue: Any = None) -> Service:

@@ -33,9 +33,11 @@ def cmd_search(ctx: Context) -> int:
     service = ctx.service(settings)
     # a date the query names is a window, as GET /v1/search makes it (docs/search.md)
     window = service.window(query) if match == "any" else None
-    found = service.search(query, filters, limit=a.limit, match=match, window=window)
+    found, how = service.hybrid.ranked(
+        query, filters, limit=a.limit, match=match, mode=a.mode, window=window
+    )
     if a.json:
-        print_json(search.hits_of(found, window))
+        print_json({**search.hits_of(found, window), "ranking": how.to_json()})
         return 0
     from rich.console import Console
     from rich.text import Text
@@ -50,6 +52,8 @@ def cmd_search(ctx: Context) -> int:
         console.print(Text("  " + visible(hit.snippet)))  # user text, never markup
     if not found:
         console.print("no message matches", style="dim")
+    if how.fallback:
+        console.print(f"ranked by words only: {how.fallback}", style="dim")
     return 0
 
 
@@ -91,7 +95,13 @@ def register(add: Add) -> None:
         help=f"hits to show (default {paging.SEARCH_DEFAULT_LIMIT}, "
         f"at most {paging.SEARCH_MAX_LIMIT})",
     )
-    p.add_argument("--json", action="store_true", help="print the hits as JSON")
+    p.add_argument(
+        "--mode",
+        choices=vocabulary.SEARCH_MODES,
+        help="lexical: by words only; hybrid: words and meaning fused (needs "
+        "search_embedder); default: hybrid when an embedder is set",
+    )
+    p.add_argument("--json", action="store_true", help="print the hits and how they were ranked")
 
 
 def _time(text: str) -> dt.datetime:

@@ -63,6 +63,7 @@ class Local:
         agent_id: str | None,
         context: int,
         speaker: str | None,
+        mode: vocabulary.SearchMode | None,
     ) -> answers.Hits:
         """``GET /v1/search``'s function."""
         work = functools.partial(
@@ -78,6 +79,7 @@ class Local:
             limit=limit,
             context=context,
             speaker=speaker,
+            mode=mode,
         )
         return answers.Hits.model_validate(await self._run("read", work))
 

@@ -33,6 +33,7 @@ class Memory(Protocol):
         agent_id: str | None,
         context: int,
         speaker: str | None,
+        mode: vocabulary.SearchMode | None,
     ) -> Awaitable[answers.Hits]:
         """``GET /v1/search``: the best hits first."""
         ...

@@ -165,9 +165,11 @@ async def search(
     agent_id: str | None = None,
     speaker: str | None = None,
     context: int = 0,
+    mode: vocabulary.SearchMode | None = None,
 ) -> dict[str, Any]:
     """``search_memory``: the best hits, each with where its session ran and the ``context``
-    turns around it; the window a date in the query named, when it named one."""
+    turns around it; the window a date in the query named, when it named one; how they were
+    ranked (``mode``: lexical or hybrid, docs/search.md), as the API answered it."""
     found = await memory.search(
         query,
         session_key=session_key,
@@ -178,6 +180,7 @@ async def search(
         agent_id=agent_id,
         context=context,
         speaker=speaker,
+        mode=mode,
     )
     cwds = await _where(memory, {h.file_id for h in found.hits})
     hits = [
@@ -195,7 +198,12 @@ async def search(
     ]
     dated = found.window
     window = None if dated is None else {"since": dated.since, "until": dated.until}
-    return {"hits": hits, "count": len(hits), **({"window": window} if window else {})}
+    shown: dict[str, Any] = {"hits": hits, "count": len(hits)}
+    if window:
+        shown["window"] = window
+    if found.ranking is not None:
+        shown["ranking"] = found.ranking.model_dump()
+    return shown
 
 
 async def open_message(
@@ -373,6 +381,14 @@ def build(link: Link, bounds: Mcp) -> MCPServer[Any]:
                 "is often the turn after the one that names its subject)",
             ),
         ] = 0,
+        mode: Annotated[
+            vocabulary.SearchMode | None,
+            Field(
+                description="lexical: by the words only; hybrid: by words and meaning "
+                "(a paraphrase finds the message too; needs the server's embedder); "
+                "default: hybrid when the server has an embedder"
+            ),
+        ] = None,
     ) -> Answer:
         """Search every earlier conversation for messages about something: what was decided,
         said, tried or preferred before. Use it whenever the user refers to earlier work, or
@@ -393,6 +409,7 @@ def build(link: Link, bounds: Mcp) -> MCPServer[Any]:
                 agent_id=agent_id,
                 speaker=speaker,
                 context=context,
+                mode=mode,
             ),
         )
         return answer(found)

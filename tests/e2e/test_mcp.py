@@ -168,6 +168,7 @@ async def every_tool(session: ClientSession, server: Server, colour: str) -> Non
         "agent_id",
         "speaker",
         "context",
+        "mode",
     }
 
     found = await call(session, "search_memory", query="audit Postgres")
@@ -191,7 +192,14 @@ async def every_tool(session: ClientSession, server: Server, colour: str) -> Non
     assert [t["source_ref"] for t in top["after"]] == [f"{server.alpha_file}:{seq + 1}"]
     assert top["before"][0]["text"] and "before" not in hit
     none = await call(session, "search_memory", query="audit", session_key="nope")
-    assert none == {"hits": [], "count": 0}
+    lexical = {"mode": "lexical", "model": None, "embedding_lag": None, "fallback": None}
+    assert none == {"hits": [], "count": 0, "ranking": lexical}
+    words = await call(session, "search_memory", query="audit Postgres", mode="lexical")
+    assert words["ranking"] == lexical and words["hits"] == found["hits"]
+    # the server has no embedder: a search by meaning says what it needs
+    assert "search_embedder" in await refused(
+        session, "search_memory", query="audit", mode="hybrid"
+    )
 
     opened = await call(session, "open_memory", source_ref=hit["source_ref"], context=1)
     assert opened["message"]["content"] == "Postgres, with the audit table partitioned by month."

@@ -445,9 +445,46 @@ def test_search_ranks_by_default_all_with_all_and_escapes_control_characters(
     assert [h["seq"] for h in ranked] == [1, 2]
     assert ranked[0]["snippet"] == "which colour is the \x1b[2Jmug?"  # JSON keeps the text
     every_word = sgme("search", "--json", "--all", "what colour was the mugs").json()
-    assert every_word == {"hits": [], "window": None}
+    lexical = {"mode": "lexical", "model": None, "embedding_lag": None, "fallback": None}
+    assert every_word == {"hits": [], "window": None, "ranking": lexical}
     every = sgme("search", "--json", "--all", "which", "colour").json()["hits"]
     assert [h["seq"] for h in every] == [1]
+
+
+def test_search_takes_a_mode_and_prints_how_it_ranked(
+    sgme: Sgme, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import helpers
+
+    from pipeline import embeddings
+
+    body = append_body(
+        "s1",
+        {"role": "user", "content": "the deploy key rotates monthly", "ts": TS1},
+        {"role": "assistant", "content": "lunch at noon", "ts": TS2},
+    )
+    assert sgme("append", stdin=body).code == 0
+    refused = sgme("search", "--mode", "hybrid", "deploy", "key")
+    assert_one_line_error(refused, "search_embedder")
+    with pytest.raises(SystemExit) as usage:  # argparse's refusal of a choice it lacks
+        sgme("search", "--mode", "fuzzy", "deploy")
+    assert usage.value.code == 2
+    fake = helpers.FakeEmbedder("fake-cli")
+    monkeypatch.setattr(embeddings, "configured", lambda settings: fake)
+    monkeypatch.setenv("SGME_SEARCH_EMBEDDER", "local")  # what `sgme embed` checks for
+    waiting = sgme("search", "deploy", "key")
+    assert b"ranked by words only: no message has a vector of this model yet" in waiting.out
+    assert sgme("embed", "--backfill").code == 0
+    fused = sgme("search", "--json", "--mode", "hybrid", "deploy", "key").json()
+    assert fused["ranking"] == {
+        "mode": "hybrid",
+        "model": "fake-cli",
+        "embedding_lag": 0,
+        "fallback": None,
+    }
+    assert [h["seq"] for h in fused["hits"]][:1] == [1]
+    words = sgme("search", "--json", "--mode", "lexical", "deploy", "key").json()
+    assert (words["ranking"]["mode"], words["ranking"]["model"]) == ("lexical", "fake-cli")
 
 
 def test_output_piped_into_a_reader_that_stops_early_ends_quietly(

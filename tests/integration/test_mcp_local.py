@@ -191,3 +191,38 @@ def test_search_gives_turns_around_hits_a_speakers_turns_and_the_dates_window(
     dated = run(lambda: tools.search(memory, "the oolong yesterday"))
     assert set(dated["window"]) == {"since", "until"}
     assert dated["window"]["since"] < dated["window"]["until"]
+
+
+def test_search_takes_a_mode_and_says_how_it_ranked(service: Service) -> None:
+    file_id = _store(service, "alpha", "a-1", "the deploy key rotates monthly", "lunch at noon")
+    memory = Local(service, ALPHA)
+    lexical = {"mode": "lexical", "model": None, "embedding_lag": None, "fallback": None}
+    assert run(lambda: tools.search(memory, "deploy key"))["ranking"] == lexical
+    # no embedder: a hybrid search is refused in the API's words
+    with pytest.raises(errors.InvalidInput, match="search_embedder"):
+        run(lambda: tools.search(memory, "deploy key", mode="hybrid"))
+    fake = helpers.FakeEmbedder("fake-mcp")
+    service.hybrid.embedder = fake
+    waiting = run(lambda: tools.search(memory, "deploy key"))["ranking"]
+    assert waiting == {
+        "mode": "lexical",
+        "model": "fake-mcp",
+        "embedding_lag": 2,
+        "fallback": "no message has a vector of this model yet",
+    }
+    assert service.hybrid.embed_round() == 2
+    fused = run(lambda: tools.search(memory, "deploy key", mode="hybrid"))
+    assert fused["ranking"] == {
+        "mode": "hybrid",
+        "model": "fake-mcp",
+        "embedding_lag": 0,
+        "fallback": None,
+    }
+    assert fused["hits"][0]["source_ref"] == f"{file_id}:1"
+    words = run(lambda: tools.search(memory, "deploy key", mode="lexical"))
+    assert words["ranking"]["mode"] == "lexical" and words["ranking"]["model"] == "fake-mcp"
+    fake.down = True
+    down = run(lambda: tools.search(memory, "deploy key"))
+    assert down["ranking"]["mode"] == "lexical"
+    assert "the fake is down" in down["ranking"]["fallback"]
+    assert [h["source_ref"] for h in down["hits"]][:1] == [f"{file_id}:1"]

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import zlib
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+import helpers
 import pytest
 import sqlalchemy as sa
 
@@ -41,33 +39,7 @@ def session(
     return file_id.file_id
 
 
-class Fake:
-    """A deterministic embedder for the protocol's tests: each text's vector is its words,
-    hashed into 64 dimensions (so equal texts have equal vectors), made unit length. It counts
-    what it embedded and can be told to fail."""
-
-    def __init__(self, model: str = "fake-1") -> None:
-        self.model = model
-        self.embedded: list[str] = []
-        self.down = False
-
-    def _vector(self, text: str) -> np.ndarray[Any, Any]:
-        v = np.zeros(64, np.float32)
-        for word in text.lower().split():
-            v[zlib.crc32(word.encode()) % 64] += 1.0
-        v[63] += 0.01
-        return v / np.linalg.norm(v)
-
-    def passages(self, texts: Sequence[str]) -> embeddings.Vectors:
-        if self.down:
-            raise errors.EmbedderUnavailable("the fake is down")
-        self.embedded.extend(texts)
-        return np.stack([self._vector(t) for t in texts]).astype(np.float32)
-
-    def query(self, text: str) -> embeddings.Vectors:
-        if self.down:
-            raise errors.EmbedderUnavailable("the fake is down")
-        return self._vector(text).astype(np.float32)
+Fake = helpers.FakeEmbedder
 
 
 def run(db: database.Database, data_dir: Path, embedder: Any, **kw: Any) -> int:

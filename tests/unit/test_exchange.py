@@ -447,7 +447,8 @@ def test_search_sends_the_query_and_filters_and_answers_typed_hits() -> None:
             until=dt.datetime(2026, 8, 4),
             limit=5,
         )
-        assert sgme.search("tea", since="2026-08-03T11:00:00+02:00", match="all").hits == []
+        words = sgme.search("tea", since="2026-08-03T11:00:00+02:00", match="all", mode="lexical")
+        assert words.hits == [] and words.ranking is None
     assert isinstance(found, models.Hits)
     assert all(isinstance(h, models.Hit) for h in found.hits)
     assert [(h.source_ref, h.seq, h.snippet, h.score) for h in found.hits] == [
@@ -472,6 +473,7 @@ def test_search_sends_the_query_and_filters_and_answers_typed_hits() -> None:
         "since": "2026-08-03T11:00:00+02:00",  # text goes as given
         "limit": str(client.DEFAULT_SEARCH_LIMIT),
         "match": "all",
+        "mode": "lexical",
     }
 
 
@@ -482,6 +484,10 @@ def test_a_search_the_server_refuses_is_its_error_class() -> None:
     assert refused.value.status == 422 and len(server.requests) == 1
 
 
+#: how a hybrid search says it ranked (GET /v1/search's ``ranking``)
+HYBRID = {"mode": "hybrid", "model": "fake-1", "embedding_lag": 3, "fallback": None}
+
+
 def test_the_async_client_retries_pages_and_maps_errors_like_the_sync_one() -> None:
     server = Server(
         problem(503, "overloaded", retry_after="0"),
@@ -489,7 +495,7 @@ def test_the_async_client_retries_pages_and_maps_errors_like_the_sync_one() -> N
         httpx.Response(200, json=messages_page(1)),
         httpx.Response(200, json=messages_page()),
         problem(404, "not-found", f"no file {FILE_ID}"),
-        httpx.Response(200, json={"hits": [hit(1, 1.0)]}),
+        httpx.Response(200, json={"hits": [hit(1, 1.0)], "ranking": HYBRID}),
     )
 
     async def scenario() -> tuple[Any, list[int], models.Hits]:
@@ -499,16 +505,18 @@ def test_the_async_client_retries_pages_and_maps_errors_like_the_sync_one() -> N
             seqs = [m.seq async for m in s.iter_messages(ack.file_id)]
             with pytest.raises(errors.NotFound, match=f"no file {FILE_ID}"):
                 await s.file(FILE_ID)
-            return ack, seqs, await s.search("tea", agent_id="a")
+            return ack, seqs, await s.search("tea", agent_id="a", mode="hybrid")
 
     ack, seqs, found = asyncio.run(scenario())
     assert ack.file_id == FILE_ID and seqs == [1]
     assert [h.source_ref for h in found.hits] == [f"{FILE_ID}:1"]
+    assert found.ranking is not None and found.ranking.model_dump() == HYBRID
     assert dict(server.requests[-1].url.params) == {
         "q": "tea",
         "agent_id": "a",
         "limit": "20",
         "match": "any",
+        "mode": "hybrid",
     }
     first, second = server.bodies()[:2]
     assert first == second and first["idempotency_key"].startswith("client:")

@@ -69,3 +69,9 @@ def test_the_settings_bound_the_arguments_and_are_in_the_descriptions() -> None:
     default = _listed(Mcp())
     assert default["search_memory"].input_schema["properties"]["limit"]["maximum"] == 50
     assert "up to 20,000 characters" in default["open_memory"].description
+
+
+def test_search_memory_takes_a_mode() -> None:
+    mode = _listed(Mcp())["search_memory"].input_schema["properties"]["mode"]
+    assert mode["anyOf"][0]["enum"] == ["lexical", "hybrid"]
+    assert "default: hybrid when the server has an embedder" in mode["description"]
