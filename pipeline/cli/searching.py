@@ -98,8 +98,9 @@ def register(add: Add) -> None:
     p.add_argument(
         "--mode",
         choices=vocabulary.SEARCH_MODES,
-        help="lexical: by words only; hybrid: words and meaning fused (needs "
-        "search_embedder); default: hybrid when an embedder is set",
+        help="lexical: by words only; hybrid: words and meaning fused (without "
+        "search_embedder set: by words, and it says so); default: hybrid when an embedder "
+        "is set",
     )
     p.add_argument("--json", action="store_true", help="print the hits and how they were ranked")
 

@@ -464,8 +464,9 @@ def test_search_takes_a_mode_and_prints_how_it_ranked(
         {"role": "assistant", "content": "lunch at noon", "ts": TS2},
     )
     assert sgme("append", stdin=body).code == 0
-    refused = sgme("search", "--mode", "hybrid", "deploy", "key")
-    assert_one_line_error(refused, "search_embedder")
+    unmet = sgme("search", "--mode", "hybrid", "deploy", "key")  # no embedder: by words
+    assert unmet.code == 0 and b"the deploy key rotates monthly" in unmet.out
+    assert b"ranked by words only: no embedder is configured (setting search_embedder)" in unmet.out
     with pytest.raises(SystemExit) as usage:  # argparse's refusal of a choice it lacks
         sgme("search", "--mode", "fuzzy", "deploy")
     assert usage.value.code == 2
