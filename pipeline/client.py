@@ -413,8 +413,9 @@ def _search(
     ``context`` (0-3): each hit comes with that many turns before and after it. A date the
     question names is resolved against ``ref_time`` (default: now): the answer's ``window``.
     ``speaker``: only what that speaker said (docs/search.md, "Speakers"). ``mode``:
-    ``"lexical"`` ranks by words only, ``"hybrid"`` fuses words with meaning (the server
-    needs ``search_embedder``); default: hybrid when the server has an embedder. The answer's
+    ``"lexical"`` ranks by words only, ``"hybrid"`` fuses words with meaning (a server without
+    ``search_embedder`` ranks by words and says so); default: hybrid when the server has an
+    embedder. The answer's
     ``ranking`` says how it was ranked (docs/search.md, "Semantic search")."""
     params = _query(
         q=query,

@@ -385,7 +385,8 @@ def build(link: Link, bounds: Mcp) -> MCPServer[Any]:
             vocabulary.SearchMode | None,
             Field(
                 description="lexical: by the words only; hybrid: by words and meaning "
-                "(a paraphrase finds the message too; needs the server's embedder); "
+                "(a paraphrase finds the message too; without the server's embedder: by words, "
+                "and ranking.fallback says so); "
                 "default: hybrid when the server has an embedder"
             ),
         ] = None,

@@ -197,10 +197,15 @@ def test_search_takes_a_mode_and_says_how_it_ranked(service: Service) -> None:
     file_id = _store(service, "alpha", "a-1", "the deploy key rotates monthly", "lunch at noon")
     memory = Local(service, ALPHA)
     lexical = {"mode": "lexical", "model": None, "embedding_lag": None, "fallback": None}
-    assert run(lambda: tools.search(memory, "deploy key"))["ranking"] == lexical
-    # no embedder: a hybrid search is refused in the API's words
-    with pytest.raises(errors.InvalidInput, match="search_embedder"):
-        run(lambda: tools.search(memory, "deploy key", mode="hybrid"))
+    words = run(lambda: tools.search(memory, "deploy key"))
+    assert words["ranking"] == lexical and words["hits"][0]["source_ref"] == f"{file_id}:1"
+    # no embedder: a hybrid search ranks by words and says why
+    unmet = run(lambda: tools.search(memory, "deploy key", mode="hybrid"))
+    assert unmet["ranking"] == {
+        **lexical,
+        "fallback": "no embedder is configured (setting search_embedder)",
+    }
+    assert unmet["hits"] == words["hits"]
     fake = helpers.FakeEmbedder("fake-mcp")
     service.hybrid.embedder = fake
     waiting = run(lambda: tools.search(memory, "deploy key"))["ranking"]
