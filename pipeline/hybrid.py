@@ -42,6 +42,8 @@ from pipeline import (
 from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
+#: what fuses the nearest vectors into the lexical ranking (:func:`search.search`'s ``fuse``)
+Near = Callable[[sa.Connection, list[ranking.Scored]], list[ranking.Scored]]
 
 Mode = vocabulary.SearchMode
 #: the rank offset of reciprocal rank fusion, and the vector ranking's weight against the
@@ -163,43 +165,14 @@ class Hybrid:
         known = {f.name for f in dataclasses.fields(search.Ranking)}
         given = dataclasses.asdict(self.settings.search)
         how = search.Ranking(**{name: given[name] for name in known & given.keys()})
-        lexical = mode == "lexical" or embedder is None or match == "all"
-        if lexical:
-            found = search.search(
-                self.db,
-                self.settings.data_dir,
-                q,
-                filters,
-                limit=limit,
-                match=match,
-                how=how,
-                context=context,
-                window=window,
-            )
+        near: Near | None = None
+        if mode == "lexical" or embedder is None or match == "all":
             model = None if embedder is None else embedder.model
             unmet = mode == "hybrid" and embedder is None
             why = "no embedder is configured (setting search_embedder)" if unmet else None
-            return found, HowRanked("lexical", model=model, fallback=why)
-        assert embedder is not None
-        with self.db.reading() as conn:
-            behind = vectors.lag(conn, embedder.model, agents=filters.agents)
-            stored = vectors.any_of(conn, embedder.model)
-        fallback = None if stored else "no message has a vector of this model yet"
-        near: Callable[[sa.Connection, list[ranking.Scored]], list[ranking.Scored]] | None = None
-        if fallback is None:
-            try:
-                point = embedder.query(q)
-            except errors.EmbedderUnavailable as exc:
-                log.warning("search ranked lexically: %s", exc)
-                fallback = f"the embedder is unavailable: {exc.detail}"
-            else:
-
-                def near(conn: sa.Connection, ranked: list[ranking.Scored]) -> list[ranking.Scored]:
-                    found = vectors.nearest(
-                        conn, embedder.model, point, filters, limit=how.candidates
-                    )
-                    return fuse(ranked, found)
-
+            ranked = HowRanked("lexical", model=model, fallback=why)
+        else:
+            near, ranked = self._nearness(embedder, q, filters, how.candidates)
         found = search.search(
             self.db,
             self.settings.data_dir,
@@ -212,5 +185,28 @@ class Hybrid:
             window=window,
             fuse=near,
         )
-        mode_used: Mode = "lexical" if near is None else "hybrid"
-        return found, HowRanked(mode_used, embedder.model, behind, fallback)
+        return found, ranked
+
+    def _nearness(
+        self, embedder: embeddings.Embedder, q: str, filters: catalog.Filters, candidates: int
+    ) -> tuple[Near | None, HowRanked]:
+        """What fuses the nearest vectors into a lexical ranking, with how the search will
+        have been ranked; none, and why, when there is nothing to fuse."""
+        with self.db.reading() as conn:
+            behind = vectors.lag(conn, embedder.model, agents=filters.agents)
+            stored = vectors.any_of(conn, embedder.model)
+        if not stored:
+            why = "no message has a vector of this model yet"
+            return None, HowRanked("lexical", embedder.model, behind, why)
+        try:
+            point = embedder.query(q)
+        except errors.EmbedderUnavailable as exc:
+            log.warning("search ranked lexically: %s", exc)
+            why = f"the embedder is unavailable: {exc.detail}"
+            return None, HowRanked("lexical", embedder.model, behind, why)
+
+        def near(conn: sa.Connection, ranked: list[ranking.Scored]) -> list[ranking.Scored]:
+            found = vectors.nearest(conn, embedder.model, point, filters, limit=candidates)
+            return fuse(ranked, found)
+
+        return near, HowRanked("hybrid", embedder.model, behind)
