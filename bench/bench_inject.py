@@ -25,18 +25,15 @@ relevance floor lets through: the share of them that get a block, per floor.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime as dt
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 import recall_set  # noqa: E402
+from bench_capture import server  # noqa: E402  (the same sgme serve, started and stopped alike)
 
 from pipeline.capture import config, inject  # noqa: E402
 
@@ -74,43 +72,6 @@ OFF_TOPIC = [
     "commit this with a good message",
     "what changed since yesterday in the repo?",
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextlib.contextmanager
-def server(root: Path) -> Iterator[str]:
-    """A ``sgme serve`` of the benchmark's own (embedded: SQLite): its URL."""
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SGME_")}
-    serve = subprocess.Popen(
-        [str(SGME), "serve", "--data-dir", str(root / "data"), "--port", str(port)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/v1/health", timeout=1).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise SystemExit("sgme serve did not start")
-            time.sleep(0.1)
-        yield url
-    finally:
-        serve.terminate()
-        try:
-            serve.wait(60)
-        except subprocess.TimeoutExpired:
-            serve.kill()
-            serve.wait(30)
 
 
 def load(client: httpx.Client, conversations: list[recall_set.Conversation]) -> dict[str, Any]:
