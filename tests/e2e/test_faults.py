@@ -116,7 +116,8 @@ def test_redis_stopped_for_30_seconds(procs: harness.Procs, tmp_path: Path) -> N
         stopped = time.monotonic()
         at_stop = load.acked_messages
         harness.wait_until(
-            lambda: load.acked_messages >= at_stop + MESSAGES // 4 or load.errors,
+            # on a fast machine the load can near its end while Redis stops: then the rest
+            lambda: load.acked_messages >= min(at_stop + MESSAGES // 4, MESSAGES) or load.errors,
             timeout=25,
             what="appends acknowledged while Redis is down",
             check=check,
