@@ -111,6 +111,14 @@ class Hybrid:
         """Use ``embedder`` instead of the configured one (tests, benchmarks)."""
         self._embedder, self._made = embedder, True
 
+    def close(self) -> None:
+        """Let go of what the embedder holds (the ``openai`` embedder's connection pool);
+        one made later is made afresh."""
+        embedder, self._embedder, self._made = self._embedder, None, False
+        close = getattr(embedder, "close", None)
+        if close is not None:
+            close()
+
     def embed_round(self) -> int:
         """One embedding round (:func:`vectors.run_round`); 0 at once when no embedder is
         configured or a round is running in this process already. The messages embedded."""
