@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import sys
 import threading
 from collections.abc import Callable, Collection
 from typing import Any
@@ -87,6 +89,21 @@ def fuse(
     return fused
 
 
+def yield_cores(nice: int) -> None:
+    """Make the calling thread at least ``nice`` nice (``embed_nice``), so that where an
+    embedding round shares cores with appends, the appends' threads get them first. On
+    Linux a thread has a niceness of its own (``setpriority`` on its native id); it is never
+    lowered (raising a thread's priority takes a privilege). Elsewhere, or refused: as it is."""
+    if nice <= 0 or not hasattr(os, "setpriority") or sys.platform != "linux":
+        return
+    me = threading.get_native_id()
+    try:
+        if os.getpriority(os.PRIO_PROCESS, me) < nice:
+            os.setpriority(os.PRIO_PROCESS, me, nice)
+    except OSError as exc:
+        log.debug("embedding round left at its priority: %s", exc)
+
+
 class Hybrid:
     """The embedding and hybrid search use cases over one runtime's settings and index
     handle."""
@@ -129,6 +146,7 @@ class Hybrid:
             return 0
         try:
             e = self.settings.embed
+            yield_cores(e.nice)
             # a claim outlives its slowest embedding (every request at its timeout), so a slow
             # endpoint delays vectors without losing the work to another claim
             requests = -(-e.claim_messages // e.batch)
