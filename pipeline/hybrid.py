@@ -38,6 +38,7 @@ from pipeline import (
     ranking,
     search,
     terms,
+    vector_cache,
     vectors,
     vocabulary,
 )
@@ -114,6 +115,8 @@ class Hybrid:
         self._embedder: embeddings.Embedder | None = None
         self._made = False  #: whether :attr:`embedder` was made (it may be None)
         self._round_lock = threading.Lock()  #: one round at a time in this process
+        #: the vectors this process's searches keep in memory (``embed_cache_bytes``)
+        self.cache = vector_cache.Cache(settings.embed.cache_bytes)
 
     @property
     def embedder(self) -> embeddings.Embedder | None:
@@ -232,7 +235,9 @@ class Hybrid:
             return None, HowRanked("lexical", embedder.model, behind, why)
 
         def near(conn: sa.Connection, ranked: list[ranking.Scored]) -> list[ranking.Scored]:
-            found = vectors.nearest(conn, embedder.model, point, filters, limit=candidates)
+            found = vectors.nearest(
+                conn, embedder.model, point, filters, limit=candidates, cache=self.cache
+            )
             return fuse(ranked, found)
 
         return near, HowRanked("hybrid", embedder.model, behind)
