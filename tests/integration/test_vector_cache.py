@@ -12,11 +12,21 @@ from pathlib import Path
 from typing import Any
 
 import helpers
-import numpy as np
 import pytest
 import sqlalchemy as sa
 
-from pipeline import catalog, database, erasure, journal, redaction, rewrite, vector_cache, vectors
+from pipeline import (
+    catalog,
+    database,
+    embeddings,
+    erasure,
+    journal,
+    redaction,
+    rewrite,
+    vector_cache,
+    vectors,
+)
+from pipeline.settings import Settings
 
 Fake = helpers.FakeEmbedder
 EVERY = catalog.Filters()
@@ -239,23 +249,30 @@ def test_the_bound_holds_and_what_does_not_fit_is_read_from_the_index(
     assert len(nothing) == 0 and nothing.used == 0
 
 
-def test_the_cache_keeps_entries_by_version_within_its_bound() -> None:
-    def entry(version: int, rows: int) -> vector_cache.Entry:
-        matrix = np.zeros((rows, 4), dtype=np.int8)
-        return vector_cache.Entry(("m", version, rows), matrix, np.arange(rows, dtype=np.int32))
-
-    cache = vector_cache.Cache(8 * 3)  # three rows of 4 + 4 bytes
-    first = cache.search()
-    assert cache.put(("m", 4, "a"), entry(1, 2), first)
-    assert cache.get(("m", 4, "a"), ("m", 1, 2), first) is not None
-    assert cache.get(("m", 4, "a"), ("m", 2, 2), first) is None  # stale: dropped
-    assert len(cache) == 0 and cache.used == 0
-    assert cache.put(("m", 4, "a"), entry(2, 2), first)
-    assert not cache.put(("m", 4, "b"), entry(1, 2), first)  # only by evicting this search's
-    second = cache.search()
-    assert cache.put(("m", 4, "b"), entry(1, 2), second)  # the older search's entry goes
-    assert cache.get(("m", 4, "a"), ("m", 2, 2), second) is None
-    assert not cache.put(("m", 4, "c"), entry(1, 4), cache.search())  # larger than the bound
-    assert cache.used == 16 and len(cache) == 1
-    cache.forget("b")
-    assert len(cache) == 0 and cache.used == 0
+def test_a_services_hybrid_searches_keep_their_vectors_and_see_a_redaction(
+    db: database.Database, data_dir: Path
+) -> None:
+    settings = Settings.load(
+        environ={"SGME_EMBED_CACHE_BYTES": "4096"}, data_dir=data_dir, search_embedder="local"
+    )
+    service = helpers.service(db, settings)
+    service.hybrid.embedder = fake = Fake(embeddings.LOCAL_MODEL)
+    a = session(db, data_dir, "a", ["hello there", "my password is hunter2", "bye now"])
+    session(db, data_dir, "b", ["an unrelated turn"], agent="other")
+    assert service.hybrid.embed_round() == 4
+    cache = service.hybrid.cache
+    assert cache.limit == 4096
+    mine = catalog.Filters(agents=["hermes"])
+    found, how = service.hybrid.ranked("password hunter2", mine, limit=3)
+    assert how.mode == "hybrid" and found[0].source_ref == f"{a}:2"
+    assert (len(cache), cache.hits) == (1, 0)  # only the caller's file was read and kept
+    service.hybrid.ranked("password hunter2", mine, limit=3)
+    assert cache.hits == 1
+    who = rewrite.Who(reason="a leaked password", actor="test", token_id=None)
+    service.removals.redact([f"{a}:2"], who)
+    assert service.hybrid.embed_round() == 3
+    near_only = fake.query("my password is hunter2")
+    with db.reading() as conn:
+        expected = vectors.nearest(conn, fake.model, near_only, mine, limit=5)
+        assert vectors.nearest(conn, fake.model, near_only, mine, limit=5, cache=cache) == expected
+    assert expected[0].score < 0.9  # the redacted text's vector, not the one kept before
