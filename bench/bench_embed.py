@@ -210,7 +210,7 @@ def scan(total: int, *, postgres: bool = False, agents: int = 10, rounds: int = 
         def versions(filters: catalog.Filters) -> Callable[[], object]:
             def run() -> object:
                 with db.reading() as conn:
-                    return vectors._versions(conn, vectors._scope(filters))
+                    return vectors.versions(conn, filters)
 
             return run
 

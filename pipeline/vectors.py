@@ -375,12 +375,18 @@ def _scope(filters: catalog.Filters) -> list[sa.ColumnElement[bool]]:
     return conditions
 
 
+def versions(conn: sa.Connection, filters: catalog.Filters) -> dict[str, vector_cache.Version]:
+    """The files a search within ``filters`` may return messages of that have a watermark
+    (only those have vectors: a block is committed under its file's ``embed_marks`` row and
+    deleted with it), each with its version (:mod:`pipeline.vector_cache`), in one
+    statement: what checks a cache at every search."""
+    return _versions(conn, _scope(filters))
+
+
 def _versions(
     conn: sa.Connection, scope: list[sa.ColumnElement[bool]]
 ) -> dict[str, vector_cache.Version]:
-    """The files within ``scope`` that have a watermark (only those have vectors: a block is
-    committed under its file's ``embed_marks`` row and deleted with it), each with its
-    version (:mod:`pipeline.vector_cache`), in one statement."""
+    """:func:`versions` of the files within ``scope``."""
     query = sa.select(_E.file_id, _E.model, _E.epoch, _E.embedded_seq)
     if scope:
         query = query.select_from(
