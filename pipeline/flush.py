@@ -15,11 +15,12 @@ and writes the same bytes again.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import functools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,6 @@ from pipeline import (
     store,
     tables,
 )
-from pipeline.settings import Refine
 from pipeline.tables import Kind, Status
 
 #: a fault-injection hook: called with a step name at each step of a flush (tests use it)
@@ -68,6 +68,8 @@ class FlushResult:
     #: until when a refinement job held the file's lease, as the flush saw it (a leased file
     #: is not dispatched again)
     leased_until: dt.datetime | None = None
+    #: the last seq acknowledged when the round read the file (:func:`flush` writes up to it)
+    acknowledged: int = 0
 
 
 def _damaged(
@@ -90,108 +92,8 @@ def _no_fault(step: str) -> None:
     return None
 
 
-def flush(
-    db: database.Database,
-    file_locks: locks.FileLocks,
-    data_dir: Path,
-    file_id: str,
-    *,
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-    fault: FaultHook = _no_fault,
-) -> FlushResult:
-    """Write every journal row of ``file_id`` past ``flushed_seq`` to its file, once.
-
-    Idempotent: running it twice, concurrently or after a crash at any point, leaves each
-    acknowledged message in the file exactly once and in seq order. The backlog goes out in
-    chunks of about ``chunk_bytes`` (one journal row at least), each written, fsynced and
-    committed before the next is read: memory stays bounded, and after a full disk the
-    backlog drains as space frees instead of needing room for all of it at once. It writes
-    what was acknowledged when it started; what came later is flushed again by the caller
-    (``result.more``), so a busy session cannot keep one flush going for ever.
-
-    Each chunk's commit is lazy (no disk flush of its own: its journal rows, deleted in it,
-    are still there if a power cut takes it back) and shared with the other flushes of this
-    process that commit at the same moment (:mod:`pipeline.database.commits`).
-    """
-    with file_locks.hold(file_id):
-        fault("locked")
-        started = time.perf_counter()
-        snapshot = _snapshot(db, file_id, chunk_bytes)
-        if snapshot is None:
-            # A redaction a crash interrupted is finished before anything is appended (the
-            # file and its index row may be one step apart until then: pipeline.rewrite).
-            rewrite.settle_locked(db, data_dir, file_id)
-            snapshot = _snapshot(db, file_id, chunk_bytes, settled=True)
-            assert snapshot is not None
-        row, upto, batch, tail = snapshot
-        fault("read")
-        if not batch:
-            more = False
-            if row.flush_pending:
-                with db.transaction(durable=False) as conn:
-                    more = not index.settle_flush(conn, file_id)
-            return FlushResult(file_id, 0, 0, row.flushed_seq, row.status, more=more)
-        if row.status == Status.ARCHIVED:
-            # An append to an archived session brings the file back first (docs/design.md §5).
-            try:
-                row = archive.restore_locked(db, data_dir, row)
-            except errors.FileDamaged as exc:
-                # Stay archived (reads keep decompressing); the appends wait in the journal.
-                raise _damaged(
-                    db, file_id, Kind.RESTORE_FAILED, exc.detail, mark_error=False
-                ) from None
-        path, current = _check_file(db, data_dir, row, fault)
-        first_seq, first_bytes = row.flushed_seq, row.flushed_bytes
-        # the restore of an archive keeps every offset: the tail read before it holds
-        before = _texts_before(path, row, tail)
-        while True:
-            row, next_seq, before = _write_chunk(
-                db, path, row, batch, before, exists=current is not None, fault=fault
-            )
-            current = row.flushed_bytes
-            now = db.now()
-            for entry in batch:
-                metrics.ACK_TO_FLUSH_SECONDS.observe((now - entry.created_at).total_seconds())
-            if row.flushed_seq >= upto:
-                break
-            with db.reading(held=True) as conn:
-                batch = ledger.journal_batch(conn, file_id, row.flushed_seq, chunk_bytes, upto=upto)
-        metrics.FLUSH_SECONDS.observe(time.perf_counter() - started)
-        messages, size = row.flushed_seq - first_seq, row.flushed_bytes - first_bytes
-        more = next_seq - 1 > row.flushed_seq
-        return FlushResult(
-            file_id,
-            messages,
-            size,
-            row.flushed_seq,
-            Status.NEW,
-            more=more,
-            unrefined=row.flushed_seq - row.last_refined_seq,
-            leased_until=row.refine_lease_until,
-        )
-
-
-def _snapshot(
-    db: database.Database, file_id: str, chunk_bytes: int, *, settled: bool = False
-) -> tuple[tables.FileRow, int, list[tables.JournalRow], list[tables.MessageRow]] | None:
-    """The file's row, the last seq acknowledged now (what comes later is the caller's to
-    flush again), its first journal rows and the catalog rows of its last messages
-    (:func:`_tail`), in one snapshot; None while a redaction of the file is unfinished
-    (unless ``settled``: finished just now)."""
-    with db.reading(held=True) as conn:
-        row, unfinished = audit.file_and_pending(conn, file_id)
-        if unfinished and not settled:
-            return None
-        if row is None:
-            raise errors.NotFound(f"no file {file_id}")
-        upto = row.next_seq - 1
-        batch = ledger.journal_batch(conn, file_id, row.flushed_seq, chunk_bytes, upto=upto)
-        tail = _tail(conn, row) if batch else []
-    return row, upto, batch, tail
-
-
 def _check_file(
-    db: database.Database, data_dir: Path, row: tables.FileRow, fault: FaultHook
+    db: database.Database, paths: store.CheckedDirs, row: tables.FileRow, fault: FaultHook
 ) -> tuple[Path, int | None]:
     """The file's path and length, once it is exactly what was committed: a torn tail left by
     a crash is cut (the journal proves it was never acknowledged); a missing or shorter file
@@ -199,7 +101,7 @@ def _check_file(
     exist yet."""
     expected = row.flushed_bytes
     try:
-        path = store.checked(data_dir, row.path)
+        path = paths.path(row.path)
         current = store.size(path)
     except errors.FileDamaged as exc:  # a symlink where the file or a directory should be
         raise _damaged(db, row.file_id, Kind.FILE_REPLACED, exc.detail) from None
@@ -242,6 +144,7 @@ class _Chunk:
     #: the blocks' catalog rows and search terms, made before the commit: not under the
     #: write lock
     cataloged: catalog.Ready
+    batch: list[tables.JournalRow]  #: the journal rows it was made of
 
     def advance(self, conn: sa.Connection, now: dt.datetime) -> int | None:
         """The fenced update of the file's row (:func:`applied` writes the rest); the file's
@@ -353,7 +256,7 @@ def _prepare(
         head = document.chain_extend(head, data[start : start + located.length])
     ended_at = max(document.parse_ts(e.last_ts) for e in batch).replace(tzinfo=None)
     cataloged = catalog.ready(catalog.Owner.of(row), found, postgres=postgres, before=before)
-    return _Chunk(row, data, found, seq, head.hex(), ended_at, cataloged)
+    return _Chunk(row, data, found, seq, head.hex(), ended_at, cataloged, batch)
 
 
 def _write(path: Path, chunk: _Chunk, *, exists: bool) -> None:
@@ -365,41 +268,6 @@ def _write(path: Path, chunk: _Chunk, *, exists: bool) -> None:
         store.append(path, chunk.data, expected_size=chunk.row.flushed_bytes)
         if chunk.row.flushed_bytes == 0:
             store.fsync_dir(path.parent)
-
-
-def _write_chunk(
-    db: database.Database,
-    path: Path,
-    row: tables.FileRow,
-    batch: list[tables.JournalRow],
-    before: list[str],
-    *,
-    exists: bool,
-    fault: FaultHook,
-) -> tuple[tables.FileRow, int, list[str]]:
-    """Write one chunk of journal rows after the committed bytes, fsync, and commit it (the
-    fenced update, the rows' deletion and their catalog rows in one transaction); the row as
-    it now is, the file's ``next_seq`` at that commit, and the texts before the next chunk
-    (``before``: those before this one)."""
-    gap = _gap(row, batch)
-    if gap is not None:
-        raise _damaged(db, row.file_id, Kind.JOURNAL_GAP, gap)
-    chunk = _prepare(row, batch, before, postgres=db.postgres)
-    _write(path, chunk, exists=exists)
-    fault("written")
-    now = db.now()
-
-    def commit(conn: sa.Connection) -> int:
-        next_seq = chunk.advance(conn, now)
-        if next_seq is None:
-            raise errors.Conflict(f"file {row.file_id} was flushed by someone else meanwhile")
-        applied(conn, [chunk])
-        return next_seq
-
-    next_seq = db.commit(commit, durable=False, key=row.file_id)
-    fault("committed")
-    texts = [*before, *(f.message.content for f in chunk.found)]
-    return chunk.advanced(), next_seq, texts[len(texts) - catalog.CONTEXT_TURNS :]
 
 
 #: runs each thunk, perhaps in parallel (the flush threads' pool); each one's exception or None
@@ -422,19 +290,55 @@ def serially(thunks: list[Callable[[], None]]) -> list[BaseException | None]:
 
 @dataclasses.dataclass
 class Round:
-    """What one :func:`flush_many` did with the files it was given."""
+    """What one :func:`flush_files` did with the files it was given: each one's result or
+    error, and what is left of them (:attr:`left`) for the caller to run again."""
 
-    #: files it flushed (one chunk each: ``more`` when acknowledged appends are left)
+    #: files written (one chunk each: ``more`` when acknowledged appends are left past it),
+    #: or with nothing to write
     results: dict[str, FlushResult] = dataclasses.field(default_factory=dict)
-    #: files to flush on their own (:func:`flush`): busy, damaged, torn, archived, with a
-    #: redaction to finish, or whose write or commit failed — :func:`flush` repairs, records
-    #: and reports each case as a flush of one file does
-    alone: list[str] = dataclasses.field(default_factory=list)
+    #: files that could not be written, each with its error: damaged (recorded as an
+    #: anomaly), gone from the index, busy past the lock timeout in a round that waits for
+    #: its lock, or whose write or commit failed in a round of one file
+    errors: dict[str, Exception] = dataclasses.field(default_factory=dict)
+    #: files to run again in a round of their own, which waits for the lock: another thread
+    #: or process held the lock, or the file's write or the shared commit failed in a round
+    #: of several (its bytes past ``flushed_bytes`` were never committed: that round cuts
+    #: them and writes them again, or reports why not)
+    again: list[str] = dataclasses.field(default_factory=list)
     #: files past the round's byte budget, not read: to flush in a later round
     later: list[str] = dataclasses.field(default_factory=list)
 
+    @property
+    def left(self) -> list[str]:
+        """The files this round did not finish: :attr:`again`, :attr:`later`, and the ones
+        written with acknowledged appends left past them (``more``)."""
+        more = [file_id for file_id, result in self.results.items() if result.more]
+        return [*self.again, *self.later, *more]
 
-def flush_many(
+
+@contextlib.contextmanager
+def _holding(
+    file_locks: locks.FileLocks, file_ids: list[str], *, wait: bool
+) -> Iterator[tuple[list[str], dict[str, errors.LockTimeout]]]:
+    """The locks of a round: with ``wait``, the one file's lock, waited for up to the lock
+    timeout (:meth:`locks.FileLocks.hold`); otherwise the ones free within it
+    (:meth:`locks.FileLocks.hold_many`). Yields the ids held and the refusal of each one
+    that stayed busy."""
+    if not wait:
+        with file_locks.hold_many(file_ids) as held:
+            yield held
+        return
+    (file_id,) = file_ids
+    with contextlib.ExitStack() as held:
+        try:
+            held.enter_context(file_locks.hold(file_id))
+        except errors.LockTimeout as exc:
+            yield [], {file_id: exc}
+        else:
+            yield [file_id], {}
+
+
+def flush_files(
     db: database.Database,
     file_locks: locks.FileLocks,
     data_dir: Path,
@@ -443,113 +347,109 @@ def flush_many(
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     run: Runner = serially,
     fault: FaultHook = _no_fault,
+    wait: bool = False,
 ) -> Round:
-    """One flush round (docs/design.md §3, batched flushes): the journal rows of many files
-    written to them, with one read snapshot and one commit for all.
+    """One flush round (docs/design.md §3) over any set of files: the journal rows of each
+    written to it, with one read snapshot and one commit for all; a round of one file is the
+    same code.
 
-    The same protocol as :func:`flush`, file by file, with the steps shared: the files' locks
-    (the ones free now), one read snapshot of their rows and journal batches, one write and
-    ``fdatasync`` per file (through ``run``: in parallel, the disk takes concurrent syncs
-    about as fast as one), then one lazy commit of every file's fenced advance, journal
-    deletion and catalog rows. Only files in the plain state take part: a file that needs
-    more than a write (a torn tail, a hole, a journal gap, an archive to restore, a redaction
-    to finish) or whose write failed goes to :attr:`Round.alone`, for :func:`flush`. The round
-    reads about ``chunk_bytes`` in all (one journal row per file at least), so its memory is
-    that of one flush; the files past it are :attr:`Round.later`. If the commit fails, every
-    written file is flushed alone: its bytes past ``flushed_bytes`` were never committed, and
-    :func:`flush` cuts them and writes them again.
+    The steps, shared by the files: their locks (with ``wait``, a round of one file waits for
+    its lock; otherwise the ones free now take part and the others are :attr:`Round.again`);
+    one read snapshot of their rows and journal batches; the repair of each file that needs
+    it (a redaction a crash interrupted is finished, an archive restored, a torn tail cut; a
+    hole, a journal gap or a failed restore recorded as damage and the file's error); one
+    write and ``fdatasync`` per file (through ``run``: in parallel, the disk takes concurrent
+    syncs about as fast as one); then one lazy commit of every file's fenced advance, journal
+    deletion and catalog rows. The round reads about ``chunk_bytes`` in all (one journal row
+    per file at least), so its memory is that of one chunk; the files past it are
+    :attr:`Round.later`. Each file written gets one chunk: ``more`` when acknowledged appends
+    are left, which the caller runs again (:attr:`Round.left`); :func:`flush` loops.
     """
     done = Round()
-    with file_locks.hold_many(file_ids) as (locked, busy):
-        done.alone.extend(busy)
+    several = len(file_ids) > 1
+    with _holding(file_locks, file_ids, wait=wait) as (locked, busy):
+        if wait:
+            done.errors.update(busy)
+        else:
+            done.again.extend(busy)
         fault("locked")
         started = time.perf_counter()
         todo: list[tuple[tables.FileRow, list[tables.JournalRow], list[tables.MessageRow]]] = []
         settle: list[tables.FileRow] = []  #: pending files with nothing to write
+        unfinished: list[str] = []  #: files with a redaction to finish
         budget = chunk_bytes
         with db.reading(held=True) as conn:
             for file_id in locked:
                 if budget <= 0:
                     done.later.append(file_id)
-                    continue
-                row, unfinished = audit.file_and_pending(conn, file_id)
-                if row is None or row.status == Status.ARCHIVED or unfinished:
-                    done.alone.append(file_id)
-                    continue
-                upto = row.next_seq - 1
-                batch = ledger.journal_batch(conn, file_id, row.flushed_seq, budget, upto=upto)
-                if not batch:
-                    if row.flush_pending:
-                        settle.append(row)
-                    else:
-                        done.results[file_id] = FlushResult(
-                            file_id, 0, 0, row.flushed_seq, row.status
-                        )
-                    continue
-                budget -= sum(entry.size for entry in batch)
-                todo.append((row, batch, _tail(conn, row)))
+                elif (read := _read(conn, file_id, budget, done)) is not None:
+                    if isinstance(read, str):
+                        unfinished.append(file_id)
+                    elif read[1]:
+                        budget -= sum(entry.size for entry in read[1])
+                        todo.append(read)
+                    elif read[0].flush_pending:
+                        settle.append(read[0])
+        for file_id in unfinished:
+            # A redaction a crash interrupted is finished before anything is appended (the
+            # file and its index row may be one step apart until then: pipeline.rewrite).
+            rewrite.settle_locked(db, data_dir, file_id)
+            with db.reading(held=True) as conn:
+                read = _read(conn, file_id, max(budget, 1), done, settled=True)
+            if read is not None and not isinstance(read, str):
+                if read[1]:
+                    budget -= sum(entry.size for entry in read[1])
+                    todo.append(read)
+                elif read[0].flush_pending:
+                    settle.append(read[0])
         fault("read")
         chunks: list[tuple[Path, _Chunk, bool]] = []
         paths = store.CheckedDirs(data_dir)  # under the round's locks: each directory once
         for row, batch, tail in todo:
             try:
-                path = paths.path(row.path)
-                current = store.size(path)
-                if (current or 0) != row.flushed_bytes or _gap(row, batch) is not None:
-                    done.alone.append(row.file_id)
-                    continue
-                before = _texts_before(path, row, tail)
-                chunk = _prepare(row, batch, before, postgres=db.postgres)
-                chunks.append((path, chunk, current is not None))
-            except errors.SgmeError:
-                done.alone.append(row.file_id)
-        outcomes = run(
-            [
-                functools.partial(_write, path, chunk, exists=exists)
-                for path, chunk, exists in chunks
-            ]
-        )
-        written = [
-            chunk for (_, chunk, _), error in zip(chunks, outcomes, strict=True) if not error
-        ]
-        done.alone.extend(c.row.file_id for (_, c, _), e in zip(chunks, outcomes, strict=True) if e)
+                chunks.append(_ready(db, data_dir, paths, row, batch, tail, fault))
+            except errors.SgmeError as exc:
+                done.errors[row.file_id] = exc
+        if not chunks and not settle:
+            return done
+        if len(chunks) == 1:  # a round of one file syncs on the calling thread
+            path, chunk, exists = chunks[0]
+            outcomes = [outcome(functools.partial(_write, path, chunk, exists=exists))]
+        else:
+            outcomes = run(
+                [functools.partial(_write, p, chunk, exists=exists) for p, chunk, exists in chunks]
+            )
+        written = []
+        for (_, chunk, _), error in zip(chunks, outcomes, strict=True):
+            if error is None:
+                written.append(chunk)
+            else:
+                _failed(done, chunk.row.file_id, error, several=several)
         fault("written")
         now = db.now()
-
-        # each file's row updated in file order, as every group takes its locks
-        # (pipeline.database.commits)
-        steps: dict[str, Callable[[sa.Connection], Any]] = {
-            **{
-                row.file_id: functools.partial(index.settle_flush, file_id=row.file_id)
-                for row in settle
-            },
-            **{chunk.row.file_id: functools.partial(chunk.advance, now=now) for chunk in written},
-        }
-
-        def commit(conn: sa.Connection) -> tuple[list[bool], list[int | None]]:
-            done = {file_id: steps[file_id](conn) for file_id in sorted(steps)}
-            settled = [done[row.file_id] for row in settle]
-            advanced = [done[chunk.row.file_id] for chunk in written]
-            applied(conn, [c for c, seq in zip(written, advanced, strict=True) if seq is not None])
-            return settled, advanced
-
         try:
-            settled, advanced = db.commit(commit, durable=False, key=min(steps, default=None))
-        except errors.SgmeError:
-            done.alone.extend(chunk.row.file_id for chunk in written)
-            done.alone.extend(row.file_id for row in settle)
+            settled, advanced = _commit(db, settle, written, now)
+        except errors.SgmeError as exc:
+            for file_id in [*(c.row.file_id for c in written), *(r.file_id for r in settle)]:
+                _failed(done, file_id, exc, several=several)
             return done
         fault("committed")
         for row, was_settled in zip(settle, settled, strict=True):
             # not settled: an append came meanwhile and its ingest did not kick the file
-            more = not was_settled
             done.results[row.file_id] = FlushResult(
-                row.file_id, 0, 0, row.flushed_seq, row.status, more=more
+                row.file_id,
+                0,
+                0,
+                row.flushed_seq,
+                row.status,
+                more=not was_settled,
+                acknowledged=row.flushed_seq,
             )
         for chunk, next_seq in zip(written, advanced, strict=True):
             old = chunk.row
-            if next_seq is None:  # cannot happen under the lock; flush() looks again
-                done.alone.append(old.file_id)
+            if next_seq is None:  # cannot happen under the lock
+                conflict = errors.Conflict(f"file {old.file_id} was flushed by someone else")
+                _failed(done, old.file_id, conflict, several=several)
                 continue
             row = chunk.advanced()
             done.results[old.file_id] = FlushResult(
@@ -561,34 +461,140 @@ def flush_many(
                 more=next_seq - 1 > row.flushed_seq,
                 unrefined=row.flushed_seq - row.last_refined_seq,
                 leased_until=row.refine_lease_until,
+                acknowledged=old.next_seq - 1,
             )
-        for row, batch, _ in todo:
-            if row.file_id in done.results:
-                for entry in batch:
-                    metrics.ACK_TO_FLUSH_SECONDS.observe((now - entry.created_at).total_seconds())
+            for entry in chunk.batch:
+                metrics.ACK_TO_FLUSH_SECONDS.observe((now - entry.created_at).total_seconds())
         if written:
             metrics.FLUSH_SECONDS.observe(time.perf_counter() - started)
     return done
 
 
-def follow_up(
-    results: list[FlushResult], *, refine: Refine, now: dt.datetime
-) -> tuple[list[str], list[str]]:
-    """What must follow these flushes: the files to kick again (appends acknowledged during
-    their flush, whose ingest did not kick), and the files whose refinement became due by
-    message count (due by idleness, the beat's periodic dispatch finds them)."""
-    again = [result.file_id for result in results if result.more]
-    due = []
-    for result in results:
-        leased = result.leased_until is not None and result.leased_until > now
-        if (
-            result.messages == 0
-            or leased  # a job is running; it dispatches the file again when it commits
-            or (result.unrefined < refine.min_messages and refine.idle_seconds > 0)
-        ):
-            continue
-        due.append(result.file_id)
-    return again, due
+def _read(
+    conn: sa.Connection, file_id: str, budget: int, done: Round, *, settled: bool = False
+) -> tuple[tables.FileRow, list[tables.JournalRow], list[tables.MessageRow]] | str | None:
+    """A file's part of the round's snapshot: its row, its first journal rows up to the last
+    seq acknowledged now (what comes later is the caller's to run again) and the catalog rows
+    of its last messages (:func:`_tail`). ``"unfinished"`` while a redaction of the file is
+    unfinished (unless ``settled``: finished just now); None, with the file's result or error
+    in ``done``, when there is nothing more to do."""
+    row, pending = audit.file_and_pending(conn, file_id)
+    if pending and not settled:
+        return "unfinished"
+    if row is None:
+        done.errors[file_id] = errors.NotFound(f"no file {file_id}")
+        return None
+    batch = ledger.journal_batch(conn, file_id, row.flushed_seq, budget, upto=row.next_seq - 1)
+    if not batch and not row.flush_pending:
+        done.results[file_id] = FlushResult(
+            file_id, 0, 0, row.flushed_seq, row.status, acknowledged=row.flushed_seq
+        )
+        return None
+    return row, batch, _tail(conn, row) if batch else []
+
+
+def _ready(
+    db: database.Database,
+    data_dir: Path,
+    paths: store.CheckedDirs,
+    row: tables.FileRow,
+    batch: list[tables.JournalRow],
+    tail: list[tables.MessageRow],
+    fault: FaultHook,
+) -> tuple[Path, _Chunk, bool]:
+    """A file's chunk, ready to write, once the file is repaired if it needs it (an archive
+    restored, a torn tail cut: :func:`_check_file`) and its journal rows continue it; its
+    path, and whether it exists. Damage is recorded and raised (:class:`errors.FileDamaged`)."""
+    if row.status == Status.ARCHIVED:
+        # An append to an archived session brings the file back first (docs/design.md §5).
+        try:
+            row = archive.restore_locked(db, data_dir, row)
+        except errors.FileDamaged as exc:
+            # Stay archived (reads keep decompressing); the appends wait in the journal.
+            raise _damaged(
+                db, row.file_id, Kind.RESTORE_FAILED, exc.detail, mark_error=False
+            ) from None
+    path, current = _check_file(db, paths, row, fault)
+    gap = _gap(row, batch)
+    if gap is not None:
+        raise _damaged(db, row.file_id, Kind.JOURNAL_GAP, gap)
+    # the restore of an archive keeps every offset: the tail read before it holds
+    before = _texts_before(path, row, tail)
+    return path, _prepare(row, batch, before, postgres=db.postgres), current is not None
+
+
+def _failed(done: Round, file_id: str, error: BaseException, *, several: bool) -> None:
+    """A file whose write or commit failed: in a round of several, to run again on its own
+    (:attr:`Round.again`); in a round of one, that is its error."""
+    if several:
+        done.again.append(file_id)
+    elif isinstance(error, Exception):
+        done.errors[file_id] = error
+    else:  # KeyboardInterrupt and the like are not a file's outcome
+        raise error
+
+
+def _commit(
+    db: database.Database, settle: list[tables.FileRow], written: list[_Chunk], now: dt.datetime
+) -> tuple[list[bool], list[int | None]]:
+    """The round's one lazy commit: each pending file with nothing to write settled, each
+    written chunk's fenced advance (each file's row updated in file order, as every group
+    takes its locks: pipeline.database.commits), and what follows the advances (:func:`applied`).
+    Whether each pending file settled, and each chunk's file's ``next_seq`` (None: advanced
+    by someone else meanwhile, nothing changed)."""
+    steps: dict[str, Callable[[sa.Connection], Any]] = {
+        **{
+            row.file_id: functools.partial(index.settle_flush, file_id=row.file_id)
+            for row in settle
+        },
+        **{chunk.row.file_id: functools.partial(chunk.advance, now=now) for chunk in written},
+    }
+
+    def commit(conn: sa.Connection) -> tuple[list[bool], list[int | None]]:
+        got = {file_id: steps[file_id](conn) for file_id in sorted(steps)}
+        advanced = [got[chunk.row.file_id] for chunk in written]
+        applied(conn, [c for c, seq in zip(written, advanced, strict=True) if seq is not None])
+        return [got[row.file_id] for row in settle], advanced
+
+    result: tuple[list[bool], list[int | None]] = db.commit(commit, durable=False, key=min(steps))
+    return result
+
+
+def flush(
+    db: database.Database,
+    file_locks: locks.FileLocks,
+    data_dir: Path,
+    file_id: str,
+    *,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    fault: FaultHook = _no_fault,
+) -> FlushResult:
+    """Write every journal row of ``file_id`` acknowledged when it starts to its file, once:
+    rounds of one file (:func:`flush_files`, waiting for the file's lock) until they are
+    written; the file's error raised.
+
+    Idempotent: running it twice, concurrently or after a crash at any point, leaves each
+    acknowledged message in the file exactly once and in seq order. The backlog goes out in
+    chunks of about ``chunk_bytes`` (one journal row at least), each written, fsynced and
+    committed before the next is read: memory stays bounded, and after a full disk the
+    backlog drains as space frees instead of needing room for all of it at once. What came
+    after it started is the caller's to flush again (``result.more``), so a busy session
+    cannot keep one flush going for ever.
+    """
+    target: int | None = None
+    messages = size = 0
+    while True:
+        done = flush_files(
+            db, file_locks, data_dir, [file_id], chunk_bytes=chunk_bytes, fault=fault, wait=True
+        )
+        if file_id in done.errors:
+            raise done.errors[file_id]
+        result = done.results[file_id]
+        messages, size = messages + result.messages, size + result.bytes
+        if target is None:
+            target = result.acknowledged
+        if not result.messages or result.flushed_seq >= target:
+            return dataclasses.replace(result, messages=messages, bytes=size)
 
 
 def stale_files(db: database.Database, *, age: float) -> list[str]:

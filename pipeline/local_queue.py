@@ -6,15 +6,17 @@ asked for (bench/bench_http.py). :class:`LocalQueue` keeps the files to flush in
 kicked twice before its flush starts is flushed once; a file kicked while it is being flushed
 is flushed again after). Refinement jobs still go to the task queue it wraps.
 
-Started with a round function (:meth:`pipeline.service.Service.flush_round`, the embedded
-service's way), it flushes in *rounds* (docs/design.md §3, batched flushes): one thread waits
-for a kick, lingers ``linger`` seconds so that the kicks of concurrent appends gather, then
-takes every kicked file (at most ``max_round``) into one round — one read snapshot, the
-files' syncs in parallel on a pool of ``threads`` threads, one commit — and starts over. A
-file the round hands back (damaged, busy, archived: anything but a plain append) is flushed on
-its own by one of ``threads`` other threads, so a file that waits for its lock never holds up
-the others. Started with a flush function alone, each of ``threads`` threads flushes one
-kicked file at a time (the group committer shares their commits).
+Started with the process' :class:`pipeline.flusher.Flusher`, it flushes in *rounds*
+(docs/design.md §3, batched flushes): one thread waits for a kick, lingers ``linger`` seconds
+so that the kicks of concurrent appends gather, then takes every kicked file (at most
+``max_round``) into one round — one read snapshot, the files' syncs in parallel on the
+flusher's pool, one commit — and starts over. The round returns what is left: files past its
+budget and files written with more acknowledged appends are queued again (kicked), and a
+file to run on its own (busy: another thread or process holds its lock; or its write failed
+in the round) is flushed by one of ``threads`` other threads (:meth:`Flusher.flush`, which
+waits for the lock), so a file that waits for its lock never holds up the others. Every
+result goes to the ``follow_up`` it was started with (the service's: refinement that became
+due is dispatched).
 
 Nothing here is durable, and nothing needs to be: a kick lost in a crash is found again by
 the sweep (the journal holds every acknowledged append).
@@ -22,13 +24,14 @@ the sweep (the journal holds every acknowledged append).
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import threading
 import time
 from collections.abc import Callable
 
-from pipeline import errors, flush, refine
+from pipeline import errors, refine
+from pipeline.flush import FlushResult
+from pipeline.flusher import Flusher
 from pipeline.service import Queue
 
 log = logging.getLogger(__name__)
@@ -36,9 +39,8 @@ log = logging.getLogger(__name__)
 DEFAULT_LINGER = 0.02  #: seconds a round waits for more kicks (``backlog_flush_linger``)
 MAX_ROUND = 256  #: files in one round at most
 
-Thunks = list[Callable[[], None]]
-#: ``flush_round(file_ids, run=…)``: the files to flush on their own
-RoundFunction = Callable[..., list[str]]
+#: what follows flushes (:meth:`pipeline.service.Service.follow_up`)
+FollowUp = Callable[[list[FlushResult]], None]
 
 
 class LocalQueue:
@@ -59,32 +61,26 @@ class LocalQueue:
         self.max_round = max_round
         lock = threading.Lock()
         self._cond = threading.Condition(lock)  #: kicks and ends of flushes: the round waits on it
-        #: files handed back by a round (the threads that flush one at a time wait on it, so a
-        #: kick, which only the round takes, wakes only the round)
+        #: files a round handed back to run on their own (the threads that flush them wait
+        #: on it, so a kick, which only the round takes, wakes only the round)
         self._handed = threading.Condition(lock)
         self._pending: dict[str, None] = {}  #: kicked, in kick order
         self._alone: dict[str, None] = {}  #: handed back by a round: flushed one by one
         self._running: set[str] = set()
         self._workers: list[threading.Thread] = []
         self._closed = False
-        self._flush: Callable[[str], object] | None = None
-        self._round: RoundFunction | None = None
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._flusher: Flusher | None = None
+        self._follow_up: FollowUp = _nothing
         #: rounds run and files flushed in them (tests and benchmarks read these)
         self.rounds = 0
         self.round_files = 0
 
-    def start(
-        self, flush: Callable[[str], object], flush_round: RoundFunction | None = None
-    ) -> None:
-        """Start the threads: ``flush(file_id)`` flushes one file; with ``flush_round``, kicked
-        files are flushed in rounds and only the ones a round hands back one by one."""
-        self._flush, self._round = flush, flush_round
-        if flush_round is not None:
-            self._pool = concurrent.futures.ThreadPoolExecutor(
-                self.threads, thread_name_prefix="sgme-flush-sync"
-            )
-            self._spawn(self._rounds, "sgme-flush-round")
+    def start(self, flusher: Flusher, follow_up: FollowUp | None = None) -> None:
+        """Start the threads: kicked files are flushed in rounds of ``flusher``, and the ones
+        a round hands back one by one; every result goes to ``follow_up``."""
+        self._flusher = flusher
+        self._follow_up = follow_up or _nothing
+        self._spawn(self._rounds, "sgme-flush-round")
         for i in range(self.threads):
             self._spawn(self._work, f"sgme-flush-{i}")
 
@@ -102,8 +98,6 @@ class LocalQueue:
             self._handed.notify_all()
         for thread in self._workers:
             thread.join(timeout)
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
 
     def kick(self, file_id: str) -> None:
         """Flush ``file_id`` soon, on one of the threads."""
@@ -111,7 +105,7 @@ class LocalQueue:
             if self._closed or file_id in self._pending:
                 return
             self._pending[file_id] = None
-            self._cond.notify_all()  # the round, or (without rounds) the threads
+            self._cond.notify_all()  # the round
 
     def submit(self, claim: refine.Claim) -> None:
         """Send a refinement job to the task queue."""
@@ -126,27 +120,24 @@ class LocalQueue:
         return [f for f in self._pending if f not in self._running]
 
     def _next(self) -> str | None:
-        """The next file for a thread that flushes one at a time; None once closed."""
-        waiting = self._alone if self._round is not None else self._pending
-        wakes = self._handed if self._round is not None else self._cond
+        """The next file a round handed back, for a thread that flushes one at a time; None
+        once closed."""
         with self._cond:
             while True:
                 if self._closed:
                     return None
-                for file_id in waiting:
-                    if self._round is not None or file_id not in self._running:
-                        del waiting[file_id]
-                        self._running.add(file_id)
-                        return file_id
-                wakes.wait()
+                for file_id in self._alone:
+                    del self._alone[file_id]
+                    return file_id  # running since its round took it
+                self._handed.wait()
 
     def _work(self) -> None:
-        assert self._flush is not None
+        assert self._flusher is not None
         while (file_id := self._next()) is not None:
             try:
-                self._flush(file_id)
+                self._follow_up([self._flusher.flush(file_id)])
             except errors.SgmeError as exc:
-                # Logged by the service where it matters; the sweep kicks the file again.
+                # Logged by the flusher where it matters; the sweep kicks the file again.
                 log.debug("flush of %s failed, the sweep retries it: %s", file_id, exc.detail)
             except Exception:
                 log.exception("flush of %s failed, the sweep retries it", file_id)
@@ -173,29 +164,36 @@ class LocalQueue:
             return files
 
     def _rounds(self) -> None:
-        assert self._round is not None
+        assert self._flusher is not None
         while (files := self._take_round()) is not None:
+            alone: list[str] = []
+            later: list[str] = []
             try:
-                alone = set(self._round(files, run=self._run))
+                done = self._flusher.round(files)
+                alone, later = done.again, done.later
+                self._follow_up(list(done.results.values()))  # kicks the files with more
             except errors.SgmeError as exc:
                 log.debug("flush round failed, its files are flushed alone: %s", exc.detail)
-                alone = set(files)
+                alone = files
             except Exception:
                 log.exception("flush round failed, its files are flushed alone")
-                alone = set(files)
+                alone = files
             with self._cond:
                 self.rounds += 1
-                self.round_files += len(files) - len(alone)
+                self.round_files += len(files) - len(alone) - len(later)
+                handed = set(alone)
                 for file_id in files:
-                    if file_id in alone:
+                    if file_id in handed:
                         self._alone[file_id] = None  # stays running until flushed alone
                     else:
                         self._running.discard(file_id)
+                for file_id in later:  # past the round's budget: the next round's
+                    self._pending.setdefault(file_id, None)
                 if alone:
                     self._handed.notify_all()
+                if later:
+                    self._cond.notify_all()
 
-    def _run(self, thunks: Thunks) -> list[BaseException | None]:
-        """Run ``thunks`` on the sync pool (inline when there is one): each one's exception."""
-        if len(thunks) <= 1 or self._pool is None:
-            return flush.serially(thunks)
-        return list(self._pool.map(flush.outcome, thunks))
+
+def _nothing(results: list[FlushResult]) -> None:
+    return None

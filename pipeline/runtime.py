@@ -3,7 +3,8 @@ everything else.
 
 A :class:`Runtime` holds the settings, the index handle (:class:`database.Database`: its
 engine, group committer, SQLite write lock and clock), the per-file locks
-(:class:`locks.FileLocks`) and the refiner; :meth:`Runtime.service` makes the
+(:class:`locks.FileLocks`), the one writer of files (:class:`flusher.Flusher`) and the
+refiner; :meth:`Runtime.service` makes the
 :class:`Service` every caller uses, over a queue. Every entry point builds its runtime here:
 the ``sgme`` command (:mod:`pipeline.cli`), each API process of ``sgme api --workers N``
 (:mod:`pipeline.api.child`), and the Celery worker, beat and embedded service (the
@@ -19,7 +20,7 @@ import gc
 from importlib import metadata as importlib_metadata
 from typing import Protocol
 
-from pipeline import database, errors, index, integrity, locks, refine
+from pipeline import database, errors, flusher, index, integrity, locks, refine
 from pipeline.clock import SYSTEM, Clock
 from pipeline.service import Queue, Service
 from pipeline.settings import Settings
@@ -92,6 +93,9 @@ class Runtime:
             db, settings.data_dir, timeout=settings.lock_timeout, flock=settings.file_locks
         )
         self.refiners = refine.Refiners.configured(settings)
+        #: the process' one writer of files, shared by its service, waited appends, flush
+        #: threads and flush tasks (pipeline.flusher)
+        self.flusher = flusher.Flusher(settings, db, self.file_locks)
         self._workers = workers
         self._service: Service | None = None
 
@@ -147,7 +151,12 @@ class Runtime:
         refinement). A later call may name the same queue, or none; not another."""
         if self._service is None:
             self._service = Service(
-                self.settings, self.db, self.file_locks, queue, refiners=self.refiners
+                self.settings,
+                self.db,
+                self.file_locks,
+                queue,
+                refiners=self.refiners,
+                flusher=self.flusher,
             )
         elif queue is not None and queue is not self._service.queue:
             raise errors.InternalError(
@@ -169,8 +178,9 @@ class Runtime:
         return backend
 
     def close(self) -> None:
-        """Close the embedder's connections, the index's pooled connections and the lock
-        files."""
+        """Stop the flusher's sync threads; close the embedder's connections, the index's
+        pooled connections and the lock files."""
+        self.flusher.close()
         if self._service is not None:
             self._service.hybrid.close()
         self.file_locks.close()

@@ -48,7 +48,8 @@ from pipeline import (
     validation,
     waits,
 )
-from pipeline.flush import FlushResult, Round, Runner
+from pipeline.flush import FlushResult
+from pipeline.flusher import Flusher
 from pipeline.settings import Settings
 from pipeline.tables import Kind
 
@@ -104,6 +105,7 @@ class Service:
         queue: Queue | None = None,
         *,
         refiners: refine.Refiners | None = None,
+        flusher: Flusher | None = None,
     ) -> None:
         self.settings = settings
         self.db = db
@@ -115,8 +117,10 @@ class Service:
         self.policies = privacy.Policies(
             db, default=settings.redact_secrets, cache_seconds=settings.token_cache_seconds
         )
+        #: the process' one writer of files (pipeline.flusher; the runtime's, shared)
+        self.flusher = flusher or Flusher(settings, db, file_locks)
         #: the flushes that appends (and flush tasks) wait for, in rounds (pipeline.waits)
-        self.waits = waits.Waits(self._round, self.flush)
+        self.waits = waits.Waits(self.flusher)
         #: each session's file, the order of an append's row lock (pipeline.ingest)
         self.known = ingest.KnownFiles(ingest.KNOWN_FILES if db.postgres else 0)
         #: what people and agents browse (pipeline.browsing)
@@ -244,7 +248,7 @@ class Service:
                 self.kick(result.file_id)
             return Appended(result, redacted=redacted)
         try:
-            flushed = self.waits.join(result.file_id, result.last_seq)
+            flushed = self._joined(result.file_id, result.last_seq)
         except errors.SgmeError as exc:
             log.warning("flush of %s after its append failed: %s", result.file_id, exc.detail)
             self.kick(result.file_id)
@@ -254,58 +258,43 @@ class Service:
     # -----------------------------------------------------------------------------------------
     # flush, sweep and dispatch
 
-    def flush(self, file_id: str) -> flush.FlushResult:
-        """Write the file's pending journal rows, then dispatch its refinement if it became due
-        by message count (due by idleness, the beat's periodic dispatch finds it).
-
-        A damaged file is refused (FileDamaged): logged as an error the first time, then only
-        counted in its anomaly, however often the sweeper comes back to it."""
-        s = self.settings
-        try:
-            chunk = s.backlog.flush_chunk_bytes
-            result = flush.flush(self.db, self.file_locks, s.data_dir, file_id, chunk_bytes=chunk)
-        except errors.FileDamaged as exc:
-            (log.error if exc.first else log.debug)("flush of %s refused: %s", file_id, exc.detail)
-            raise
-        self._after_flushes([result])
+    def flush(self, file_id: str) -> FlushResult:
+        """Write the file's journal rows acknowledged now (:meth:`Flusher.flush`),
+        then what follows (:meth:`follow_up`). A damaged file is refused (FileDamaged):
+        logged as an error the first time, then only counted in its anomaly, however often
+        the sweeper comes back to it."""
+        result = self.flusher.flush(file_id)
+        self.follow_up([result])
         return result
 
-    def flush_together(self, file_id: str) -> FlushResult:
-        """:meth:`flush`, in one round with the files other threads of this process flush at
-        the same moment (the worker's flush tasks on a thread pool), as waited appends share
-        theirs (:mod:`pipeline.waits`); at once and on its own when nobody else flushes."""
-        return self.waits.join(file_id, 0)
+    def wait_flushed(self, file_id: str) -> FlushResult:
+        """Wait until the journal rows of ``file_id`` acknowledged now are in its file, in one
+        round with the files other threads of this process wait for at the same moment (the
+        worker's flush tasks on a thread pool), as waited appends share theirs
+        (:mod:`pipeline.waits`); at once and on its own when nobody else waits."""
+        return self._joined(file_id, 0)
 
-    def flush_round(self, file_ids: list[str], *, run: Runner | None = None) -> list[str]:
-        """A batched flush (:func:`flush.flush_many`, the syncs through ``run``), then what
-        :meth:`flush` does after one; the files to flush on their own (:meth:`flush`)."""
-        done = self._round(file_ids, run or flush.serially)
-        for file_id in done.later:
+    def _joined(self, file_id: str, seq: int) -> FlushResult:
+        """Join the waited rounds until ``file_id`` is in its file up to ``seq``; what follows
+        the rounds this caller led is run here, and the file's error raised."""
+        joined = self.waits.join(file_id, seq)
+        self.follow_up(joined.led)
+        return joined.result()
+
+    def follow_up(self, results: list[FlushResult]) -> None:
+        """What follows flushes (:meth:`Flusher.follow_up`): the files with appends
+        acknowledged during their flush are kicked again, and those whose refinement became
+        due are dispatched."""
+        if not results:
+            return
+        after = self.flusher.follow_up(results, self.db.now())
+        for file_id in after.again:
             self.kick(file_id)
-        return done.alone
-
-    def _round(self, file_ids: list[str], run: Runner) -> Round:
-        s = self.settings
-        done = flush.flush_many(
-            self.db,
-            self.file_locks,
-            s.data_dir,
-            file_ids,
-            chunk_bytes=s.backlog.flush_chunk_bytes,
-            run=run,
-        )
-        self._after_flushes(list(done.results.values()))
-        return done
-
-    def _after_flushes(self, results: list[FlushResult]) -> None:
-        again, due = flush.follow_up(results, refine=self.settings.refine, now=self.db.now())
-        for file_id in again:
-            self.kick(file_id)
-        if due:
+        if after.due:
             try:
-                self.dispatch(due)
+                self.dispatch(after.due)
             except errors.SgmeError as exc:  # the flush stands; the beat dispatch catches up
-                log.warning("dispatch after the flush of %s failed: %s", due, exc.detail)
+                log.warning("dispatch after the flush of %s failed: %s", after.due, exc.detail)
 
     def sweep(self, age: float | None = None) -> list[str]:
         """Re-kick flushes of journal rows older than ``age`` seconds (default ``sweep_age``):

@@ -10,8 +10,12 @@ round is whatever queued while the previous one ran, so a lone caller's flush st
 
 A caller whose file the round did not reach far enough (past the round's byte budget, or one
 chunk written and more left before its seq) queues it again at the front, for the next
-round; a file the round hands back (damaged, busy, archived) is flushed on its own by the
-leader, and its waiters get that flush's answer or error.
+round; a file the round hands back to run on its own (busy, or its write failed in a round
+of several) gets a round of its own at once, from the same leader, and its waiters that
+round's answer or error. A lone caller's round is a round of one file, which waits for the
+file's lock. The round calls nobody back: the leader returns the results of the rounds it
+led with its own (:class:`Joined`), and its caller runs what follows them
+(:meth:`pipeline.service.Service.follow_up`).
 
 As in the group committer, each caller waits on an event of its own: after a round the
 leader wakes the callers it settled and hands the lead to the first caller still queued,
@@ -23,21 +27,29 @@ history of docs/benchmarks.md.)
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import threading
-from collections.abc import Callable
 
-from pipeline import errors, flush, forks
-from pipeline.flush import FlushResult, Round, Runner
+from pipeline import forks
+from pipeline.flush import FlushResult
+from pipeline.flusher import Flusher
 
-#: threads that run a round's writes and ``fdatasync`` calls side by side (one process-wide
-#: pool: the disk takes concurrent syncs about as fast as one)
-SYNC_THREADS = 8
-
-#: ``flush_round(file_ids, run)``: one round, its syncs through ``run``
-RoundFunction = Callable[[list[str], Runner], Round]
 Outcome = FlushResult | BaseException
+
+
+@dataclasses.dataclass(frozen=True)
+class Joined:
+    """What :meth:`Waits.join` is answered with."""
+
+    outcome: Outcome  #: the flush that put the caller's seq in its file, or its error
+    #: every result of the rounds this caller led (the caller runs what follows them)
+    led: list[FlushResult]
+
+    def result(self) -> FlushResult:
+        """The flush's result; its error raised."""
+        if isinstance(self.outcome, BaseException):
+            raise self.outcome
+        return self.outcome
 
 
 @dataclasses.dataclass(eq=False)
@@ -50,11 +62,11 @@ class _Wait:
 
 
 class Waits:
-    """Combined flushes of the files that appends wait for (one per service)."""
+    """The waited-append scheduler: combined flushes of the files that appends wait for (one
+    per service, over the process' :class:`Flusher`)."""
 
-    def __init__(self, flush_round: RoundFunction, flush_alone: Callable[[str], FlushResult]):
-        self._round = flush_round
-        self._alone = flush_alone
+    def __init__(self, flusher: Flusher):
+        self._flusher = flusher
         self._lock = threading.Lock()
         self._queue: list[_Wait] = []
         self._leading = False
@@ -74,15 +86,17 @@ class Waits:
             return len(self._queue)
 
     def leading(self) -> bool:
-        """Whether a round (or the flush of a lone file) is running."""
+        """Whether a round is running."""
         with self._lock:
             return self._leading
 
-    def join(self, file_id: str, seq: int) -> FlushResult:
-        """Join the next round of flushes until ``file_id`` is in its file up to ``seq``:
-        the result of the flush that put it there (in a round, or on its own); the error of
-        that flush raised (:class:`errors.SgmeError`, or a bug)."""
+    def join(self, file_id: str, seq: int) -> Joined:
+        """Join the next round of flushes until ``file_id`` is in its file up to ``seq``: the
+        result of the round that put it there, or that round's error for the file
+        (:class:`errors.SgmeError`, or a bug), with the results of the rounds this caller led
+        on the way."""
         mine = _Wait(file_id, seq)
+        led: list[FlushResult] = []
         with self._lock:
             self._queue.append(mine)
             follower = self._leading
@@ -92,23 +106,21 @@ class Waits:
                 mine.woken.wait()
                 mine.woken.clear()
             if mine.outcome is not None:
-                if isinstance(mine.outcome, BaseException):
-                    raise mine.outcome
-                return mine.outcome
+                return Joined(mine.outcome, led)
             # the lead is this caller's (its wait is queued): a round of everything queued
             with self._lock:
                 batch, self._queue = self._queue, []
-            self._lead(batch)
+            self._lead(batch, led)
             follower = True  # settled by it (woken already), or queued again
 
-    def _lead(self, batch: list[_Wait]) -> None:
-        """One round for ``batch``; each wait settled, or queued again for the next round.
-        Afterwards the first wait queued (if any) leads the next round: only the callers
-        whose wait settled, and that one, are woken."""
+    def _lead(self, batch: list[_Wait], led: list[FlushResult]) -> None:
+        """One round for ``batch`` (its results added to ``led``); each wait settled, or
+        queued again for the next round. Afterwards the first wait queued (if any) leads the
+        next round: only the callers whose wait settled, and that one, are woken."""
         outcomes: dict[str, Outcome] = {}
         failure: BaseException | None = None
         try:
-            outcomes = self._flush([*dict.fromkeys(wait.file_id for wait in batch)])
+            outcomes = self._outcomes([*dict.fromkeys(wait.file_id for wait in batch)], led)
         except BaseException as exc:  # every wait of the batch is answered with it
             failure = exc
             raise
@@ -133,19 +145,18 @@ class Waits:
             for wait in settled:
                 wait.woken.set()
 
-    def _flush(self, file_ids: list[str]) -> dict[str, Outcome]:
-        """A round of ``file_ids``, then the files it handed back one by one; each file's
-        result or error (none for a file past the round's budget). One file is flushed on
-        its own at once, as a waited append always was: a round of one shares nothing (and
-        measured 11–15 µs more CPU an append: the tenth throughput pass, in the history of
-        docs/benchmarks.md)."""
-        done = self._round(file_ids, _run) if len(file_ids) > 1 else Round(alone=file_ids)
-        outcomes: dict[str, Outcome] = dict(done.results)
-        for file_id in done.alone:
-            try:
-                outcomes[file_id] = self._alone(file_id)
-            except errors.SgmeError as exc:
-                outcomes[file_id] = exc
+    def _outcomes(self, file_ids: list[str], led: list[FlushResult]) -> dict[str, Outcome]:
+        """A round of ``file_ids``, then a round of its own for each file it handed back to
+        run so; each file's result or error (none for a file past the round's budget). A
+        lone file's round waits for its lock, as a waited append's flush always did."""
+        done = self._flusher.round(file_ids, wait=len(file_ids) == 1)
+        outcomes: dict[str, Outcome] = {**done.results, **done.errors}
+        for file_id in done.again:
+            alone = self._flusher.round([file_id], wait=True)
+            outcomes.update(alone.results)
+            outcomes.update(alone.errors)
+            led.extend(alone.results.values())
+        led.extend(done.results.values())
         return outcomes
 
 
@@ -154,40 +165,3 @@ def _short(got: Outcome, seq: int) -> bool:
     writes one chunk a file). One that says nothing is left is taken as it is, as a flush
     of one file's answer always was: waiting again could not bring ``seq`` any closer."""
     return isinstance(got, FlushResult) and got.flushed_seq < seq and got.more
-
-
-class _SyncPool:
-    """The process' pool of :data:`SYNC_THREADS` threads, made at first use; forgotten in a
-    forked child (:mod:`pipeline.forks`): the parent's pool threads are not there, and its
-    lock may have been held by one of them."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        forks.reset_in_child(self)
-
-    def after_fork_in_child(self) -> None:
-        """Forget the parent's pool and lock."""
-        self._lock = threading.Lock()
-        self._pool = None
-
-    def run(self, thunks: list[Callable[[], None]]) -> list[BaseException | None]:
-        """Each thunk on a thread of the pool; each one's error (None: it ran)."""
-        with self._lock:
-            if self._pool is None:
-                self._pool = concurrent.futures.ThreadPoolExecutor(
-                    SYNC_THREADS, thread_name_prefix="sgme-wait-sync"
-                )
-            pool = self._pool
-        return list(pool.map(flush.outcome, thunks))
-
-
-_SYNCS = _SyncPool()
-
-
-def _run(thunks: list[Callable[[], None]]) -> list[BaseException | None]:
-    """The :data:`Runner` of waited rounds: one thunk on the calling thread, more on the
-    process' sync pool."""
-    if len(thunks) <= 1:
-        return flush.serially(thunks)
-    return _SYNCS.run(thunks)

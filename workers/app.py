@@ -214,7 +214,7 @@ class CeleryWorkers:
             queues = (*QUEUES, deployment.queue(runtime.deployment))
         app, service = create(runtime, flush_threads_count=concurrency)
         assert isinstance(service.queue, local_queue.LocalQueue)
-        service.queue.start(service.flush, service.flush_round)
+        service.queue.start(service.flusher, service.follow_up)
         keeper.start()
         try:
             runner = embedded.Embedded(

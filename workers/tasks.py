@@ -85,10 +85,10 @@ def register(app: Celery, service: Service, *, deployment_id: str) -> None:
     def flush(self: Task, file_id: str) -> None:
         """Write a file's pending journal rows, then dispatch its refinement if it is due; in
         one round with the flush tasks other threads of this worker run at the moment."""
-        # A damaged file is recorded as an anomaly and logged (once) by the service; a retry
+        # A damaged file is recorded as an anomaly and logged (once) by the flusher; a retry
         # would change nothing, and the sweeper comes back to it anyway.
         with contextlib.suppress(errors.FileDamaged):
-            service.flush_together(file_id)
+            service.wait_flushed(file_id)
 
     @app.task(name="sgme.append", **appends)
     def append(self: Task, **body: Any) -> None:

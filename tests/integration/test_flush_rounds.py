@@ -1,7 +1,8 @@
-"""Batched flushes (docs/design.md §3): :func:`flush.flush_many` writes many files with one
-read snapshot and one commit, hands back every file that needs more than an append, and
-stays within its byte budget; :class:`local_queue.LocalQueue` in rounds flushes the
-handed-back files on their own — on SQLite and PostgreSQL."""
+"""Flush rounds (docs/design.md §3): :func:`flush.flush_files` writes any set of files with
+one read snapshot and one commit, repairs the files that need it as a step of the round,
+returns each file's result or error and what is left, and stays within its byte budget;
+:class:`local_queue.LocalQueue` runs the rounds and flushes the files a round hands back on
+their own — on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -19,8 +20,10 @@ from conftest import set_row
 
 from pipeline import (
     anomalies,
+    archive,
     database,
     document,
+    errors,
     flush,
     index,
     integrity,
@@ -56,8 +59,8 @@ def test_a_round_writes_every_file_with_one_commit(db: database.Database, data_d
         ran.append(len(thunks))
         return flush.serially(thunks)
 
-    done = flush.flush_many(db, _locks(db, data_dir), data_dir, ids, run=run)
-    assert (done.alone, done.later) == ([], [])
+    done = flush.flush_files(db, _locks(db, data_dir), data_dir, ids, run=run)
+    assert (done.again, done.later, done.errors) == ([], [], {})
     assert ran == [5]
     assert db.group.groups == groups + 1  # one commit for the five files
     assert {i: r.messages for i, r in done.results.items()} == {
@@ -98,8 +101,8 @@ def test_a_round_updates_its_files_rows_in_file_order(
     monkeypatch.setattr(index, "advance_flushed", advancing)
     monkeypatch.setattr(index, "settle_flush", settling)
     given = sorted([*ids, settled], reverse=True)
-    done = flush.flush_many(db, _locks(db, data_dir), data_dir, given)
-    assert (done.alone, done.later) == ([], [])
+    done = flush.flush_files(db, _locks(db, data_dir), data_dir, given)
+    assert (done.again, done.later, done.errors) == ([], [], {})
     assert updated == sorted(given)
     assert {i: r.messages for i, r in done.results.items()} == {**dict.fromkeys(ids, 1), settled: 0}
 
@@ -139,7 +142,7 @@ def test_the_catalog_rows_and_search_terms_are_made_before_the_commit(
     monkeypatch.setattr(db, "committing", committing)
     monkeypatch.setattr(terms, "terms", watched)
     if round_:
-        assert flush.flush_many(db, _locks(db, data_dir), data_dir, ids).alone == []
+        assert flush.flush_files(db, _locks(db, data_dir), data_dir, ids).left == []
     else:
         for file_id in ids:
             flush.flush(db, _locks(db, data_dir), data_dir, file_id)
@@ -178,7 +181,7 @@ def test_a_rounds_messages_are_cataloged_at_once_each_under_its_own_id(
 
     monkeypatch.setattr(database.Prepared, "many", many)
     monkeypatch.setattr(database, "many_bound", many_bound)
-    assert flush.flush_many(db, _locks(db, data_dir), data_dir, ids).alone == []
+    assert flush.flush_files(db, _locks(db, data_dir), data_dir, ids).left == []
     monkeypatch.undo()
     if not db.postgres:  # PostgreSQL sends the rows in one INSERT … RETURNING
         assert ran.count("INSERT INTO messages") == 1
@@ -192,25 +195,73 @@ def test_a_rounds_messages_are_cataloged_at_once_each_under_its_own_id(
     assert integrity.fsck(db, data_dir) == []
 
 
-def test_a_file_that_needs_more_than_an_append_is_handed_back(
+def test_a_round_over_a_mix_repairs_refuses_and_leaves_each_file_as_it_must(
     db: database.Database, data_dir: Path
 ) -> None:
-    torn, missing, plain = (journal.ingest(db, _body(k)).file_id for k in ("t", "m", "p"))
-    for file_id in (torn, missing, plain):
+    """One round over a plain file, a torn one, an archived one, a damaged one, one another
+    process holds, one that spends the budget and one past it: the repairs are steps of the
+    round (the torn tail cut, the archive restored, each recorded), the damaged file is
+    refused with its anomaly, and the busy and late ones are left for the caller."""
+    keys = ("plain", "torn", "archived", "missing", "busy", "big", "late")
+    ids = dict(zip(keys, (journal.ingest(db, _body(k)).file_id for k in keys), strict=True))
+    for file_id in ids.values():
         journal.flush(db, data_dir, file_id)
-        journal.ingest(db, _body(helpers.file_row(db, file_id).session_key, "more"))
-    with open(data_dir / helpers.file_row(db, torn).path, "ab") as f:
+    _archive(db, data_dir, ids["archived"])
+    for key in keys:
+        journal.ingest(db, _body(key, "more " * (300 if key == "big" else 1)))
+    with open(data_dir / helpers.file_row(db, ids["torn"]).path, "ab") as f:
         f.write(b"# never acknowledged")
-    (data_dir / helpers.file_row(db, missing).path).unlink()
-    done = flush.flush_many(db, _locks(db, data_dir), data_dir, [torn, missing, plain])
-    assert sorted(done.alone) == sorted([torn, missing])
-    assert list(done.results) == [plain]
-    # nothing recorded or repaired by the round: that is the flush of one file's job
-    for file_id in (torn, missing):
-        assert anomalies_of(db, file_id) == []
-    journal.flush(db, data_dir, torn)  # alone: the tail is cut and the append written
-    assert anomalies_of(db, torn) == ["torn_tail_truncated"]
-    assert helpers.file_row(db, torn).flushed_seq == 2
+    (data_dir / helpers.file_row(db, ids["missing"]).path).unlink()
+    other = _locks(db, data_dir)  # another holder of one file's lock (another process)
+    file_locks = locks.FileLocks(db, data_dir, timeout=0.05)
+    with other.hold(ids["busy"]):
+        done = flush.flush_files(db, file_locks, data_dir, [ids[k] for k in keys], chunk_bytes=1200)
+    written = {k: done.results[ids[k]].messages for k in ("plain", "torn", "archived", "big")}
+    assert written == {"plain": 1, "torn": 1, "archived": 1, "big": 1}  # "big" spent the budget
+    assert list(done.errors) == [ids["missing"]]
+    assert isinstance(done.errors[ids["missing"]], errors.FileDamaged)
+    assert (done.again, done.later) == ([ids["busy"]], [ids["late"]])
+    assert sorted(done.left) == sorted([ids["busy"], ids["late"]])
+    assert anomalies_of(db, ids["torn"]) == ["torn_tail_truncated"]
+    assert anomalies_of(db, ids["missing"]) == ["file_missing"]
+    assert helpers.file_row(db, ids["missing"]).status == "error"
+    restored = helpers.file_row(db, ids["archived"])
+    assert (restored.flushed_seq, restored.status) == (2, "new")
+    assert (data_dir / restored.path).read_bytes().count(b"more") == 1
+    for key in ("busy", "late"):  # not read: their appends wait in the journal
+        assert helpers.file_row(db, ids[key]).flushed_seq == 1
+    # what was left is flushed by the next round, each in a round of its own here
+    for key in ("busy", "late"):
+        again = flush.flush_files(db, file_locks, data_dir, [ids[key]], wait=True)
+        assert again.results[ids[key]].flushed_seq == 2
+
+
+def _archive(db: database.Database, data_dir: Path, file_id: str) -> None:
+    """Archive a flushed file (as the cold archive does a refined one)."""
+    set_row(db, file_id, status="refined")
+    assert archive.compress(db, _locks(db, data_dir), data_dir, file_id) is not None
+    assert helpers.file_row(db, file_id).status == "archived"
+
+
+@pytest.mark.parametrize("damage", ["torn", "archived"])
+def test_a_round_of_one_repairs(db: database.Database, data_dir: Path, damage: str) -> None:
+    """The repairs of a flush of one file are the round's: a torn tail cut and recorded, an
+    archive restored, before the append is written."""
+    file_id = journal.ingest(db, _body("r")).file_id
+    journal.flush(db, data_dir, file_id)
+    if damage == "archived":
+        _archive(db, data_dir, file_id)
+    journal.ingest(db, _body("r", "after"))
+    if damage == "torn":
+        with open(data_dir / helpers.file_row(db, file_id).path, "ab") as f:
+            f.write(b"# never acknowledged")
+    done = flush.flush_files(db, _locks(db, data_dir), data_dir, [file_id], wait=True)
+    assert (done.errors, done.left) == ({}, [])
+    assert (done.results[file_id].flushed_seq, done.results[file_id].status) == (2, "new")
+    expected = ["torn_tail_truncated"] if damage == "torn" else []
+    assert anomalies_of(db, file_id) == expected
+    assert helpers.file_row(db, file_id).status == "new"
+    assert integrity.fsck(db, data_dir) == []
 
 
 def anomalies_of(db: database.Database, file_id: str) -> list[str]:
@@ -220,21 +271,23 @@ def anomalies_of(db: database.Database, file_id: str) -> list[str]:
 
 def test_a_round_reads_about_its_byte_budget(db: database.Database, data_dir: Path) -> None:
     ids = [journal.ingest(db, _body(f"s{i}", "x" * 1000)).file_id for i in range(4)]
-    done = flush.flush_many(db, _locks(db, data_dir), data_dir, ids, chunk_bytes=1500)
+    done = flush.flush_files(db, _locks(db, data_dir), data_dir, ids, chunk_bytes=1500)
     assert list(done.results) == ids[:2]  # the second row took it past the budget
     assert done.later == ids[2:]
     assert store.size(data_dir / helpers.file_row(db, ids[2]).path) is None
 
 
-def test_a_failed_write_hands_the_file_back(db: database.Database, data_dir: Path) -> None:
+def test_a_failed_write_in_a_round_of_several_hands_the_file_back(
+    db: database.Database, data_dir: Path
+) -> None:
     ids = [journal.ingest(db, _body(f"s{i}")).file_id for i in range(2)]
 
     def run(thunks: list[Callable[[], None]]) -> list[BaseException | None]:
         outcomes = flush.serially(thunks[:1])
         return [*outcomes, OSError("disk on fire")]
 
-    done = flush.flush_many(db, _locks(db, data_dir), data_dir, ids, run=run)
-    assert (list(done.results), done.alone) == ([ids[0]], [ids[1]])
+    done = flush.flush_files(db, _locks(db, data_dir), data_dir, ids, run=run)
+    assert (list(done.results), done.again, done.errors) == ([ids[0]], [ids[1]], {})
     assert helpers.file_row(db, ids[1]).flushed_seq == 0
 
 
@@ -245,14 +298,14 @@ def test_rounds_flush_kicked_files_and_hand_the_rest_to_threads(
     jobs = helpers.RecordingQueue()
     threads = local_queue.LocalQueue(jobs, threads=2, linger=0.001)
     service = helpers.service(db, settings, threads)
-    threads.start(service.flush, service.flush_round)
+    threads.start(service.flusher, service.follow_up)
     try:
         ids = [helpers.append(service, _body(f"s{i}")).result.file_id for i in range(6)]
         helpers.wait_for(threads.idle, what="the flushes", timeout=10)
         assert threads.rounds >= 1 and threads.round_files >= 1
         for file_id in ids:
             assert helpers.file_row(db, file_id).flushed_seq == 1
-        # a file whose bytes went missing is handed back, flushed alone, and marked
+        # a file whose bytes went missing is refused by the round, and marked
         gone = helpers.file_row(db, ids[0])
         (data_dir / gone.path).unlink()
         helpers.append(service, _body("s0", "more"))
@@ -293,7 +346,7 @@ def test_an_append_while_a_flush_finds_nothing_is_flushed_again(
     if alone:
         result = flush.flush(db, file_locks, data_dir, file_id, fault=append_meanwhile)
     else:
-        done = flush.flush_many(db, file_locks, data_dir, [file_id], fault=append_meanwhile)
+        done = flush.flush_files(db, file_locks, data_dir, [file_id], fault=append_meanwhile)
         result = done.results[file_id]
     assert (result.messages, result.more) == (0, True)
     row = helpers.file_row(db, file_id)
@@ -305,7 +358,7 @@ def test_a_round_checks_its_files_directory_once(
     db: database.Database, data_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ids = [journal.ingest(db, _body(f"s{i}")).file_id for i in range(3)]
-    flush.flush_many(db, _locks(db, data_dir), data_dir, ids)  # the directories exist now
+    flush.flush_files(db, _locks(db, data_dir), data_dir, ids)  # the directories exist now
     for i in range(3):
         journal.ingest(db, _body(f"s{i}", "again"))
     folder = data_dir / Path(store.relative_path("session", ids[0])).parent
@@ -317,7 +370,7 @@ def test_a_round_checks_its_files_directory_once(
         return lstat(path)
 
     monkeypatch.setattr(os, "lstat", counted)
-    done = flush.flush_many(db, _locks(db, data_dir), data_dir, ids)
+    done = flush.flush_files(db, _locks(db, data_dir), data_dir, ids)
     assert sorted(done.results) == sorted(ids)
     assert (looked.count(folder.parent), looked.count(folder)) == (1, 1)  # not once a file
 
@@ -326,15 +379,17 @@ def test_a_round_writes_nothing_through_a_symlinked_directory(
     db: database.Database, data_dir: Path, tmp_path: Path
 ) -> None:
     """The round checks the files' directory once (not once a file), and still refuses it when
-    it is a symlink: every file goes to a flush of its own, which records the damage."""
+    it is a symlink: every file's error, the damage recorded."""
     ids = [journal.ingest(db, _body(f"s{i}")).file_id for i in range(3)]
     outside = tmp_path / "outside"
     outside.mkdir()
     folder = data_dir / Path(store.relative_path("session", ids[0])).parent
     folder.parent.mkdir(parents=True, exist_ok=True)
     folder.symlink_to(outside, target_is_directory=True)
-    done = flush.flush_many(db, _locks(db, data_dir), data_dir, ids)
-    assert sorted(done.alone) == sorted(ids)
+    done = flush.flush_files(db, _locks(db, data_dir), data_dir, ids)
+    assert sorted(done.errors) == sorted(ids) and done.left == []
+    assert all(isinstance(e, errors.FileDamaged) for e in done.errors.values())
     assert done.results == {}
     assert list(outside.iterdir()) == []
+    assert [anomalies_of(db, i) for i in ids] == [["file_replaced"]] * 3
     assert [helpers.file_row(db, i).flushed_seq for i in ids] == [0, 0, 0]

@@ -1,5 +1,6 @@
-"""The combined flushes of waiting appends (:mod:`pipeline.waits`), with rounds and flushes of
-one file played by fakes: who shares a round, who waits again, who gets which error."""
+"""The combined flushes of waiting appends (:mod:`pipeline.waits`), with the flusher's rounds
+played by a fake: who shares a round, who waits again, who gets which error; and the
+flusher's sync pool (:mod:`pipeline.flusher`)."""
 
 from __future__ import annotations
 
@@ -13,18 +14,19 @@ from typing import Any
 import helpers
 import pytest
 
-from pipeline import errors, waits
-from pipeline.flush import FlushResult, Round, Runner
+from pipeline import errors, flusher, waits
+from pipeline.flush import FlushResult, Round
 
 
 def result(file_id: str, seq: int) -> FlushResult:
     return FlushResult(file_id, 1, 10, seq, "new")
 
 
-class Fakes:
-    """A round function and a flush of one file that record their calls; the flush of the
-    file ``"gate"`` holds until :attr:`release` is set (the round everybody else queues
-    behind)."""
+class Fakes(flusher.Flusher):
+    """A flusher whose rounds record their calls and answer as planned. A round that waits
+    for its lock (a lone file's, or one handed back to run on its own) is recorded in
+    :attr:`alone`; the one of the file ``"gate"`` holds until :attr:`release` is set (the
+    round everybody else queues behind)."""
 
     def __init__(self, rounds: list[Callable[[list[str]], Round]]) -> None:
         self.planned = rounds
@@ -34,16 +36,20 @@ class Fakes:
         self.release = threading.Event()
         self.alone_answers: dict[str, Callable[[], FlushResult]] = {}
 
-    def round(self, file_ids: list[str], run: Runner) -> Round:
+    def round(self, file_ids: list[str], *, wait: bool = False) -> Round:
+        if wait:
+            (file_id,) = file_ids
+            self.alone.append(file_id)
+            if file_id == "gate":
+                assert self.release.wait(10)
+            answer = self.alone_answers.get(file_id, lambda: result(file_id, 99))
+            try:
+                return Round(results={file_id: answer()})
+            except errors.SgmeError as exc:
+                return Round(errors={file_id: exc})
         self.rounds.append(file_ids)
         self.leaders.append(threading.current_thread())
         return self.planned.pop(0)(file_ids)
-
-    def flush_alone(self, file_id: str) -> FlushResult:
-        self.alone.append(file_id)
-        if file_id == "gate":
-            assert self.release.wait(10)
-        return self.alone_answers.get(file_id, lambda: result(file_id, 99))()
 
 
 def every(seq: int) -> Callable[[list[str]], Round]:
@@ -57,10 +63,12 @@ class Caller(threading.Thread):
         super().__init__(daemon=True)
         self.combined, self.file_id, self.seq = combined, file_id, seq
         self.answer: Any = None
+        self.joined: waits.Joined | None = None
 
     def run(self) -> None:
         try:
-            self.answer = self.combined.join(self.file_id, self.seq)
+            self.joined = self.combined.join(self.file_id, self.seq)
+            self.answer = self.joined.result()
         except BaseException as exc:
             self.answer = exc
 
@@ -87,15 +95,17 @@ def behind_a_gate(
 
 def test_a_lone_wait_is_flushed_on_its_own_at_once() -> None:
     fakes = Fakes([])
-    combined = waits.Waits(fakes.round, fakes.flush_alone)
-    assert combined.join("a", 3) == result("a", 99)
+    combined = waits.Waits(fakes)
+    joined = combined.join("a", 3)
+    assert joined.result() == result("a", 99)
+    assert joined.led == [result("a", 99)]  # its caller runs what follows the round it led
     assert (fakes.rounds, fakes.alone) == ([], ["a"])
     assert (combined.rounds, combined.settled) == (1, 1)
 
 
 def test_waits_queued_while_a_flush_runs_share_the_next_round() -> None:
     fakes = Fakes([every(5)])
-    combined = waits.Waits(fakes.round, fakes.flush_alone)
+    combined = waits.Waits(fakes)
     calls = [("b", 2), ("c", 5), ("b", 4), ("d", 1)]
     answers = [caller.answer for caller in behind_a_gate(fakes, combined, calls)]
     assert fakes.rounds == [["b", "c", "d"]]  # one round, each file once, in queue order
@@ -109,7 +119,7 @@ def test_a_file_the_round_did_not_reach_is_waited_for_again_first() -> None:
     more = FlushResult("b", 1, 10, 2, "new", more=True)  # one chunk written, more left
     short = lambda ids: Round(results={"b": more, "d": result("d", 7)}, later=["c"])  # noqa: E731
     fakes = Fakes([short, every(6)])
-    combined = waits.Waits(fakes.round, fakes.flush_alone)
+    combined = waits.Waits(fakes)
     callers = list(behind_a_gate(fakes, combined, [("b", 4), ("c", 1), ("d", 7)]))
     assert fakes.rounds == [["b", "c", "d"], ["b", "c"]]
     assert [c.answer for c in callers] == [result("b", 6), result("c", 6), result("d", 7)]
@@ -119,7 +129,7 @@ def test_a_flush_short_of_the_seq_with_nothing_left_is_the_answer() -> None:
     """A file whose journal holds nothing more (it cannot reach the seq) is not waited for
     again, round after round: its flush's answer is taken as a flush of one file's was."""
     fakes = Fakes([every(1)])
-    combined = waits.Waits(fakes.round, fakes.flush_alone)
+    combined = waits.Waits(fakes)
     callers = list(behind_a_gate(fakes, combined, [("b", 3), ("c", 1)]))
     assert fakes.rounds == [["b", "c"]]
     assert [c.answer for c in callers] == [result("b", 1), result("c", 1)]
@@ -150,7 +160,7 @@ def test_a_round_wakes_the_callers_it_settled_and_hands_the_lead_on(
     short["d"] = dataclasses.replace(short["c"], file_id="d")
     first = lambda ids: Round(results={f: short.get(f) or result(f, 1) for f in ids})  # noqa: E731
     fakes = Fakes([first, every(2)])
-    combined = waits.Waits(fakes.round, fakes.flush_alone)
+    combined = waits.Waits(fakes)
     callers = list(behind_a_gate(fakes, combined, [("b", 1), ("c", 2), ("d", 2)]))
     again = [f for f in fakes.rounds[0] if f in short]
     assert sorted(fakes.rounds[0]) == ["b", "c", "d"] and fakes.rounds[1] == again
@@ -167,9 +177,9 @@ def test_a_round_wakes_the_callers_it_settled_and_hands_the_lead_on(
 
 
 def test_files_handed_back_are_flushed_alone_and_fail_alone() -> None:
-    handed = lambda ids: Round(results={"b": result("b", 1)}, alone=["c", "d"])  # noqa: E731
+    handed = lambda ids: Round(results={"b": result("b", 1)}, again=["c", "d"])  # noqa: E731
     fakes = Fakes([handed])
-    combined = waits.Waits(fakes.round, fakes.flush_alone)
+    combined = waits.Waits(fakes)
 
     def damaged() -> FlushResult:
         raise errors.FileDamaged("d is damaged")
@@ -179,6 +189,9 @@ def test_files_handed_back_are_flushed_alone_and_fail_alone() -> None:
     assert fakes.alone == ["gate", "c", "d"]
     assert [c.answer for c in callers[:2]] == [result("b", 1), result("c", 99)]
     assert isinstance(callers[2].answer, errors.FileDamaged)
+    # the round's leader got every result of it, the ones flushed alone too (not the error)
+    led = [c.joined.led for c in callers if c.joined and c.joined.led]
+    assert sorted(r.file_id for r in led[0]) == ["b", "c"] and len(led) == 1
 
 
 def test_a_failed_round_fails_every_wait_in_it_and_the_next_one_runs() -> None:
@@ -186,7 +199,7 @@ def test_a_failed_round_fails_every_wait_in_it_and_the_next_one_runs() -> None:
         raise errors.IndexUnavailable("index unreachable")
 
     fakes = Fakes([broken, every(3)])
-    combined = waits.Waits(fakes.round, fakes.flush_alone)
+    combined = waits.Waits(fakes)
     callers = list(behind_a_gate(fakes, combined, [("b", 1), ("c", 1)]))
     assert all(isinstance(c.answer, errors.IndexUnavailable) for c in callers)
     assert callers[0].answer is callers[1].answer
@@ -207,7 +220,7 @@ def test_the_syncs_of_a_round_run_side_by_side_and_report_each_error() -> None:
         if i == 1:
             raise OSError("disk on fire")
 
-    outcomes = waits._run([lambda i=i: sync(i) for i in range(3)])  # type: ignore[misc]
+    outcomes = flusher._SyncPool().run([lambda i=i: sync(i) for i in range(3)])  # type: ignore[misc]
     assert sorted(ran) == [0, 1, 2]
     assert [type(o) for o in outcomes] == [type(None), OSError, type(None)]
 
@@ -215,7 +228,8 @@ def test_the_syncs_of_a_round_run_side_by_side_and_report_each_error() -> None:
 @pytest.mark.parametrize("count", [0, 1])
 def test_one_sync_or_none_runs_on_the_calling_thread(count: int) -> None:
     threads: list[threading.Thread] = []
-    outcomes = waits._run([lambda: threads.append(threading.current_thread())] * count)
+    pool = flusher._SyncPool()
+    outcomes = pool.run([lambda: threads.append(threading.current_thread())] * count)
     assert outcomes == [None] * count
     assert threads == [threading.current_thread()] * count
 
@@ -223,9 +237,10 @@ def test_one_sync_or_none_runs_on_the_calling_thread(count: int) -> None:
 def test_a_forked_child_runs_its_own_syncs_and_leads_its_own_rounds() -> None:
     """A child forked while the parent's pool exists and a round runs gets neither: its
     syncs run on threads of its own and its first wait leads."""
-    waits._run([lambda: None, lambda: None])  # the parent's pool, made
+    syncs = flusher._SyncPool()
+    syncs.run([lambda: None, lambda: None])  # the parent's pool, made
     fakes = Fakes([])
-    combined = waits.Waits(fakes.round, fakes.flush_alone)
+    combined = waits.Waits(fakes)
     leading = Caller(combined, "gate", 1)
     leading.start()
     helpers.wait_for(combined.leading, what="the round in progress")
@@ -234,8 +249,8 @@ def test_a_forked_child_runs_its_own_syncs_and_leads_its_own_rounds() -> None:
         signal.alarm(10)  # a child that waits for them is killed, and the test fails
         ran: list[int] = []
         try:
-            outcomes = waits._run([lambda: ran.append(1), lambda: ran.append(2)])
-            answer = combined.join("a", 1)
+            outcomes = syncs.run([lambda: ran.append(1), lambda: ran.append(2)])
+            answer = combined.join("a", 1).result()
             ok = outcomes == [None, None] and sorted(ran) == [1, 2] and answer == result("a", 99)
         except BaseException:
             ok = False
