@@ -287,9 +287,13 @@ def acknowledged(messages: int, threads: int, size: int) -> dict[str, float]:
             options["linger"] = rt.settings.backlog.flush_linger
         queue = made(_NoJobs(), threads=FLUSH_THREADS, **options)
         service = rt.service(queue)
-        # as workers/app.py starts the embedded service's flushes (rounds, where the code has them)
-        flush_round = getattr(service, "flush_round", None)
-        queue.start(service.flush, *([flush_round] if flush_round else []))
+        # as workers/app.py starts the embedded service's flushes (older trees: with the
+        # service's flush and round functions, or its flush alone)
+        if hasattr(service, "flusher"):
+            queue.start(service.flusher, service.follow_up)
+        else:
+            flush_round = getattr(service, "flush_round", None)
+            queue.start(service.flush, *([flush_round] if flush_round else []))
         append = _appender(service, size, wait=False)
         embedding = stack.enter_context(_embedding(service, messages, size))
 

@@ -1,10 +1,10 @@
 """What ``sgme serve``'s work costs, tree against tree, in alternating runs: the CPU of a flush
 round, and the server under ``wrk`` with the CPU it spent an append.
 
-* ``round``: ``Service.flush_round`` of ``--files`` sessions holding one acknowledged message
-  each (refinement off), ``--rounds-per-run`` times in a fresh subprocess per run: CPU µs a
-  file. The flush rounds are what ``sgme serve`` does for every kicked file (docs/design.md
-  §3).
+* ``round``: a round of the service's flusher (``Flusher.round``, then
+  ``Service.follow_up``) of ``--files`` sessions holding one acknowledged message each
+  (refinement off), ``--rounds-per-run`` times in a fresh subprocess per run: CPU µs a file.
+  The flush rounds are what ``sgme serve`` does for every kicked file (docs/design.md §3).
 * ``wrk``: a fresh ``sgme serve`` per run (the bench's settings: ``refine_idle_seconds`` 1),
   ``wrk -t2 -c50`` with bench_http's script (50 sessions, one short message an append), 2 s
   of warm-up then ``--seconds`` measured; appends a second, the server process' CPU µs an
@@ -73,17 +73,28 @@ def round_case(files: int, rounds: int) -> dict[str, float]:
                 ids.append(appended.result.file_id)
             return ids
 
+        def one_round(ids: list[str]) -> list[str]:
+            """A round as ``sgme serve``'s flush threads run it, then what follows it; the
+            files it left or refused."""
+            flusher = getattr(service, "flusher", None)
+            if flusher is None:  # older trees: the service's round, the files to flush alone
+                left: list[str] = getattr(service, "flush_round")(ids)  # noqa: B009
+                return left
+            done = flusher.round(ids)
+            service.follow_up(list(done.results.values()))
+            return [*done.left, *done.errors]
+
         try:
             for _ in range(3):  # the files made and the statements prepared, untimed
-                service.flush_round(acknowledged())
+                one_round(acknowledged())
             cpu = 0.0
             for _ in range(rounds):
                 ids = acknowledged()
                 started = time.process_time()
-                alone = service.flush_round(ids)
+                left = one_round(ids)
                 cpu += time.process_time() - started
-                if alone:
-                    raise SystemExit(f"files flushed alone: {alone}")
+                if left:
+                    raise SystemExit(f"files left or refused: {left}")
         finally:
             rt.close()
     return {"cpu us a file": cpu / (rounds * files) * 1e6}

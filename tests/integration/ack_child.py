@@ -32,7 +32,7 @@ def main() -> None:
     queue = local_queue.LocalQueue(helpers.RecordingQueue(), threads=2)
     service = helpers.service(db, Settings(data_dir=data_dir, database_url=url), queue)
     if mode == "service":
-        queue.start(service.flush, service.flush_round)
+        queue.start(service.flusher, service.follow_up)
 
     def stream(t: int) -> None:
         for n in range(APPENDS):

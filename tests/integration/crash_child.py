@@ -4,9 +4,9 @@ SIGKILLs itself at a chosen step inside a flush.
     python crash_child.py DATABASE_URL DATA_DIR [FILE_LOCK [rounds]]  < plan.json
 
 ``FILE_LOCK`` 0 flushes without the lock files (``file_locks: false``, PostgreSQL only).
-``rounds``: every flush is a batched round of every file with journal rows
-(``flush.flush_many``, as the embedded service flushes), and the files it hands back are
-flushed alone; the fault hook runs in both.
+``rounds``: every flush is a round of every file with journal rows (``flush.flush_files``, as
+the embedded service flushes), and the files it leaves are flushed alone; the fault hook runs
+in both.
 
 ``plan.json`` is a list of rounds ``{"seed", "appends", "step", "occurrence", "torn"}``. Each
 round forks; the fork first flushes whatever earlier rounds left in the journal (a restart),
@@ -93,8 +93,8 @@ def run_round(
         if not file_ids:
             return
         current["file_id"] = file_ids[0]
-        done = flushing.flush_many(db, file_locks, data_dir, file_ids, fault=hook)
-        for file_id in done.alone + done.later:
+        done = flushing.flush_files(db, file_locks, data_dir, file_ids, fault=hook)
+        for file_id in done.left:
             flush_one(file_id)
 
     # restart: whatever a killed predecessor left acknowledged but unwritten

@@ -91,8 +91,8 @@ def test_every_acknowledged_message_survives_sigkill_inside_flush(
 def test_every_acknowledged_message_survives_sigkill_inside_a_flush_round(
     db: database.Database, database_url: str, data_dir: Path
 ) -> None:
-    # the embedded service's batched flushes (flush.flush_many), and the flushes of the files
-    # a round hands back
+    # the embedded service's flush rounds (flush.flush_files), and the flushes of the files
+    # a round leaves
     crash_and_check(db, database_url, data_dir, file_lock=True, batched=True)
 
 

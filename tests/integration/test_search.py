@@ -504,7 +504,7 @@ def test_context_terms_are_the_same_however_the_turns_were_flushed(
     file_id = appended(0)
     journal.flush(db, data_dir, file_id)
     appended(1)
-    flush.flush_many(db, file_locks, data_dir, [file_id])
+    flush.flush_files(db, file_locks, data_dir, [file_id])
     for i in (2, 3, 4):
         appended(i)
     flush.flush(db, file_locks, data_dir, file_id, chunk_bytes=1)  # a chunk a message

@@ -250,7 +250,7 @@ def test_only_transient_errors_are_retried(
         if calls[file_id] <= 2:
             raise errors.IndexUnavailable("database is locked")
 
-    monkeypatch.setattr(service, "flush_together", flaky_flush)
+    monkeypatch.setattr(service, "wait_flushed", flaky_flush)
     flush.delay("bug")
     flush.delay("busy")
     wait_for(lambda: calls["busy"] == 3)

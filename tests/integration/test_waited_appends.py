@@ -44,8 +44,8 @@ def waited_append(service: Service, body: dict[str, Any]) -> Calling:
 
 
 def flush_task(service: Service, file_id: str) -> Calling:
-    """A flush task's call (``Service.flush_together``)."""
-    return Calling(lambda: service.flush_together(file_id))
+    """A flush task's call (``Service.wait_flushed``)."""
+    return Calling(lambda: service.wait_flushed(file_id))
 
 
 def _behind_a_held_lock(
