@@ -1,12 +1,14 @@
-"""The flushes that appends wait for (``wait=flushed``), combined (docs/design.md §3).
+"""The waited-append scheduler: the flushes that appends wait for (``wait=flushed``),
+combined (docs/design.md §3).
 
 An append that waits is answered once its messages are in the file. Flushed on each caller's
 own thread, the waits of concurrent sessions each pay a read snapshot, a commit and a share of
 the process' GIL of their own. :class:`Waits` combines them as the group committer combines
 commits: a caller queues its file, and the caller that finds no flush running *leads* one
-flush round (:func:`pipeline.flush.flush_many`: one snapshot, the files' syncs in parallel,
-one commit) of every file queued so far, while the others wait for it. There is no timer: a
-round is whatever queued while the previous one ran, so a lone caller's flush starts at once.
+flush round (:meth:`pipeline.flusher.Flusher.round`: one snapshot, the files' syncs in
+parallel, one commit) of every file queued so far, while the others wait for it. There is no
+timer: a round is whatever queued while the previous one ran, so a lone caller's flush starts
+at once.
 
 A caller whose file the round did not reach far enough (past the round's byte budget, or one
 chunk written and more left before its seq) queues it again at the front, for the next
