@@ -425,6 +425,8 @@ def flush_files(
                 written.append(chunk)
             else:
                 _failed(done, chunk.row.file_id, error, several=several)
+        if not written and not settle:
+            return done
         fault("written")
         now = db.now()
         try:

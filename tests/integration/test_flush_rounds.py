@@ -393,3 +393,24 @@ def test_a_round_writes_nothing_through_a_symlinked_directory(
     assert list(outside.iterdir()) == []
     assert [anomalies_of(db, i) for i in ids] == [["file_replaced"]] * 3
     assert [helpers.file_row(db, i).flushed_seq for i in ids] == [0, 0, 0]
+
+
+def test_a_failed_write_in_a_round_of_one_is_its_error(
+    db: database.Database, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing is committed and nothing is left to run again: the caller gets the error (a
+    flush of one file raises it), and the next flush writes the same bytes."""
+    file_id = journal.ingest(db, _body("w")).file_id
+
+    def full(path: Path, data: bytes) -> None:
+        raise errors.InsufficientStorage("no space left")
+
+    monkeypatch.setattr(store, "create", full)
+    done = flush.flush_files(db, _locks(db, data_dir), data_dir, [file_id], wait=True)
+    assert (done.results, done.left) == ({}, [])
+    assert isinstance(done.errors[file_id], errors.InsufficientStorage)
+    with pytest.raises(errors.InsufficientStorage):
+        flush.flush(db, _locks(db, data_dir), data_dir, file_id)
+    monkeypatch.undo()
+    assert helpers.file_row(db, file_id).flushed_seq == 0
+    assert journal.flush(db, data_dir, file_id).messages == 1
