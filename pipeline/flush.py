@@ -393,9 +393,13 @@ def flush_files(
         for file_id in unfinished:
             # A redaction a crash interrupted is finished before anything is appended (the
             # file and its index row may be one step apart until then: pipeline.rewrite).
-            rewrite.settle_locked(db, data_dir, file_id)
-            with db.reading(held=True) as conn:
-                read = _read(conn, file_id, max(budget, 1), done, settled=True)
+            try:
+                rewrite.settle_locked(db, data_dir, file_id)
+                with db.reading(held=True) as conn:
+                    read = _read(conn, file_id, max(budget, 1), done, settled=True)
+            except errors.SgmeError as exc:  # this file's, not the round's
+                done.errors[file_id] = exc
+                continue
             if read is not None and not isinstance(read, str):
                 if read[1]:
                     budget -= sum(entry.size for entry in read[1])

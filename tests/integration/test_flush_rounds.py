@@ -21,6 +21,7 @@ from conftest import set_row
 from pipeline import (
     anomalies,
     archive,
+    audit,
     database,
     document,
     errors,
@@ -30,6 +31,8 @@ from pipeline import (
     journal,
     local_queue,
     locks,
+    redaction,
+    rewrite,
     search,
     store,
     tables,
@@ -414,3 +417,36 @@ def test_a_failed_write_in_a_round_of_one_is_its_error(
     monkeypatch.undo()
     assert helpers.file_row(db, file_id).flushed_seq == 0
     assert journal.flush(db, data_dir, file_id).messages == 1
+
+
+class _Interrupted(Exception):
+    """A redaction stopped between its steps, as a crash stops it."""
+
+
+def test_a_round_finishes_an_interrupted_redaction_before_it_writes(
+    db: database.Database, data_dir: Path
+) -> None:
+    """A redaction a crash left between its rename and its commit (the file rewritten, the
+    index one step behind) is finished by the round, under its lock, and then the file's
+    appends are written after the redacted bytes: in a round of several files too."""
+    ids = [journal.ingest(db, _body(f"s{i}", f"secret{i} words")).file_id for i in range(2)]
+    for file_id in ids:
+        journal.flush(db, data_dir, file_id)
+
+    def crash(step: str) -> None:
+        if step == "renamed":
+            raise _Interrupted(step)
+
+    who = rewrite.Who("tests", "an interrupted redaction")
+    with pytest.raises(_Interrupted):
+        redaction.redact(db, _locks(db, data_dir), data_dir, f"{ids[0]}:1", who, fault=crash)
+    with db.reading() as conn:
+        assert audit.file_and_pending(conn, ids[0])[1]  # unfinished
+    for i in range(len(ids)):
+        journal.ingest(db, _body(f"s{i}", "after"))
+    done = flush.flush_files(db, _locks(db, data_dir), data_dir, ids)
+    assert (done.errors, done.left) == ({}, [])
+    assert [done.results[f].flushed_seq for f in ids] == [2, 2]
+    text = (data_dir / helpers.file_row(db, ids[0]).path).read_bytes()
+    assert b"secret0" not in text and b"[REDACTED:message]" in text and b"after" in text
+    assert integrity.fsck(db, data_dir) == []
