@@ -15,12 +15,11 @@ and writes the same bytes again.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime as dt
 import functools
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -316,28 +315,6 @@ class Round:
         return [*self.again, *self.later, *more]
 
 
-@contextlib.contextmanager
-def _holding(
-    file_locks: locks.FileLocks, file_ids: list[str], *, wait: bool
-) -> Iterator[tuple[list[str], dict[str, errors.LockTimeout]]]:
-    """The locks of a round: with ``wait``, the one file's lock, waited for up to the lock
-    timeout (:meth:`locks.FileLocks.hold`); otherwise the ones free within it
-    (:meth:`locks.FileLocks.hold_many`). Yields the ids held and the refusal of each one
-    that stayed busy."""
-    if not wait:
-        with file_locks.hold_many(file_ids) as held:
-            yield held
-        return
-    (file_id,) = file_ids
-    with contextlib.ExitStack() as held:
-        try:
-            held.enter_context(file_locks.hold(file_id))
-        except errors.LockTimeout as exc:
-            yield [], {file_id: exc}
-        else:
-            yield [file_id], {}
-
-
 def flush_files(
     db: database.Database,
     file_locks: locks.FileLocks,
@@ -365,114 +342,135 @@ def flush_files(
     :attr:`Round.later`. Each file written gets one chunk: ``more`` when acknowledged appends
     are left, which the caller runs again (:attr:`Round.left`); :func:`flush` loops.
     """
-    done = Round()
-    several = len(file_ids) > 1
-    with _holding(file_locks, file_ids, wait=wait) as (locked, busy):
-        if wait:
-            done.errors.update(busy)
-        else:
-            done.again.extend(busy)
-        fault("locked")
-        started = time.perf_counter()
-        todo: list[tuple[tables.FileRow, list[tables.JournalRow], list[tables.MessageRow]]] = []
-        settle: list[tables.FileRow] = []  #: pending files with nothing to write
-        unfinished: list[str] = []  #: files with a redaction to finish
-        budget = chunk_bytes
-        with db.reading(held=True) as conn:
-            for file_id in locked:
-                if budget <= 0:
-                    done.later.append(file_id)
-                elif (read := _read(conn, file_id, budget, done)) is not None:
-                    if isinstance(read, str):
-                        unfinished.append(file_id)
-                    elif read[1]:
-                        budget -= sum(entry.size for entry in read[1])
-                        todo.append(read)
-                    elif read[0].flush_pending:
-                        settle.append(read[0])
-        for file_id in unfinished:
-            # A redaction a crash interrupted is finished before anything is appended (the
-            # file and its index row may be one step apart until then: pipeline.rewrite).
-            try:
-                rewrite.settle_locked(db, data_dir, file_id)
-                with db.reading(held=True) as conn:
-                    read = _read(conn, file_id, max(budget, 1), done, settled=True)
-            except errors.SgmeError as exc:  # this file's, not the round's
-                done.errors[file_id] = exc
-                continue
-            if read is not None and not isinstance(read, str):
-                if read[1]:
+    if not wait:
+        with file_locks.hold_many(file_ids) as (locked, busy):
+            done = Round(again=list(busy))
+            return _locked_round(db, data_dir, locked, done, chunk_bytes, run, fault)
+    (file_id,) = file_ids
+    taken = False
+    try:
+        with file_locks.hold(file_id):
+            taken = True
+            return _locked_round(db, data_dir, file_ids, Round(), chunk_bytes, run, fault)
+    except errors.LockTimeout as exc:
+        if taken:
+            raise
+        return Round(errors={file_id: exc})
+
+
+def _locked_round(
+    db: database.Database,
+    data_dir: Path,
+    locked: list[str],
+    done: Round,
+    chunk_bytes: int,
+    run: Runner,
+    fault: FaultHook,
+) -> Round:
+    """The steps of :func:`flush_files` under the locks of ``locked`` (``done`` holds what
+    the locks left already)."""
+    several = len(locked) + len(done.again) > 1
+    fault("locked")
+    started = time.perf_counter()
+    todo: list[tuple[tables.FileRow, list[tables.JournalRow], list[tables.MessageRow]]] = []
+    settle: list[tables.FileRow] = []  #: pending files with nothing to write
+    unfinished: list[str] = []  #: files with a redaction to finish
+    budget = chunk_bytes
+    with db.reading(held=True) as conn:
+        for file_id in locked:
+            if budget <= 0:
+                done.later.append(file_id)
+            elif (read := _read(conn, file_id, budget, done)) is not None:
+                if isinstance(read, str):
+                    unfinished.append(file_id)
+                elif read[1]:
                     budget -= sum(entry.size for entry in read[1])
                     todo.append(read)
                 elif read[0].flush_pending:
                     settle.append(read[0])
-        fault("read")
-        chunks: list[tuple[Path, _Chunk, bool]] = []
-        paths = store.CheckedDirs(data_dir)  # under the round's locks: each directory once
-        for row, batch, tail in todo:
-            try:
-                chunks.append(_ready(db, data_dir, paths, row, batch, tail, fault))
-            except errors.SgmeError as exc:
-                done.errors[row.file_id] = exc
-        if not chunks and not settle:
-            return done
-        if len(chunks) == 1:  # a round of one file syncs on the calling thread
-            path, chunk, exists = chunks[0]
-            outcomes = [outcome(functools.partial(_write, path, chunk, exists=exists))]
-        else:
-            outcomes = run(
-                [functools.partial(_write, p, chunk, exists=exists) for p, chunk, exists in chunks]
-            )
-        written = []
-        for (_, chunk, _), error in zip(chunks, outcomes, strict=True):
-            if error is None:
-                written.append(chunk)
-            else:
-                _failed(done, chunk.row.file_id, error, several=several)
-        if not written and not settle:
-            return done
-        fault("written")
-        now = db.now()
+    for file_id in unfinished:
+        # A redaction a crash interrupted is finished before anything is appended (the
+        # file and its index row may be one step apart until then: pipeline.rewrite).
         try:
-            settled, advanced = _commit(db, settle, written, now)
+            rewrite.settle_locked(db, data_dir, file_id)
+            with db.reading(held=True) as conn:
+                read = _read(conn, file_id, max(budget, 1), done, settled=True)
+        except errors.SgmeError as exc:  # this file's, not the round's
+            done.errors[file_id] = exc
+            continue
+        if read is not None and not isinstance(read, str):
+            if read[1]:
+                budget -= sum(entry.size for entry in read[1])
+                todo.append(read)
+            elif read[0].flush_pending:
+                settle.append(read[0])
+    fault("read")
+    chunks: list[tuple[Path, _Chunk, bool]] = []
+    paths = store.CheckedDirs(data_dir)  # under the round's locks: each directory once
+    for row, batch, tail in todo:
+        try:
+            chunks.append(_ready(db, data_dir, paths, row, batch, tail, fault))
         except errors.SgmeError as exc:
-            for file_id in [*(c.row.file_id for c in written), *(r.file_id for r in settle)]:
-                _failed(done, file_id, exc, several=several)
-            return done
-        fault("committed")
-        for row, was_settled in zip(settle, settled, strict=True):
-            # not settled: an append came meanwhile and its ingest did not kick the file
-            done.results[row.file_id] = FlushResult(
-                row.file_id,
-                0,
-                0,
-                row.flushed_seq,
-                row.status,
-                more=not was_settled,
-                acknowledged=row.flushed_seq,
-            )
-        for chunk, next_seq in zip(written, advanced, strict=True):
-            old = chunk.row
-            if next_seq is None:  # cannot happen under the lock
-                conflict = errors.Conflict(f"file {old.file_id} was flushed by someone else")
-                _failed(done, old.file_id, conflict, several=several)
-                continue
-            row = chunk.advanced()
-            done.results[old.file_id] = FlushResult(
-                old.file_id,
-                row.flushed_seq - old.flushed_seq,
-                len(chunk.data),
-                row.flushed_seq,
-                Status.NEW,
-                more=next_seq - 1 > row.flushed_seq,
-                unrefined=row.flushed_seq - row.last_refined_seq,
-                leased_until=row.refine_lease_until,
-                acknowledged=old.next_seq - 1,
-            )
-            for entry in chunk.batch:
-                metrics.ACK_TO_FLUSH_SECONDS.observe((now - entry.created_at).total_seconds())
-        if written:
-            metrics.FLUSH_SECONDS.observe(time.perf_counter() - started)
+            done.errors[row.file_id] = exc
+    if not chunks and not settle:
+        return done
+    if len(chunks) == 1:  # a round of one file syncs on the calling thread
+        path, chunk, exists = chunks[0]
+        outcomes = [outcome(functools.partial(_write, path, chunk, exists=exists))]
+    else:
+        outcomes = run(
+            [functools.partial(_write, p, chunk, exists=exists) for p, chunk, exists in chunks]
+        )
+    written = []
+    for (_, chunk, _), error in zip(chunks, outcomes, strict=True):
+        if error is None:
+            written.append(chunk)
+        else:
+            _failed(done, chunk.row.file_id, error, several=several)
+    if not written and not settle:
+        return done
+    fault("written")
+    now = db.now()
+    try:
+        settled, advanced = _commit(db, settle, written, now)
+    except errors.SgmeError as exc:
+        for file_id in [*(c.row.file_id for c in written), *(r.file_id for r in settle)]:
+            _failed(done, file_id, exc, several=several)
+        return done
+    fault("committed")
+    for row, was_settled in zip(settle, settled, strict=True):
+        # not settled: an append came meanwhile and its ingest did not kick the file
+        done.results[row.file_id] = FlushResult(
+            row.file_id,
+            0,
+            0,
+            row.flushed_seq,
+            row.status,
+            more=not was_settled,
+            acknowledged=row.flushed_seq,
+        )
+    for chunk, next_seq in zip(written, advanced, strict=True):
+        old = chunk.row
+        if next_seq is None:  # cannot happen under the lock
+            conflict = errors.Conflict(f"file {old.file_id} was flushed by someone else")
+            _failed(done, old.file_id, conflict, several=several)
+            continue
+        row = chunk.advanced()
+        done.results[old.file_id] = FlushResult(
+            old.file_id,
+            row.flushed_seq - old.flushed_seq,
+            len(chunk.data),
+            row.flushed_seq,
+            Status.NEW,
+            more=next_seq - 1 > row.flushed_seq,
+            unrefined=row.flushed_seq - row.last_refined_seq,
+            leased_until=row.refine_lease_until,
+            acknowledged=old.next_seq - 1,
+        )
+        for entry in chunk.batch:
+            metrics.ACK_TO_FLUSH_SECONDS.observe((now - entry.created_at).total_seconds())
+    if written:
+        metrics.FLUSH_SECONDS.observe(time.perf_counter() - started)
     return done
 
 
@@ -587,7 +585,7 @@ def flush(
     after it started is the caller's to flush again (``result.more``), so a busy session
     cannot keep one flush going for ever.
     """
-    target: int | None = None
+    first: FlushResult | None = None
     messages = size = 0
     while True:
         done = flush_files(
@@ -596,10 +594,12 @@ def flush(
         if file_id in done.errors:
             raise done.errors[file_id]
         result = done.results[file_id]
+        if first is None:
+            first = result
         messages, size = messages + result.messages, size + result.bytes
-        if target is None:
-            target = result.acknowledged
-        if not result.messages or result.flushed_seq >= target:
+        if not result.messages or result.flushed_seq >= first.acknowledged:
+            if result is first:
+                return result
             return dataclasses.replace(result, messages=messages, bytes=size)
 
 
