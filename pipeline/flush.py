@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import functools
+import operator
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -92,7 +93,7 @@ def _no_fault(step: str) -> None:
 
 
 def _check_file(
-    db: database.Database, paths: store.CheckedDirs, row: tables.FileRow, fault: FaultHook
+    db: database.Database, path_of: Callable[[str], Path], row: tables.FileRow, fault: FaultHook
 ) -> tuple[Path, int | None]:
     """The file's path and length, once it is exactly what was committed: a torn tail left by
     a crash is cut (the journal proves it was never acknowledged); a missing or shorter file
@@ -100,7 +101,7 @@ def _check_file(
     exist yet."""
     expected = row.flushed_bytes
     try:
-        path = paths.path(row.path)
+        path = path_of(row.path)
         current = store.size(path)
     except errors.FileDamaged as exc:  # a symlink where the file or a directory should be
         raise _damaged(db, row.file_id, Kind.FILE_REPLACED, exc.detail) from None
@@ -406,17 +407,25 @@ def _locked_round(
                 settle.append(read[0])
     fault("read")
     chunks: list[tuple[Path, _Chunk, bool]] = []
-    paths = store.CheckedDirs(data_dir)  # under the round's locks: each directory once
+    # the files' paths, their directories checked for symlinks under the round's locks: each
+    # directory once in a round of several (store.CheckedDirs)
+    path_of = (
+        store.CheckedDirs(data_dir).path if several else functools.partial(store.checked, data_dir)
+    )
     for row, batch, tail in todo:
         try:
-            chunks.append(_ready(db, data_dir, paths, row, batch, tail, fault))
+            chunks.append(_ready(db, data_dir, path_of, row, batch, tail, fault))
         except errors.SgmeError as exc:
             done.errors[row.file_id] = exc
     if not chunks and not settle:
         return done
+    outcomes: list[BaseException | None] = [None]
     if len(chunks) == 1:  # a round of one file syncs on the calling thread
         path, chunk, exists = chunks[0]
-        outcomes = [outcome(functools.partial(_write, path, chunk, exists=exists))]
+        try:
+            _write(path, chunk, exists=exists)
+        except Exception as exc:
+            outcomes = [exc]
     else:
         outcomes = run(
             [functools.partial(_write, p, chunk, exists=exists) for p, chunk, exists in chunks]
@@ -500,7 +509,7 @@ def _read(
 def _ready(
     db: database.Database,
     data_dir: Path,
-    paths: store.CheckedDirs,
+    path_of: Callable[[str], Path],
     row: tables.FileRow,
     batch: list[tables.JournalRow],
     tail: list[tables.MessageRow],
@@ -518,7 +527,7 @@ def _ready(
             raise _damaged(
                 db, row.file_id, Kind.RESTORE_FAILED, exc.detail, mark_error=False
             ) from None
-    path, current = _check_file(db, paths, row, fault)
+    path, current = _check_file(db, path_of, row, fault)
     gap = _gap(row, batch)
     if gap is not None:
         raise _damaged(db, row.file_id, Kind.JOURNAL_GAP, gap)
@@ -546,21 +555,19 @@ def _commit(
     takes its locks: pipeline.database.commits), and what follows the advances (:func:`applied`).
     Whether each pending file settled, and each chunk's file's ``next_seq`` (None: advanced
     by someone else meanwhile, nothing changed)."""
-    steps: dict[str, Callable[[sa.Connection], Any]] = {
-        **{
-            row.file_id: functools.partial(index.settle_flush, file_id=row.file_id)
-            for row in settle
-        },
-        **{chunk.row.file_id: functools.partial(chunk.advance, now=now) for chunk in written},
-    }
+    steps: list[tuple[str, Callable[[sa.Connection], Any]]] = [
+        (row.file_id, functools.partial(index.settle_flush, file_id=row.file_id)) for row in settle
+    ]
+    steps += [(chunk.row.file_id, functools.partial(chunk.advance, now=now)) for chunk in written]
+    steps.sort(key=operator.itemgetter(0))
 
     def commit(conn: sa.Connection) -> tuple[list[bool], list[int | None]]:
-        got = {file_id: steps[file_id](conn) for file_id in sorted(steps)}
+        got = {file_id: step(conn) for file_id, step in steps}
         advanced = [got[chunk.row.file_id] for chunk in written]
         applied(conn, [c for c, seq in zip(written, advanced, strict=True) if seq is not None])
         return [got[row.file_id] for row in settle], advanced
 
-    result: tuple[list[bool], list[int | None]] = db.commit(commit, durable=False, key=min(steps))
+    result: tuple[list[bool], list[int | None]] = db.commit(commit, durable=False, key=steps[0][0])
     return result
 
 

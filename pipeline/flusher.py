@@ -72,8 +72,9 @@ class Flusher:
             run=self._syncs.run,
             wait=wait,
         )
-        for file_id, error in done.errors.items():
-            _log_refusal(file_id, error)
+        if done.errors:
+            for file_id, error in done.errors.items():
+                _log_refusal(file_id, error)
         return done
 
     def flush(self, file_id: str) -> FlushResult:
