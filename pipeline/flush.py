@@ -42,12 +42,12 @@ from pipeline import (
     store,
     tables,
 )
+from pipeline.settings import Backlog
 from pipeline.tables import Kind, Status
 
 #: a fault-injection hook: called with a step name at each step of a flush (tests use it)
 FaultHook = Callable[[str], None]
 FLUSH_STEPS = ("locked", "read", "truncated", "written", "committed")
-DEFAULT_CHUNK_BYTES = 8 * 1024 * 1024  #: ``backlog_flush_chunk_bytes``
 
 
 @dataclasses.dataclass(frozen=True)
@@ -322,7 +322,7 @@ def flush_files(
     data_dir: Path,
     file_ids: list[str],
     *,
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    chunk_bytes: int = Backlog.flush_chunk_bytes,
     run: Runner = serially,
     fault: FaultHook = _no_fault,
     wait: bool = False,
@@ -577,7 +577,7 @@ def flush(
     data_dir: Path,
     file_id: str,
     *,
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    chunk_bytes: int = Backlog.flush_chunk_bytes,
     fault: FaultHook = _no_fault,
 ) -> FlushResult:
     """Write every journal row of ``file_id`` acknowledged when it starts to its file, once:

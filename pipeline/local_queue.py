@@ -33,10 +33,10 @@ from pipeline import errors, refine
 from pipeline.flush import FlushResult
 from pipeline.flusher import Flusher
 from pipeline.service import Queue
+from pipeline.settings import Backlog
 
 log = logging.getLogger(__name__)
 
-DEFAULT_LINGER = 0.02  #: seconds a round waits for more kicks (``backlog_flush_linger``)
 MAX_ROUND = 256  #: files in one round at most
 
 #: what follows flushes (:meth:`pipeline.service.Service.follow_up`)
@@ -52,7 +52,7 @@ class LocalQueue:
         jobs: Queue,
         *,
         threads: int = 4,
-        linger: float = DEFAULT_LINGER,
+        linger: float = Backlog.flush_linger,
         max_round: int = MAX_ROUND,
     ) -> None:
         self.jobs = jobs
