@@ -15,9 +15,11 @@ and writes the same bytes again.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import datetime as dt
 import functools
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -48,6 +50,8 @@ from pipeline.tables import Kind, Status
 FaultHook = Callable[[str], None]
 FLUSH_STEPS = ("locked", "read", "truncated", "written", "committed")
 DEFAULT_CHUNK_BYTES = 8 * 1024 * 1024  #: ``backlog_flush_chunk_bytes``
+#: files whose :class:`catalog.Recent` a process keeps (:func:`_kept`), the last flushed
+RECENT_FILES = 4_096
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,7 +147,7 @@ def flush(
         path, current = _check_file(db, data_dir, row, fault)
         first_seq, first_bytes = row.flushed_seq, row.flushed_bytes
         # the restore of an archive keeps every offset: the tail read before it holds
-        before = _texts_before(path, row, tail)
+        before = _before(path, row, tail)
         while True:
             row, next_seq, before = _write_chunk(
                 db, path, row, batch, before, exists=current is not None, fault=fault
@@ -173,7 +177,7 @@ def flush(
 
 def _snapshot(
     db: database.Database, file_id: str, chunk_bytes: int, *, settled: bool = False
-) -> tuple[tables.FileRow, int, list[tables.JournalRow], list[tables.MessageRow]] | None:
+) -> tuple[tables.FileRow, int, list[tables.JournalRow], _Tail] | None:
     """The file's row, the last seq acknowledged now (what comes later is the caller's to
     flush again), its first journal rows and the catalog rows of its last messages
     (:func:`_tail`), in one snapshot; None while a redaction of the file is unfinished
@@ -286,13 +290,63 @@ def _gap(row: tables.FileRow, batch: list[tables.JournalRow]) -> str | None:
     return None
 
 
-def _tail(conn: sa.Connection, row: tables.FileRow) -> list[tables.MessageRow]:
-    """The catalog rows of the file's last messages, whose texts are the context terms of the
-    first ones a flush writes (:data:`catalog.CONTEXT_TURNS` of them)."""
+#: the file's last messages, whose words are the context terms of the first ones a flush
+#: writes: their catalog rows (their texts to read from the file), or what the file's last
+#: flush in this process kept of them
+_Tail = list[tables.MessageRow] | catalog.Recent
+
+
+def _tail(conn: sa.Connection, row: tables.FileRow) -> _Tail:
+    """The :data:`_Tail` of a file (:data:`catalog.CONTEXT_TURNS` messages): what this
+    process's last flush of it kept, if the file is still as that flush left it, else their
+    catalog rows."""
     if row.source_type == "upload" or not row.flushed_seq or not catalog.CONTEXT_TURNS:
         return []
+    kept = _kept(row)
+    if kept is not None:
+        return kept
     after = max(0, row.flushed_seq - catalog.CONTEXT_TURNS)
     return catalog.rows(conn, row.file_id, after=after, upto=row.flushed_seq)
+
+
+#: file_id -> (its flushed_seq and chain head after this process's last flush of it, the
+#: catalog.Recent that flush made), the :data:`RECENT_FILES` flushed last. The chain head is
+#: a hash of every byte of the file: a redaction, or anything else that changes a message,
+#: changes it, and the entry is passed over.
+_recent: collections.OrderedDict[str, tuple[int, str | None, catalog.Recent]] = (
+    collections.OrderedDict()
+)
+_recent_lock = threading.Lock()  #: the flush threads share it
+
+
+def _kept(row: tables.FileRow) -> catalog.Recent | None:
+    """The :class:`catalog.Recent` this process's last flush of ``row``'s file made, if the
+    file is still as it left it (the same seq and chain head), else None. A flush at one
+    message a call then reads no earlier message back and makes no terms of it again."""
+    with _recent_lock:
+        found = _recent.get(row.file_id)
+    if found is None or found[:2] != (row.flushed_seq, row.chain_head):
+        return None
+    return found[2]
+
+
+def _keep(row: tables.FileRow, recent: catalog.Recent) -> None:
+    """Keep ``recent`` for the next flush of ``row``'s file (``row``: as the commit left it)."""
+    if row.source_type == "upload":
+        return
+    with _recent_lock:
+        _recent[row.file_id] = (row.flushed_seq, row.chain_head, recent)
+        _recent.move_to_end(row.file_id)
+        while len(_recent) > RECENT_FILES:
+            _recent.popitem(last=False)
+
+
+def _before(path: Path, row: tables.FileRow, tail: _Tail) -> catalog.Before:
+    """The messages before a flush's first, as :func:`catalog.ready` takes them: what was
+    kept of them, else their texts (:func:`_texts_before`)."""
+    if isinstance(tail, catalog.Recent):
+        return tail
+    return _texts_before(path, row, tail)
 
 
 def _texts_before(path: Path, row: tables.FileRow, tail: list[tables.MessageRow]) -> list[str]:
@@ -318,13 +372,13 @@ def _texts_before(path: Path, row: tables.FileRow, tail: list[tables.MessageRow]
 def _prepare(
     row: tables.FileRow,
     batch: list[tables.JournalRow],
-    before: list[str],
+    before: catalog.Before,
     *,
     postgres: bool,
 ) -> _Chunk:
     """The chunk of ``batch`` (which :func:`_gap` found continuous): its bytes, blocks, chain
-    head and catalog rows (for the database ``postgres`` names; ``before``: the texts of the
-    file's messages before it, for the context terms). A journal that does not parse is a bug
+    head and catalog rows (for the database ``postgres`` names; ``before``: the file's
+    messages before it, for the context terms). A journal that does not parse is a bug
     (:class:`errors.InternalError`)."""
     seq = batch[-1].last_seq
     data = "".join(entry.data for entry in batch).encode("utf-8")
@@ -372,15 +426,15 @@ def _write_chunk(
     path: Path,
     row: tables.FileRow,
     batch: list[tables.JournalRow],
-    before: list[str],
+    before: catalog.Before,
     *,
     exists: bool,
     fault: FaultHook,
-) -> tuple[tables.FileRow, int, list[str]]:
+) -> tuple[tables.FileRow, int, catalog.Recent]:
     """Write one chunk of journal rows after the committed bytes, fsync, and commit it (the
     fenced update, the rows' deletion and their catalog rows in one transaction); the row as
-    it now is, the file's ``next_seq`` at that commit, and the texts before the next chunk
-    (``before``: those before this one)."""
+    it now is, the file's ``next_seq`` at that commit, and the messages before the next chunk
+    (``before``: those before this one), kept for the file's next flush too (:func:`_keep`)."""
     gap = _gap(row, batch)
     if gap is not None:
         raise _damaged(db, row.file_id, Kind.JOURNAL_GAP, gap)
@@ -398,8 +452,9 @@ def _write_chunk(
 
     next_seq = db.commit(commit, durable=False, key=row.file_id)
     fault("committed")
-    texts = [*before, *(f.message.content for f in chunk.found)]
-    return chunk.advanced(), next_seq, texts[len(texts) - catalog.CONTEXT_TURNS :]
+    advanced, recent = chunk.advanced(), chunk.cataloged.recent
+    _keep(advanced, recent)
+    return advanced, next_seq, recent
 
 
 #: runs each thunk, perhaps in parallel (the flush threads' pool); each one's exception or None
@@ -464,7 +519,7 @@ def flush_many(
         done.alone.extend(busy)
         fault("locked")
         started = time.perf_counter()
-        todo: list[tuple[tables.FileRow, list[tables.JournalRow], list[tables.MessageRow]]] = []
+        todo: list[tuple[tables.FileRow, list[tables.JournalRow], _Tail]] = []
         settle: list[tables.FileRow] = []  #: pending files with nothing to write
         budget = chunk_bytes
         with db.reading(held=True) as conn:
@@ -498,7 +553,7 @@ def flush_many(
                 if (current or 0) != row.flushed_bytes or _gap(row, batch) is not None:
                     done.alone.append(row.file_id)
                     continue
-                before = _texts_before(path, row, tail)
+                before = _before(path, row, tail)
                 chunk = _prepare(row, batch, before, postgres=db.postgres)
                 chunks.append((path, chunk, current is not None))
             except errors.SgmeError:
@@ -552,6 +607,7 @@ def flush_many(
                 done.alone.append(old.file_id)
                 continue
             row = chunk.advanced()
+            _keep(row, chunk.cataloged.recent)
             done.results[old.file_id] = FlushResult(
                 old.file_id,
                 row.flushed_seq - old.flushed_seq,

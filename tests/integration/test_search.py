@@ -567,6 +567,45 @@ def test_context_terms_are_the_same_however_the_turns_were_flushed(
     assert results() == before
 
 
+def test_a_flush_takes_the_turns_before_it_from_the_last_flush_until_the_file_changes(
+    db: database.Database,
+    data_dir: Path,
+    file_locks: locks.FileLocks,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A flush keeps what the context of the file's next messages is made of: the next
+    flush (one message a call) reads no earlier message back. A redaction changes the file,
+    and the next flush reads the turns before it again: the redacted words are in no
+    context."""
+    read: list[int] = []
+    texts_before = flush._texts_before
+
+    def counted(path: Path, row: Any, tail: Any) -> list[str]:
+        read.append(len(tail))
+        return texts_before(path, row, tail)
+
+    monkeypatch.setattr(flush, "_texts_before", counted)
+
+    def said(seq: int, text: str) -> None:
+        message = {"role": "user", "content": text, "ts": ts(seq)}
+        body = {"agent_id": "hermes", "session_key": "kept", "messages": [message]}
+        journal.ingest(db, body)
+        journal.flush(db, data_dir, file_id)
+
+    file_id = session(db, data_dir, "kept", ["Did you try the quince jam?"])
+    said(1, "Yes, twice!")
+    said(2, "And?")
+    assert read == [0]  # the first flush only: a new file has no turns before
+    refs = [h.source_ref for h in search.search(db, data_dir, "quince", neighbours="none")]
+    assert refs == [f"{file_id}:{s}" for s in (1, 2, 3)]
+    redaction.redact(db, file_locks, data_dir, f"{file_id}:2", rewrite.Who("test", "asked"))
+    said(3, "Delicious.")
+    assert read == [0, 2]  # the file changed: its last two turns read back
+    assert search.search(db, data_dir, "twice", neighbours="none") == []
+    refs = [h.source_ref for h in search.search(db, data_dir, "quince", neighbours="none")]
+    assert sorted(refs) == [f"{file_id}:{s}" for s in (1, 2, 3)]
+
+
 def test_hits_come_with_their_turns_around_them_each_shown_once(
     db: database.Database, data_dir: Path
 ) -> None:
