@@ -180,8 +180,8 @@ def _snapshot(
 ) -> tuple[tables.FileRow, int, list[tables.JournalRow], _Tail] | None:
     """The file's row, the last seq acknowledged now (what comes later is the caller's to
     flush again), its first journal rows and its last messages (:func:`_tail`: their
-    catalog rows, or what the last flush kept of them), in one snapshot; None while a redaction of the file is unfinished
-    (unless ``settled``: finished just now)."""
+    catalog rows, or what the last flush kept of them), in one snapshot; None while a
+    redaction of the file is unfinished (unless ``settled``: finished just now)."""
     with db.reading(held=True) as conn:
         row, unfinished = audit.file_and_pending(conn, file_id)
         if unfinished and not settled:
