@@ -64,6 +64,7 @@ test: $(STAMP) $(HERMES_STAMP) lint
 
 lint: $(STAMP)
 	$(BIN)/ruff check pipeline workers tests bench integrations
+	$(BIN)/ruff format --check pipeline workers tests bench integrations
 	$(BIN)/mypy
 
 unit: $(STAMP)

@@ -36,7 +36,15 @@ import bench_recall  # noqa: E402
 import recall_set  # noqa: E402
 from conftest import scratch_database  # noqa: E402
 
-from pipeline import catalog, embeddings, hybrid, ranking, search, vectors  # noqa: E402
+from pipeline import (  # noqa: E402
+    catalog,
+    embeddings,
+    hybrid,
+    ranking,
+    search,
+    vector_cache,
+    vectors,
+)
 
 KINDS = (*bench_recall.KINDS, "paraphrase")
 
@@ -120,17 +128,19 @@ def weighted(semantic: float) -> Fuse:
     return fuse
 
 
-def scan(total: int, *, postgres: bool = False, agents: int = 10, rounds: int = 30) -> None:
+def scan(total: int, *, postgres: bool = False, agents: int = 10, rounds: int = 100) -> None:
     """Latency at ``total`` messages (``agents`` agents of equal share, random vectors of the
-    local model's 384 dimensions stored as the rounds store them): the lexical search, the
-    vector scan within one agent and over every agent, and the hybrid search (the query's
-    embedding excluded: reported apart)."""
+    local model's 384 dimensions stored as the rounds store them, with their watermarks):
+    the lexical search, the vector scan within one agent and over every agent — read from
+    the index (no cache) and from a process's cache at the default ``embed_cache_bytes``,
+    filled by one search first, with the read of the files' versions that checks it — and
+    the hybrid search with the cache (the query's embedding excluded: reported apart)."""
     import random
 
     import numpy as np
     import sqlalchemy as sa
 
-    from pipeline import database, journal, tables
+    from pipeline import database, journal, settings, tables
 
     rng = random.Random(7)
     vocabulary = [f"w{i}" for i in range(20000)] + ["database", "kayak", "retry", "deploy"]
@@ -178,15 +188,29 @@ def scan(total: int, *, postgres: bool = False, agents: int = 10, rounds: int = 
                         }
                     )
                 conn.execute(sa.insert(tables.message_vectors), blocks)
+                # the watermark the rounds' commits leave (what the cache validates against)
+                mark = {"file_id": file_id, "model": model, "embedded_seq": last, "epoch": 1}
+                conn.execute(sa.insert(tables.embed_marks), [mark])
         point = gen.standard_normal(384).astype(np.float32)
         point /= np.linalg.norm(point)
         one = catalog.Filters(agents=["a0"])
         every = catalog.Filters()
+        # what a process's searches keep (hybrid.Hybrid.cache), at the default bound
+        cache = vector_cache.Cache(settings.Embed().cache_bytes)
 
-        def near(filters: catalog.Filters) -> Callable[[], object]:
+        def near(filters: catalog.Filters, kept: vector_cache.Cache | None) -> Callable[[], object]:
             def run() -> object:
                 with db.reading() as conn:
-                    return vectors.nearest(conn, model, point, filters, limit=search.CANDIDATES)
+                    return vectors.nearest(
+                        conn, model, point, filters, limit=search.CANDIDATES, cache=kept
+                    )
+
+            return run
+
+        def versions(filters: catalog.Filters) -> Callable[[], object]:
+            def run() -> object:
+                with db.reading() as conn:
+                    return vectors.versions(conn, filters)
 
             return run
 
@@ -196,7 +220,9 @@ def scan(total: int, *, postgres: bool = False, agents: int = 10, rounds: int = 
         def fused(filters: catalog.Filters) -> Callable[[], object]:
             def run() -> object:
                 def fuse(conn: Any, ranked: list[ranking.Scored]) -> list[ranking.Scored]:
-                    found = vectors.nearest(conn, model, point, filters, limit=search.CANDIDATES)
+                    found = vectors.nearest(
+                        conn, model, point, filters, limit=search.CANDIDATES, cache=cache
+                    )
                     return hybrid.fuse(ranked, found)
 
                 return search.search(
@@ -205,22 +231,33 @@ def scan(total: int, *, postgres: bool = False, agents: int = 10, rounds: int = 
 
             return run
 
-        def p50(run: Callable[[], object]) -> float:
+        def timed(run: Callable[[], object]) -> str:
+            """p50 / p99 of ``rounds`` runs, ms."""
             samples = []
             for _ in range(rounds):
                 t0 = time.perf_counter()
                 run()
                 samples.append(1000 * (time.perf_counter() - t0))
-            return statistics.median(samples)
+            samples.sort()
+            return f"{statistics.median(samples):.1f} / {samples[(len(samples) * 99) // 100]:.1f}"
 
         engine = "PostgreSQL" if postgres else "SQLite"
-        print(f"\n{total} messages, {agents} agents, {engine}, p50 of {rounds} searches (ms):")
-        print("| scope | lexical | vector scan | hybrid (query embedding excluded) |")
-        print("|---|---:|---:|---:|")
+        for filters in (one, every):
+            near(filters, cache)()  # the cache filled once, as by the process's first search
+        print(
+            f"\n{total} messages, {agents} agents, {engine}, p50 / p99 of {rounds} searches (ms); "
+            f"cache {cache.used / 2**20:.1f} MiB of {cache.limit / 2**20:.0f} MiB:"
+        )
+        print(
+            "| scope | lexical | vector scan, from the index | vector scan, cached "
+            "| of which the versions' read | hybrid, cached (query embedding excluded) |"
+        )
+        print("|---|---:|---:|---:|---:|---:|")
         for name, filters in ((f"one agent ({per} messages)", one), ("every agent", every)):
             print(
-                f"| {name} | {p50(lexical(filters)):.1f} | {p50(near(filters)):.1f} "
-                f"| {p50(fused(filters)):.1f} |"
+                f"| {name} | {timed(lexical(filters))} | {timed(near(filters, None))} "
+                f"| {timed(near(filters, cache))} | {timed(versions(filters))} "
+                f"| {timed(fused(filters))} |"
             )
         db.dispose()
 

@@ -377,6 +377,8 @@ def _forward(
     if k >= line_end:
         return None
     k = _VALUE_PREFIX.match(text, k).end()  # type: ignore[union-attr]
+    if k >= line_end:  # a prefix and nothing after it: `--api-key=@` at the end of a line
+        return None
     if text[k] in _QUOTES:
         span = _quoted(text, k, line_end)
         if span is None:

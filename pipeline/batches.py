@@ -36,7 +36,7 @@ from typing import Any, NamedTuple, cast
 
 import sqlalchemy as sa
 
-from pipeline import backlog, database, errors, ingest, ordering, tables, validation
+from pipeline import backlog, database, errors, index, ingest, ordering, tables, validation
 from pipeline.database.commits import in_savepoint
 from pipeline.ledger import Session
 from pipeline.settings import Backlog
@@ -166,8 +166,7 @@ def apply_batch(
         rows[session] = row._replace(next_seq=last + 1, flush_pending=True)
         moved[row.file_id] = last + 1
     _INSERT_JOURNAL.execute(conn, journal)
-    files = [{"file_id": f, "next_seq": n, "updated_at": now} for f, n in moved.items()]
-    _RECORD_APPENDS.execute(conn, files)
+    index.record_appends(conn, moved, now=now)
     return results
 
 
@@ -209,21 +208,6 @@ def _journal_rows(n: int) -> Any:
     )
 
 
-def _record_appends(n: int) -> Any:
-    """Each file's ``next_seq``, a flush pending, for ``n`` files."""
-    ids = [sa.bindparam(f"file_id_{i}", type_=_R.file_id.type) for i in range(n)]
-    seqs = [sa.bindparam(f"next_seq_{i}", type_=_R.next_seq.type) for i in range(n)]
-    return (
-        sa.update(tables.raw_files)
-        .where(_R.file_id.in_(ids))
-        .values(
-            next_seq=sa.case(*zip((_R.file_id == f for f in ids), seqs, strict=True)),
-            flush_pending=True,
-            updated_at=sa.bindparam("updated_at_0", type_=_R.updated_at.type),
-        )
-    )
-
-
 def _find_sessions(n: int) -> Any:
     # OR of equalities, not a row value IN a list: SQLite searches the session index for
     # each (MULTI-INDEX OR) where it would scan the table for the IN
@@ -245,6 +229,5 @@ def _lock_sessions(n: int) -> Any:
 
 _SESSION = ("agent_id", "source_type", "session_key")
 _INSERT_JOURNAL = database.Sized(_journal_rows)
-_RECORD_APPENDS = database.Sized(_record_appends)
 _FIND_SESSIONS = database.Sized(_find_sessions)
 _LOCK_SESSIONS = database.Sized(_lock_sessions)

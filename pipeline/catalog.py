@@ -560,6 +560,32 @@ def unindexed(conn: sa.Connection, ids: Sequence[int]) -> list[int]:
     return [i for i in ids if i not in present]
 
 
+def segment_counts(conn: sa.Connection, ids: Sequence[int]) -> dict[int, int]:
+    """PostgreSQL: of the messages among ``ids`` whose ``message_terms`` tsvector is empty,
+    how many segments of their terms ``message_term_parts`` holds (a long message's are all
+    there; a message without words has none) — ``fsck`` checks them against the text. Empty
+    on SQLite (one row holds any message's terms)."""
+    if not ids or not database.is_postgres(conn):
+        return {}
+    query = sa.text(
+        "SELECT t.id, count(p.id) FROM message_terms t "
+        "LEFT JOIN message_term_parts p ON p.id = t.id "
+        "WHERE t.id = ANY(:ids) AND length(t.tsv) = 0 GROUP BY t.id"
+    )
+    return {int(i): int(n) for i, n in conn.execute(query, {"ids": list(ids)})}
+
+
+def expected_segments(owner: Owner, message: document.Message) -> int:
+    """How many rows of ``message_term_parts`` a message's terms take on PostgreSQL: 0 when
+    they fit its one ``tsvector`` (:func:`pg_terms`), or when it has no words; -1 when it has
+    words that fit in one (its ``tsvector`` must not be empty)."""
+    found = terms.terms(said(owner, message.role, message.content)[1])
+    if not found:
+        return 0
+    made = terms.segments(found)
+    return -1 if len(made) == 1 else len(made)
+
+
 # ---------------------------------------------------------------------------------------------
 # search
 

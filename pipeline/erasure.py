@@ -130,7 +130,7 @@ def _delete_rows(conn: sa.Connection, row: tables.FileRow) -> int:
             w.session_key == row.session_key,
         )
     )
-    conn.execute(sa.delete(tables.raw_files).where(tables.raw_files.c.file_id == file_id))
+    index.delete_file(conn, file_id)
     return kept
 
 

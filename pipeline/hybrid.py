@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import sys
 import threading
 from collections.abc import Callable, Collection
 from typing import Any
@@ -36,6 +38,7 @@ from pipeline import (
     ranking,
     search,
     terms,
+    vector_cache,
     vectors,
     vocabulary,
 )
@@ -87,6 +90,21 @@ def fuse(
     return fused
 
 
+def yield_cores(nice: int) -> None:
+    """Make the calling thread at least ``nice`` nice (``embed_nice``), so that where an
+    embedding round shares cores with appends, the appends' threads get them first. On
+    Linux a thread has a niceness of its own (``setpriority`` on its native id); it is never
+    lowered (raising a thread's priority takes a privilege). Elsewhere, or refused: as it is."""
+    if nice <= 0 or not hasattr(os, "setpriority") or sys.platform != "linux":
+        return
+    me = threading.get_native_id()
+    try:
+        if os.getpriority(os.PRIO_PROCESS, me) < nice:
+            os.setpriority(os.PRIO_PROCESS, me, nice)
+    except OSError as exc:
+        log.debug("embedding round left at its priority: %s", exc)
+
+
 class Hybrid:
     """The embedding and hybrid search use cases over one runtime's settings and index
     handle."""
@@ -97,6 +115,8 @@ class Hybrid:
         self._embedder: embeddings.Embedder | None = None
         self._made = False  #: whether :attr:`embedder` was made (it may be None)
         self._round_lock = threading.Lock()  #: one round at a time in this process
+        #: the vectors this process's searches keep in memory (``embed_cache_bytes``)
+        self.cache = vector_cache.Cache(settings.embed.cache_bytes)
 
     @property
     def embedder(self) -> embeddings.Embedder | None:
@@ -111,6 +131,14 @@ class Hybrid:
         """Use ``embedder`` instead of the configured one (tests, benchmarks)."""
         self._embedder, self._made = embedder, True
 
+    def close(self) -> None:
+        """Let go of what the embedder holds (the ``openai`` embedder's connection pool);
+        one made later is made afresh."""
+        embedder, self._embedder, self._made = self._embedder, None, False
+        close = getattr(embedder, "close", None)
+        if close is not None:
+            close()
+
     def embed_round(self) -> int:
         """One embedding round (:func:`vectors.run_round`); 0 at once when no embedder is
         configured or a round is running in this process already. The messages embedded."""
@@ -121,6 +149,7 @@ class Hybrid:
             return 0
         try:
             e = self.settings.embed
+            yield_cores(e.nice)
             # a claim outlives its slowest embedding (every request at its timeout), so a slow
             # endpoint delays vectors without losing the work to another claim
             requests = -(-e.claim_messages // e.batch)
@@ -206,7 +235,9 @@ class Hybrid:
             return None, HowRanked("lexical", embedder.model, behind, why)
 
         def near(conn: sa.Connection, ranked: list[ranking.Scored]) -> list[ranking.Scored]:
-            found = vectors.nearest(conn, embedder.model, point, filters, limit=candidates)
+            found = vectors.nearest(
+                conn, embedder.model, point, filters, limit=candidates, cache=self.cache
+            )
             return fuse(ranked, found)
 
         return near, HowRanked("hybrid", embedder.model, behind)

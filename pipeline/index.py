@@ -141,6 +141,31 @@ def record_append(conn: sa.Connection, file_id: str, *, next_seq: int, now: dt.d
     _RECORD_APPEND.execute(conn, params)
 
 
+def _record_appends(n: int) -> Any:
+    """Each file's ``next_seq``, a flush pending, for ``n`` files in one statement."""
+    ids = [sa.bindparam(f"file_id_{i}", type_=_R.file_id.type) for i in range(n)]
+    seqs = [sa.bindparam(f"next_seq_{i}", type_=_R.next_seq.type) for i in range(n)]
+    return (
+        sa.update(tables.raw_files)
+        .where(_R.file_id.in_(ids))
+        .values(
+            next_seq=sa.case(*zip((_R.file_id == f for f in ids), seqs, strict=True)),
+            flush_pending=True,
+            updated_at=sa.bindparam("updated_at_0", type_=_R.updated_at.type),
+        )
+    )
+
+
+_RECORD_APPENDS = database.Sized(_record_appends)
+
+
+def record_appends(conn: sa.Connection, next_seqs: dict[str, int], *, now: dt.datetime) -> None:
+    """:func:`record_append` for many files at once (a batch of appends): file id -> its
+    ``next_seq``."""
+    files = [{"file_id": f, "next_seq": n, "updated_at": now} for f, n in next_seqs.items()]
+    _RECORD_APPENDS.execute(conn, files)
+
+
 _OLD_SEQUENCE = sa.bindparam("old_sequence", type_=sa.Integer)
 _RECORD_SEQUENCED = database.Prepared(
     sa.update(tables.raw_files)
@@ -402,6 +427,60 @@ def restart_refinement(conn: sa.Connection, file_id: str, *, now: dt.datetime) -
         )
     )
     conn.execute(stmt)
+
+
+def rewind_refinement(conn: sa.Connection, file_id: str, *, after: int, now: dt.datetime) -> None:
+    """Refine a file again from ``after`` (``last_refined_seq`` lowered to it if higher),
+    fencing out a job that still runs for an older claim (the epoch moves on, the lease
+    goes). A fully refined file becomes ``new``; an archived one stays archived (it is
+    refined again when an append brings it back)."""
+    f = tables.raw_files.c
+    lowered = sa.case((f.last_refined_seq > after, after), else_=f.last_refined_seq)
+    conn.execute(
+        sa.update(tables.raw_files)
+        .where(f.file_id == file_id)
+        .values(
+            last_refined_seq=lowered,
+            refine_epoch=f.refine_epoch + 1,
+            refine_lease_until=None,
+            status=sa.case(
+                (sa.and_(f.status == Status.REFINED, f.flushed_seq > lowered), Status.NEW),
+                else_=f.status,
+            ),
+            updated_at=now,
+        )
+    )
+
+
+def move_rewritten(
+    conn: sa.Connection,
+    file_id: str,
+    *,
+    old_chain_head: str | None,
+    old_size: int | None,
+    new_chain_head: str | None,
+    new_size: int | None,
+    now: dt.datetime,
+) -> bool:
+    """A rewritten file (a redaction, :mod:`pipeline.rewrite`) took the place of the one
+    whose length and chain head were ``old_*``: record its new ones. False when the row no
+    longer holds the old ones (someone changed the file under its lock: a bug)."""
+    moved = conn.execute(
+        sa.update(tables.raw_files)
+        .where(
+            _R.file_id == file_id,
+            _R.chain_head == old_chain_head,
+            _R.flushed_bytes == old_size,
+        )
+        .values(flushed_bytes=new_size, chain_head=new_chain_head, updated_at=now)
+    ).rowcount
+    return bool(moved == 1)
+
+
+def delete_file(conn: sa.Connection, file_id: str) -> None:
+    """Forget a file's row (an erasure, :mod:`pipeline.erasure`, once everything that
+    points at it is gone)."""
+    conn.execute(sa.delete(tables.raw_files).where(_R.file_id == file_id))
 
 
 # ---------------------------------------------------------------------------------------------

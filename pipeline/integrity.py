@@ -11,7 +11,7 @@ import datetime as dt
 import enum
 import json
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -126,8 +126,11 @@ def check_catalog(
     data: bytes,
     cataloged: list[tables.MessageRow],
     unindexed: list[int],
+    segmented: Mapping[int, int] | None = None,
 ) -> list[Problem]:
-    """Compare the catalog's rows of a file with the blocks of its committed bytes."""
+    """Compare the catalog's rows of a file with the blocks of its committed bytes; with
+    ``segmented`` (:func:`catalog.segment_counts`, PostgreSQL), the terms of its messages
+    whose ``tsvector`` is empty with their text: a long message must have each segment."""
     try:
         found = locate_file(
             data[: row.flushed_bytes], source_type=row.source_type, started_at=row.started_at
@@ -168,6 +171,24 @@ def check_catalog(
                 f"{len(unindexed)} messages have no search terms (run sgme reindex)",
             )
         )
+    if segmented and on_disk == in_index:
+        owner = catalog.Owner.of(row)
+        by_id = {r.id: f.message for r, f in zip(cataloged, found, strict=True)}
+        # every id here has an empty tsvector: -1 (terms that fit in it) is never right
+        short = sorted(
+            by_id[i].seq
+            for i, n in segmented.items()
+            if catalog.expected_segments(owner, by_id[i]) != n
+        )
+        if short:
+            problems.append(
+                Problem(
+                    row.file_id,
+                    Finding.SEARCH_INDEX_MISSING,
+                    f"{len(short)} messages lack search terms, first at seq {short[0]} "
+                    "(run sgme reindex)",
+                )
+            )
     return problems
 
 
@@ -198,7 +219,8 @@ def check_file(
         with db.reading() as conn:
             cataloged = catalog.rows(conn, row.file_id, after=0, upto=row.flushed_seq)
             unindexed = catalog.unindexed(conn, [r.id for r in cataloged])
-        problems += check_catalog(row, data, cataloged, unindexed)
+            segmented = catalog.segment_counts(conn, [r.id for r in cataloged])
+        problems += check_catalog(row, data, cataloged, unindexed, segmented)
     return problems
 
 

@@ -16,7 +16,6 @@ truncates the write-ahead log (docs/privacy.md says what PostgreSQL needs instea
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -24,7 +23,6 @@ from collections.abc import Mapping, Sequence
 import sqlalchemy as sa
 
 from pipeline import catalog, database, document, errors, tables
-from pipeline.tables import Status
 
 log = logging.getLogger(__name__)
 _M = tables.messages.c
@@ -134,29 +132,6 @@ def forget_items(conn: sa.Connection, file_id: str, seq: int) -> tuple[int, int 
         return 0, None
     conn.execute(sa.delete(tables.l1_items).where(_L.id.in_([r.id for r in found])))
     return len(found), min(int(r.segment_lo) for r in found)
-
-
-def restart_refinement(conn: sa.Connection, file_id: str, *, after: int, now: dt.datetime) -> None:
-    """Refine a file again from ``after`` (``last_refined_seq`` lowered to it if higher),
-    fencing out a job that still runs for an older claim (the epoch moves on, the lease
-    goes). A fully refined file becomes ``new``; an archived one stays archived (it is
-    refined again when an append brings it back)."""
-    f = tables.raw_files.c
-    lowered = sa.case((f.last_refined_seq > after, after), else_=f.last_refined_seq)
-    conn.execute(
-        sa.update(tables.raw_files)
-        .where(f.file_id == file_id)
-        .values(
-            last_refined_seq=lowered,
-            refine_epoch=f.refine_epoch + 1,
-            refine_lease_until=None,
-            status=sa.case(
-                (sa.and_(f.status == Status.REFINED, f.flushed_seq > lowered), Status.NEW),
-                else_=f.status,
-            ),
-            updated_at=now,
-        )
-    )
 
 
 def compact(db: database.Database) -> None:

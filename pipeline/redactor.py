@@ -380,9 +380,7 @@ def _automaton(*, portable: bool = False) -> _Keywords:
             by_keyword[keyword].append(number)
     for word in NAME_WORDS:
         by_keyword[word].append(_ASSIGNMENT)
-    automaton: _Keywords = (
-        _Finds() if portable or ahocorasick is None else ahocorasick.Automaton()
-    )
+    automaton: _Keywords = _Finds() if portable or ahocorasick is None else ahocorasick.Automaton()
     for keyword, numbers in by_keyword.items():
         automaton.add_word(keyword, (keyword, tuple(numbers)))
     automaton.make_automaton()

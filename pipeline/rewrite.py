@@ -214,7 +214,7 @@ def _refine_again(conn: sa.Connection, file_id: str, seq: int, now: dt.datetime)
     """The L1 items that stand on message ``seq`` go, and refinement restarts before it."""
     _, lo = purge.forget_items(conn, file_id, seq)
     after = seq - 1 if lo is None else min(lo, seq - 1)
-    purge.restart_refinement(conn, file_id, after=after, now=now)
+    index.rewind_refinement(conn, file_id, after=after, now=now)
 
 
 def _commit(
@@ -226,23 +226,18 @@ def _commit(
     found = _located(row, new)
     tomb = found[seq - 1]
     delta = int(recorded.new_size or 0) - int(recorded.old_size or 0)
-    f = tables.raw_files.c
     with db.transaction() as conn:
         now = db.now()
-        moved = conn.execute(
-            sa.update(tables.raw_files)
-            .where(
-                f.file_id == row.file_id,
-                f.chain_head == recorded.old_chain_head,
-                f.flushed_bytes == recorded.old_size,
-            )
-            .values(
-                flushed_bytes=recorded.new_size,
-                chain_head=recorded.new_chain_head,
-                updated_at=now,
-            )
-        ).rowcount
-        if moved != 1:
+        moved = index.move_rewritten(
+            conn,
+            row.file_id,
+            old_chain_head=recorded.old_chain_head,
+            old_size=recorded.old_size,
+            new_chain_head=recorded.new_chain_head,
+            new_size=recorded.new_size,
+            now=now,
+        )
+        if not moved:
             raise errors.InternalError(
                 f"file {row.file_id} changed under its lock during a redaction of seq {seq}"
             )

@@ -169,6 +169,9 @@ class Runtime:
         return backend
 
     def close(self) -> None:
-        """Close the index's pooled connections and the lock files."""
+        """Close the embedder's connections, the index's pooled connections and the lock
+        files."""
+        if self._service is not None:
+            self._service.hybrid.close()
         self.file_locks.close()
         self.db.dispose()

@@ -209,6 +209,14 @@ class Embed:
     #: characters of a message's text embedded (its start): a model reads ~512 tokens anyway
     max_chars: int = 2000
     threads: int = 1  #: CPU threads the ``local`` model uses (each costs a core)
+    #: the niceness an embedding round's thread takes (Linux; 0 to 19, 0: as it is): where the
+    #: rounds share cores with appends, the appends get them first (the backlog drains later)
+    nice: int = 10
+    #: bytes of decoded vectors a process keeps in memory for hybrid searches (int8, about
+    #: ``dim`` + 4 bytes a message: 64 MiB hold about 170,000 messages of the local model), so a
+    #: search scores them without reading them out of the index; files past the bound are
+    #: read at every search as without it; 0 keeps none (pipeline/vector_cache.py)
+    cache_bytes: int = 64 * 1024 * 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -425,7 +433,12 @@ class Settings:
                 within = f"between 1 and {most}" if most else "at least 1"
                 raise errors.InvalidInput(f"setting {name}: must be {within}, got {value!r}")
         for name, value in _numbers(self):
-            if name.startswith(("search_", "embed_")) and not value > 0:
+            if name == "embed_nice":
+                if not 0 <= value <= 19:
+                    raise errors.InvalidInput(f"setting {name}: must be 0 to 19, got {value!r}")
+            elif name == "embed_cache_bytes":
+                pass  # 0: no cache (a negative value is refused with every number)
+            elif name.startswith(("search_", "embed_")) and not value > 0:
                 raise errors.InvalidInput(f"setting {name}: must be above 0, got {value!r}")
         if self.search.embedder not in EMBEDDERS:
             raise errors.InvalidInput(

@@ -23,9 +23,11 @@ of float32, cosine kept to about 1e-3), and the vectors of one commit — messag
 ``lo < seq <= hi`` of a file — as one block, one row: a scan then reads hundreds of vectors a
 row (reading one row per vector cost 2–4 µs a row in SQLite alone, 0.2–0.4 s at 100,000
 messages). Blocks are keyed by file and seq like source_refs, so a reindex keeps them. A
-query is scored by reading the blocks of the files within its scope, :data:`SCAN_BLOCKS` at
-a time, and keeping the best: memory stays bounded whatever the store's size, on SQLite and
-PostgreSQL alike (docs/search.md has the measurements). A redaction drops the blocks that
+query is scored over the files within its scope: those whose vectors the process keeps in
+memory (:mod:`pipeline.vector_cache`, checked against each file's watermark row in the same
+snapshot) from there, the others by reading their blocks, :data:`SCAN_BLOCKS` at a time;
+the best are kept as it goes, so memory stays bounded whatever the store's size, on SQLite
+and PostgreSQL alike (docs/search.md has the measurements). A redaction drops the blocks that
 hold the message's vector and those averaged with it, and moves the watermark back to the
 first one's start.
 """
@@ -34,7 +36,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import heapq
 import logging
 import time
 from collections.abc import Collection, Sequence
@@ -44,7 +45,16 @@ from typing import Any
 import numpy as np
 import sqlalchemy as sa
 
-from pipeline import catalog, database, embeddings, errors, ranking, reader, tables
+from pipeline import (
+    catalog,
+    database,
+    embeddings,
+    errors,
+    ranking,
+    reader,
+    tables,
+    vector_cache,
+)
 from pipeline.tables import Status
 
 log = logging.getLogger(__name__)
@@ -352,8 +362,9 @@ def run_round(
 # scoring a query
 
 
-def _scope(conn: sa.Connection, filters: catalog.Filters) -> list[str] | None:
-    """The files a search within ``filters`` may return messages of (None: every file)."""
+def _scope(filters: catalog.Filters) -> list[sa.ColumnElement[bool]]:
+    """The conditions on a file a search within ``filters`` may return messages of (none:
+    every file)."""
     conditions = [] if filters.file_id is None else [_F.file_id == filters.file_id]
     if filters.agents is not None:
         conditions.append(_F.agent_id.in_(list(filters.agents)))
@@ -361,16 +372,34 @@ def _scope(conn: sa.Connection, filters: catalog.Filters) -> list[str] | None:
         conditions.append(_F.agent_id == filters.agent_id)
     if filters.session_key is not None:
         conditions.append(_F.session_key == filters.session_key)
-    if not conditions:
-        return None
-    return list(conn.execute(sa.select(_F.file_id).where(*conditions)).scalars())
+    return conditions
+
+
+def versions(conn: sa.Connection, filters: catalog.Filters) -> dict[str, vector_cache.Version]:
+    """The files a search within ``filters`` may return messages of that have a watermark
+    (only those have vectors: a block is committed under its file's ``embed_marks`` row and
+    deleted with it), each with its version (:mod:`pipeline.vector_cache`), in one
+    statement: what checks a cache at every search."""
+    return _versions(conn, _scope(filters))
+
+
+def _versions(
+    conn: sa.Connection, scope: list[sa.ColumnElement[bool]]
+) -> dict[str, vector_cache.Version]:
+    """:func:`versions` of the files within ``scope``."""
+    query = sa.select(_E.file_id, _E.model, _E.epoch, _E.embedded_seq)
+    if scope:
+        query = query.select_from(
+            tables.embed_marks.join(tables.raw_files, _F.file_id == _E.file_id)
+        ).where(*scope)
+    return {f: (m, int(e), int(s)) for f, m, e, s in conn.execute(query)}
 
 
 def _allowed(
     conn: sa.Connection, filters: catalog.Filters, files: list[str] | None
-) -> set[tuple[str, int]] | None:
-    """The messages within ``filters``' own conditions (role, time) in ``files``; None when
-    it has none (every message of the files is in)."""
+) -> dict[str, np.ndarray[Any, Any]] | None:
+    """The seqs of the messages within ``filters``' own conditions (role, time) in ``files``,
+    by file; None when it has none (every message of the files is in)."""
     if filters.role is None and filters.since is None and filters.until is None:
         return None
     m = tables.messages.c
@@ -381,13 +410,104 @@ def _allowed(
         base = base.where(m.ts >= filters.since)
     if filters.until is not None:
         base = base.where(m.ts <= filters.until)
-    if files is None:
-        return {(f, q) for f, q in conn.execute(base)}
-    found: set[tuple[str, int]] = set()
-    for i in range(0, len(files), FILES_AT_ONCE):
-        part = base.where(m.file_id.in_(files[i : i + FILES_AT_ONCE]))
-        found.update((f, q) for f, q in conn.execute(part))
-    return found
+    statements = [base]
+    if files is not None:
+        statements = [
+            base.where(m.file_id.in_(files[i : i + FILES_AT_ONCE]))
+            for i in range(0, len(files), FILES_AT_ONCE)
+        ]
+    found: dict[str, list[int]] = {}
+    for stmt in statements:
+        for f, q in conn.execute(stmt):
+            found.setdefault(f, []).append(q)
+    return {f: np.array(seqs, dtype=np.int32) for f, seqs in found.items()}
+
+
+class _Best:
+    """The best ``limit`` scores of a search so far, with the file (an index into ``files``)
+    and seq of each: scored pieces are gathered as arrays and cut back to the best ``limit``
+    every :data:`GATHERED_ROWS` rows, so memory stays bounded and the selection is one numpy
+    call, not one a file."""
+
+    def __init__(
+        self,
+        query: np.ndarray[Any, Any],
+        limit: int,
+        allowed: dict[str, np.ndarray[Any, Any]] | None,
+    ) -> None:
+        # Integer dot products: exact for int8 vectors, and no BLAS call, whose threads on a
+        # busy 2-core host made one product of 16,384 vectors take 20x longer (113 ms against
+        # 5). The query keeps 15 bits a component (7 bits rounded the ranking: recall@10 fell
+        # by 1-2 points); a dot product stays below 127 * 32767 (both are unit vectors).
+        self.q = np.rint(np.asarray(query, dtype=np.float32) * 32767.0).astype(np.int16)
+        self.limit = limit
+        self.allowed = allowed  #: the seqs a file may score (role, time), None: all
+        self.files: list[str] = []
+        self._index: dict[str, int] = {}
+        self._parts: list[tuple[np.ndarray[Any, Any], ...]] = []
+        self._rows = 0
+
+    def score(
+        self,
+        matrix: np.ndarray[Any, Any],
+        files: Sequence[str],
+        counts: Sequence[int],
+        seqs: np.ndarray[Any, Any],
+    ) -> None:
+        """Score ``matrix`` (int8 rows): its rows are ``counts[i]`` messages of ``files[i]``
+        in turn, at ``seqs``."""
+        dots = np.einsum("ij,j->i", matrix, self.q, dtype=np.int32)
+        scores = dots.astype(np.float32) / (127.0 * 32767.0)
+        which = np.repeat([self._file(f) for f in files], counts).astype(np.int32)
+        if self.allowed is not None:
+            ends = np.cumsum(counts)
+            keep = np.concatenate(
+                [
+                    np.isin(seqs[end - n : end], self.allowed.get(f, _NONE))
+                    for f, n, end in zip(files, counts, ends, strict=True)
+                ]
+            )
+            scores, which, seqs = scores[keep], which[keep], seqs[keep]
+        self._parts.append((scores, which, seqs))
+        self._rows += len(scores)
+        if self._rows > GATHERED_ROWS:
+            self._parts = [self._cut()]
+            self._rows = len(self._parts[0][0])
+
+    def best(self) -> list[tuple[float, str, int]]:
+        """``(score, file_id, seq)`` of the best ``limit``."""
+        scores, which, seqs = self._cut()
+        return [
+            (float(s), self.files[int(w)], int(q))
+            for s, w, q in zip(scores, which, seqs, strict=True)
+        ]
+
+    def _file(self, file_id: str) -> int:
+        if file_id not in self._index:
+            self._index[file_id] = len(self.files)
+            self.files.append(file_id)
+        return self._index[file_id]
+
+    def _cut(self) -> tuple[np.ndarray[Any, Any], ...]:
+        if not self._parts:
+            return _NONE.astype(np.float32), _NONE, _NONE
+        scores, which, seqs = (np.concatenate(c) for c in zip(*self._parts, strict=True))
+        if len(scores) > self.limit:
+            top = np.argpartition(-scores, self.limit - 1)[: self.limit]
+            scores, which, seqs = scores[top], which[top], seqs[top]
+        return scores, which, seqs
+
+
+_NONE = np.zeros(0, dtype=np.int32)
+#: scored rows :class:`_Best` gathers before it keeps only the best (12 bytes a row)
+GATHERED_ROWS = 1 << 18
+
+
+def _seqs(blocks: Sequence[tuple[int, int]]) -> np.ndarray[Any, Any]:
+    """The seqs of blocks ``(lo, hi)`` in turn (``lo < seq <= hi`` each)."""
+    if not blocks:
+        return _NONE
+    return np.concatenate([np.arange(lo + 1, hi + 1, dtype=np.int32) for lo, hi in blocks])
 
 
 def nearest(
@@ -397,60 +517,109 @@ def nearest(
     filters: catalog.Filters,
     *,
     limit: int,
+    cache: vector_cache.Cache | None = None,
 ) -> list[ranking.Scored]:
     """The ``limit`` messages within ``filters`` whose ``model`` vectors are closest to
     ``query`` (cosine), best first, ties in source_ref order.
 
-    The files in scope are found first (the caller's agents, the session, the file), then
-    their blocks read through ``(model, file_id)``, :data:`FILES_AT_ONCE` files a statement
-    and :data:`SCAN_BLOCKS` blocks at a time; a message outside the filters' own conditions
-    (role, time) scores nothing."""
-    files = _scope(conn, filters)
-    allowed = _allowed(conn, filters, files)
+    The files in scope are found first with their versions (the caller's agents, the
+    session, the file); a file whose vectors ``cache`` holds at its version is scored from
+    memory, the others' blocks are read through ``(model, file_id)``, :data:`FILES_AT_ONCE`
+    files a statement and :data:`SCAN_BLOCKS` blocks at a time, scored, and offered to
+    ``cache``; a message outside the filters' own conditions (role, time) scores nothing."""
     dim = len(query)
-    base = sa.select(_V.file_id, _V.lo, _V.hi, _V.vectors).where(_V.model == model, _V.dim == dim)
-    if files is None:
+    scope = _scope(filters)
+    versions = _versions(conn, scope)
+    files = sorted(versions)
+    best = _Best(query, limit, _allowed(conn, filters, files if scope else None))
+    search = 0 if cache is None else cache.search()
+    if cache is not None and not scope:
+        cache.keep_only(model, dim, set(files))
+    missing = []
+    for file_id in files:
+        key = (model, dim, file_id)
+        entry = None if cache is None else cache.get(key, versions[file_id], search)
+        if entry is None:
+            missing.append(file_id)
+        elif len(entry.seqs):
+            best.score(entry.matrix, [file_id], [len(entry.seqs)], entry.seqs)
+    if missing:
+        every = not scope and len(missing) == len(files)
+        _scan(conn, model, dim, missing, versions, best, cache, search, every=every)
+    top = best.best()
+    scores_by_key = {(f, seq): score for score, f, seq in top}
+    # the catalog's ids (what a hit is read by); a message not cataloged is left out
+    found = ranking.at(conn, scores_by_key, catalog.Filters())
+    ordered = sorted(found, key=lambda r: (-scores_by_key[(r[1], r[2])], r[1], r[2]))
+    return [ranking.Scored(i, f, seq, scores_by_key[(f, seq)]) for i, f, seq in ordered]
+
+
+def _scan(
+    conn: sa.Connection,
+    model: str,
+    dim: int,
+    files: list[str],
+    versions: dict[str, vector_cache.Version],
+    best: _Best,
+    cache: vector_cache.Cache | None,
+    search: int,
+    *,
+    every: bool,
+) -> None:
+    """Score the blocks of ``files`` read from the index (``every``: all of them, one
+    statement), :data:`SCAN_BLOCKS` at a time, in file and seq order; each file's vectors are
+    gathered as they come, while they still fit ``cache``, and offered to it whole (at the
+    version read before them: a block committed since makes the entry stale at the next
+    search, never a stale entry current)."""
+    base = (
+        sa.select(_V.file_id, _V.lo, _V.hi, _V.vectors)
+        .where(_V.model == model, _V.dim == dim)
+        .order_by(_V.file_id, _V.lo)
+    )
+    if every:
         statements = [base]
     else:
         statements = [
             base.where(_V.file_id.in_(files[i : i + FILES_AT_ONCE]))
             for i in range(0, len(files), FILES_AT_ONCE)
         ]
-    # Integer dot products: exact for int8 vectors, and no BLAS call, whose threads on a busy
-    # 2-core host made one product of 16,384 vectors take 20x longer (113 ms against 5).
-    # The query keeps 15 bits a component (7 bits rounded the ranking: recall@10 fell
-    # by 1-2 points); a dot product stays below 127 * 32767 (both are unit vectors).
-    q = np.rint(np.asarray(query, dtype=np.float32) * 32767.0).astype(np.int16)
-    best: list[tuple[float, str, int]] = []
+    # the file whose blocks are being gathered for the cache (blocks come in file order), its
+    # blocks and their bytes; None: not kept (no cache, or too large for it)
+    current: str | None = None
+    rows: list[Any] | None = None
+    size = 0
+
+    def offer(file_id: str, rows: list[Any]) -> None:
+        if cache is None:
+            return
+        matrix = np.frombuffer(b"".join(r[3] for r in rows), dtype=np.int8).reshape(-1, dim)
+        entry = vector_cache.Entry(versions[file_id], matrix, _seqs([(r[1], r[2]) for r in rows]))
+        cache.put((model, dim, file_id), entry, search)
+
+    unseen = set(files)
     for stmt in statements:
         result = conn.execution_options(yield_per=SCAN_BLOCKS).execute(stmt)
         for part in result.partitions():
-            matrix = np.frombuffer(b"".join(r[3] for r in part), dtype=np.int8)
-            dots = np.einsum("ij,j->i", matrix.reshape(-1, dim), q, dtype=np.int32)
-            scores = dots.astype(np.float32) / (127.0 * 32767.0)
-            # where each block's vectors start in ``scores``
-            starts = np.cumsum([0] + [r[2] - r[1] for r in part])
-            if starts[-1] != len(scores):
-                raise errors.InternalError(f"blocks of {starts[-1]} messages hold {len(scores)}")
-
-            def key(i: int, part: Any = part, starts: Any = starts) -> tuple[str, int]:
-                b = int(np.searchsorted(starts, i, side="right")) - 1
-                return part[b][0], part[b][1] + 1 + i - int(starts[b])
-
-            if allowed is not None:
-                scores[[key(i) not in allowed for i in range(len(scores))]] = -np.inf
-            top = min(limit, len(scores))
-            for i in np.argpartition(-scores, top - 1)[:top]:
-                score = float(scores[int(i)])
-                if score == -np.inf:
-                    continue
-                item = (score, *key(int(i)))
-                if len(best) < limit:
-                    heapq.heappush(best, item)
-                elif score > best[0][0]:
-                    heapq.heapreplace(best, item)
-    scores_by_key = {(f, seq): score for score, f, seq in best}
-    # the catalog's ids (what a hit is read by); a message not cataloged is left out
-    found = ranking.at(conn, scores_by_key, catalog.Filters())
-    ordered = sorted(found, key=lambda r: (-scores_by_key[(r[1], r[2])], r[1], r[2]))
-    return [ranking.Scored(i, f, seq, scores_by_key[(f, seq)]) for i, f, seq in ordered]
+            matrix = np.frombuffer(b"".join(r[3] for r in part), dtype=np.int8).reshape(-1, dim)
+            counts = [r[2] - r[1] for r in part]
+            if sum(counts) != len(matrix):
+                raise errors.InternalError(f"blocks of {sum(counts)} messages hold {len(matrix)}")
+            best.score(matrix, [r[0] for r in part], counts, _seqs([(r[1], r[2]) for r in part]))
+            if cache is None:
+                continue
+            for r in part:
+                if r[0] != current:
+                    if current is not None and rows is not None:
+                        offer(current, rows)
+                    current, size = r[0], 0
+                    rows = [] if r[0] in unseen else None
+                    unseen.discard(r[0])
+                if rows is not None:
+                    rows.append(r)
+                    size += len(r[3])
+                    if size > cache.limit:
+                        rows = None  # too large to keep: scored from the index at every search
+    if current is not None and rows is not None:
+        offer(current, rows)
+    for file_id in unseen:  # no vector of this model: kept empty, not read again
+        offer(file_id, [])

@@ -58,10 +58,14 @@ def cmd_scan(ctx: Context) -> int:
         ]
         redacted = redactor.replace(text[line_start:line_end], on_line).text
         # where this secret's marker stands in the redacted line
-        at = f.start - line_start + sum(
-            len(redactor.marker(g.kind)) - (g.end - g.start)
-            for g in on_line
-            if g.end <= f.start - line_start
+        at = (
+            f.start
+            - line_start
+            + sum(
+                len(redactor.marker(g.kind)) - (g.end - g.start)
+                for g in on_line
+                if g.end <= f.start - line_start
+            )
         )
         rows.append(
             {

@@ -15,7 +15,7 @@ import helpers
 import pytest
 import sqlalchemy as sa
 
-from pipeline import batches, database, errors, ingest, service, validation
+from pipeline import batches, database, errors, index, ingest, service, validation
 from pipeline.settings import Backlog, Settings
 
 AGENT = "batch"
@@ -154,7 +154,7 @@ def test_a_batch_whose_statements_fail_runs_its_appends_one_by_one(
             failures.append(len(rows))
             raise errors.InternalError("the batch's statement failed")
 
-    monkeypatch.setattr(batches, "_RECORD_APPENDS", Failing(batches._RECORD_APPENDS))
+    monkeypatch.setattr(index, "_RECORD_APPENDS", Failing(index._RECORD_APPENDS))
     answers = _batch(svc, [_body("a", "a2"), _body("b", "b2"), _body("a", "a3")])
     assert failures == [2]
     assert [(x.result.file_id, x.result.first_seq) for x in answers] == [(a, 2), (b, 2), (a, 3)]

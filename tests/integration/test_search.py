@@ -819,6 +819,40 @@ def test_text_past_the_first_100000_characters_is_searchable(
     assert integrity.fsck(db, data_dir) == []
 
 
+def test_fsck_finds_a_long_message_whose_segments_are_gone(
+    db: database.Database, data_dir: Path, file_locks: locks.FileLocks
+) -> None:
+    """On PostgreSQL a long message's terms are all in its segments: fsck finds one that lost
+    them (or a message whose words are missing from its one tsvector), and a reindex brings
+    them back. A message without words, whose tsvector is empty too, is not taken for one."""
+    text = "zephyr " + _two_letter_words(20_000)
+    file_id = session(db, data_dir, "doc", ["a first turn", text, "?!", "short words here"])
+    assert integrity.fsck(db, data_dir) == []
+    if not db.postgres:
+        return  # SQLite keeps any message's terms in its one row
+    with db.transaction() as conn:
+        conn.execute(sa.text("DELETE FROM message_term_parts WHERE part > 0"))
+    found = integrity.fsck(db, data_dir)
+    assert [(p.file_id, p.kind) for p in found] == [
+        (file_id, integrity.Finding.SEARCH_INDEX_MISSING)
+    ]
+    assert "1 messages lack search terms, first at seq 2" in found[0].detail
+    integrity.reindex(db, file_locks, data_dir)
+    assert integrity.fsck(db, data_dir) == []
+    with db.transaction() as conn:  # a short message's terms emptied
+        conn.execute(
+            sa.text(
+                "UPDATE message_terms SET tsv = ''::tsvector WHERE id = (SELECT id FROM "
+                "messages WHERE file_id = :f AND seq = 4)"
+            ),
+            {"f": file_id},
+        )
+    found = integrity.fsck(db, data_dir)
+    assert [p.detail for p in found] == [
+        "1 messages lack search terms, first at seq 4 (run sgme reindex)"
+    ]
+
+
 def test_a_long_message_keeps_its_speaker_and_context_beside_its_segments(
     db: database.Database, data_dir: Path, file_locks: locks.FileLocks
 ) -> None:

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import os
+import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -528,3 +531,38 @@ def test_a_round_reads_only_what_it_embeds_of_a_long_message(
     assert run(db, data_dir, fake, max_chars=100) == 3
     assert 0 < sum(read) < 4 * (3 * (100 * 4 + 1024))
     assert fake.embedded == ["short one", long[:100], "# a heading-like line\nand more"]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="a thread's own niceness is Linux's")
+def test_an_embedding_round_runs_at_embed_nice_and_leaves_other_threads_be(
+    db: database.Database, data_dir: Path, database_url: str
+) -> None:
+    """A round makes its thread ``embed_nice`` nice, so appends on the same cores come first;
+    the threads that did not run a round (the API's, the caller's) keep their priority."""
+    session(db, data_dir, "a", ["the deploy key rotates monthly", "and the token weekly"])
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    nice = min(19, base + 5)
+    settings = Settings.load(
+        environ={},
+        data_dir=data_dir,
+        database_url=database_url,
+        search_embedder="local",
+        embed_nice=nice,
+    )
+    service = helpers.service(db, settings)
+    seen: list[int] = []
+
+    class Watching(Fake):
+        def passages(self, texts: Any) -> Any:
+            seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+            return super().passages(texts)
+
+    service.hybrid.embedder = Watching(embeddings.LOCAL_MODEL)
+    done: list[int] = []
+    worker = threading.Thread(target=lambda: done.append(service.hybrid.embed_round()))
+    worker.start()
+    worker.join()
+    assert done == [2] and seen == [nice]
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base
+    with pytest.raises(errors.InvalidInput, match="embed_nice: must be 0 to 19"):
+        Settings.load(environ={}, embed_nice=20)

@@ -8,12 +8,14 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 import pytest
 
 from pipeline import embeddings, errors
+from pipeline.runtime import Runtime
 from pipeline.settings import Settings
 
 
@@ -147,3 +149,22 @@ def test_local_ranks_by_meaning() -> None:
     assert int(np.argmax(hobbies)) == 0
     assert int(np.argmax(database)) == 1
     assert embedder.model == embeddings.LOCAL_MODEL
+
+
+def test_a_runtime_closes_its_embedders_connections(endpoint: str, tmp_path: Path) -> None:
+    """Closing the runtime closes the ``openai`` embedder's connection pool (a process that
+    opens and closes runtimes, as the tests and the CLI do, leaks no sockets)."""
+    settings = Settings.load(
+        environ={},
+        data_dir=tmp_path / "data",
+        search_embedder="openai",
+        embed_url=endpoint,
+        embed_model="tiny-embed",
+    )
+    runtime = Runtime.open(settings, migrate=True)
+    embedder = runtime.service().hybrid.embedder
+    assert isinstance(embedder, embeddings.OpenAIEmbedder)
+    assert embedder.query("hello").shape == (3,)
+    assert not embedder._client.is_closed
+    runtime.close()
+    assert embedder._client.is_closed

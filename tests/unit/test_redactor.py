@@ -161,6 +161,7 @@ _PIECES = st.sampled_from(
 @example("A3TQ" + "B" * 16)
 @example("ghr_" + "b" * 36 + " and İ then ghp_" + "Ab1" * 12)
 @example("run it --- with --db-password=Xk2p9Qm7Lr and -token 'Zq8Wn3Vb6Ty'")
+@example("AKIA--api-key=@")  # a value prefix and the end of the text: once an IndexError
 def test_the_keyword_automaton_finds_what_a_search_for_each_keyword_finds(text: str) -> None:
     """A scan finds every rule's keywords in one pass of an Aho-Corasick automaton: it finds
     what looking for each keyword on its own finds, non-ASCII text included."""

@@ -1,0 +1,141 @@
+"""The vectors of files kept in this process's memory, decoded, so a hybrid search scores
+in-memory matrices instead of reading every block out of the index (docs/search.md, semantic
+search; :func:`vectors.nearest` uses it).
+
+**Why.** Reading the blocks was most of a scan: at 100,000 messages on SQLite 48 ms of
+reads and decoding for 17 ms of products (bench/bench_embed.py ``--scan``); on PostgreSQL
+more. The vectors of a file change only when an embedding commits, a redaction drops them
+or an erasure deletes them, so they can be kept between searches — if every search can
+tell, cheaply, that what is kept is still what the index holds.
+
+**Never stale.** An entry is kept for one file and one model (and dimension) with the
+*version* of the file it was read at: its ``embed_marks`` row's ``(model, epoch,
+embedded_seq)``. Every change to a file's blocks changes that row in the same transaction
+(:mod:`pipeline.vectors` is the only writer of both tables): a commit advances
+``embedded_seq`` under a fenced epoch (one commit per epoch, so the pair never repeats), a
+redaction bumps the epoch, a claim of another model writes the model, an erasure deletes the
+row. A search reads the versions of the files in its scope in one statement, in the same
+snapshot it scores in, and takes an entry only if its version is the one read; so another
+process's commit is seen at the next search, and a file whose row is gone is never scored.
+A claim also bumps the epoch without touching blocks: the file is read again once, which
+costs one file's blocks.
+
+**Bounded.** The entries hold at most ``embed_cache_bytes`` bytes (the vectors, int8, and
+their seqs); a file that does not fit is scored from the index as before, and an entry is
+evicted (least recently used first) only for a file of another search, never for one the
+current search has used: a scope larger than the bound keeps a stable part in memory and
+reads the rest, instead of evicting what the next search needs. ``0`` keeps nothing.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+from typing import Any
+
+import numpy as np
+
+#: what an entry is kept for: (model, dim, file_id)
+Key = tuple[str, int, str]
+#: a file's version (its embed_marks ``model``, ``epoch``, ``embedded_seq``)
+Version = tuple[str, int, int]
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One file's vectors of one model: ``matrix`` (int8, one row a message, as the blocks
+    store them) and the seq of each row, read at ``version``."""
+
+    version: Version
+    matrix: np.ndarray[Any, Any]
+    seqs: np.ndarray[Any, Any]
+
+    @property
+    def nbytes(self) -> int:
+        """What the entry costs of the bound."""
+        return int(self.matrix.nbytes + self.seqs.nbytes)
+
+
+class Cache:
+    """Entries of decoded vectors, at most ``limit`` bytes of them; safe to share between
+    threads (the entries themselves are never written after they are made)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0  #: bytes the entries hold
+        self.hits = 0  #: files scored from an entry
+        self.misses = 0  #: files read from the index (absent, stale, or too large to keep)
+        self._entries: collections.OrderedDict[Key, tuple[Entry, int]] = (
+            collections.OrderedDict()
+        )  # least recently used first; with the search that last used each
+        self._lock = threading.Lock()
+        self._searches = 0
+
+    def search(self) -> int:
+        """A number for one search, that :meth:`get` and :meth:`put` are given: the entries
+        it used are not evicted for it."""
+        with self._lock:
+            self._searches += 1
+            return self._searches
+
+    def get(self, key: Key, version: Version, search: int) -> Entry | None:
+        """The entry for ``key`` if it was read at ``version``; a stale one is dropped."""
+        with self._lock:
+            kept = self._entries.get(key)
+            if kept is None or kept[0].version != version:
+                if kept is not None:
+                    self._drop(key)
+                self.misses += 1
+                return None
+            self._entries[key] = (kept[0], search)
+            self._entries.move_to_end(key)
+            self.hits += 1
+            return kept[0]
+
+    def put(self, key: Key, entry: Entry, search: int) -> bool:
+        """Keep ``entry`` if it fits, evicting the least recently used entries that search
+        ``search`` has not used; False when it was not kept."""
+        size = entry.nbytes
+        with self._lock:
+            if key in self._entries:
+                self._drop(key)
+            if not self.limit or size > self.limit:
+                return False
+            free = self.limit - self.used
+            gone = []
+            if free < size:
+                for k, (kept, used) in self._entries.items():  # least recently used first
+                    if used != search:
+                        free += kept.nbytes
+                        gone.append(k)
+                        if free >= size:
+                            break
+            if free < size:
+                return False
+            for k in gone:
+                self._drop(k)
+            self._entries[key] = (entry, search)
+            self.used += size
+            return True
+
+    def keep_only(self, model: str, dim: int, files: set[str]) -> None:
+        """Drop the entries of ``model`` and ``dim`` for files not in ``files`` (the files
+        that have vectors: an erased file's vectors leave memory)."""
+        with self._lock:
+            for key in [k for k in self._entries if k[:2] == (model, dim) and k[2] not in files]:
+                self._drop(key)
+
+    def forget(self, file_id: str) -> None:
+        """Drop every entry of a file (erased in this process)."""
+        with self._lock:
+            for key in [k for k in self._entries if k[2] == file_id]:
+                self._drop(key)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    def _drop(self, key: Key) -> None:
+        entry, _ = self._entries.pop(key)
+        self.used -= entry.nbytes
