@@ -22,7 +22,9 @@ Targets (SQLite, ``ingest+flush``): >= 1,500 msg/s at 1 per call, >= 30,000 msg/
 
 With ``--baseline DIR`` (a tree of other code: ``git archive REV pipeline workers | tar -x -C
 DIR``) only SQLite's ``ingest+flush`` runs, at 1 and 100 messages a call, each round in a fresh
-subprocess per tree, the trees alternating: the best of each and their ratio.
+subprocess per tree, the trees alternating: the best of each and their ratio, and the CPU
+time a message of each (the process's, its threads' too; the least of the rounds), the
+figure that moves least with a busy shared disk.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import contextlib
 import cProfile
 import functools
 import json
+import math
 import os
 import pstats
 import queue
@@ -71,6 +74,7 @@ class Result:
     batch: int
     messages: int
     seconds: float
+    cpu: float = 0.0  #: seconds of the process's CPU time (its threads' too) in the round
 
     @property
     def rate(self) -> float:
@@ -262,8 +266,10 @@ def measure(cases: list[Case], rounds: int) -> list[Result]:
     best: dict[tuple[str, str, int], Result] = {}
     for _ in range(rounds):
         for backend, name, batch, calls, run in cases:
+            cpu = time.process_time()
             seconds = run()
-            result = Result(backend, name, batch, batch * calls, seconds)
+            cpu = time.process_time() - cpu
+            result = Result(backend, name, batch, batch * calls, seconds, cpu)
             key = (backend, name, batch)
             if key not in best or result.rate > best[key].rate:
                 best[key] = result
@@ -337,23 +343,30 @@ def against(baseline: Path, plan: dict[int, int], rounds: int, where: Path | Non
     and tree, alternating; the best round of each, and the ratio."""
     trees = {"this code": Path(__file__).resolve().parents[1], "baseline": baseline}
     best: dict[str, dict[str, float]] = {name: {} for name in trees}
+    cpu: dict[str, dict[str, float]] = {name: {} for name in trees}  #: µs a message, least
     for _ in range(rounds):
         for name, code in trees.items():
             argv = [sys.executable, __file__, "--case", "--code", str(code)]
             argv += ["--quick"] if plan[1] == 300 else []
             argv += ["--dir", str(where)] if where else []
-            for batch, rate in subrun.case(argv, f"the round of {code}").items():
+            for batch, (rate, us) in subrun.case(argv, f"the round of {code}").items():
                 best[name][batch] = max(best[name].get(batch, 0.0), rate)
+                cpu[name][batch] = min(cpu[name].get(batch, math.inf), us)
     print(f"SQLite ingest+flush, msg/s, best of {rounds} alternating rounds; baseline {baseline}")
     print()
-    print("| msgs/call | this code | baseline | this vs baseline | target |")
-    print("|---|---|---|---|---|")
+    print(
+        "| msgs/call | this code | baseline | this vs baseline | target "
+        "| CPU µs/msg, this code | baseline | this vs baseline |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for batch in best["this code"]:
         mine, theirs = best["this code"][batch], best["baseline"][batch]
         goal = TARGETS[("sqlite", "ingest+flush", int(batch))]
         met = "met" if mine >= goal else "missed"
+        us, base_us = cpu["this code"][batch], cpu["baseline"][batch]
         print(
-            f"| {batch} | {mine:,.0f} | {theirs:,.0f} | {mine / theirs:.2f}x | {met} {goal:,.0f} |"
+            f"| {batch} | {mine:,.0f} | {theirs:,.0f} | {mine / theirs:.2f}x | {met} {goal:,.0f} "
+            f"| {us:,.0f} | {base_us:,.0f} | {base_us / us:.2f}x |"
         )
 
 
@@ -389,7 +402,7 @@ def main() -> None:
                 raise SystemExit(f"--code {args.code}: the package came from {imported}")
             with sqlite_engine(root) as engine:
                 found = measure(cases_for("sqlite", engine, root / "data", plan)[:-1], 1)
-            print(json.dumps({str(r.batch): r.rate for r in found}))
+            print(json.dumps({str(r.batch): [r.rate, r.cpu / r.messages * 1e6] for r in found}))
             return
         if args.profile:
             batch = int(args.profile.split("-")[1])

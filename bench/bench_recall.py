@@ -191,6 +191,38 @@ def score(rank: Ranker, questions: list[recall_set.Question]) -> dict[str, tuple
     }
 
 
+def dump(
+    conversations: list[recall_set.Conversation],
+    questions: list[recall_set.Question],
+    kind: str,
+) -> None:
+    """Each question of ``kind`` whose first evidence rank differs with the context terms
+    looked at and without (weight 0), or that is missed: its rank both ways and the first
+    hits of the default search with their text, so a lost question can be read."""
+    text = {
+        (c, s, i): turn.text
+        for c, conv in enumerate(conversations)
+        for s, turns in enumerate(conv.sessions)
+        for i, turn in enumerate(turns)
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        url = f"sqlite:///{Path(tmp) / 'index.sqlite3'}"
+        with sgme_store(url, conversations) as (db, data_dir, where):
+            with_context = sgme_ranker(db, data_dir, where)
+            without = sgme_ranker(db, data_dir, where, context_weight=0)
+            for q in (q for q in questions if q.kind == kind):
+                evidence = {(q.conversation, s, i) for s, i in q.evidence}
+                found, before = with_context(q), without(q)
+                at = next((n for n, k in enumerate(found, 1) if k in evidence), None)
+                was = next((n for n, k in enumerate(before, 1) if k in evidence), None)
+                if at == was and at is not None:
+                    continue
+                print(f"{q.text!r}: evidence {sorted(evidence)} at {at}, without context {was}")
+                for n, key in enumerate(found[:5], 1):
+                    mark = "*" if key in evidence else " "
+                    print(f"  {n}{mark} {key} {text[key][:150]!r}")
+
+
 SWEEP_TURNS = (0, 1, 2, 3)
 SWEEP_WEIGHTS = (0.1, 0.2, 0.3, 0.5, 1.0)
 
@@ -240,10 +272,19 @@ def main() -> None:
         default=[],
         help="SQLite: also with this many sub-queries (one per word) fused in",
     )
+    parser.add_argument(
+        "--dump",
+        metavar="KIND",
+        help="SQLite only: the questions of KIND the context terms move or that are missed, "
+        "with their first hits",
+    )
     args = parser.parse_args()
     conversations, questions = recall_set.build()
     extra, more = recall_set.build_extra(len(conversations))
     conversations, questions = conversations + extra, questions + more
+    if args.dump:
+        dump(conversations, questions, args.dump)
+        return
     if args.sweep:
         sweep(conversations, questions)
         return

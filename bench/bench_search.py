@@ -36,7 +36,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
@@ -272,11 +272,16 @@ def without_terms() -> Iterator[None]:
     (the flush makes them before its commit, with ``catalog.ready``)."""
     real_ready, real_add = catalog.ready, catalog.add_ready
 
+    class Rows(NamedTuple):  # what the flush keeps for the file's next is nothing then
+        owner: Any
+        found: list[Any]
+        recent: catalog.Recent = catalog.Recent()
+
     def rows_ready(owner: Any, found: Any, *, postgres: bool, before: Any = ()) -> Any:
-        return owner, list(found)
+        return Rows(owner, list(found))
 
     def add_rows(conn: Any, files: Any) -> None:
-        for owner, found in files:
+        for owner, found, _ in files:
             if found:
                 catalog.add_rows(conn, owner, found)
 

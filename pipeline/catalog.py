@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import itertools
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -74,40 +75,93 @@ def contexts(own: Sequence[list[str]], before: Sequence[list[str]] = ()) -> list
     context says what was talked about, and a short context keeps the index small and a
     flush fast (FTS5 indexes every term it is given)."""
     stops = terms.stop_terms()
-    earlier = before[max(0, len(before) - CONTEXT_TURNS) :]
-    run = [_last_words(found, stops) for found in (*earlier, *own)]
-    lead = len(run) - len(own)
-    return [
-        list(dict.fromkeys(word for prev in run[max(0, i - CONTEXT_TURNS) : i] for word in prev))
+    return _contexts(own, [_last_words(found, stops) for found in before])[0]
+
+
+def _contexts(
+    own: Sequence[list[str]], earlier: Sequence[Sequence[str]]
+) -> tuple[list[list[str]], Recent]:
+    """:func:`contexts` from the last words (:func:`_last_words`) of the messages before the
+    first, and the :class:`Recent` of the file after the last of ``own``."""
+    stops = terms.stop_terms()
+    run = [*earlier[max(0, len(earlier) - CONTEXT_TURNS) :]]
+    lead = len(run)
+    run += [_last_words(found, stops) for found in own]
+    chain = itertools.chain.from_iterable
+    made = [
+        list(dict.fromkeys(chain(run[max(0, i - CONTEXT_TURNS) : i])))
         for i in range(lead, len(run))
     ]
+    recent = Recent(tuple(tuple(w) for w in run[max(0, len(run) - CONTEXT_TURNS) :]))
+    return made, recent
 
 
-def _last_words(found: list[str], stops: frozenset[str]) -> list[str]:
+#: the last terms of a message that :func:`_last_words` looks at in one pass (a message's
+#: last words are nearly always among them; a message with fewer distinct ones there is read
+#: on, term by term)
+_LAST_WINDOW = 64
+
+
+def _last_words(found: Sequence[str], stops: frozenset[str]) -> list[str]:
     """The last :data:`CONTEXT_TERMS` distinct terms of ``found`` but stop words, in order
-    (the write path runs this for every message: it stops as soon as it has them)."""
-    last: dict[str, None] = {}
+    (the write path runs this for every message: its last :data:`_LAST_WINDOW` terms at
+    once, the rest one by one only when those hold too few). Given its own result, the
+    same: a flush may keep it for the next (:class:`Recent`)."""
     if CONTEXT_TERMS <= 0:
         return []
-    for term in reversed(found):
-        if term not in stops and term not in last:
-            last[term] = None
-            if len(last) >= CONTEXT_TERMS:
-                break
-    return list(reversed(last))
+    window = found[-_LAST_WINDOW:]
+    last = [t for t in dict.fromkeys(reversed(window)) if t not in stops][:CONTEXT_TERMS]
+    if len(last) < CONTEXT_TERMS and len(window) < len(found):
+        seen = set(last)
+        for term in reversed(found[: len(found) - len(window)]):
+            if term not in stops and term not in seen:
+                seen.add(term)
+                last.append(term)
+                if len(last) >= CONTEXT_TERMS:
+                    break
+    last.reverse()
+    return last
+
+
+@dataclasses.dataclass(frozen=True)
+class Recent:
+    """What the context terms of a file's next messages are made of: the last words
+    (:func:`_last_words`) of its last :data:`CONTEXT_TURNS` messages, oldest first. A flush
+    keeps it for the file's next (:mod:`pipeline.flush`), which then neither reads those
+    messages back nor makes their terms again; the same context terms either way."""
+
+    words: tuple[tuple[str, ...], ...] = ()
+
+
+#: the messages before the first of those a catalog entry is made for: their texts, oldest
+#: first, or the :class:`Recent` a flush kept of them
+Before = Sequence[str] | Recent
 
 
 def term_lists(
-    owner: Owner, messages: Sequence[document.Message], before: Sequence[str] = ()
+    owner: Owner, messages: Sequence[document.Message], before: Before = ()
 ) -> tuple[list[str | None], list[list[str]], list[list[str]]]:
     """The speaker (:func:`said`), the terms and the context terms (:func:`contexts`) of
-    consecutive messages of ``owner``'s file (``before``: the texts of the messages before
-    the first, oldest first). A speaker's name a turn starts with is neither."""
+    consecutive messages of ``owner``'s file (``before``: the messages before the first). A
+    speaker's name a turn starts with is neither."""
+    who, own, context, _ = _term_lists(owner, messages, before)
+    return who, own, context
+
+
+def _term_lists(
+    owner: Owner, messages: Sequence[document.Message], before: Before
+) -> tuple[list[str | None], list[list[str]], list[list[str]], Recent]:
+    """:func:`term_lists`, and the :class:`Recent` of the file after the last message."""
     spoken = [said(owner, m.role, m.content) for m in messages]
     own = [terms.terms(text) for _, text in spoken]
-    last = before[max(0, len(before) - CONTEXT_TURNS) :]
-    earlier = [terms.terms(said(owner, "", t)[1]) for t in last]
-    return [who for who, _ in spoken], own, contexts(own, earlier)
+    if isinstance(before, Recent):
+        earlier: Sequence[Sequence[str]] = before.words
+    else:
+        stops = terms.stop_terms()
+        last = before[max(0, len(before) - CONTEXT_TURNS) :]
+        earlier = [_last_words(terms.terms(said(owner, "", t)[1]), stops) for t in last]
+    context, recent = _contexts(own, earlier)
+    return [who for who, _ in spoken], own, context, recent
 
 
 #: speakers' names a file's metadata may declare (``speakers``), and characters of each
@@ -208,12 +262,12 @@ def pg_terms(found: list[str]) -> tuple[str, tuple[tuple[int, str], ...]]:
 
 
 def entries(
-    owner: Owner, found: Sequence[document.Located], before: Sequence[str] = ()
-) -> list[Entry]:
-    """The :class:`Entry` of each message of ``found`` (PostgreSQL; ``before``: the texts of
-    the messages before the first, oldest first)."""
+    owner: Owner, found: Sequence[document.Located], before: Before = ()
+) -> tuple[list[Entry], Recent]:
+    """The :class:`Entry` of each message of ``found`` (PostgreSQL; ``before``: the messages
+    before the first), and the :class:`Recent` of the file after them."""
     made = []
-    who, own, context = term_lists(owner, [f.message for f in found], before)
+    who, own, context, recent = _term_lists(owner, [f.message for f in found], before)
     for located, speaker, found_terms, context_terms in zip(found, who, own, context, strict=True):
         row = _row(owner, located)
         tsv, parts = pg_terms(found_terms)
@@ -231,7 +285,7 @@ def entries(
                 parts,
             )
         )
-    return made
+    return made, recent
 
 
 def _add_entries(conn: sa.Connection, files: Sequence[tuple[Owner, Sequence[Entry]]]) -> None:
@@ -280,15 +334,15 @@ _FTS_BOUND = "INSERT INTO message_terms (rowid, terms, tags, context) VALUES (?,
 
 
 def bound_entries(
-    owner: Owner, found: Sequence[document.Located], before: Sequence[str] = ()
-) -> list[tuple[Any, ...]]:
+    owner: Owner, found: Sequence[document.Located], before: Before = ()
+) -> tuple[list[tuple[Any, ...]], Recent]:
     """SQLite: each message of ``found`` as :func:`add_ready` writes it — its catalog row
     (``file_id, seq, byte_offset, byte_length, ts, role, tool_name``) then its terms, tags and
-    context terms, the values as SQLite's driver takes them (``before``: the texts of the
-    messages before the first, oldest first)."""
+    context terms, the values as SQLite's driver takes them (``before``: the messages before
+    the first) — and the :class:`Recent` of the file after them."""
     tags: dict[tuple[str, str | None], str] = {}  #: a file has a handful of roles, speakers
     made = []
-    who, own, context = term_lists(owner, [f.message for f in found], before)
+    who, own, context, recent = _term_lists(owner, [f.message for f in found], before)
     for located, speaker, found_terms, context_terms in zip(found, who, own, context, strict=True):
         message = located.message
         role = message.role
@@ -309,7 +363,7 @@ def bound_entries(
                 " ".join(context_terms),
             )
         )
-    return made
+    return made, recent
 
 
 def _sqlite_ts(text: str) -> str:
@@ -346,17 +400,21 @@ class Ready:
     entries: list[Entry] = dataclasses.field(default_factory=list)  #: on PostgreSQL
     #: on SQLite: the values as the driver takes them (:func:`bound_entries`)
     bound: list[tuple[Any, ...]] = dataclasses.field(default_factory=list)
+    #: what the context terms of the file's next messages are made of
+    recent: Recent = Recent()
 
 
 def ready(
-    owner: Owner, found: Sequence[document.Located], *, postgres: bool, before: Sequence[str] = ()
+    owner: Owner, found: Sequence[document.Located], *, postgres: bool, before: Before = ()
 ) -> Ready:
     """The :class:`Ready` of ``found`` for the database ``postgres`` names (``before``: the
-    texts of the messages of the file before the first of ``found``, oldest first; at least
-    :data:`CONTEXT_TURNS` of them when there are that many)."""
+    messages of the file before the first of ``found``, their texts oldest first — at least
+    :data:`CONTEXT_TURNS` of them when there are that many — or their :class:`Recent`)."""
     if postgres:
-        return Ready(owner, entries=entries(owner, found, before))
-    return Ready(owner, bound=bound_entries(owner, found, before))
+        made, recent = entries(owner, found, before)
+        return Ready(owner, entries=made, recent=recent)
+    bound, recent = bound_entries(owner, found, before)
+    return Ready(owner, bound=bound, recent=recent)
 
 
 def add_ready(conn: sa.Connection, files: Sequence[Ready]) -> None:

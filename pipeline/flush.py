@@ -15,10 +15,12 @@ and writes the same bytes again.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import datetime as dt
 import functools
 import operator
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -48,6 +50,8 @@ from pipeline.tables import Kind, Status
 #: a fault-injection hook: called with a step name at each step of a flush (tests use it)
 FaultHook = Callable[[str], None]
 FLUSH_STEPS = ("locked", "read", "truncated", "written", "committed")
+#: files whose :class:`catalog.Recent` a process keeps (:func:`_kept`), the last flushed
+RECENT_FILES = 4_096
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,13 +193,63 @@ def _gap(row: tables.FileRow, batch: list[tables.JournalRow]) -> str | None:
     return None
 
 
-def _tail(conn: sa.Connection, row: tables.FileRow) -> list[tables.MessageRow]:
-    """The catalog rows of the file's last messages, whose texts are the context terms of the
-    first ones a flush writes (:data:`catalog.CONTEXT_TURNS` of them)."""
+#: the file's last messages, whose words are the context terms of the first ones a flush
+#: writes: their catalog rows (their texts to read from the file), or what the file's last
+#: flush in this process kept of them
+_Tail = list[tables.MessageRow] | catalog.Recent
+
+
+def _tail(conn: sa.Connection, row: tables.FileRow) -> _Tail:
+    """The :data:`_Tail` of a file (:data:`catalog.CONTEXT_TURNS` messages): what this
+    process's last flush of it kept, if the file is still as that flush left it, else their
+    catalog rows."""
     if row.source_type == "upload" or not row.flushed_seq or not catalog.CONTEXT_TURNS:
         return []
+    kept = _kept(row)
+    if kept is not None:
+        return kept
     after = max(0, row.flushed_seq - catalog.CONTEXT_TURNS)
     return catalog.rows(conn, row.file_id, after=after, upto=row.flushed_seq)
+
+
+#: file_id -> (its flushed_seq and chain head after this process's last flush of it, the
+#: catalog.Recent that flush made), the :data:`RECENT_FILES` flushed last. The chain head is
+#: a hash of every byte of the file: a redaction, or anything else that changes a message,
+#: changes it, and the entry is passed over.
+_recent: collections.OrderedDict[str, tuple[int, str | None, catalog.Recent]] = (
+    collections.OrderedDict()
+)
+_recent_lock = threading.Lock()  #: the flush threads share it
+
+
+def _kept(row: tables.FileRow) -> catalog.Recent | None:
+    """The :class:`catalog.Recent` this process's last flush of ``row``'s file made, if the
+    file is still as it left it (the same seq and chain head), else None. A flush at one
+    message a call then reads no earlier message back and makes no terms of it again."""
+    with _recent_lock:
+        found = _recent.get(row.file_id)
+    if found is None or found[:2] != (row.flushed_seq, row.chain_head):
+        return None
+    return found[2]
+
+
+def _keep(row: tables.FileRow, recent: catalog.Recent) -> None:
+    """Keep ``recent`` for the next flush of ``row``'s file (``row``: as the commit left it)."""
+    if row.source_type == "upload":
+        return
+    with _recent_lock:
+        _recent[row.file_id] = (row.flushed_seq, row.chain_head, recent)
+        _recent.move_to_end(row.file_id)
+        while len(_recent) > RECENT_FILES:
+            _recent.popitem(last=False)
+
+
+def _before(path: Path, row: tables.FileRow, tail: _Tail) -> catalog.Before:
+    """The messages before a flush's first, as :func:`catalog.ready` takes them: what was
+    kept of them, else their texts (:func:`_texts_before`)."""
+    if isinstance(tail, catalog.Recent):
+        return tail
+    return _texts_before(path, row, tail)
 
 
 def _texts_before(path: Path, row: tables.FileRow, tail: list[tables.MessageRow]) -> list[str]:
@@ -221,13 +275,13 @@ def _texts_before(path: Path, row: tables.FileRow, tail: list[tables.MessageRow]
 def _prepare(
     row: tables.FileRow,
     batch: list[tables.JournalRow],
-    before: list[str],
+    before: catalog.Before,
     *,
     postgres: bool,
 ) -> _Chunk:
     """The chunk of ``batch`` (which :func:`_gap` found continuous): its bytes, blocks, chain
-    head and catalog rows (for the database ``postgres`` names; ``before``: the texts of the
-    file's messages before it, for the context terms). A journal that does not parse is a bug
+    head and catalog rows (for the database ``postgres`` names; ``before``: the file's
+    messages before it, for the context terms). A journal that does not parse is a bug
     (:class:`errors.InternalError`)."""
     seq = batch[-1].last_seq
     data = "".join(entry.data for entry in batch).encode("utf-8")
@@ -373,7 +427,7 @@ def _locked_round(
     several = len(locked) + len(done.again) > 1
     fault("locked")
     started = time.perf_counter()
-    todo: list[tuple[tables.FileRow, list[tables.JournalRow], list[tables.MessageRow]]] = []
+    todo: list[tuple[tables.FileRow, list[tables.JournalRow], _Tail]] = []
     settle: list[tables.FileRow] = []  #: pending files with nothing to write
     unfinished: list[str] = []  #: files with a redaction to finish
     budget = chunk_bytes
@@ -465,6 +519,7 @@ def _locked_round(
             _failed(done, old.file_id, conflict, several=several)
             continue
         row = chunk.advanced()
+        _keep(row, chunk.cataloged.recent)
         done.results[old.file_id] = FlushResult(
             old.file_id,
             row.flushed_seq - old.flushed_seq,
@@ -485,10 +540,10 @@ def _locked_round(
 
 def _read(
     conn: sa.Connection, file_id: str, budget: int, done: Round, *, settled: bool = False
-) -> tuple[tables.FileRow, list[tables.JournalRow], list[tables.MessageRow]] | str | None:
+) -> tuple[tables.FileRow, list[tables.JournalRow], _Tail] | str | None:
     """A file's part of the round's snapshot: its row, its first journal rows up to the last
-    seq acknowledged now (what comes later is the caller's to run again) and the catalog rows
-    of its last messages (:func:`_tail`). ``"unfinished"`` while a redaction of the file is
+    seq acknowledged now (what comes later is the caller's to run again) and its last
+    messages (:func:`_tail`: their catalog rows, or what the last flush kept of them). ``"unfinished"`` while a redaction of the file is
     unfinished (unless ``settled``: finished just now); None, with the file's result or error
     in ``done``, when there is nothing more to do."""
     row, pending = audit.file_and_pending(conn, file_id)
@@ -512,7 +567,7 @@ def _ready(
     path_of: Callable[[str], Path],
     row: tables.FileRow,
     batch: list[tables.JournalRow],
-    tail: list[tables.MessageRow],
+    tail: _Tail,
     fault: FaultHook,
 ) -> tuple[Path, _Chunk, bool]:
     """A file's chunk, ready to write, once the file is repaired if it needs it (an archive
@@ -532,7 +587,7 @@ def _ready(
     if gap is not None:
         raise _damaged(db, row.file_id, Kind.JOURNAL_GAP, gap)
     # the restore of an archive keeps every offset: the tail read before it holds
-    before = _texts_before(path, row, tail)
+    before = _before(path, row, tail)
     return path, _prepare(row, batch, before, postgres=db.postgres), current is not None
 
 

@@ -35,9 +35,9 @@ PG_FIRST_PASS = 300
 PG_LENGTH_SAMPLE = 2_000
 #: tags every message has in SQLite's second column: FTS5 counts them in a message's length
 _TAGS_PER_MESSAGE = 4
-#: weight of a phrase found in a message's context terms (the turns before it,
-#: :data:`catalog.CONTEXT_TURNS`) against 1 in its own (docs/search.md has the measurement)
-CONTEXT_WEIGHT = 0.2
+#: share of a phrase's score in a message's own terms that it scores in its context terms
+#: (the turns before it, :data:`catalog.CONTEXT_TURNS`; docs/search.md has the measurement)
+CONTEXT_WEIGHT = 0.3
 
 
 def rank(
@@ -53,8 +53,12 @@ def rank(
 ) -> list[Scored]:
     """The ``limit`` messages within ``filters`` that match any phrase of ``query`` with the
     highest BM25 score (FTS5's formula on both databases), best first; equal scores in
-    source_ref order. A phrase counts in a message's own terms with weight 1 and in its
-    context terms (the turns before it) with weight ``context`` (0: not at all). Every match
+    source_ref order. A phrase in a message's context terms (the turns before it) scores
+    ``context`` (0: nothing) of what it would in the message's own terms: each column's BM25
+    is computed apart and the two summed so weighted. (FTS5's column weights multiply the
+    term frequency before BM25 saturates it, and a low-weighted match in a short message then
+    counted more than the same word's own match in a long one: a neighbour's context
+    outranked a long answer.) Every match
     is scored, however old; a phrase in ``common`` messages or more is left out when the
     query has rarer ones, unless those find fewer than ``enough`` (default ``limit``)
     messages: then every phrase counts. QueryTooCostly when the database works on it past
@@ -147,9 +151,12 @@ def _rank_sqlite(
     conn: sa.Connection, query: terms.Query, f: catalog.Filters, limit: int, context: float
 ) -> list[tuple[int, float]]:
     match = terms.fts5_match(query, tags=catalog.tag_groups(f), columns=_columns(context))
-    # weights: the terms column 1, the tags column 0 (a filter, not a relevance signal), the
-    # context column ``context``
-    bm25 = f"bm25(message_terms, 1.0, 0.0, {float(context)!r})"
+    # the terms column's score, the tags column weighing 0 (a filter, not a relevance signal);
+    # plus ``context`` times the context column's score alone (:func:`rank` says why not one
+    # bm25() with the context column weighted)
+    bm25 = "bm25(message_terms, 1.0, 0.0, 0.0)"
+    if context > 0:
+        bm25 = f"({bm25} + {float(context)!r} * bm25(message_terms, 0.0, 0.0, 1.0))"
     if f.since is None and f.until is None:
         sql = (
             f"SELECT rowid, {bm25} AS r FROM message_terms "
@@ -325,11 +332,12 @@ def _rank_postgres(
     for i, positions in positions_of.items():
         length = lengths[i] + context_lengths[i] + _TAGS_PER_MESSAGE
         score = 0.0
+        norm = K1 * (1 - B + B * length / avgdl)
         for p, weight in zip(query.phrases, idf, strict=True):
-            # FTS5's frequency of a phrase: its count in each column times the column's weight
-            tf = terms.phrase_count(positions, p) + context * terms.phrase_count(context_of[i], p)
-            if tf:
-                score += weight * tf * (K1 + 1) / (tf + K1 * (1 - B + B * length / avgdl))
+            # each column's BM25 apart, the context's weighed ``context``, as on SQLite
+            own = _saturated(terms.phrase_count(positions, p), norm)
+            near = _saturated(terms.phrase_count(context_of[i], p), norm) if context else 0.0
+            score += weight * (own + context * near)
         scored.append((int(i), score))
     scored.sort(key=lambda s: (-s[1], s[0]))
     return scored[:limit]
@@ -366,6 +374,11 @@ _PG_CONTEXT = sa.text(
     "SELECT t.id, u.lexeme, u.positions FROM message_terms t, unnest(t.ctx) AS u "
     "WHERE t.id = ANY(:ids) AND u.lexeme = ANY(:lexemes)"
 )
+
+
+def _saturated(tf: int, norm: float) -> float:
+    """BM25's share of a term frequency ``tf`` in a message whose length makes ``norm``."""
+    return tf * (K1 + 1) / (tf + norm) if tf else 0.0
 
 
 def _idf(rows: int, matches: int) -> float:

@@ -169,9 +169,9 @@ class Search:
     #: messages a word may be in and still count: a word in more is left out of a query that
     #: has rarer ones (its matches would cost more to score than they tell)
     common_matches: int = 5_000
-    #: weight of a word found in the turns before a message (its context terms) against 1 in
-    #: the message itself
-    context_weight: float = 0.2
+    #: share of a word's score in a message that it scores found in the turns before the
+    #: message (its context terms)
+    context_weight: float = 0.3
     #: characters of each turn a hit is returned with (``GET /v1/search?context=N``)
     context_chars: int = 1_000
     #: what gives messages their vectors for the semantic leg (docs/search.md): "none" (lexical

@@ -405,6 +405,48 @@ def test_a_turn_is_found_by_the_words_of_the_two_turns_before_it(
     assert [h.source_ref for h in own] == [f"{file_id}:1"]
 
 
+def test_a_long_answer_outranks_short_turns_that_hold_its_word_only_in_their_context(
+    db: database.Database, data_dir: Path
+) -> None:
+    # the assistant's answers to three questions about a house: one long (the word once in
+    # five sentences of travel talk), two short ones that hold it only in their context (the
+    # question before them). A phrase in the context scores search_context_weight of what it
+    # would in the message's own terms: with FTS5's column weights on the term frequency
+    # instead, BM25's saturation made the short turns' context count more than the long
+    # turn's own word.
+    fillers = [
+        "We set off early and the traffic was awful for the first hour, then it cleared.",
+        "I had packed far too much, as usual, and the suitcase barely closed.",
+        "The hotel was fine, nothing special, but the breakfast was generous.",
+        "On the first evening we walked around the old town and found a tiny bakery.",
+        "My phone kept losing signal, which honestly was a relief after a busy month.",
+    ]
+    long = " ".join(
+        [*fillers[:2], "The cellar under the house is what sold it to us.", *fillers[2:]]
+    )
+    dialogues = {
+        "viewing": ["How did the viewing go on Saturday?", long],
+        "cold": ["Is the house always this cold?", "Only in the mornings."],
+        "next-door": ["The house next door is for sale.", "Really? Since when?"],
+        "chat": [f"Small talk number {i} about nothing much." for i in range(40)],
+    }
+    files = {}
+    for n, (key, turns) in enumerate(dialogues.items()):
+        messages = [
+            {"role": ("user", "assistant")[i % 2], "content": text, "ts": ts(100 * n + i)}
+            for i, text in enumerate(turns)
+        ]
+        body = {"agent_id": "hermes", "session_key": key, "messages": messages}
+        files[key] = journal.ingest(db, body).file_id
+        journal.flush(db, data_dir, files[key])
+    answers = catalog.Filters(role="assistant")
+    found = search.search(db, data_dir, "the house?", answers, limit=3)
+    assert [h.source_ref for h in found] == [
+        f"{files['viewing']}:2",
+        *sorted(f"{files[k]}:2" for k in ("cold", "next-door")),
+    ]
+
+
 def test_the_token_scope_and_filters_hold_for_ranked_search(
     db: database.Database, data_dir: Path
 ) -> None:
@@ -523,6 +565,45 @@ def test_context_terms_are_the_same_however_the_turns_were_flushed(
         catalog.clear(conn)
     integrity.reindex(db, file_locks, data_dir)
     assert results() == before
+
+
+def test_a_flush_takes_the_turns_before_it_from_the_last_flush_until_the_file_changes(
+    db: database.Database,
+    data_dir: Path,
+    file_locks: locks.FileLocks,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A flush keeps what the context of the file's next messages is made of: the next
+    flush (one message a call) reads no earlier message back. A redaction changes the file,
+    and the next flush reads the turns before it again: the redacted words are in no
+    context."""
+    read: list[int] = []
+    texts_before = flush._texts_before
+
+    def counted(path: Path, row: Any, tail: Any) -> list[str]:
+        read.append(len(tail))
+        return texts_before(path, row, tail)
+
+    monkeypatch.setattr(flush, "_texts_before", counted)
+
+    def said(seq: int, text: str) -> None:
+        message = {"role": "user", "content": text, "ts": ts(seq)}
+        body = {"agent_id": "hermes", "session_key": "kept", "messages": [message]}
+        journal.ingest(db, body)
+        journal.flush(db, data_dir, file_id)
+
+    file_id = session(db, data_dir, "kept", ["Did you try the quince jam?"])
+    said(1, "Yes, twice!")
+    said(2, "And?")
+    assert read == [0]  # the first flush only: a new file has no turns before
+    refs = [h.source_ref for h in search.search(db, data_dir, "quince", neighbours="none")]
+    assert refs == [f"{file_id}:{s}" for s in (1, 2, 3)]
+    redaction.redact(db, file_locks, data_dir, f"{file_id}:2", rewrite.Who("test", "asked"))
+    said(3, "Delicious.")
+    assert read == [0, 2]  # the file changed: its last two turns read back
+    assert search.search(db, data_dir, "twice", neighbours="none") == []
+    refs = [h.source_ref for h in search.search(db, data_dir, "quince", neighbours="none")]
+    assert sorted(refs) == [f"{file_id}:{s}" for s in (1, 2, 3)]
 
 
 def test_hits_come_with_their_turns_around_them_each_shown_once(
