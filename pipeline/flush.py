@@ -543,9 +543,10 @@ def _read(
 ) -> tuple[tables.FileRow, list[tables.JournalRow], _Tail] | str | None:
     """A file's part of the round's snapshot: its row, its first journal rows up to the last
     seq acknowledged now (what comes later is the caller's to run again) and its last
-    messages (:func:`_tail`: their catalog rows, or what the last flush kept of them). ``"unfinished"`` while a redaction of the file is
-    unfinished (unless ``settled``: finished just now); None, with the file's result or error
-    in ``done``, when there is nothing more to do."""
+    messages (:func:`_tail`: their catalog rows, or what the last flush kept of them).
+    ``"unfinished"`` while a redaction of the file is unfinished (unless ``settled``: finished
+    just now); None, with the file's result or error in ``done``, when there is nothing more
+    to do."""
     row, pending = audit.file_and_pending(conn, file_id)
     if pending and not settled:
         return "unfinished"
