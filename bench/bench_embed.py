@@ -45,6 +45,7 @@ from pipeline import (  # noqa: E402
     vector_cache,
     vectors,
 )
+from pipeline.settings import Search  # noqa: E402
 
 KINDS = (*bench_recall.KINDS, "paraphrase")
 
@@ -202,7 +203,7 @@ def scan(total: int, *, postgres: bool = False, agents: int = 10, rounds: int = 
             def run() -> object:
                 with db.reading() as conn:
                     return vectors.nearest(
-                        conn, model, point, filters, limit=search.CANDIDATES, cache=kept
+                        conn, model, point, filters, limit=Search.candidates, cache=kept
                     )
 
             return run
@@ -221,7 +222,7 @@ def scan(total: int, *, postgres: bool = False, agents: int = 10, rounds: int = 
             def run() -> object:
                 def fuse(conn: Any, ranked: list[ranking.Scored]) -> list[ranking.Scored]:
                     found = vectors.nearest(
-                        conn, model, point, filters, limit=search.CANDIDATES, cache=cache
+                        conn, model, point, filters, limit=Search.candidates, cache=cache
                     )
                     return hybrid.fuse(ranked, found)
 
@@ -343,7 +344,7 @@ def main() -> None:
                             model,
                             points[q.text],
                             filters,
-                            limit=search.CANDIDATES,
+                            limit=Search.candidates,
                         )
                         return fuse(ranked, found)
 

@@ -190,10 +190,7 @@ class Hybrid:
         configured; a hybrid search without one ranks lexically and says why (a client cannot
         know the server's settings, and a search never fails for want of vectors)."""
         embedder = self.embedder
-        # every search_* setting the ranking knows of (search_embedder is this module's)
-        known = {f.name for f in dataclasses.fields(search.Ranking)}
-        given = dataclasses.asdict(self.settings.search)
-        how = search.Ranking(**{name: given[name] for name in known & given.keys()})
+        how = search.Ranking.of(self.settings.search)
         near: Near | None = None
         if mode == "lexical" or embedder is None or match == "all":
             model = None if embedder is None else embedder.model

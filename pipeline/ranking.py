@@ -1,7 +1,7 @@
 """Ranked search (docs/search.md): the messages that best answer a question, by BM25 over the
 catalog's search terms (:mod:`pipeline.terms`) — FTS5's own ``bm25()`` on SQLite, the same
 formula computed from the ``tsvector``s on PostgreSQL — every match scored, however old. A
-phrase most messages hold is left out of a query with rarer ones (:data:`COMMON_MATCHES`).
+phrase most messages hold is left out of a query with rarer ones (``search_common_matches``).
 No file access here.
 """
 
@@ -20,14 +20,11 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
 from pipeline import catalog, database, errors, tables, terms
+from pipeline.settings import Search
 
 #: BM25's parameters, FTS5's own (its bm25() has them built in; PostgreSQL's score uses them)
 K1 = 1.2
 B = 0.75
-#: messages a phrase may be in and still count: a phrase in more is common, and left out of a
-#: query that has rarer ones (scoring every message of a word half the store holds would grow
-#: with the store, and such a word says little about which message answers)
-COMMON_MATCHES = 5_000
 #: messages ranked by PostgreSQL's first pass (idf-weighted ts_rank of each phrase), whose exact
 #: BM25 is then computed from their tsvectors
 PG_FIRST_PASS = 300
@@ -35,9 +32,6 @@ PG_FIRST_PASS = 300
 PG_LENGTH_SAMPLE = 2_000
 #: tags every message has in SQLite's second column: FTS5 counts them in a message's length
 _TAGS_PER_MESSAGE = 4
-#: share of a phrase's score in a message's own terms that it scores in its context terms
-#: (the turns before it, :data:`catalog.CONTEXT_TURNS`; docs/search.md has the measurement)
-CONTEXT_WEIGHT = 0.3
 
 
 def rank(
@@ -46,10 +40,10 @@ def rank(
     filters: catalog.Filters,
     *,
     limit: int,
-    common: int = COMMON_MATCHES,
+    common: int = Search.common_matches,
     enough: int | None = None,
     timeout: float | None = None,
-    context: float = CONTEXT_WEIGHT,
+    context: float = Search.context_weight,
 ) -> list[Scored]:
     """The ``limit`` messages within ``filters`` that match any phrase of ``query`` with the
     highest BM25 score (FTS5's formula on both databases), best first; equal scores in

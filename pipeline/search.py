@@ -6,7 +6,7 @@ message's text, and a hit's snippet is read from the message's block (all of it:
 anywhere in it).
 
 Under ``match="any"`` (the default) the hits are ranked (docs/search.md): the
-:data:`CANDIDATES` best messages by BM25 (:func:`ranking.rank`), then each one's score raised
+``search_candidates`` best messages by BM25 (:func:`ranking.rank`), then each one's score raised
 by its neighbours' in the same file (:func:`converse`), which lifts the answer that follows
 the turn that shares the question's words.
 """
@@ -32,11 +32,10 @@ from pipeline import (
     tables,
     terms,
 )
+from pipeline.settings import Search
 
 DEFAULT_LIMIT = paging.SEARCH_DEFAULT_LIMIT
 MAX_LIMIT = paging.SEARCH_MAX_LIMIT
-#: messages ranked by BM25 before the neighbours' scores are added
-CANDIDATES = 200
 #: how the neighbours count (docs/search.md has each option's recall): "none", "candidates"
 #: (a ranked message's score gains its ranked neighbours'), "next" (also the turn after each
 #: ranked message becomes a candidate, so an answer that shares no word is found)
@@ -48,27 +47,40 @@ MAX_CONTEXT = 3  #: turns on each side a hit may be returned with (``context``)
 #: reciprocal rank fusion's constant (:func:`fused`): the usual 60, so the first few ranks of
 #: each ranking weigh about alike
 RRF_K = 60
-CONTEXT_CHARS = 1_000  #: characters of each such turn at most (``search_context_chars``)
 
 
 @dataclasses.dataclass(frozen=True)
 class Ranking:
-    """What a ranked search may do: the ``search_*`` settings (docs/search.md)."""
+    """What a ranked search may do: the ``search_*`` settings (docs/search.md), their
+    defaults those of :class:`pipeline.settings.Search`, but no time bound (a library call's
+    search is not a request's)."""
 
     timeout: float | None = None  #: seconds in the database at most (None: no bound)
-    candidates: int = CANDIDATES  #: BM25 hits the neighbours' scores may reorder
+    candidates: int = Search.candidates  #: BM25 hits the neighbours' scores may reorder
     #: messages a phrase may be in and still find candidates (a more common one counts only
     #: when the rarer ones find fewer messages than asked for)
-    common_matches: int = ranking.COMMON_MATCHES
+    common_matches: int = Search.common_matches
     #: weight of a word found in the turns before a message (its context terms) against 1
     #: in the message itself
-    context_weight: float = ranking.CONTEXT_WEIGHT
+    context_weight: float = Search.context_weight
     #: characters of each turn a hit is returned with (``context``), at most
-    context_chars: int = CONTEXT_CHARS
+    context_chars: int = Search.context_chars
     #: ranked, the question's first words each searched alone too (this many at most), and
     #: every ranking fused with the whole question's (:func:`fused`); 0: not (docs/search.md
     #: has what it measured)
     subqueries: int = 0
+
+    @classmethod
+    def of(cls, settings: Search) -> Ranking:
+        """What the ``search_*`` settings allow a search (``search_embedder`` is
+        :mod:`pipeline.hybrid`'s)."""
+        return cls(
+            timeout=settings.timeout,
+            candidates=settings.candidates,
+            common_matches=settings.common_matches,
+            context_weight=settings.context_weight,
+            context_chars=settings.context_chars,
+        )
 
 
 @dataclasses.dataclass(frozen=True)

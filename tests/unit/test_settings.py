@@ -4,6 +4,7 @@ or out of its range."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -149,3 +150,15 @@ def test_operations_md_names_every_bound_with_its_setting() -> None:
     named = [k for k in every if k.startswith(BOUNDS)]
     named += ["order_wait_seconds", "token_cache_seconds", "broker_claim_interval"]
     assert [k for k in named if f"`{k}`" not in text] == []
+
+
+def test_a_searchs_defaults_are_the_search_settings_own() -> None:
+    """One home for each number: a library call's search (no time bound) and a request's
+    (the settings) rank with the same candidates, bounds and weights."""
+    made = Settings.load(environ={}, search_candidates=50, search_context_weight=0.5).search
+    assert search.Ranking.of(made) == search.Ranking(
+        timeout=5.0, candidates=50, common_matches=5_000, context_weight=0.5, context_chars=1_000
+    )
+    assert search.Ranking.of(Settings().search) == dataclasses.replace(
+        search.Ranking(), timeout=Settings().search.timeout
+    )
