@@ -5,6 +5,7 @@ the :class:`Removals` a :class:`~pipeline.service.Service` holds (``service.remo
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Collection, Sequence
 
@@ -14,15 +15,13 @@ from pipeline.settings import Settings
 log = logging.getLogger(__name__)
 
 
+@dataclasses.dataclass(frozen=True)
 class Removals:
     """The removals over one runtime's settings, index handle and file locks."""
 
-    def __init__(
-        self, settings: Settings, db: database.Database, file_locks: locks.FileLocks
-    ) -> None:
-        self.settings = settings
-        self.db = db
-        self.file_locks = file_locks
+    settings: Settings
+    db: database.Database
+    file_locks: locks.FileLocks
 
     def who(self, token_id: str | None, reason: object, *, required: bool = True) -> rewrite.Who:
         """Who asks over HTTP (the token's id and name) and why, as the audit trail keeps it."""

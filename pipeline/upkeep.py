@@ -4,6 +4,7 @@ the files (``sgme archive/restore/fsck/reindex``; docs/design.md §5 and §6), t
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
@@ -11,15 +12,13 @@ from pipeline import archive, database, errors, index, integrity, locks, reader,
 from pipeline.settings import Settings
 
 
+@dataclasses.dataclass(frozen=True)
 class Upkeep:
     """The archive and index upkeep over one runtime's settings, index handle and file locks."""
 
-    def __init__(
-        self, settings: Settings, db: database.Database, file_locks: locks.FileLocks
-    ) -> None:
-        self.settings = settings
-        self.db = db
-        self.file_locks = file_locks
+    settings: Settings
+    db: database.Database
+    file_locks: locks.FileLocks
 
     @property
     def data_dir(self) -> Path:
