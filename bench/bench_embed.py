@@ -375,14 +375,7 @@ def main() -> None:
                     )
                 )
     bench_recall.KINDS = original
-    print()
-    print("| search | kind | recall@5 | recall@10 | MRR | ms/question |")
-    print("|---|---|---:|---:|---:|---:|")
-    for name, by_kind in results:
-        for kind in ("all", *KINDS):
-            if kind in by_kind:
-                r5, r10, mrr, ms = by_kind[kind]
-                print(f"| {name} | {kind} | {r5:.3f} | {r10:.3f} | {mrr:.3f} | {ms:.1f} |")
+    bench_recall.print_table(results, KINDS)
     lexical = results[1][1]
     default = next(r for n, r in results if n.endswith("(default)"))
     print()

@@ -37,7 +37,7 @@ import sqlite3
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -191,6 +191,20 @@ def score(rank: Ranker, questions: list[recall_set.Question]) -> dict[str, tuple
     }
 
 
+def print_table(
+    results: list[tuple[str, dict[str, tuple[float, ...]]]], kinds: Sequence[str]
+) -> None:
+    """Each search's recall@5, recall@10, MRR and time a question, overall and per kind."""
+    print()
+    print("| search | kind | recall@5 | recall@10 | MRR | ms/question |")
+    print("|---|---|---:|---:|---:|---:|")
+    for name, by_kind in results:
+        for kind in ("all", *kinds):
+            if kind in by_kind:
+                r5, r10, mrr, ms = by_kind[kind]
+                print(f"| {name} | {kind} | {r5:.3f} | {r10:.3f} | {mrr:.3f} | {ms:.1f} |")
+
+
 def dump(
     conversations: list[recall_set.Conversation],
     questions: list[recall_set.Question],
@@ -336,14 +350,7 @@ def main() -> None:
                 )
             ranker = sgme_ranker(*store, asked=asked)
             results.append(("SGME PostgreSQL, ranked, next, dates", score(ranker, questions)))
-    print()
-    print("| search | kind | recall@5 | recall@10 | MRR | ms/question |")
-    print("|---|---|---:|---:|---:|---:|")
-    for name, by_kind in results:
-        for kind in ("all", *KINDS):
-            if kind in by_kind:
-                r5, r10, mrr, ms = by_kind[kind]
-                print(f"| {name} | {kind} | {r5:.3f} | {r10:.3f} | {mrr:.3f} | {ms:.1f} |")
+    print_table(results, KINDS)
     base = results[0][1]
     best = dict(results)["SGME SQLite, ranked, next, dates"]  # what GET /v1/search does
     print()
