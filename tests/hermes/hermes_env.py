@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 import harness  # noqa: E402
 
-__all__ = ["Driver", "harness", "hermes_env", "make_home", "python"]
+__all__ = ["Driver", "harness", "hermes_env", "make_home", "python", "serve"]
 PYTHON = ROOT / ".venv-hermes" / "bin" / "python"
 HERE = Path(__file__).resolve().parent
 PLUGIN = ROOT / "integrations" / "hermes" / "sgme"
@@ -35,6 +35,14 @@ def python() -> Path:
     if not PYTHON.exists():
         unavailable(f"{PYTHON} is missing: run `make hermes-env`")
     return PYTHON
+
+
+def serve(procs: Any, data_dir: Path, name: str = "serve") -> tuple[Any, list[str], str]:
+    """``sgme serve`` of ``data_dir`` on a free port, started by ``procs``: the process, its
+    arguments (to start it again) and its URL."""
+    port = harness.free_port()
+    args = ["serve", "--data-dir", str(data_dir), "--port", str(port), "--log-level", "warning"]
+    return procs.start(name, args, harness.clean_env()), args, f"http://127.0.0.1:{port}"
 
 
 def hermes_env(home: Path, **extra: str) -> dict[str, str]:

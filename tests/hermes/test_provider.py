@@ -110,10 +110,7 @@ TURN_1 = [
 def test_provider_in_hermes(procs: Any, tmp_path: Path) -> None:
     hermes_env.python()
     data_dir = tmp_path / "data"
-    port = harness.free_port()
-    url = f"http://127.0.0.1:{port}"
-    serve = ["serve", "--data-dir", str(data_dir), "--port", str(port), "--log-level", "warning"]
-    server = procs.start("serve", serve, harness.clean_env())
+    server, serve, url = hermes_env.serve(procs, data_dir)
     home = hermes_env.make_home(tmp_path / "hermes-home")
     env = hermes_env.hermes_env(home, SGME_URL=url, SGME_AGENT_ID=AGENT)
     with httpx.Client(base_url=url, timeout=10) as client:

@@ -23,12 +23,7 @@ from pipeline import cli
 from pipeline.capture import spool as spooling
 
 harness = hermes_env.harness
-
-
-def serve(procs: Any, data_dir: Path, name: str = "serve") -> tuple[Any, list[str], str]:
-    port = harness.free_port()
-    args = ["serve", "--data-dir", str(data_dir), "--port", str(port), "--log-level", "warning"]
-    return procs.start(name, args, harness.clean_env()), args, f"http://127.0.0.1:{port}"
+serve = hermes_env.serve
 
 
 def write_state_db(home: Path, sessions: dict[str, list[dict[str, Any]]]) -> None:

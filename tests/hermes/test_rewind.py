@@ -91,10 +91,7 @@ def marker(places: list[int]) -> tuple[str, str, None]:
 
 def test_rewinds_captured_and_imported_alike(procs: Any, tmp_path: Path) -> None:
     hermes_env.python()
-    port = harness.free_port()
-    url = f"http://127.0.0.1:{port}"
-    serve = ["serve", "--data-dir", str(tmp_path / "data"), "--port", str(port)]
-    server = procs.start("serve", [*serve, "--log-level", "warning"], harness.clean_env())
+    server, _, url = hermes_env.serve(procs, tmp_path / "data")
     home = hermes_env.make_home(tmp_path / "hermes-home")
     env = hermes_env.hermes_env(home, SGME_URL=url, SGME_AGENT_ID=AGENT)
     with httpx.Client(base_url=url, timeout=10) as client:
@@ -196,10 +193,7 @@ def test_rewinds_around_an_in_place_compaction(procs: Any, tmp_path: Path) -> No
     back. What the import adds to the provider's store is the compaction's own: its live set
     (summary and kept turns, renumbered) and the pre-compaction history as `#compacted`."""
     hermes_env.python()
-    port = harness.free_port()
-    url = f"http://127.0.0.1:{port}"
-    serve = ["serve", "--data-dir", str(tmp_path / "data"), "--port", str(port)]
-    server = procs.start("serve", [*serve, "--log-level", "warning"], harness.clean_env())
+    server, _, url = hermes_env.serve(procs, tmp_path / "data")
     home = hermes_env.make_home(tmp_path / "hermes-home")
     env = hermes_env.hermes_env(home, SGME_URL=url, SGME_AGENT_ID=AGENT)
     with httpx.Client(base_url=url, timeout=10) as client:
