@@ -575,15 +575,14 @@ def segment_counts(conn: sa.Connection, ids: Sequence[int]) -> dict[int, int]:
     return {int(i): int(n) for i, n in conn.execute(query, {"ids": list(ids)})}
 
 
-def expected_segments(owner: Owner, message: document.Message) -> int:
-    """How many rows of ``message_term_parts`` a message's terms take on PostgreSQL: 0 when
-    they fit its one ``tsvector`` (:func:`pg_terms`), or when it has no words; -1 when it has
-    words that fit in one (its ``tsvector`` must not be empty)."""
+def pg_layout(owner: Owner, message: document.Message) -> tuple[bool, int]:
+    """How PostgreSQL holds a message's terms (:func:`pg_terms`): whether its ``tsvector`` is
+    empty, and how many segments ``message_term_parts`` has of them."""
     found = terms.terms(said(owner, message.role, message.content)[1])
     if not found:
-        return 0
+        return True, 0
     made = terms.segments(found)
-    return -1 if len(made) == 1 else len(made)
+    return (False, 0) if len(made) == 1 else (True, len(made))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -526,7 +526,9 @@ def test_an_embedding_round_runs_at_embed_nice_and_leaves_other_threads_be(
     the threads that did not run a round (the API's, the caller's) keep their priority."""
     session(db, data_dir, "a", ["the deploy key rotates monthly", "and the token weekly"])
     base = os.getpriority(os.PRIO_PROCESS, 0)
-    nice = min(19, base + 5)
+    if base > 14:
+        pytest.skip(f"this process is already {base} nice: a round could not be seen to yield")
+    nice = base + 5
     settings = Settings.load(
         environ={},
         data_dir=data_dir,
