@@ -21,6 +21,7 @@
    made), interleaved rounds, best of each. Target: at most 15% fewer appends/s.
 
     .venv/bin/python bench/bench_search.py [--messages 1000000] [--only reads|search|cost]
+        [--keep DIR]  (the search stores kept, and reused by the next run with --keep DIR)
 """
 
 from __future__ import annotations
@@ -41,9 +42,20 @@ from typing import Any, NamedTuple
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
 
-from conftest import scratch_database  # noqa: E402
+import sqlalchemy as sa  # noqa: E402
+from conftest import POSTGRES_ADMIN_URL, scratch_database  # noqa: E402
 
-from pipeline import catalog, database, document, journal, reader, search, store, terms  # noqa: E402
+from pipeline import (  # noqa: E402
+    catalog,
+    database,
+    document,
+    journal,
+    reader,
+    search,
+    store,
+    tables,
+    terms,
+)
 
 AGENTS = 50
 SESSIONS = 2000
@@ -215,12 +227,26 @@ def latency(
     return samples[len(samples) // 2] * 1e3, samples[int(len(samples) * 0.99)] * 1e3, hits
 
 
-def bench_search(url: str, data_dir: Path, name: str, total: int) -> list[str]:
-    engine = database.Database.from_url(url)
-    database.migrate(engine.engine)
+class Built(NamedTuple):
+    """What building a search store took, and a sample of its texts (for the questions)."""
+
+    made: int  #: messages in the store
+    flush_seconds: float | None  #: seconds in ``journal.flush`` (None: a kept store, reused)
+    seconds: float | None  #: seconds ingesting and flushing (None: a kept store, reused)
+    sample: list[str]  #: the first texts of each session, up to 20,000
+
+
+def build(engine: database.Database, data_dir: Path, name: str, total: int) -> Built:
+    """The corpus of ``total`` messages ingested and flushed, or, when ``engine``'s index holds
+    it already (a ``--keep`` store), its sample drawn again from the same seed."""
     rng = random.Random(SEED)
     vocabulary = words(rng)
     per_session = max(1, total // SESSIONS)
+    with engine.reading() as conn:
+        there = conn.execute(sa.select(sa.func.count()).select_from(tables.messages)).scalar_one()
+    kept = there == per_session * SESSIONS
+    if there and not kept:
+        raise SystemExit(f"{name}: the kept store holds {there:,} messages, not {total:,}")
     sample: list[str] = []
     started = time.perf_counter()
     flush_seconds = 0.0
@@ -230,6 +256,8 @@ def bench_search(url: str, data_dir: Path, name: str, total: int) -> list[str]:
         made += len(texts)
         if len(sample) < 20_000:
             sample.extend(texts[:10])
+        if kept:
+            continue
         for lo in range(0, len(texts), 1000):
             messages = [{"role": "user", "content": t} for t in texts[lo : lo + 1000]]
             body = {
@@ -246,17 +274,29 @@ def bench_search(url: str, data_dir: Path, name: str, total: int) -> list[str]:
                 f"  {name}: {made:,} messages in {time.perf_counter() - started:.0f} s",
                 file=sys.stderr,
             )
+    if kept:
+        return Built(made, None, None, sample)
     build = time.perf_counter() - started
     if engine.postgres:  # what autovacuum does soon after a bulk load (inserts too, since 13)
         with engine.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             conn.exec_driver_sql("VACUUM ANALYZE")
-    asked = queries(random.Random(SEED + 1), sample, 500)
+    return Built(made, flush_seconds, build, sample)
+
+
+def bench_search(url: str, data_dir: Path, name: str, total: int) -> list[str]:
+    engine = database.Database.from_url(url)
+    database.migrate(engine.engine)
+    built = build(engine, data_dir, name, total)
+    asked = queries(random.Random(SEED + 1), built.sample, 500)
     p50, p99, hits = latency(engine, data_dir, asked, "all")
-    natural = questions(random.Random(SEED + 2), sample, 500)
+    natural = questions(random.Random(SEED + 2), built.sample, 500)
     r50, r99, rhits = latency(engine, data_dir, natural, "any")
     engine.dispose()
+    rates = "kept | kept"
+    if built.flush_seconds is not None and built.seconds is not None:
+        rates = f"{built.made / built.flush_seconds:,.0f} | {built.made / built.seconds:,.0f}"
     return [
-        f"| {name} | {made:,} | {made / flush_seconds:,.0f} | {made / build:,.0f} | "
+        f"| {name} | {built.made:,} | {rates} | "
         f"{p50:.1f} | {p99:.1f} | {hits}/{len(asked)} | {r50:.1f} | {r99:.1f} | "
         f"{rhits}/{len(natural)} |"
     ]
@@ -320,12 +360,33 @@ def bench_cost(url: str, data_dir: Path, name: str, appends: int) -> list[str]:
     ]
 
 
+def kept_database(name: str) -> str:
+    """The URL of PostgreSQL database ``name``, made when missing and never dropped."""
+    admin = sa.create_engine(
+        database.normalize_url(POSTGRES_ADMIN_URL), isolation_level="AUTOCOMMIT"
+    )
+    with admin.connect() as conn:
+        if not conn.execute(
+            sa.text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": name}
+        ).first():
+            conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    admin.dispose()
+    return POSTGRES_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=int, default=1_000_000)
     parser.add_argument("--appends", type=int, default=2000)
     parser.add_argument("--only", choices=("reads", "search", "cost"), action="append")
     parser.add_argument("--sqlite-only", action="store_true")
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        metavar="DIR",
+        help="keep the search stores (SQLite in DIR, PostgreSQL's database "
+        "sgme_bench_search_N) and reuse them when they hold the corpus already",
+    )
     args = parser.parse_args()
     only = set(args.only or ("reads", "search", "cost"))
     backends = ["sqlite"] if args.sqlite_only else ["sqlite", "postgres"]
@@ -348,6 +409,15 @@ def main() -> int:
                 with url(backend, "reads") as u:
                     for line in bench_reads(u, root / f"reads-{backend}", backend):
                         print(line, flush=True)
+
+        def search_store(backend: str) -> contextlib.AbstractContextManager[str]:
+            if args.keep is None:
+                return url(backend, "search")
+            if backend == "sqlite":
+                args.keep.mkdir(parents=True, exist_ok=True)
+                return contextlib.nullcontext(f"sqlite:///{args.keep / 'search.sqlite3'}")
+            return contextlib.nullcontext(kept_database(f"sgme_bench_search_{args.messages}"))
+
         if "search" in only:
             print(f"\n## search over {args.messages:,} messages (10 best of each query)")
             print(
@@ -357,8 +427,9 @@ def main() -> int:
             )
             print("|---|---|---|---|---|---|---|---|---|---|")
             for backend in backends:
-                with url(backend, "search") as u:
-                    for line in bench_search(u, root / f"search-{backend}", backend, args.messages):
+                data_dir = (args.keep or root) / f"search-{backend}"
+                with search_store(backend) as u:
+                    for line in bench_search(u, data_dir, backend, args.messages):
                         print(line, flush=True)
         if "cost" in only:
             print(

@@ -41,6 +41,7 @@ def rank(
     *,
     limit: int,
     common: int = Search.common_matches,
+    scored: int = Search.common_scored,
     enough: int | None = None,
     timeout: float | None = None,
     context: float = Search.context_weight,
@@ -52,10 +53,16 @@ def rank(
     is computed apart and the two summed so weighted. (FTS5's column weights multiply the
     term frequency before BM25 saturates it, and a low-weighted match in a short message then
     counted more than the same word's own match in a long one: a neighbour's context
-    outranked a long answer.) Every match
-    is scored, however old; a phrase in ``common`` messages or more is left out when the
-    query has rarer ones, unless those find fewer than ``enough`` (default ``limit``)
-    messages: then every phrase counts. QueryTooCostly when the database works on it past
+    outranked a long answer.)
+
+    Every match of a phrase in fewer than ``common`` messages is scored, however old. A
+    phrase in more is *common*: left out when the query has rarer ones, unless those find
+    fewer than ``enough`` (default ``limit``) messages; then, and for a query of common
+    phrases only, the common phrases are scored in their newest ``scored`` matches (a word in
+    most messages would cost a score for each), their BM25 added to what the rarer ones
+    scored (BM25 is a sum over phrases, so a message in both has its score over every
+    phrase). A common phrase in half the messages or more is left out even then while there
+    is another: FTS5's idf gives it nothing. QueryTooCostly when the database works on it past
     ``timeout`` seconds (PostgreSQL: any one of its statements)."""
     if filters.agents is not None and not filters.agents:
         return []
@@ -67,20 +74,33 @@ def rank(
         # stores have none, and then no statement asks for them
         long_ones = postgres and catalog.custom_plans(conn)
         with _interrupted_after(conn, None if postgres else timeout):
-
-            def ranked(q: terms.Query, counts: list[int]) -> list[tuple[int, float]]:
-                if postgres:
-                    return _rank_postgres(conn, q, counts, filters, limit, long_ones, context)
-                return _rank_sqlite(conn, q, filters, limit, context)
-
             counts = _counts(conn, query, common, long_ones, context)
-            kept = [i for i, n in enumerate(counts) if n < common] or list(range(len(counts)))
-            scored = ranked(_only(query, kept), [counts[i] for i in kept] if counts else [])
-            if len(scored) < (enough or limit) and len(kept) < len(counts):
-                # The rarer words found too few within the filters (they may be in other
-                # agents' messages): the common words count too, rather than an answer that
-                # holds only them vanishing.
-                scored = ranked(query, counts)
+
+            def ranked(
+                kept: list[int], newest: int | None = None, also: Collection[int] = ()
+            ) -> list[tuple[int, float]]:
+                q, df = _only(query, kept), [counts[i].documents for i in kept]
+                if postgres:
+                    return _rank_postgres(
+                        conn, q, df, filters, limit, long_ones, context, newest, also
+                    )
+                return _rank_sqlite(conn, q, filters, limit, context, newest, also)
+
+            # a phrase no message holds finds nothing in any scope
+            rare = [i for i, c in enumerate(counts) if 0 < c.matches < common]
+            found = ranked(rare) if rare else []
+            many = [i for i, c in enumerate(counts) if c.matches >= common]
+            weighed = [i for i in many if counts[i].share < 0.5]
+            if weighed and len(found) < (enough or limit):
+                sums = dict(found)
+                for i, s in ranked(weighed, newest=scored, also=sums):
+                    sums[i] = sums.get(i, 0.0) + s
+                found = sorted(sums.items(), key=lambda s: (-s[1], s[0]))[:limit]
+            elif many and not found:
+                # every phrase is in half the messages or more: BM25 gives each its floor
+                # idf, nothing to rank by (and FTS5's bm25() would count all their
+                # matches first): their newest matches, unranked
+                found = _newest(conn, _only(query, many), filters, limit, context, postgres)
     except sa.exc.OperationalError as exc:
         code = getattr(exc.orig, "sqlstate", None)
         if code != "57014" and "interrupted" not in str(exc.orig):
@@ -89,10 +109,41 @@ def rank(
             f"the search took longer than {timeout:g} s (search_timeout) and was stopped: "
             "leave out its most common words or narrow it with a filter"
         ) from None
-    score = dict(scored)
-    found = [Scored(i, f, s, score[i]) for i, f, s in _keys(conn, list(score))]
-    found.sort(key=lambda h: (-h.score, h.file_id, h.seq))
-    return found
+    score = dict(found)
+    hits = [Scored(i, f, s, score[i]) for i, f, s in _keys(conn, list(score))]
+    hits.sort(key=lambda h: (-h.score, h.file_id, h.seq))
+    return hits
+
+
+def _newest(
+    conn: sa.Connection,
+    query: terms.Query,
+    f: catalog.Filters,
+    limit: int,
+    context: float,
+    postgres: bool,
+) -> list[tuple[int, float]]:
+    """The newest ``limit`` messages within ``f`` that match ``query``, each scored 0 (on
+    PostgreSQL, of the messages whose terms are on their row: not a long message's
+    segments)."""
+    if not postgres:
+        match = terms.fts5_match(query, tags=catalog.tag_groups(f), columns=_columns(context))
+        sql, params = _sqlite_matched("t.rowid", match, f)
+        stmt = sa.text(f"{sql} ORDER BY t.rowid DESC LIMIT :limit").bindparams(*_times(params))
+        return [(int(i), 0.0) for (i,) in conn.execute(stmt, params | {"limit": limit})]
+    t = _PG_TERMS
+    where = [_pg_matched(query, context), *_pg_filters(f)]
+    stmt = _pg_joined(sa.select(t.c.id).select_from(t), where).order_by(t.c.id.desc())
+    stmt = stmt.limit(limit)
+    return [(int(i), 0.0) for (i,) in conn.execute(stmt)]
+
+
+class Count(NamedTuple):
+    """How many messages hold a phrase of a query (:func:`_counts`)."""
+
+    matches: int  #: counted up to the common bound (a count that reaches it is common)
+    share: float  #: of every message, estimated past the bound (the idf's ``n / N``)
+    documents: int  #: the phrase's messages, estimated past the bound (its idf's ``n``)
 
 
 class Scored(NamedTuple):
@@ -142,8 +193,16 @@ def _columns(context: float) -> str:
 
 
 def _rank_sqlite(
-    conn: sa.Connection, query: terms.Query, f: catalog.Filters, limit: int, context: float
+    conn: sa.Connection,
+    query: terms.Query,
+    f: catalog.Filters,
+    limit: int,
+    context: float,
+    newest: int | None = None,
+    also: Collection[int] = (),
 ) -> list[tuple[int, float]]:
+    """The best ``limit`` matches of ``query`` by BM25; with ``newest``, of its newest
+    ``newest`` matches only, and the scores of those of ``also`` among them too."""
     match = terms.fts5_match(query, tags=catalog.tag_groups(f), columns=_columns(context))
     # the terms column's score, the tags column weighing 0 (a filter, not a relevance signal);
     # plus ``context`` times the context column's score alone (:func:`rank` says why not one
@@ -151,43 +210,81 @@ def _rank_sqlite(
     bm25 = "bm25(message_terms, 1.0, 0.0, 0.0)"
     if context > 0:
         bm25 = f"({bm25} + {float(context)!r} * bm25(message_terms, 0.0, 0.0, 1.0))"
-    if f.since is None and f.until is None:
-        sql = (
-            f"SELECT rowid, {bm25} AS r FROM message_terms "
-            "WHERE message_terms MATCH :match ORDER BY r, rowid LIMIT :limit"
-        )
-        params: dict[str, Any] = {"match": match, "limit": limit}
+    matched, params = _sqlite_matched(f"t.rowid AS id, {bm25} AS r", match, f)
+    params["limit"] = limit
+    if newest is None:
+        sql = f"{matched} ORDER BY r, id LIMIT :limit"
     else:
-        clauses = []
-        params = {"match": match, "limit": limit}
-        if f.since is not None:
-            clauses.append("m.ts >= :since")
-            params["since"] = f.since
-        if f.until is not None:
-            clauses.append("m.ts <= :until")
-            params["until"] = f.until
+        # the newest matches, scored once (one FTS5 cursor: bm25() counts each phrase's
+        # messages for its idf once a cursor), the best of them and those of ``also``
+        params["newest"] = newest
+        wanted = ", ".join(str(int(i)) for i in also) or "NULL"
         sql = (
-            f"SELECT t.rowid, {bm25} AS r FROM message_terms t "
-            "JOIN messages m ON m.id = t.rowid WHERE message_terms MATCH :match AND "
-            + " AND ".join(clauses)
-            + " ORDER BY r, t.rowid LIMIT :limit"
+            f"WITH w AS MATERIALIZED ({matched} ORDER BY t.rowid DESC LIMIT :newest) "
+            "SELECT id, r FROM (SELECT id, r FROM w ORDER BY r, id LIMIT :limit) "
+            f"UNION SELECT id, r FROM w WHERE id IN ({wanted})"
         )
-    # typed, so a time compares with the catalog's as SQLAlchemy stores it
-    times = [sa.bindparam(n, type_=sa.DateTime) for n in ("since", "until") if n in params]
-    stmt = sa.text(sql).bindparams(*times)
+    stmt = sa.text(sql).bindparams(*_times(params))
     return [(int(i), -float(r)) for i, r in conn.execute(stmt, params)]
+
+
+def _sqlite_matched(columns: str, match: str, f: catalog.Filters) -> tuple[str, dict[str, Any]]:
+    """``SELECT columns`` of the index rows (``t``) that match ``match`` within ``f``'s times
+    (the rest of ``f`` is in ``match``: tags), and its parameters."""
+    params: dict[str, Any] = {"match": match}
+    clauses = []
+    if f.since is not None:
+        clauses.append("m.ts >= :since")
+        params["since"] = f.since
+    if f.until is not None:
+        clauses.append("m.ts <= :until")
+        params["until"] = f.until
+    sql = (
+        f"SELECT {columns} FROM message_terms t "
+        + ("JOIN messages m ON m.id = t.rowid " if clauses else "")
+        + "WHERE message_terms MATCH :match"
+        + "".join(f" AND {c}" for c in clauses)
+    )
+    return sql, params
+
+
+def _times(params: dict[str, Any]) -> list[sa.BindParameter[Any]]:
+    """The time parameters among ``params``, typed, so a time compares with the catalog's as
+    SQLAlchemy stores it."""
+    return [sa.bindparam(n, type_=sa.DateTime) for n in ("since", "until") if n in params]
 
 
 def _counts(
     conn: sa.Connection, query: terms.Query, common: int, long_ones: bool, context: float
-) -> list[int]:
+) -> list[Count]:
     """How many messages hold each phrase of ``query``, counted up to ``common`` (a phrase in
-    that many is common: left out of a first ranking when the query has rarer ones). SQLite
-    counts only when there is a choice (its bm25() counts for itself): none for one phrase."""
-    postgres = database.is_postgres(conn)
-    if len(query.phrases) < 2 and not postgres:
-        return []
-    return [_matches(conn, p, common, postgres, long_ones, context) for p in query.phrases]
+    that many is common), with its share of every message estimated past that."""
+    if database.is_postgres(conn):
+        rows = _pg_rows(conn)
+        return [_pg_count(conn, p, common, long_ones, context, rows) for p in query.phrases]
+    newest = conn.exec_driver_sql(
+        "SELECT rowid FROM message_terms ORDER BY rowid DESC LIMIT 1"
+    ).scalar()
+    return [_sqlite_count(conn, p, common, context, newest or 0) for p in query.phrases]
+
+
+def _sqlite_count(
+    conn: sa.Connection, phrase: tuple[str, ...], common: int, context: float, newest: int
+) -> Count:
+    """Messages that hold ``phrase`` (in their context terms too when ``context``), counted
+    through the index, newest first, up to ``common`` (so a common word costs no more than
+    that); past it, its share of the messages is the bound over the ids its newest matches
+    span (ids are given in order: the span is the messages since the oldest of them)."""
+    q = terms.phrase_fts5(phrase, columns=_columns(context))
+    sql = (
+        "SELECT count(*), min(rowid) FROM (SELECT rowid FROM message_terms "
+        "WHERE message_terms MATCH :q ORDER BY rowid DESC LIMIT :cap) AS s"
+    )
+    matches, oldest = conn.execute(sa.text(sql), {"q": q, "cap": common}).one()
+    if matches < common or not newest:
+        return Count(matches, matches / max(newest, 1), matches)
+    share = min(1.0, matches / (newest - oldest + 1))
+    return Count(matches, share, max(matches, round(share * newest)))
 
 
 def _only(query: terms.Query, kept: list[int]) -> terms.Query:
@@ -197,43 +294,52 @@ def _only(query: terms.Query, kept: list[int]) -> terms.Query:
     return dataclasses.replace(query, phrases=tuple(query.phrases[i] for i in kept))
 
 
-def _matches(
+def _pg_count(
     conn: sa.Connection,
     phrase: tuple[str, ...],
     common: int,
-    postgres: bool,
     long_ones: bool,
     context: float,
-) -> int:
-    """Messages that hold ``phrase`` (in their context terms too when ``context``), counted up
-    to ``common`` (through the index: the count stops there, so a common word costs no more
-    than that); on PostgreSQL with ``long_ones``, the long messages whose segments hold it
-    too."""
-    if postgres:
-        where, q = "tsv @@ CAST(:q AS tsquery)", terms.phrase_tsquery(phrase)
-        if context > 0:
-            where = f"({where} OR ctx @@ CAST(:q AS tsquery))"
-        # PostgreSQL's own estimate first: counting a common word's thousands of matches
-        # visits as many heap rows, an estimate from its statistics costs a plan
+    rows: int,
+) -> Count:
+    """Messages that hold ``phrase`` (in their context terms too when ``context``), counted
+    up to ``common`` through the GIN index, after PostgreSQL's own estimate: a phrase its
+    statistics put in ``common`` or more is common, and that estimate is its number (counting
+    a common word's thousands of matches visits as many heap rows; an estimate costs a plan).
+    With ``long_ones``, the long messages whose segments hold it count too."""
+    where, q = "tsv @@ CAST(:q AS tsquery)", terms.phrase_tsquery(phrase)
+    if context > 0:
+        where = f"({where} OR ctx @@ CAST(:q AS tsquery))"
+    if rows <= PG_COUNTED:  # small: every match counted (its share exact)
+        common = rows + 1
+    else:
         plan = conn.execute(
-            sa.text(f"EXPLAIN (FORMAT JSON) SELECT 1 FROM message_terms WHERE {where}"), {"q": q}
+            sa.text(f"EXPLAIN (FORMAT JSON) SELECT 1 FROM message_terms WHERE {where}"),
+            {"q": q},
         ).scalar_one()
         plan = json.loads(plan) if isinstance(plan, str) else plan
-        if plan[0]["Plan"]["Plan Rows"] >= common:
-            return common
-        if not long_ones:
-            sql = f"SELECT count(*) FROM (SELECT 1 FROM message_terms WHERE {where} LIMIT :cap) s"
-            return int(conn.execute(sa.text(sql), {"q": q, "cap": common}).scalar_one())
+        estimate = int(plan[0]["Plan"]["Plan Rows"])
+        if estimate >= common:
+            documents = min(estimate, rows)
+            return Count(common, documents / rows, documents)
+    if not long_ones:
+        sql = f"SELECT count(*) FROM (SELECT 1 FROM message_terms WHERE {where} LIMIT :cap) s"
+        matches = int(conn.execute(sa.text(sql), {"q": q, "cap": common}).scalar_one())
+    else:
         # a long message matched by its context terms and by its segments counts once
         sql = (
             f"SELECT count(*) FROM ((SELECT id FROM message_terms WHERE {where} LIMIT :cap) "
             "UNION (SELECT DISTINCT id FROM message_term_parts "
             "WHERE tsv @@ CAST(:q AS tsquery) LIMIT :cap)) AS s"
         )
-        return min(common, int(conn.execute(sa.text(sql), {"q": q, "cap": common}).scalar_one()))
-    where, q = "message_terms MATCH :q", terms.phrase_fts5(phrase, columns=_columns(context))
-    sql = f"SELECT count(*) FROM (SELECT 1 FROM message_terms WHERE {where} LIMIT :cap) AS s"
-    return int(conn.execute(sa.text(sql), {"q": q, "cap": common}).scalar_one())
+        found = int(conn.execute(sa.text(sql), {"q": q, "cap": common}).scalar_one())
+        matches = min(common, found)
+    return Count(matches, matches / max(rows, 1), matches)
+
+
+#: messages up to which PostgreSQL counts every phrase's matches (no estimate; below it, the
+#: number of messages is exact too: :func:`_pg_rows`)
+PG_COUNTED = 10_000
 
 
 def _rank_postgres(
@@ -244,26 +350,16 @@ def _rank_postgres(
     limit: int,
     long_ones: bool,
     context: float,
+    newest: int | None = None,
+    also: Collection[int] = (),
 ) -> list[tuple[int, float]]:
+    """The best ``limit`` matches of ``query`` by BM25 computed from the tsvectors (``df``:
+    each phrase's messages); with ``newest``, of its newest ``newest`` matches only, and the
+    scores of those of ``also`` too."""
     rows = _pg_rows(conn)
     idf = [_idf(rows, n) for n in df]
-    t = sa.table(
-        "message_terms",
-        sa.column("id"),
-        sa.column("tsv"),
-        sa.column("ctx"),
-        sa.column("speaker"),
-    )
-    m, files = tables.messages.c, tables.raw_files.c
-
-    def tsq(text: str) -> Any:
-        return sa.cast(sa.literal(text, sa.Text), postgresql.TSQUERY)
-
-    found = terms.tsquery(query)
-    matched: Any = t.c.tsv.op("@@")(tsq(found))
-    if context > 0:
-        matched = sa.or_(matched, t.c.ctx.op("@@")(tsq(found)))
-    where = [matched, *catalog.spoken_by(t, f), *catalog.scope(f)]
+    t, tsq = _PG_TERMS, _tsq
+    where = [_pg_matched(query, context), *_pg_filters(f)]
 
     # first pass, in the database: each phrase's ts_rank (a saturating term frequency over
     # the log of the length) weighted by its idf, for every match; the context terms'
@@ -277,14 +373,16 @@ def _rank_postgres(
 
         return sum((rank_of(p) * idf[i] for i, p in enumerate(query.phrases)), sa.literal(0.0))
 
-    first = first_of(t.c.tsv, t.c.ctx)
-    stmt: Any = sa.select(t.c.id, first.label("r")).select_from(t)
-    if len(where) > 1:
-        stmt = stmt.join(tables.messages, m.id == t.c.id).join(
-            tables.raw_files, files.file_id == m.file_id
-        )
     n = max(PG_FIRST_PASS, limit)
-    stmt = stmt.where(*where).order_by(first.desc(), t.c.id).limit(n)
+    if newest is None:
+        first = first_of(t.c.tsv, t.c.ctx)
+        stmt: Any = _pg_joined(sa.select(t.c.id, first.label("r")).select_from(t), where)
+        stmt = stmt.order_by(first.desc(), t.c.id).limit(n)
+    else:  # the newest matches only, each ranked once
+        window = _pg_joined(sa.select(t.c.id, t.c.tsv, t.c.ctx).select_from(t), where)
+        w = window.order_by(t.c.id.desc()).limit(newest).subquery()
+        first = first_of(w.c.tsv, w.c.ctx)
+        stmt = sa.select(w.c.id, first.label("r")).order_by(first.desc(), w.c.id).limit(n)
     first_pass = [(int(i), float(r)) for i, r in conn.execute(stmt)]
     # long messages, each by its best segment (their message_terms row is empty): a statement
     # of its own, built only when there are any (most stores have few or none)
@@ -295,6 +393,8 @@ def _rank_postgres(
     first_pass.sort(key=lambda s: (-s[1], s[0]))
     # a long message matched by its context terms too is in both: once, by its best
     ids = list(dict.fromkeys(i for i, _ in first_pass))[:n]
+    listed = set(ids)
+    ids += [i for i in also if i not in listed]
     if not ids:
         return []
     # second pass: FTS5's BM25 exactly, from the candidates' lengths and the positions of the
@@ -334,7 +434,44 @@ def _rank_postgres(
             score += weight * (own + context * near)
         scored.append((int(i), score))
     scored.sort(key=lambda s: (-s[1], s[0]))
-    return scored[:limit]
+    return scored[:limit] + [s for s in scored[limit:] if s[0] in also and s[1] > 0]
+
+
+#: PostgreSQL's search index, as the ranking reads it
+_PG_TERMS = sa.table(
+    "message_terms", sa.column("id"), sa.column("tsv"), sa.column("ctx"), sa.column("speaker")
+)
+
+
+def _tsq(text: str) -> Any:
+    """A ``tsquery`` literal."""
+    return sa.cast(sa.literal(text, sa.Text), postgresql.TSQUERY)
+
+
+def _pg_matched(query: terms.Query, context: float) -> Any:
+    """The condition that an index row matches ``query`` (its context terms too when
+    ``context``)."""
+    t, found = _PG_TERMS, terms.tsquery(query)
+    matched: Any = t.c.tsv.op("@@")(_tsq(found))
+    return sa.or_(matched, t.c.ctx.op("@@")(_tsq(found))) if context > 0 else matched
+
+
+def _pg_filters(f: catalog.Filters) -> list[Any]:
+    """``f``'s conditions on an index row (the speaker) and on its message and file."""
+    return [*catalog.spoken_by(_PG_TERMS, f), *catalog.scope(f)]
+
+
+def _pg_joined(stmt: Any, where: list[Any]) -> Any:
+    """``stmt`` over the index rows within ``where``: joined to their messages and files when
+    it asks for more than the rows' own match."""
+    if len(where) == 1:
+        return stmt.where(*where)
+    m, files = tables.messages.c, tables.raw_files.c
+    return (
+        stmt.join(tables.messages, m.id == _PG_TERMS.c.id)
+        .join(tables.raw_files, files.file_id == m.file_id)
+        .where(*where)
+    )
 
 
 #: the last position of a tsvector ``tsv``
@@ -387,14 +524,14 @@ def _pg_rows(conn: sa.Connection) -> int:
     estimate = conn.execute(
         sa.text("SELECT reltuples::bigint FROM pg_class WHERE oid = 'message_terms'::regclass")
     ).scalar_one()
-    if estimate is not None and estimate >= 10_000:
+    if estimate is not None and estimate > PG_COUNTED:
         return int(estimate)
     return int(conn.execute(sa.text("SELECT count(*) FROM message_terms")).scalar_one())
 
 
 #: seconds an estimate of PostgreSQL's average message length is used (while the number of
 #: messages stays within a tenth of what it was)
-PG_LENGTH_SECONDS = 60.0
+PG_LENGTH_SECONDS = 900.0
 _lengths: dict[str, tuple[float, int, float]] = {}  # database URL -> (when, rows, length)
 
 

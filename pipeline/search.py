@@ -60,6 +60,8 @@ class Ranking:
     #: messages a phrase may be in and still find candidates (a more common one counts only
     #: when the rarer ones find fewer messages than asked for)
     common_matches: int = Search.common_matches
+    #: the newest matches of a query's common words that are scored, when they are
+    common_scored: int = Search.common_scored
     #: weight of a word found in the turns before a message (its context terms) against 1
     #: in the message itself
     context_weight: float = Search.context_weight
@@ -78,6 +80,7 @@ class Ranking:
             timeout=settings.timeout,
             candidates=settings.candidates,
             common_matches=settings.common_matches,
+            common_scored=settings.common_scored,
             context_weight=settings.context_weight,
             context_chars=settings.context_chars,
         )
@@ -251,6 +254,7 @@ def _ranked(
         filters,
         limit=max(limit, how.candidates),
         common=how.common_matches,
+        scored=how.common_scored,
         enough=limit,
         timeout=how.timeout,
         context=how.context_weight,

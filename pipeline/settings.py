@@ -169,6 +169,10 @@ class Search:
     #: messages a word may be in and still count: a word in more is left out of a query that
     #: has rarer ones (its matches would cost more to score than they tell)
     common_matches: int = 5_000
+    #: messages a query's common words are scored in, the newest of their matches: a query
+    #: of common words only, or whose rarer words find too few, ranks these (a word in most
+    #: messages would otherwise cost a score for each of them)
+    common_scored: int = 10_000
     #: share of a word's score in a message that it scores found in the turns before the
     #: message (its context terms)
     context_weight: float = 0.3

@@ -5,6 +5,7 @@ fsck; archived files still searchable."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import hashlib
 import os
@@ -345,6 +346,8 @@ def test_common_words_count_when_the_rarer_ones_find_too_few_within_the_filters(
         agent="alice",
     )
     session(db, data_dir, "zoo", ["A zebra escaped."], agent="bob", start=60)
+    # (in fewer than half the messages: a word in more ranks nothing, the test below)
+    session(db, data_dir, "misc", [f"lunch {i}" for i in range(10)], agent="carol", start=90)
     how = search.Ranking(common_matches=3)
 
     def found(**filters: Any) -> list[str]:
@@ -356,6 +359,79 @@ def test_common_words_count_when_the_rarer_ones_find_too_few_within_the_filters(
     assert len(alices) == 3 and {ref.split(":")[0] for ref in alices} == {mine}
     assert len(found(agents={"bob"})) == 1  # bob's zebra; his messages hold no "deploy"
     assert len(found()) == 3  # the zebra first, then messages with the common word
+
+
+def test_common_words_are_scored_in_their_newest_matches_only(
+    db: database.Database, data_dir: Path
+) -> None:
+    # "deploy" is common (in 8 messages, the bound is 3); a query of it alone scores its
+    # newest 4 matches (common_scored), so the oldest, shortest one — BM25's best over every
+    # match — is not among the hits; with a window that covers every match it comes first
+    old = session(db, data_dir, "old", ["deploy"])
+    newer = session(
+        db, data_dir, "new", [f"the deploy {i} of the day went fine" for i in range(7)], start=60
+    )
+    session(db, data_dir, "misc", [f"lunch {i}" for i in range(10)], start=90)  # (as above)
+
+    def refs(how: search.Ranking) -> list[str]:
+        hits = search.search(db, data_dir, "deploy", limit=10, neighbours="none", how=how)
+        return [h.source_ref for h in hits]
+
+    window = refs(search.Ranking(common_matches=3, common_scored=4))
+    assert sorted(window) == sorted(f"{newer}:{seq}" for seq in (4, 5, 6, 7))
+    every = refs(search.Ranking(common_matches=3, common_scored=100))
+    assert every[0] == f"{old}:1" and len(every) == 8
+    assert refs(search.Ranking(common_matches=100)) == every  # not common: every match
+
+
+def test_a_rare_words_hit_has_its_common_words_score_in_the_window(
+    db: database.Database, data_dir: Path
+) -> None:
+    # "zebra" is rare but found only once (fewer than asked for): "deploy" (common) is then
+    # scored in its newest matches and added to what "zebra" scored, so the zebra message in
+    # the window scores what it would with every word counted
+    session(db, data_dir, "ops", [f"deploy {i} went fine" for i in range(6)])
+    zoo = session(db, data_dir, "zoo", ["the zebra deploy was late"], start=60)
+    session(db, data_dir, "misc", [f"lunch {i}" for i in range(10)], start=90)
+    q = "when was the zebra deploy?"
+
+    def scores(how: search.Ranking) -> dict[str, float]:
+        hits = search.search(db, data_dir, q, limit=5, neighbours="none", how=how)
+        return {h.source_ref: h.score for h in hits}
+
+    windowed = scores(search.Ranking(common_matches=3, common_scored=4))
+    exact = scores(search.Ranking(common_matches=100))
+    assert next(iter(windowed)) == next(iter(exact)) == f"{zoo}:1"
+    assert windowed[f"{zoo}:1"] == pytest.approx(exact[f"{zoo}:1"], abs=1e-4)
+    assert len(windowed) == 4  # the zebra, and the 3 other newest of the window's 4
+
+
+def test_a_word_in_most_messages_is_left_out_beside_another_common_one(
+    db: database.Database, data_dir: Path
+) -> None:
+    # "status" is in 9 of 10 messages (its idf is FTS5's floor: it ranks nothing) and
+    # "backup" in 4 (common too, bound 3): a query of both scores "backup" alone; "status"
+    # alone is still searched for
+    # (a session each: no message has another's words in its context terms)
+    texts = [f"status {i} backup done" if i < 4 else f"status {i} fine" for i in range(9)]
+    files = [session(db, data_dir, f"log-{i}", [t], start=i) for i, t in enumerate(texts)]
+    session_ids = {"lunch": session(db, data_dir, "lunch", ["lunch at noon"], start=20)}
+    how = search.Ranking(common_matches=3, common_scored=100)
+
+    def refs(q: str) -> list[str]:
+        hits = search.search(db, data_dir, q, limit=10, neighbours="none", how=how)
+        return sorted(h.source_ref for h in hits)
+
+    assert refs("status backup") == sorted(f"{f}:1" for f in files[:4])
+    assert refs("status") == sorted(f"{f}:1" for f in files)
+    # beside a rarer word that finds fewer than asked for, it adds nothing
+    rare = search.search(db, data_dir, "lunch status", limit=5, neighbours="none", how=how)
+    assert [h.source_ref for h in rare] == [f"{session_ids['lunch']}:1"]
+    # alone, it ranks nothing: its newest candidates, each scored 0
+    few = dataclasses.replace(how, candidates=3)
+    newest = search.search(db, data_dir, "status", limit=3, neighbours="none", how=few)
+    assert sorted(h.source_ref for h in newest) == sorted(f"{f}:1" for f in files[6:])
+    assert {h.score for h in newest} == {0.0}
 
 
 def test_the_turn_after_the_one_that_shares_the_words_is_found(
