@@ -474,8 +474,9 @@ def _pg_joined(stmt: Any, where: list[Any]) -> Any:
     )
 
 
-#: the last position of a tsvector ``tsv``
-_LAST = "(SELECT max(p) FROM unnest(tsv) AS v, unnest(v.positions) AS p)"
+#: the last position of a tsvector ``tsv`` (a lexeme's positions are sorted: its last is its
+#: greatest, so no position is unnested)
+_LAST = "(SELECT max(v.positions[array_upper(v.positions, 1)]) FROM unnest(tsv) AS v)"
 #: the length in terms of a message ``id`` whose terms are in segments: its last one's end
 _LONG_LENGTH = (
     f"(SELECT l.base + {_LAST.replace('tsv', 'l.tsv')} FROM message_term_parts l "
