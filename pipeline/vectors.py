@@ -493,14 +493,15 @@ class _Best:
         """Score of the rows of ``entries`` (file, entry with codes around ``center``) only
         the ``most`` whose sign codes differ from the query's in the fewest bits (ties at the
         cut all in), exactly."""
-        files = [f for f, _ in entries]
         code = vector_cache.signs(self.point[None, :] * 127.0 - center)[:, 0]  # int8 units
         codes = np.concatenate([e.codes for _, e in entries if e.codes is not None], axis=1)
+        seqs = np.concatenate([e.seqs for _, e in entries])
         distances = np.bitwise_count(codes[0] ^ code[0]).astype(np.uint16)
         for w in range(1, len(codes)):
             distances += np.bitwise_count(codes[w] ^ code[w])
         bits = 64 * len(codes)
-        counts = [len(e.seqs) for _, e in entries]
+        sizes = np.array([len(e.seqs) for _, e in entries])
+        ends = np.cumsum(sizes)
         if self.allowed is not None:
             allowed = self.allowed
             keep = np.concatenate([np.isin(e.seqs, allowed.get(f, _NONE)) for f, e in entries])
@@ -508,18 +509,17 @@ class _Best:
         # the smallest distance that ``most`` rows are within: a histogram, not a sort
         within = np.cumsum(np.bincount(distances, minlength=bits + 2))
         cut = min(int(np.searchsorted(within, most)), bits)
-        chosen = distances <= cut
-        ends = np.cumsum(counts)
-        rows, which, seqs = [], [], []
-        for f, (_, e), n, end in zip(files, entries, counts, ends, strict=True):
-            picked = np.flatnonzero(chosen[end - n : end])
-            if len(picked):
-                rows.append(e.matrix[picked])
-                which.append(np.full(len(picked), self._file(f), dtype=np.int32))
-                seqs.append(e.seqs[picked])
-        if rows:
-            scores = self._scores(np.concatenate(rows))
-            self._add(scores, np.concatenate(which), np.concatenate(seqs))
+        picked = np.flatnonzero(distances <= cut)
+        if not len(picked):
+            return
+        owner = np.searchsorted(ends, picked, side="right")  # each picked row's entry
+        local = picked - (ends - sizes)[owner]
+        bounds = np.searchsorted(owner, np.arange(len(entries) + 1))  # each entry's picks
+        matrix = np.concatenate(
+            [e.matrix[local[bounds[i] : bounds[i + 1]]] for i, (_, e) in enumerate(entries)]
+        )
+        which = np.array([self._file(f) for f, _ in entries], dtype=np.int32)[owner]
+        self._add(self._scores(matrix), which, seqs[picked])
 
     def _scores(self, matrix: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         """The cosine of each int8 row of ``matrix`` with the query."""
