@@ -246,11 +246,25 @@ def scan(total: int, *, postgres: bool = False, agents: int = 10, rounds: int = 
         # what a process's searches keep (hybrid.Hybrid.cache), at the default bound
         cache = vector_cache.Cache(settings.Embed().cache_bytes)
 
-        def near(filters: catalog.Filters, kept: vector_cache.Cache | None) -> Callable[[], object]:
+        embed = settings.Embed()
+        shortlist = vectors.Shortlist(embed.exact_below, embed.rerank)  # as a process's
+        exact = vectors.Shortlist(total, embed.rerank)  # every vector scored
+
+        def near(
+            filters: catalog.Filters,
+            kept: vector_cache.Cache | None,
+            chosen: vectors.Shortlist | None = None,
+        ) -> Callable[[], object]:
             def run() -> object:
                 with db.reading() as conn:
                     return vectors.nearest(
-                        conn, model, point, filters, limit=Search.candidates, cache=kept
+                        conn,
+                        model,
+                        point,
+                        filters,
+                        limit=Search.candidates,
+                        cache=kept,
+                        shortlist=chosen,
                     )
 
             return run
@@ -265,13 +279,19 @@ def scan(total: int, *, postgres: bool = False, agents: int = 10, rounds: int = 
         def lexical(filters: catalog.Filters) -> Callable[[], object]:
             return lambda: search.search(db, data_dir, "database kayak retry", filters, limit=10)
 
-        def fused(filters: catalog.Filters) -> Callable[[], object]:
+        def fused(filters: catalog.Filters, chosen: vectors.Shortlist) -> Callable[[], object]:
             def run() -> object:
                 def fuse(conn: Any, ranked: list[ranking.Scored]) -> list[ranking.Scored]:
-                    found = vectors.nearest(
-                        conn, model, point, filters, limit=Search.candidates, cache=cache
+                    found = vectors.closest(
+                        conn,
+                        model,
+                        point,
+                        filters,
+                        limit=Search.candidates,
+                        cache=cache,
+                        shortlist=chosen,
                     )
-                    return hybrid.fuse(ranked, found)
+                    return hybrid.identified(conn, hybrid.fuse(ranked, found), ranked, 10)
 
                 return search.search(
                     db, data_dir, "database kayak retry", filters, limit=10, fuse=fuse
@@ -279,34 +299,47 @@ def scan(total: int, *, postgres: bool = False, agents: int = 10, rounds: int = 
 
             return run
 
-        def timed(run: Callable[[], object]) -> str:
-            """p50 / p99 of ``rounds`` runs, ms."""
-            samples = []
+        def timed(runs: list[Callable[[], object]]) -> list[str]:
+            """p50 / p99 of ``rounds`` runs of each, ms, the runs taking turns (so the
+            machine's load weighs on each alike)."""
+            samples: list[list[float]] = [[] for _ in runs]
             for _ in range(rounds):
-                t0 = time.perf_counter()
-                run()
-                samples.append(1000 * (time.perf_counter() - t0))
-            samples.sort()
-            return f"{statistics.median(samples):.1f} / {samples[(len(samples) * 99) // 100]:.1f}"
+                for run, got in zip(runs, samples, strict=True):
+                    t0 = time.perf_counter()
+                    run()
+                    got.append(1000 * (time.perf_counter() - t0))
+            return [
+                f"{statistics.median(got):.1f} / {sorted(got)[(len(got) * 99) // 100]:.1f}"
+                for got in samples
+            ]
 
         engine = "PostgreSQL" if postgres else "SQLite"
         for filters in (one, every):
             near(filters, cache)()  # the cache filled once, as by the process's first search
         print(
             f"\n{total} messages, {agents} agents, {engine}, p50 / p99 of {rounds} searches (ms); "
-            f"cache {cache.used / 2**20:.1f} MiB of {cache.limit / 2**20:.0f} MiB:"
+            f"cache {cache.used / 2**20:.1f} MiB of {cache.limit / 2**20:.0f} MiB; shortlist "
+            f"above {embed.exact_below} kept vectors, {embed.rerank} scored:"
         )
         print(
-            "| scope | lexical | vector scan, from the index | vector scan, cached "
-            "| of which the versions' read | hybrid, cached (query embedding excluded) |"
+            "| scope | lexical | vector scan, from the index | vector scan, cached, every vector "
+            "| vector scan, cached, shortlist | of which the versions' read "
+            "| hybrid, every vector | hybrid (query embedding excluded) |"
         )
-        print("|---|---:|---:|---:|---:|---:|")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|")
         for name, filters in ((f"one agent ({per} messages)", one), ("every agent", every)):
-            print(
-                f"| {name} | {timed(lexical(filters))} | {timed(near(filters, None))} "
-                f"| {timed(near(filters, cache))} | {timed(versions(filters))} "
-                f"| {timed(fused(filters))} |"
+            cells = timed(
+                [
+                    lexical(filters),
+                    near(filters, None),
+                    near(filters, cache, exact),
+                    near(filters, cache, shortlist),
+                    versions(filters),
+                    fused(filters, exact),
+                    fused(filters, shortlist),
+                ]
             )
+            print(f"| {name} | " + " | ".join(cells) + " |")
         db.dispose()
 
 
@@ -424,7 +457,9 @@ def main() -> None:
                     k: int = k,
                     w: float = weight,
                 ) -> list[ranking.Scored]:
-                    return hybrid.fuse(lex, near, k=k, weight=w)
+                    ids = {(h.file_id, h.seq): h.id for h in (*lex, *near)}
+                    fused = hybrid.fuse(lex, near, k=k, weight=w)
+                    return [ranking.Scored(ids[(h.file_id, h.seq)], *h) for h in fused]
 
                 name = f"hybrid RRF k={k}, semantic weight {weight:g}"
                 if (k, weight) == (hybrid.RRF_K, hybrid.SEMANTIC_WEIGHT):

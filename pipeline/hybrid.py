@@ -24,7 +24,7 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -71,23 +71,40 @@ class HowRanked:
 
 
 def fuse(
-    lexical: list[ranking.Scored],
-    near: list[ranking.Scored],
+    lexical: Sequence[vectors.Near | ranking.Scored],
+    near: Sequence[vectors.Near | ranking.Scored],
     *,
     k: int = RRF_K,
     weight: float = SEMANTIC_WEIGHT,
-) -> list[ranking.Scored]:
-    """Reciprocal rank fusion of two rankings, best first, ties in source_ref order."""
+) -> list[vectors.Near]:
+    """Reciprocal rank fusion of two rankings: each message with its fused score, best
+    first, ties in source_ref order."""
     scores: dict[tuple[str, int], float] = {}
-    ids: dict[tuple[str, int], int] = {}
     for share, ranked in ((1.0, lexical), (weight, near)):
         for rank, h in enumerate(ranked, start=1):
             key = (h.file_id, h.seq)
-            ids[key] = h.id
             scores[key] = scores.get(key, 0.0) + share / (k + rank)
-    fused = [ranking.Scored(ids[key], key[0], key[1], s) for key, s in scores.items()]
+    fused = [vectors.Near(f, seq, s) for (f, seq), s in scores.items()]
     fused.sort(key=lambda h: (-h.score, h.file_id, h.seq))
     return fused
+
+
+def identified(
+    conn: sa.Connection, fused: list[vectors.Near], lexical: list[ranking.Scored], limit: int
+) -> list[ranking.Scored]:
+    """The first ``limit`` of ``fused`` with their catalog ids: the lexical ranking's, and
+    the others' looked up (:func:`vectors.identify`: 200 keys cost about 1 ms, ten 0.2); a
+    message not cataloged is left out, and the next one taken."""
+    ids = {(h.file_id, h.seq): h.id for h in lexical}
+    found: list[ranking.Scored] = []
+    start = 0
+    while len(found) < limit and start < len(fused):
+        part = fused[start : start + limit - len(found)]
+        start += len(part)
+        looked = vectors.identify(conn, [h for h in part if (h.file_id, h.seq) not in ids])
+        ids |= {(h.file_id, h.seq): h.id for h in looked}
+        found += [ranking.Scored(ids[h[:2]], *h) for h in part if h[:2] in ids]
+    return found
 
 
 def yield_cores(nice: int) -> None:
@@ -198,7 +215,7 @@ class Hybrid:
             why = "no embedder is configured (setting search_embedder)" if unmet else None
             ranked = HowRanked("lexical", model=model, fallback=why)
         else:
-            near, ranked = self._nearness(embedder, q, filters, how.candidates)
+            near, ranked = self._nearness(embedder, q, filters, how.candidates, limit)
         found = search.search(
             self.db,
             self.settings.data_dir,
@@ -214,10 +231,16 @@ class Hybrid:
         return found, ranked
 
     def _nearness(
-        self, embedder: embeddings.Embedder, q: str, filters: catalog.Filters, candidates: int
+        self,
+        embedder: embeddings.Embedder,
+        q: str,
+        filters: catalog.Filters,
+        candidates: int,
+        limit: int,
     ) -> tuple[Near | None, HowRanked]:
-        """What fuses the nearest vectors into a lexical ranking, with how the search will
-        have been ranked; none, and why, when there is nothing to fuse."""
+        """What fuses the nearest vectors into a lexical ranking (its first ``limit``: what
+        the search keeps), with how the search will have been ranked; none, and why, when
+        there is nothing to fuse."""
         with self.db.reading() as conn:
             behind = vectors.lag(conn, embedder.model, agents=filters.agents)
             stored = vectors.any_of(conn, embedder.model)
@@ -235,7 +258,7 @@ class Hybrid:
         shortlist = vectors.Shortlist(e.exact_below, e.rerank)
 
         def near(conn: sa.Connection, ranked: list[ranking.Scored]) -> list[ranking.Scored]:
-            found = vectors.nearest(
+            found = vectors.closest(
                 conn,
                 embedder.model,
                 point,
@@ -244,6 +267,6 @@ class Hybrid:
                 cache=self.cache,
                 shortlist=shortlist,
             )
-            return fuse(ranked, found)
+            return identified(conn, fuse(ranked, found), ranked, limit)
 
         return near, HowRanked("hybrid", embedder.model, behind)

@@ -40,7 +40,7 @@ import logging
 import time
 from collections.abc import Collection, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import sqlalchemy as sa
@@ -423,6 +423,15 @@ def _allowed(
     return {f: np.array(seqs, dtype=np.int32) for f, seqs in found.items()}
 
 
+class Near(NamedTuple):
+    """A message's closeness to a query (cosine), without its catalog id
+    (:func:`identify`)."""
+
+    file_id: str
+    seq: int
+    score: float
+
+
 @dataclasses.dataclass(frozen=True)
 class Shortlist:
     """How a search over many vectors scores fewer (``embed_exact_below``, ``embed_rerank``;
@@ -587,8 +596,34 @@ def nearest(
     cache: vector_cache.Cache | None = None,
     shortlist: Shortlist | None = None,
 ) -> list[ranking.Scored]:
+    """:func:`closest`, each hit with its catalog id (:func:`identify`)."""
+    found = closest(conn, model, query, filters, limit=limit, cache=cache, shortlist=shortlist)
+    return identify(conn, found)
+
+
+def identify(conn: sa.Connection, near: Sequence[Near]) -> list[ranking.Scored]:
+    """``near`` in its order with the catalog's ids (what a hit is read by); a message not
+    cataloged is left out."""
+    keys = [(h.file_id, h.seq) for h in near]
+    ids = {(f, seq): i for i, f, seq in ranking.at(conn, keys, catalog.Filters())}
+    return [
+        ranking.Scored(ids[k], *k, h.score) for k, h in zip(keys, near, strict=True) if k in ids
+    ]
+
+
+def closest(
+    conn: sa.Connection,
+    model: str,
+    query: np.ndarray[Any, Any],
+    filters: catalog.Filters,
+    *,
+    limit: int,
+    cache: vector_cache.Cache | None = None,
+    shortlist: Shortlist | None = None,
+) -> list[Near]:
     """The ``limit`` messages within ``filters`` whose ``model`` vectors are closest to
-    ``query`` (cosine), best first, ties in source_ref order.
+    ``query`` (cosine), best first, ties in source_ref order (without their catalog ids:
+    a hybrid search looks up only those of the hits its fusion keeps).
 
     The files in scope are found first with their versions (the caller's agents, the
     session, the file); a file whose vectors ``cache`` holds at its version is scored from
@@ -629,12 +664,8 @@ def nearest(
     if missing:
         every = not scope and len(missing) == len(files)
         _scan(conn, model, dim, missing, versions, best, cache, search, every=every)
-    top = best.best()
-    scores_by_key = {(f, seq): score for score, f, seq in top}
-    # the catalog's ids (what a hit is read by); a message not cataloged is left out
-    found = ranking.at(conn, scores_by_key, catalog.Filters())
-    ordered = sorted(found, key=lambda r: (-scores_by_key[(r[1], r[2])], r[1], r[2]))
-    return [ranking.Scored(i, f, seq, scores_by_key[(f, seq)]) for i, f, seq in ordered]
+    top = sorted(best.best(), key=lambda t: (-t[0], t[1], t[2]))
+    return [Near(f, seq, score) for score, f, seq in top]
 
 
 def _scan(
