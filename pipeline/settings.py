@@ -219,10 +219,11 @@ class Embed:
     cache_bytes: int = 64 * 1024 * 1024
     #: vectors kept in memory for a search's scope at or below which every one is scored
     #: exactly; above it only the ``rerank`` nearest by their sign codes are (approximate:
-    #: docs/search.md has what it keeps of the exact ranking); 0: always so
-    exact_below: int = 20_000
+    #: docs/search.md has what it keeps of the exact ranking); 0: always so. Below about
+    #: twice ``rerank``, scoring every vector costs what the shortlist does
+    exact_below: int = 8_000
     #: vectors scored exactly after the sign codes' ranking (at least ``search_candidates``)
-    rerank: int = 2_000
+    rerank: int = 4_000
 
 
 @dataclasses.dataclass(frozen=True)
