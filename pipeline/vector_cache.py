@@ -20,6 +20,13 @@ process's commit is seen at the next search, and a file whose row is gone is nev
 A claim also bumps the epoch without touching blocks: the file is read again once, which
 costs one file's blocks.
 
+**Sign codes.** Once a model has a *center* — the mean of the first ``center_rows``
+vectors the cache is given of it, fixed for the process (a mean of 256 turns ranks as well
+as one of 4,063) — each entry is kept with its rows' sign codes around it, which a search
+over many vectors ranks first (:class:`vectors.Shortlist`); an entry kept before the center
+has none, and is scored whole. The codes are made from the entry's own matrix, so they are
+exactly as current as its vectors.
+
 **Bounded.** The entries hold at most ``embed_cache_bytes`` bytes (the vectors, int8,
 their seqs and their sign codes); a file that does not fit is scored from the index as
 before, and an entry is evicted (least recently used first) only for a file of another
