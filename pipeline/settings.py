@@ -213,8 +213,9 @@ class Embed:
     #: rounds share cores with appends, the appends get them first (the backlog drains later)
     nice: int = 10
     #: bytes of decoded vectors a process keeps in memory for hybrid searches (int8, about
-    #: ``dim`` + 4 bytes a message: 64 MiB hold about 170,000 messages of the local model), so a
-    #: search scores them without reading them out of the index; files past the bound are
+    #: ``dim`` + 4 bytes a message and ``dim`` / 8 of sign code: 64 MiB hold about 150,000
+    #: messages of the local model), so a search scores them without reading them out of the
+    #: index; files past the bound are
     #: read at every search as without it; 0 keeps none (pipeline/vector_cache.py)
     cache_bytes: int = 64 * 1024 * 1024
     #: vectors kept in memory for a search's scope at or below which every one is scored
