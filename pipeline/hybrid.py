@@ -90,18 +90,24 @@ def fuse(
 
 
 def identified(
-    conn: sa.Connection, fused: list[vectors.Near], lexical: list[ranking.Scored], limit: int
+    conn: sa.Connection,
+    fused: list[vectors.Near],
+    lexical: list[ranking.Scored],
+    limit: int,
+    speaker: str | None = None,
 ) -> list[ranking.Scored]:
     """The first ``limit`` of ``fused`` with their catalog ids: the lexical ranking's, and
     the others' looked up (:func:`vectors.identify`: 200 keys cost about 1 ms, ten 0.2); a
-    message not cataloged is left out, and the next one taken."""
+    message not cataloged, or not ``speaker``'s when one is given, is left out and the next
+    one taken."""
     ids = {(h.file_id, h.seq): h.id for h in lexical}
     found: list[ranking.Scored] = []
     start = 0
     while len(found) < limit and start < len(fused):
         part = fused[start : start + limit - len(found)]
         start += len(part)
-        looked = vectors.identify(conn, [h for h in part if (h.file_id, h.seq) not in ids])
+        unknown = [h for h in part if (h.file_id, h.seq) not in ids]
+        looked = vectors.identify(conn, unknown, speaker)
         ids |= {(h.file_id, h.seq): h.id for h in looked}
         found += [ranking.Scored(ids[h[:2]], *h) for h in part if h[:2] in ids]
     return found
@@ -267,6 +273,6 @@ class Hybrid:
                 cache=self.cache,
                 shortlist=shortlist,
             )
-            return identified(conn, fuse(ranked, found), ranked, limit)
+            return identified(conn, fuse(ranked, found), ranked, limit, filters.speaker)
 
         return near, HowRanked("hybrid", embedder.model, behind)

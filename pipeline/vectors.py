@@ -601,16 +601,21 @@ def nearest(
     cache: vector_cache.Cache | None = None,
     shortlist: Shortlist | None = None,
 ) -> list[ranking.Scored]:
-    """:func:`closest`, each hit with its catalog id (:func:`identify`)."""
+    """:func:`closest`, each hit with its catalog id (:func:`identify`: another speaker's
+    turn left out)."""
     found = closest(conn, model, query, filters, limit=limit, cache=cache, shortlist=shortlist)
-    return identify(conn, found)
+    return identify(conn, found, filters.speaker)
 
 
-def identify(conn: sa.Connection, near: Sequence[Near]) -> list[ranking.Scored]:
+def identify(
+    conn: sa.Connection, near: Sequence[Near], speaker: str | None = None
+) -> list[ranking.Scored]:
     """``near`` in its order with the catalog's ids (what a hit is read by); a message not
-    cataloged is left out."""
+    cataloged is left out, and so is one not ``speaker``'s when one is given (who said a
+    turn is in the search index, not in the catalog :func:`closest` filters by)."""
     keys = [(h.file_id, h.seq) for h in near]
-    ids = {(f, seq): i for i, f, seq in ranking.at(conn, keys, catalog.Filters())}
+    said = catalog.Filters(speaker=speaker)
+    ids = {(f, seq): i for i, f, seq in ranking.at(conn, keys, said)}
     return [
         ranking.Scored(ids[k], *k, h.score) for k, h in zip(keys, near, strict=True) if k in ids
     ]
