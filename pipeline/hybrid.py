@@ -8,8 +8,10 @@ vectors, and the embedding rounds, through the :class:`Hybrid` a
 ranking, ranks from 1, a ranking the message is not in adding nothing. Ranks, not scores: BM25
 and cosine are on scales that move with the query, and the measurement in docs/search.md
 chose it over a weighted sum of normalised scores. The vector ranking is taken over the same
-filters and the caller's agents as the lexical one (:func:`vectors.nearest`), so a vector
-never surfaces a message the caller may not read.
+filters and the caller's agents as the lexical one (:func:`vectors.closest`; over many
+vectors, from a shortlist: :class:`vectors.Shortlist`), so a vector never surfaces a message
+the caller may not read; only the fused hits a search keeps are looked up in the catalog
+(:func:`identified`), where a speaker condition is checked too.
 
 **Never in the way.** A query's embedding that fails (the endpoint down or slow past
 ``embed_timeout``) or a store with no vectors of the current model answers with the lexical
