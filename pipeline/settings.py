@@ -217,10 +217,18 @@ class Embed:
     #: rounds share cores with appends, the appends get them first (the backlog drains later)
     nice: int = 10
     #: bytes of decoded vectors a process keeps in memory for hybrid searches (int8, about
-    #: ``dim`` + 4 bytes a message: 64 MiB hold about 170,000 messages of the local model), so a
-    #: search scores them without reading them out of the index; files past the bound are
+    #: ``dim`` + 4 bytes a message and ``dim`` / 8 of sign code: 64 MiB hold about 150,000
+    #: messages of the local model), so a search scores them without reading them out of the
+    #: index; files past the bound are
     #: read at every search as without it; 0 keeps none (pipeline/vector_cache.py)
     cache_bytes: int = 64 * 1024 * 1024
+    #: vectors kept in memory for a search's scope at or below which every one is scored
+    #: exactly; above it only the ``rerank`` nearest by their sign codes are (approximate:
+    #: docs/search.md has what it keeps of the exact ranking); 0: always so. Below about
+    #: twice ``rerank``, scoring every vector costs what the shortlist does
+    exact_below: int = 8_000
+    #: vectors scored exactly after the sign codes' ranking (at least ``search_candidates``)
+    rerank: int = 4_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -440,10 +448,15 @@ class Settings:
             if name == "embed_nice":
                 if not 0 <= value <= 19:
                     raise errors.InvalidInput(f"setting {name}: must be 0 to 19, got {value!r}")
-            elif name == "embed_cache_bytes":
-                pass  # 0: no cache (a negative value is refused with every number)
+            elif name in ("embed_cache_bytes", "embed_exact_below"):
+                pass  # 0: no cache, or always a shortlist (a negative value is refused)
             elif name.startswith(("search_", "embed_")) and not value > 0:
                 raise errors.InvalidInput(f"setting {name}: must be above 0, got {value!r}")
+        if self.embed.rerank < self.search.candidates:
+            raise errors.InvalidInput(
+                f"setting embed_rerank: must be at least search_candidates "
+                f"({self.search.candidates}), got {self.embed.rerank!r}"
+            )
         if self.search.embedder not in EMBEDDERS:
             raise errors.InvalidInput(
                 f"setting search_embedder: must be one of {', '.join(EMBEDDERS)}, "

@@ -20,11 +20,19 @@ process's commit is seen at the next search, and a file whose row is gone is nev
 A claim also bumps the epoch without touching blocks: the file is read again once, which
 costs one file's blocks.
 
-**Bounded.** The entries hold at most ``embed_cache_bytes`` bytes (the vectors, int8, and
-their seqs); a file that does not fit is scored from the index as before, and an entry is
-evicted (least recently used first) only for a file of another search, never for one the
-current search has used: a scope larger than the bound keeps a stable part in memory and
-reads the rest, instead of evicting what the next search needs. ``0`` keeps nothing.
+**Sign codes.** Once a model has a *center* — the mean of the first ``center_rows``
+vectors the cache is given of it, fixed for the process (a mean of 256 turns ranks as well
+as one of 4,063) — each entry is kept with its rows' sign codes around it, which a search
+over many vectors ranks first (:class:`vectors.Shortlist`); an entry kept before the center
+has none, and is scored whole. The codes are made from the entry's own matrix, so they are
+exactly as current as its vectors.
+
+**Bounded.** The entries hold at most ``embed_cache_bytes`` bytes (the vectors, int8,
+their seqs and their sign codes); a file that does not fit is scored from the index as
+before, and an entry is evicted (least recently used first) only for a file of another
+search, never for one the current search has used: a scope larger than the bound keeps a
+stable part in memory and reads the rest, instead of evicting what the next search needs.
+``0`` keeps nothing.
 """
 
 from __future__ import annotations
@@ -36,33 +44,51 @@ from typing import Any
 
 import numpy as np
 
+#: vectors of a model whose mean is the center of its sign codes (a sample: the mean of 256
+#: turns ranks the shortlist as well as the mean of 4,063, docs/search.md)
+CENTER_ROWS = 256
 #: what an entry is kept for: (model, dim, file_id)
 Key = tuple[str, int, str]
 #: a file's version (its embed_marks ``model``, ``epoch``, ``embedded_seq``)
 Version = tuple[str, int, int]
 
 
+def signs(rows: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """The sign codes of ``rows`` (2-d): bit ``j`` of a row's code is whether its component
+    ``j`` is above 0, packed into 64-bit words (zero bits pad the last), word by word —
+    ``codes[w]`` is word ``w`` of every row — so a Hamming distance is a few whole-array
+    operations (:class:`vectors.Shortlist`)."""
+    packed = np.packbits(rows > 0, axis=1)
+    padded = np.zeros((len(rows), -(-packed.shape[1] // 8) * 8), dtype=np.uint8)
+    padded[:, : packed.shape[1]] = packed
+    return np.ascontiguousarray(padded.view(np.uint64).T)
+
+
 @dataclasses.dataclass(frozen=True)
 class Entry:
     """One file's vectors of one model: ``matrix`` (int8, one row a message, as the blocks
-    store them) and the seq of each row, read at ``version``."""
+    store them) and the seq of each row, read at ``version``; ``codes``: the sign codes of
+    the rows less their model's center (:meth:`Cache.center`), None until it has one."""
 
     version: Version
     matrix: np.ndarray[Any, Any]
     seqs: np.ndarray[Any, Any]
+    codes: np.ndarray[Any, Any] | None = None
 
     @property
     def nbytes(self) -> int:
         """What the entry costs of the bound."""
-        return int(self.matrix.nbytes + self.seqs.nbytes)
+        codes = 0 if self.codes is None else self.codes.nbytes
+        return int(self.matrix.nbytes + self.seqs.nbytes + codes)
 
 
 class Cache:
     """Entries of decoded vectors, at most ``limit`` bytes of them; safe to share between
     threads (the entries themselves are never written after they are made)."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, *, center_rows: int = CENTER_ROWS) -> None:
         self.limit = limit
+        self.center_rows = center_rows  #: vectors of a model whose mean is its center
         self.used = 0  #: bytes the entries hold
         self.hits = 0  #: files scored from an entry
         self.misses = 0  #: files read from the index (absent, stale, or too large to keep)
@@ -71,6 +97,9 @@ class Cache:
         )  # least recently used first; with the search that last used each
         self._lock = threading.Lock()
         self._searches = 0
+        #: per (model, dim): the mean of the first ``center_rows`` vectors put, int8 units
+        self._centers: dict[tuple[str, int], np.ndarray[Any, Any]] = {}
+        self._sums: dict[tuple[str, int], tuple[np.ndarray[Any, Any], int]] = {}
 
     def search(self) -> int:
         """A number for one search, that :meth:`get` and :meth:`put` are given: the entries
@@ -95,7 +124,11 @@ class Cache:
 
     def put(self, key: Key, entry: Entry, search: int) -> bool:
         """Keep ``entry`` if it fits, evicting the least recently used entries that search
-        ``search`` has not used; False when it was not kept."""
+        ``search`` has not used; False when it was not kept. It is kept with its sign codes
+        once its model has a center."""
+        center = self._centered(key, entry.matrix) if self.limit else None
+        if center is not None:
+            entry = dataclasses.replace(entry, codes=signs(entry.matrix - center))
         size = entry.nbytes
         with self._lock:
             if key in self._entries:
@@ -118,6 +151,29 @@ class Cache:
             self._entries[key] = (entry, search)
             self.used += size
             return True
+
+    def center(self, model: str, dim: int) -> np.ndarray[Any, Any] | None:
+        """What the sign codes of ``model``'s vectors are taken around (int8 units), None
+        before it has one."""
+        with self._lock:
+            return self._centers.get((model, dim))
+
+    def _centered(self, key: Key, matrix: np.ndarray[Any, Any]) -> np.ndarray[Any, Any] | None:
+        """The center of ``key``'s model, made once the vectors put (``matrix`` counted) are
+        ``center_rows`` or more."""
+        kind = key[:2]
+        with self._lock:
+            if kind in self._centers:
+                return self._centers[kind]
+            total, rows = self._sums.get(kind, (np.zeros(key[1]), 0))
+            total, rows = total + matrix.sum(axis=0, dtype=np.float64), rows + len(matrix)
+            if rows < self.center_rows:
+                self._sums[kind] = (total, rows)
+                return None
+            self._sums.pop(kind, None)
+            center: np.ndarray[Any, Any] = (total / rows).astype(np.float32)
+            self._centers[kind] = center
+            return center
 
     def keep_only(self, model: str, dim: int, files: set[str]) -> None:
         """Drop the entries of ``model`` and ``dim`` for files not in ``files`` (the files

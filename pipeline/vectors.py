@@ -25,7 +25,8 @@ row (reading one row per vector cost 2–4 µs a row in SQLite alone, 0.2–0.4 
 messages). Blocks are keyed by file and seq like source_refs, so a reindex keeps them. A
 query is scored over the files within its scope: those whose vectors the process keeps in
 memory (:mod:`pipeline.vector_cache`, checked against each file's watermark row in the same
-snapshot) from there, the others by reading their blocks, :data:`SCAN_BLOCKS` at a time;
+snapshot) from there — only a shortlist of them when they are many (:class:`Shortlist`) —
+the others by reading their blocks, :data:`SCAN_BLOCKS` at a time;
 the best are kept as it goes, so memory stays bounded whatever the store's size, on SQLite
 and PostgreSQL alike (docs/search.md has the measurements). A redaction drops the blocks that
 hold the message's vector and those averaged with it, and moves the watermark back to the
@@ -40,7 +41,7 @@ import logging
 import time
 from collections.abc import Collection, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import sqlalchemy as sa
@@ -423,6 +424,32 @@ def _allowed(
     return {f: np.array(seqs, dtype=np.int32) for f, seqs in found.items()}
 
 
+class Near(NamedTuple):
+    """A message's closeness to a query (cosine), without its catalog id
+    (:func:`identify`)."""
+
+    file_id: str
+    seq: int
+    score: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Shortlist:
+    """How a search over many vectors scores fewer (``embed_exact_below``, ``embed_rerank``;
+    docs/search.md): each vector kept in memory has a sign code — bit ``j``: whether its
+    component ``j`` is above its model's center's (:meth:`vector_cache.Cache.center`: e5's
+    vectors share one large direction, and with a shortlist of 4 % of 4,063 turns their raw
+    signs kept 0.25 of the exact top 10, the centered ones 0.90) — and a scope of more than
+    ``exact_below`` of them is ranked first by the Hamming distance of their codes to the
+    query's (six 64-bit words a vector of 384 dimensions: 1.4 ms for 100,000 vectors, where
+    their product takes 17), and only the ``rerank`` nearest so (at least: ties at the cut
+    are all in) are scored exactly. Approximate: a message whose code is far from the
+    query's is not scored. At or below ``exact_below``, every vector is."""
+
+    exact_below: int
+    rerank: int
+
+
 class _Best:
     """The best ``limit`` scores of a search so far, with the file (an index into ``files``)
     and seq of each: scored pieces are gathered as arrays and cut back to the best ``limit``
@@ -439,7 +466,8 @@ class _Best:
         # busy 2-core host made one product of 16,384 vectors take 20x longer (113 ms against
         # 5). The query keeps 15 bits a component (7 bits rounded the ranking: recall@10 fell
         # by 1-2 points); a dot product stays below 127 * 32767 (both are unit vectors).
-        self.q = np.rint(np.asarray(query, dtype=np.float32) * 32767.0).astype(np.int16)
+        self.point = np.asarray(query, dtype=np.float32)
+        self.q = np.rint(self.point * 32767.0).astype(np.int16)
         self.limit = limit
         self.allowed = allowed  #: the seqs a file may score (role, time), None: all
         self.files: list[str] = []
@@ -456,8 +484,6 @@ class _Best:
     ) -> None:
         """Score ``matrix`` (int8 rows): its rows are ``counts[i]`` messages of ``files[i]``
         in turn, at ``seqs``."""
-        dots = np.einsum("ij,j->i", matrix, self.q, dtype=np.int32)
-        scores = dots.astype(np.float32) / (127.0 * 32767.0)
         which = np.repeat([self._file(f) for f in files], counts).astype(np.int32)
         if self.allowed is not None:
             ends = np.cumsum(counts)
@@ -467,7 +493,56 @@ class _Best:
                     for f, n, end in zip(files, counts, ends, strict=True)
                 ]
             )
-            scores, which, seqs = scores[keep], which[keep], seqs[keep]
+            scores, which, seqs = self._scores(matrix)[keep], which[keep], seqs[keep]
+        else:
+            scores = self._scores(matrix)
+        self._add(scores, which, seqs)
+
+    def shortlist(
+        self,
+        entries: Sequence[tuple[str, vector_cache.Entry]],
+        most: int,
+        center: np.ndarray[Any, Any],
+    ) -> None:
+        """Score of the rows of ``entries`` (file, entry with codes around ``center``) only
+        the ``most`` whose sign codes differ from the query's in the fewest bits (ties at the
+        cut all in), exactly."""
+        code = vector_cache.signs(self.point[None, :] * 127.0 - center)[:, 0]  # int8 units
+        codes = np.concatenate([e.codes for _, e in entries if e.codes is not None], axis=1)
+        seqs = np.concatenate([e.seqs for _, e in entries])
+        distances = np.bitwise_count(codes[0] ^ code[0]).astype(np.uint16)
+        for w in range(1, len(codes)):
+            distances += np.bitwise_count(codes[w] ^ code[w])
+        bits = 64 * len(codes)
+        sizes = np.array([len(e.seqs) for _, e in entries])
+        ends = np.cumsum(sizes)
+        if self.allowed is not None:
+            allowed = self.allowed
+            keep = np.concatenate([np.isin(e.seqs, allowed.get(f, _NONE)) for f, e in entries])
+            distances[~keep] = bits + 1  # beyond any cut
+        # the smallest distance that ``most`` rows are within: a histogram, not a sort
+        within = np.cumsum(np.bincount(distances, minlength=bits + 2))
+        cut = min(int(np.searchsorted(within, most)), bits)
+        picked = np.flatnonzero(distances <= cut)
+        if not len(picked):
+            return
+        owner = np.searchsorted(ends, picked, side="right")  # each picked row's entry
+        local = picked - (ends - sizes)[owner]
+        bounds = np.searchsorted(owner, np.arange(len(entries) + 1))  # each entry's picks
+        matrix = np.concatenate(
+            [e.matrix[local[bounds[i] : bounds[i + 1]]] for i, (_, e) in enumerate(entries)]
+        )
+        which = np.array([self._file(f) for f, _ in entries], dtype=np.int32)[owner]
+        self._add(self._scores(matrix), which, seqs[picked])
+
+    def _scores(self, matrix: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """The cosine of each int8 row of ``matrix`` with the query."""
+        dots: np.ndarray[Any, Any] = np.einsum("ij,j->i", matrix, self.q, dtype=np.int32)
+        return dots.astype(np.float32) / (127.0 * 32767.0)
+
+    def _add(
+        self, scores: np.ndarray[Any, Any], which: np.ndarray[Any, Any], seqs: np.ndarray[Any, Any]
+    ) -> None:
         self._parts.append((scores, which, seqs))
         self._rows += len(scores)
         if self._rows > GATHERED_ROWS:
@@ -493,7 +568,13 @@ class _Best:
             return _NONE.astype(np.float32), _NONE, _NONE
         scores, which, seqs = (np.concatenate(c) for c in zip(*self._parts, strict=True))
         if len(scores) > self.limit:
-            top = np.argpartition(-scores, self.limit - 1)[: self.limit]
+            # ties at the cut in source_ref order, so the best do not depend on the order in
+            # which the rows were scored (kept, read, shortlisted)
+            last = -np.partition(-scores, self.limit - 1)[self.limit - 1]
+            above, tied = np.flatnonzero(scores > last), np.flatnonzero(scores == last)
+            rank = np.argsort(np.argsort(np.array(self.files)))  # each file's, by file_id
+            tied = tied[np.lexsort((seqs[tied], rank[which[tied]]))]
+            top = np.concatenate([above, tied[: self.limit - len(above)]])
             scores, which, seqs = scores[top], which[top], seqs[top]
         return scores, which, seqs
 
@@ -518,15 +599,51 @@ def nearest(
     *,
     limit: int,
     cache: vector_cache.Cache | None = None,
+    shortlist: Shortlist | None = None,
 ) -> list[ranking.Scored]:
+    """:func:`closest`, each hit with its catalog id (:func:`identify`: another speaker's
+    turn left out)."""
+    found = closest(conn, model, query, filters, limit=limit, cache=cache, shortlist=shortlist)
+    return identify(conn, found, filters.speaker)
+
+
+def identify(
+    conn: sa.Connection, near: Sequence[Near], speaker: str | None = None
+) -> list[ranking.Scored]:
+    """``near`` in its order with the catalog's ids (what a hit is read by); a message not
+    cataloged is left out, and so is one not ``speaker``'s when one is given (who said a
+    turn is in the search index, not in the catalog :func:`closest` filters by)."""
+    keys = [(h.file_id, h.seq) for h in near]
+    said = catalog.Filters(speaker=speaker)
+    ids = {(f, seq): i for i, f, seq in ranking.at(conn, keys, said)}
+    return [
+        ranking.Scored(ids[k], *k, h.score) for k, h in zip(keys, near, strict=True) if k in ids
+    ]
+
+
+def closest(
+    conn: sa.Connection,
+    model: str,
+    query: np.ndarray[Any, Any],
+    filters: catalog.Filters,
+    *,
+    limit: int,
+    cache: vector_cache.Cache | None = None,
+    shortlist: Shortlist | None = None,
+) -> list[Near]:
     """The ``limit`` messages within ``filters`` whose ``model`` vectors are closest to
-    ``query`` (cosine), best first, ties in source_ref order.
+    ``query`` (cosine), best first, ties in source_ref order (without their catalog ids:
+    a hybrid search looks up only those of the hits its fusion keeps).
 
     The files in scope are found first with their versions (the caller's agents, the
     session, the file); a file whose vectors ``cache`` holds at its version is scored from
     memory, the others' blocks are read through ``(model, file_id)``, :data:`FILES_AT_ONCE`
     files a statement and :data:`SCAN_BLOCKS` blocks at a time, scored, and offered to
-    ``cache``; a message outside the filters' own conditions (role, time) scores nothing."""
+    ``cache``; a message outside the filters' own conditions (role, time) scores nothing.
+    With ``shortlist``, when the vectors kept in memory for the scope are more than its
+    ``exact_below``, only its ``rerank`` of them nearest by sign codes are scored (approximate:
+    :class:`Shortlist`); those read from the index are all scored (their read costs more
+    than their product)."""
     dim = len(query)
     scope = _scope(filters)
     versions = _versions(conn, scope)
@@ -535,23 +652,30 @@ def nearest(
     search = 0 if cache is None else cache.search()
     if cache is not None and not scope:
         cache.keep_only(model, dim, set(files))
-    missing = []
+    missing, kept = [], []
     for file_id in files:
         key = (model, dim, file_id)
         entry = None if cache is None else cache.get(key, versions[file_id], search)
         if entry is None:
             missing.append(file_id)
         elif len(entry.seqs):
-            best.score(entry.matrix, [file_id], [len(entry.seqs)], entry.seqs)
+            kept.append((file_id, entry))
+    coded = [(f, e) for f, e in kept if e.codes is not None]
+    center = None if cache is None else cache.center(model, dim)
+    if (
+        shortlist is not None
+        and center is not None
+        and sum(len(e.seqs) for _, e in coded) > shortlist.exact_below
+    ):
+        best.shortlist(coded, shortlist.rerank, center)
+        kept = [(f, e) for f, e in kept if e.codes is None]
+    for file_id, entry in kept:
+        best.score(entry.matrix, [file_id], [len(entry.seqs)], entry.seqs)
     if missing:
         every = not scope and len(missing) == len(files)
         _scan(conn, model, dim, missing, versions, best, cache, search, every=every)
-    top = best.best()
-    scores_by_key = {(f, seq): score for score, f, seq in top}
-    # the catalog's ids (what a hit is read by); a message not cataloged is left out
-    found = ranking.at(conn, scores_by_key, catalog.Filters())
-    ordered = sorted(found, key=lambda r: (-scores_by_key[(r[1], r[2])], r[1], r[2]))
-    return [ranking.Scored(i, f, seq, scores_by_key[(f, seq)]) for i, f, seq in ordered]
+    top = sorted(best.best(), key=lambda t: (-t[0], t[1], t[2]))
+    return [Near(f, seq, score) for score, f, seq in top]
 
 
 def _scan(

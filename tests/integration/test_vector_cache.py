@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import helpers
+import numpy as np
 import pytest
 import sqlalchemy as sa
 
@@ -23,6 +24,7 @@ from pipeline import (
     journal,
     redaction,
     rewrite,
+    tables,
     vector_cache,
     vectors,
 )
@@ -52,11 +54,39 @@ def near(
     filters: catalog.Filters = EVERY,
     cache: vector_cache.Cache | None = None,
     limit: int = 10,
+    shortlist: vectors.Shortlist | None = None,
 ) -> list[tuple[str, int, float]]:
     """``(file_id, seq, score)`` of :func:`vectors.nearest`'s hits."""
     with db.reading() as conn:
-        found = vectors.nearest(conn, model, point, filters, limit=limit, cache=cache)
+        found = vectors.nearest(
+            conn, model, point, filters, limit=limit, cache=cache, shortlist=shortlist
+        )
     return [(h.file_id, h.seq, round(h.score, 5)) for h in found]
+
+
+def coded(center_rows: int = 1) -> vector_cache.Cache:
+    """A cache whose model has a center (so sign codes) from its first ``center_rows``
+    vectors on."""
+    return vector_cache.Cache(1 << 20, center_rows=center_rows)
+
+
+def codes_follow_vectors(db: database.Database, model: str, cache: vector_cache.Cache) -> None:
+    """Every kept entry holds the index's vectors of its file and their codes."""
+    center = cache.center(model, 64)
+    assert center is not None
+    with db.reading() as conn:
+        blocks = conn.execute(
+            sa.select(tables.message_vectors.c.file_id, tables.message_vectors.c.vectors)
+            .where(tables.message_vectors.c.model == model)
+            .order_by(tables.message_vectors.c.file_id, tables.message_vectors.c.lo)
+        ).all()
+    stored: dict[str, bytes] = {}
+    for file_id, data in blocks:
+        stored[file_id] = stored.get(file_id, b"") + data
+    for (kept_model, _, file_id), (entry, _) in cache._entries.items():
+        assert kept_model == model and entry.codes is not None
+        assert entry.matrix.tobytes() == stored[file_id]
+        assert np.array_equal(entry.codes, vector_cache.signs(entry.matrix - center))
 
 
 @pytest.fixture
@@ -269,3 +299,92 @@ def test_a_services_hybrid_searches_keep_their_vectors_and_see_a_redaction(
         expected = vectors.nearest(conn, fake.model, near_only, mine, limit=5)
         assert vectors.nearest(conn, fake.model, near_only, mine, limit=5, cache=cache) == expected
     assert expected[0].score < 0.9  # the redacted text's vector, not the one kept before
+
+
+def test_a_shortlist_as_long_as_the_scope_is_the_exact_ranking(
+    db: database.Database, data_dir: Path
+) -> None:
+    fake = Fake()
+    a = session(db, data_dir, "a", ["red apple", "green pear", "blue sky", "red wine"])
+    session(db, data_dir, "b", ["apple pie", "red car", "sky high", "yellow sun", "pear tree"])
+    run(db, data_dir, fake)
+    point = fake.query("red apple")
+    expected = near(db, fake.model, point)  # every vector scored, read from the index
+    assert len(expected) == 9
+    cache = coded()
+    assert near(db, fake.model, point, cache=cache) == expected  # kept, with codes
+    whole = vectors.Shortlist(exact_below=0, rerank=9)
+    assert near(db, fake.model, point, cache=cache, shortlist=whole) == expected
+    found = near(db, fake.model, point, cache=cache, shortlist=vectors.Shortlist(0, 1))
+    assert found[0] == expected[0] and found[0][:2] == (a, 1)
+    assert len(found) < len(expected)  # only the codes nearest the query's were scored
+    exact = vectors.Shortlist(exact_below=9, rerank=1)  # the scope is not above it
+    assert near(db, fake.model, point, cache=cache, shortlist=exact) == expected
+
+
+def test_a_shortlist_keeps_to_the_callers_scope_and_filters(
+    db: database.Database, data_dir: Path
+) -> None:
+    fake = Fake()
+    mine = session(db, data_dir, "mine", ["lunch at noon", "the plan for lunch"], agent="alice")
+    other = session(db, data_dir, "theirs", ["the secret plan"], agent="bob")
+    said = journal.ingest(
+        db,
+        {
+            "agent_id": "alice",
+            "session_key": "roles",
+            "messages": [
+                {"role": "assistant", "content": "the secret plan"},
+                {"role": "user", "content": "a plan"},
+            ],
+        },
+    ).file_id
+    journal.flush(db, data_dir, said)
+    run(db, data_dir, fake)
+    cache = coded()
+    point = fake.query("the secret plan")
+    tight = vectors.Shortlist(exact_below=0, rerank=1)
+    best = near(db, fake.model, point, cache=cache)  # every file kept
+    assert {h[:2] for h in best[:2]} == {(other, 1), (said, 1)}  # the two nearest, equal
+    alices = near(db, fake.model, point, catalog.Filters(agents=["alice"]), cache, 10, tight)
+    assert alices and {h[0] for h in alices} <= {mine, said}  # never bob's, however near
+    users = catalog.Filters(agents=["alice"], role="user")
+    found = near(db, fake.model, point, users, cache, 10, tight)
+    assert found and (said, 1) not in {h[:2] for h in found}  # the nearest one's role is out
+    assert near(db, fake.model, point, catalog.Filters(agent_id="carol"), cache, 10, tight) == []
+
+
+def test_kept_codes_follow_commits_redactions_and_erasures(
+    db: database.Database, data_dir: Path, file_locks: Any
+) -> None:
+    fake = Fake()
+    a = session(db, data_dir, "a", ["hello there", "my password is hunter2", "bye now"])
+    b = session(db, data_dir, "b", ["red wine"], agent="bob")
+    run(db, data_dir, fake)
+    cache = coded()
+    tight = vectors.Shortlist(exact_below=0, rerank=1)
+    secret = fake.query("my password is hunter2")
+    assert near(db, fake.model, secret, cache=cache, shortlist=tight)[0][:2] == (a, 2)
+    codes_follow_vectors(db, fake.model, cache)
+    journal.ingest(
+        db,
+        {
+            "agent_id": "hermes",
+            "session_key": "a",
+            "messages": [{"role": "user", "content": "purple plum"}],
+        },
+    )
+    journal.flush(db, data_dir, a)
+    assert run(db, data_dir, fake) == 1
+    plum = near(db, fake.model, fake.query("purple plum"), cache=cache, shortlist=tight)
+    assert plum[0][:2] == (a, 4)  # the committed vector, scored through its code
+    codes_follow_vectors(db, fake.model, cache)
+    who = rewrite.Who(reason="a leaked password", actor="test", token_id=None)
+    redaction.redact(db, file_locks, data_dir, f"{a}:2", who)
+    run(db, data_dir, fake)
+    found = near(db, fake.model, secret, cache=cache, shortlist=tight)
+    assert found and found[0][2] < 0.9  # the redacted text's vector, not the one kept before
+    codes_follow_vectors(db, fake.model, cache)
+    erasure.erase_file(db, file_locks, data_dir, a, who)
+    assert [h[0] for h in near(db, fake.model, secret, cache=cache, shortlist=tight)] == [b]
+    codes_follow_vectors(db, fake.model, cache)

@@ -553,3 +553,31 @@ def test_an_embedding_round_runs_at_embed_nice_and_leaves_other_threads_be(
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base
     with pytest.raises(errors.InvalidInput, match="embed_nice: must be 0 to 19"):
         Settings.load(environ={}, embed_nice=20)
+
+
+def test_a_hybrid_search_keeps_to_the_speaker_asked_for(
+    db: database.Database, data_dir: Path, local: Any
+) -> None:
+    local.hybrid.embedder = Fake(embeddings.LOCAL_MODEL)
+    body = {
+        "agent_id": "hermes",
+        "session_key": "talk",
+        "metadata": {"speakers": ["Ana", "Ben"]},
+        "messages": [
+            {"role": "user", "content": "Ana: I love kayaking on rivers"},
+            {"role": "user", "content": "Ben: my hobby is chess"},
+        ],
+    }
+    file_id = journal.ingest(db, body).file_id
+    journal.flush(db, data_dir, file_id)
+    assert local.hybrid.embed_round() == 2
+    anyone, how = local.hybrid.ranked("kayaking rivers", catalog.Filters(), limit=5)
+    assert how.mode == "hybrid" and anyone[0].source_ref == f"{file_id}:1"
+    bens, _ = local.hybrid.ranked("kayaking rivers", catalog.Filters(speaker="Ben"), limit=5)
+    assert [r.source_ref for r in bens] == [f"{file_id}:2"]  # Ana's nearer turn never shows
+    with db.reading() as conn:
+        point = local.hybrid.embedder.query("kayaking rivers")
+        near = vectors.nearest(
+            conn, embeddings.LOCAL_MODEL, point, catalog.Filters(speaker="Ben"), limit=5
+        )
+    assert [(h.file_id, h.seq) for h in near] == [(file_id, 2)]

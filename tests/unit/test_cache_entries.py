@@ -29,3 +29,26 @@ def test_the_cache_keeps_entries_by_version_within_its_bound() -> None:
     assert cache.used == 16 and len(cache) == 1
     cache.forget("b")
     assert len(cache) == 0 and cache.used == 0
+
+
+def test_entries_get_sign_codes_around_their_models_center_once_it_has_one() -> None:
+    cache = vector_cache.Cache(1 << 20, center_rows=3)
+    first = np.array([[10, -10, 0], [20, 10, -5]], dtype=np.int8)
+    seqs = np.arange(1, 3, dtype=np.int32)
+    search = cache.search()
+    assert cache.put(("m", 3, "a"), vector_cache.Entry(("m", 1, 2), first, seqs), search)
+    kept = cache.get(("m", 3, "a"), ("m", 1, 2), search)
+    assert kept is not None and kept.codes is None  # 2 vectors: no center yet
+    assert cache.center("m", 3) is None and cache.used == 2 * (3 + 4)
+    second = np.array([[0, 30, 5]], dtype=np.int8)
+    entry = vector_cache.Entry(("m", 1, 1), second, np.ones(1, dtype=np.int32))
+    assert cache.put(("m", 3, "b"), entry, search)
+    center = cache.center("m", 3)
+    assert center is not None and np.allclose(center, [10, 10, 0])  # the 3 vectors' mean
+    kept = cache.get(("m", 3, "b"), ("m", 1, 1), search)
+    assert kept is not None and kept.codes is not None
+    # bit j of a row: its component j above the center's; zero bits pad to a 64-bit word
+    word = np.array([0b0110_0000, 0, 0, 0, 0, 0, 0, 0], dtype=np.uint8).view(np.uint64)
+    assert kept.codes.shape == (1, 1) and kept.codes[0, 0] == word[0]  # (0, 30, 5) > (10, 10, 0)
+    assert cache.used == 2 * (3 + 4) + 3 + 4 + 8
+    assert cache.center("other", 3) is None  # a center is a model's own

@@ -53,6 +53,8 @@ def test_precedence_is_defaults_then_file_then_environment_then_overrides(tmp_pa
         ("SGME_UI_PAGE_SESSIONS", "0", "between 1 and 200"),
         ("SGME_UI_PAGE_HITS", "101", "between 1 and 100"),
         ("SGME_UI_LOGIN_SECONDS", "0", "at least 1"),
+        ("SGME_EMBED_RERANK", "199", "at least search_candidates (200)"),
+        ("SGME_EMBED_EXACT_BELOW", "-1", "must not be negative"),
     ],
 )
 def test_a_bad_value_is_refused_with_the_setting_s_name(key: str, value: str, needle: str) -> None:
@@ -60,6 +62,11 @@ def test_a_bad_value_is_refused_with_the_setting_s_name(key: str, value: str, ne
         Settings.load(environ={key: value})
     name = key.removeprefix("SGME_").lower()
     assert name in info.value.detail and needle in info.value.detail, info.value.detail
+
+
+def test_a_shortlist_may_always_apply() -> None:
+    embed = Settings.load(environ={"SGME_EMBED_EXACT_BELOW": "0", "SGME_EMBED_RERANK": "200"}).embed
+    assert (embed.exact_below, embed.rerank) == (0, 200)
 
 
 def test_booleans_take_the_usual_spellings() -> None:
