@@ -56,7 +56,9 @@ from pipeline import (  # noqa: E402
 )
 from pipeline.settings import Search  # noqa: E402
 
-KINDS = (*bench_recall.KINDS, "paraphrase")
+#: the evaluation set's classes; its "paraphrase" class also holds the paraphrases made here
+#: (:func:`paraphrases`), once
+KINDS = tuple(dict.fromkeys((*bench_recall.KINDS, "paraphrase")))
 
 #: per English topic (recall_set.EN_TOPICS, in order), a question about its fact that shares
 #: no content word with the turns that answer it
