@@ -46,7 +46,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 if _SRC:
     sys.path.insert(0, _SRC)
 
-from pipeline import database, integrity, locks, recovery  # noqa: E402
+# integrity is imported where a contender runs (child), not here: reindex's worker processes
+# import this module again (spawn), and should import what ``sgme reindex``'s do — the
+# command's lazy main module and recovery — not integrity's imports (flush, metrics, vectors,
+# numpy, httpx: 0.3 s of CPU a worker)
+from pipeline import database, locks, recovery  # noqa: E402
 
 SEED = 20261201
 MESSAGES = 5  #: per file
@@ -87,6 +91,8 @@ def child(task: str, url: str, data_dir: Path) -> None:
     if task == "read":
         print(json.dumps({"read": read_cpu(data_dir)}))
         return
+    from pipeline import integrity
+
     db = database.Database.from_url(url)
     file_locks = locks.FileLocks(db, data_dir, timeout=30)
     started = time.perf_counter()
