@@ -116,14 +116,14 @@ def _last_words(found: Sequence[str], stops: frozenset[str]) -> list[str]:
     write path runs this for every message."""
     if CONTEXT_TERMS <= 0:
         return []
-    # stop words passed over by a filter in C, either way
-    kept = itertools.filterfalse(stops.__contains__, reversed(found))
-    if len(found) <= _WHOLE_TERMS:
-        last = list(itertools.islice(dict.fromkeys(kept), CONTEXT_TERMS))
+    is_stop = stops.__contains__
+    if len(found) <= _WHOLE_TERMS:  # the stop words filtered from the distinct terms only
+        distinct = dict.fromkeys(reversed(found))
+        last = list(itertools.islice(itertools.filterfalse(is_stop, distinct), CONTEXT_TERMS))
         last.reverse()
         return last
     walked: dict[str, None] = {}
-    for term in kept:
+    for term in itertools.filterfalse(is_stop, reversed(found)):
         walked[term] = None
         if len(walked) == CONTEXT_TERMS:
             break
