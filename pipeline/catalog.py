@@ -104,30 +104,20 @@ def _contexts(
     return made, recent
 
 
-#: terms of a message up to which :func:`_last_words` deduplicates all of them at once (in C)
-#: rather than walk back from its end term by term: a short message's walk goes through most
-#: of it, a long one's stops early (docs/benchmarks.md, "Library append", has the measurement)
-_WHOLE_TERMS = 48
-
-
 def _last_words(found: Sequence[str], stops: frozenset[str]) -> list[str]:
     """The last :data:`CONTEXT_TERMS` distinct terms of ``found`` but stop words, in order.
     Given its own result, the same: a flush may keep it for the next (:class:`Recent`). The
-    write path runs this for every message."""
+    write path runs this for every message: it walks back from the end, the stop words passed
+    over by a filter in C, and stops at the last term it needs, so most of a long message is
+    never looked at (docs/benchmarks.md, "Recovery", has the measurement)."""
     if CONTEXT_TERMS <= 0:
         return []
-    is_stop = stops.__contains__
-    if len(found) <= _WHOLE_TERMS:  # the stop words filtered from the distinct terms only
-        distinct = dict.fromkeys(reversed(found))
-        last = list(itertools.islice(itertools.filterfalse(is_stop, distinct), CONTEXT_TERMS))
-        last.reverse()
-        return last
-    walked: dict[str, None] = {}
-    for term in itertools.filterfalse(is_stop, reversed(found)):
-        walked[term] = None
-        if len(walked) == CONTEXT_TERMS:
+    last: dict[str, None] = {}
+    for term in itertools.filterfalse(stops.__contains__, reversed(found)):
+        last[term] = None
+        if len(last) == CONTEXT_TERMS:
             break
-    return list(reversed(walked))
+    return list(reversed(last))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -53,7 +53,7 @@ _WORDS = st.sampled_from(["the", "a", "jam", "quince", "market", "toast", "plum"
 def test_a_messages_last_words_are_its_last_distinct_terms_but_stop_words(
     found: list[str],
 ) -> None:
-    # few distinct words, up to 300 terms: short messages and long, a walk back through most
+    # few distinct words, up to 300 terms: a walk back that ends early, late or not at all
     made = catalog._last_words(found, terms.stop_terms())
     assert made == last_words(found)
     assert catalog._last_words(made, terms.stop_terms()) == made  # a flush keeps it (Recent)
