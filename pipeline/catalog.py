@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import itertools
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
@@ -84,43 +84,40 @@ def _contexts(
     """:func:`contexts` from the last words (:func:`_last_words`) of the messages before the
     first, and the :class:`Recent` of the file after the last of ``own``."""
     stops = terms.stop_terms()
-    run = [*earlier[max(0, len(earlier) - CONTEXT_TURNS) :]]
-    lead = len(run)
+    turns = CONTEXT_TURNS
+    # the last words of the messages, after those of the turns before the first and empty
+    # ones standing in for turns a file's start does not have
+    run: list[Sequence[str]] = [()] * turns
+    run += earlier[max(0, len(earlier) - turns) :]
     run += [_last_words(found, stops) for found in own]
+    end, count = len(run), len(own)
+    # the turns before each message, as a tuple, and its context made of them by iterators
+    # in C: no Python step of its own a message (a flush of 100 turns makes 100)
+    windows: Iterable[tuple[Sequence[str], ...]] = (
+        zip(*(run[end - count - turns + k : end - turns + k] for k in range(turns)), strict=True)
+        if turns
+        else itertools.repeat((), count)
+    )
     chain = itertools.chain.from_iterable
-    made = [
-        list(dict.fromkeys(chain(run[max(0, i - CONTEXT_TURNS) : i])))
-        for i in range(lead, len(run))
-    ]
-    recent = Recent(tuple(tuple(w) for w in run[max(0, len(run) - CONTEXT_TURNS) :]))
+    made = list(map(list, map(dict.fromkeys, map(chain, windows))))
+    recent = Recent(tuple(map(tuple, run[max(turns, end - turns) :])))
     return made, recent
 
 
-#: the last terms of a message that :func:`_last_words` looks at in one pass (a message's
-#: last words are nearly always among them; a message with fewer distinct ones there is read
-#: on, term by term)
-_LAST_WINDOW = 64
-
-
 def _last_words(found: Sequence[str], stops: frozenset[str]) -> list[str]:
-    """The last :data:`CONTEXT_TERMS` distinct terms of ``found`` but stop words, in order
-    (the write path runs this for every message: its last :data:`_LAST_WINDOW` terms at
-    once, the rest one by one only when those hold too few). Given its own result, the
-    same: a flush may keep it for the next (:class:`Recent`)."""
+    """The last :data:`CONTEXT_TERMS` distinct terms of ``found`` but stop words, in order.
+    Given its own result, the same: a flush may keep it for the next (:class:`Recent`). The
+    write path runs this for every message: it walks back from the end, the stop words passed
+    over by a filter in C, and stops at the last term it needs, so most of a long message is
+    never looked at (docs/benchmarks.md, "Recovery", has the measurement)."""
     if CONTEXT_TERMS <= 0:
         return []
-    window = found[-_LAST_WINDOW:]
-    last = [t for t in dict.fromkeys(reversed(window)) if t not in stops][:CONTEXT_TERMS]
-    if len(last) < CONTEXT_TERMS and len(window) < len(found):
-        seen = set(last)
-        for term in reversed(found[: len(found) - len(window)]):
-            if term not in stops and term not in seen:
-                seen.add(term)
-                last.append(term)
-                if len(last) >= CONTEXT_TERMS:
-                    break
-    last.reverse()
-    return last
+    last: dict[str, None] = {}
+    for term in itertools.filterfalse(stops.__contains__, reversed(found)):
+        last[term] = None
+        if len(last) == CONTEXT_TERMS:
+            break
+    return list(reversed(last))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,8 +149,13 @@ def _term_lists(
     owner: Owner, messages: Sequence[document.Message], before: Before
 ) -> tuple[list[str | None], list[list[str]], list[list[str]], Recent]:
     """:func:`term_lists`, and the :class:`Recent` of the file after the last message."""
-    spoken = [said(owner, m.role, m.content) for m in messages]
-    own = [terms.terms(text) for _, text in spoken]
+    if owner.speakers or owner.user is not None:
+        spoken = [said(owner, m.role, m.content) for m in messages]
+        who: list[str | None] = [name for name, _ in spoken]
+        own = [terms.terms(text) for _, text in spoken]
+    else:  # nobody named (most files): each message's text is its own, said by no name
+        who = [None] * len(messages)
+        own = [terms.terms(m.content) for m in messages]
     if isinstance(before, Recent):
         earlier: Sequence[Sequence[str]] = before.words
     else:
@@ -161,7 +163,7 @@ def _term_lists(
         last = before[max(0, len(before) - CONTEXT_TURNS) :]
         earlier = [_last_words(terms.terms(said(owner, "", t)[1]), stops) for t in last]
     context, recent = _contexts(own, earlier)
-    return [who for who, _ in spoken], own, context, recent
+    return who, own, context, recent
 
 
 #: speakers' names a file's metadata may declare (``speakers``), and characters of each

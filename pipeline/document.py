@@ -29,7 +29,7 @@ import datetime as dt
 import hashlib
 import itertools
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, AnyStr
 
@@ -581,9 +581,12 @@ def chain_extend(head: bytes, block: bytes) -> bytes:
     return hashlib.sha256(head + block).digest()
 
 
-def chain(data: bytes) -> tuple[bytes, int]:
-    """``(head, block count)`` of a whole file's bytes."""
-    _, starts = block_offsets(data)
+def chain(data: bytes, *, starts: Sequence[int] | None = None) -> tuple[bytes, int]:
+    """``(head, block count)`` of a whole file's bytes; ``starts``: where its blocks begin,
+    when :func:`block_offsets` (or :func:`locate`, whose offsets they are but for an upload's)
+    found them already — a reader of a whole file then scans it for headings once."""
+    if starts is None:
+        _, starts = block_offsets(data)
     head = chain_start(data[: starts[0]])
     bounds = [*starts, len(data)]
     for lo, hi in itertools.pairwise(bounds):

@@ -64,7 +64,9 @@ def read(data_dir: Path, source_type: str, path: Path, *, postgres: bool) -> Rea
         started_at = checked_ts(header.started_at, "started_at").replace(tzinfo=None)
         upload_ts = document.format_ts(started_at) if header.source_type == "upload" else None
         found = document.locate(data, upload_ts=upload_ts)
-        head, count = document.chain(data)
+        # a session's blocks are where locate found them; an upload's are the chain's own
+        starts = None if upload_ts else [f.offset for f in found]
+        head, count = document.chain(data, starts=starts)
         ended_at = max(checked_ts(f.message.ts, f"message {f.message.seq}") for f in found)
     except (UnicodeDecodeError, errors.SgmeError) as exc:
         detail = exc.detail if isinstance(exc, errors.SgmeError) else f"not UTF-8: {exc}"

@@ -1,4 +1,5 @@
-"""The catalog's values made without the database: SQLite's form of a message's timestamp."""
+"""The catalog's values made without the database: SQLite's form of a message's timestamp, a
+message's last words (what its neighbours' context terms are made of)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from sqlalchemy.dialects import sqlite
 
-from pipeline import catalog, document, tables
+from pipeline import catalog, document, tables, terms
 
 _DIALECT = sqlite.dialect()
 _STORED = tables.messages.c.ts.type.dialect_impl(_DIALECT).bind_processor(_DIALECT)
@@ -36,3 +37,29 @@ def test_written_fractions_of_any_length_read_as_their_microseconds() -> None:
         ("0999-01-02T03:04:05.000007Z", "0999-01-02 03:04:05.000007"),
     ]:
         assert catalog._sqlite_ts(text) == expected == stored(text)
+
+
+def last_words(found: list[str]) -> list[str]:
+    """:func:`catalog._last_words` as its docstring says it, written plainly."""
+    stops = terms.stop_terms()
+    distinct = [t for t in dict.fromkeys(reversed(found)) if t not in stops]
+    return distinct[: catalog.CONTEXT_TERMS][::-1]
+
+
+_WORDS = st.sampled_from(["the", "a", "jam", "quince", "market", "toast", "plum", "x1", "到了"])
+
+
+@given(st.lists(_WORDS, max_size=300))
+def test_a_messages_last_words_are_its_last_distinct_terms_but_stop_words(
+    found: list[str],
+) -> None:
+    # few distinct words, up to 300 terms: a walk back that ends early, late or not at all
+    made = catalog._last_words(found, terms.stop_terms())
+    assert made == last_words(found)
+    assert catalog._last_words(made, terms.stop_terms()) == made  # a flush keeps it (Recent)
+
+
+def test_last_words_of_a_long_message_come_from_its_end() -> None:
+    found = [f"w{i}" for i in range(10_000)] + ["the"] * 100 + ["jam"] * 100
+    expected = [f"w{i}" for i in range(10_000 - catalog.CONTEXT_TERMS + 1, 10_000)] + ["jam"]
+    assert catalog._last_words(found, terms.stop_terms()) == expected
