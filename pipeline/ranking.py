@@ -411,36 +411,23 @@ def _rank_postgres(
     # query's terms (unnested in the database: parsing whole tsvectors costs more); a long
     # message's from its segments, each position past the terms before its segment; a
     # message's length counts its context terms too, as FTS5 counts every column's
-    lengths: dict[int, int] = {}
-    context_lengths: dict[int, int] = {}
-    for i, length, context_length in conn.execute(
-        _PG_LENGTHS_ALL if long_ones else _PG_LENGTHS, {"ids": ids}
-    ):
-        lengths[i] = max(length or 0, lengths.get(i, 0))
-        context_lengths[i] = max(context_length or 0, context_lengths.get(i, 0))
-    seen: dict[int, dict[str, set[int]]] = {i: {} for i in lengths}
     lexemes = sorted({t for p in query.phrases for t in p})
-    any_lexeme = " | ".join(terms.phrase_tsquery((x,)) for x in lexemes)
-    params = {"ids": ids, "lexemes": lexemes, "any": any_lexeme}
-    for i, lexeme, base, at_ in conn.execute(
-        _PG_POSITIONS_ALL if long_ones else _PG_POSITIONS, params
-    ):
-        seen[i].setdefault(lexeme, set()).update(base + a for a in at_)
-    positions_of = {i: {k: sorted(v) for k, v in ps.items()} for i, ps in seen.items()}
-    context_of: dict[int, dict[str, list[int]]] = {i: {} for i in lengths}
-    if context > 0:
-        for i, lexeme, at_ in conn.execute(_PG_CONTEXT, {"ids": ids, "lexemes": lexemes}):
-            context_of[i][lexeme] = list(at_)
+    if long_ones:
+        lengths, positions_of, context_of = _pg_terms_with_parts(conn, ids, lexemes, context)
+    else:
+        lengths, positions_of, context_of = _pg_terms(conn, ids, lexemes)
     avgdl = _pg_average_length(conn, rows)
     scored = []
     for i, positions in positions_of.items():
-        length = lengths[i] + context_lengths[i] + _TAGS_PER_MESSAGE
+        length = lengths[i] + _TAGS_PER_MESSAGE
         score = 0.0
         norm = K1 * (1 - B + B * length / avgdl)
         for p, weight in zip(query.phrases, idf, strict=True):
             # each column's BM25 apart, the context's weighed ``context``, as on SQLite
             own = _saturated(terms.phrase_count(positions, p), norm)
-            near = _saturated(terms.phrase_count(context_of[i], p), norm) if context else 0.0
+            near = (
+                _saturated(terms.phrase_count(context_of.get(i, {}), p), norm) if context else 0.0
+            )
             score += weight * (own + context * near)
         scored.append((int(i), score))
     scored.sort(key=lambda s: (-s[1], s[0]))
@@ -484,6 +471,52 @@ def _pg_joined(stmt: Any, where: list[Any]) -> Any:
     )
 
 
+#: a candidate's terms and its context's: positions by lexeme, and lengths in terms
+Terms = tuple[dict[int, int], dict[int, dict[str, list[int]]], dict[int, dict[str, list[int]]]]
+
+
+def _pg_terms(conn: sa.Connection, ids: list[int], lexemes: list[str]) -> Terms:
+    """Of the messages ``ids``: each one's length in terms with its context's, and the
+    positions of ``lexemes`` in its terms and in its context terms — one statement, each
+    row's tsvectors read once."""
+    lengths: dict[int, int] = {}
+    own: dict[int, dict[str, list[int]]] = {}
+    near: dict[int, dict[str, list[int]]] = {}
+    for i, length, context_length, at, around in conn.execute(
+        _PG_TERMS_OF, {"ids": ids, "lexemes": lexemes}
+    ):
+        lengths[i] = (length or 0) + (context_length or 0)
+        own[i] = {k: sorted(v) for k, v in (at or {}).items()}
+        near[i] = {k: list(v) for k, v in (around or {}).items()}
+    return lengths, own, near
+
+
+def _pg_terms_with_parts(
+    conn: sa.Connection, ids: list[int], lexemes: list[str], context: float
+) -> Terms:
+    """:func:`_pg_terms` where some messages' terms are in segments (catalog.PARTS): a long
+    message's length from its last segment, its positions each past the terms before its
+    segment."""
+    own_lengths: dict[int, int] = {}
+    context_lengths: dict[int, int] = {}
+    # a long message has two rows: its own (empty terms, its context's) and its last segment's
+    for i, length, context_length in conn.execute(_PG_LENGTHS_ALL, {"ids": ids}):
+        own_lengths[i] = max(length or 0, own_lengths.get(i, 0))
+        context_lengths[i] = max(context_length or 0, context_lengths.get(i, 0))
+    lengths = {i: n + context_lengths[i] for i, n in own_lengths.items()}
+    seen: dict[int, dict[str, set[int]]] = {i: {} for i in lengths}
+    any_lexeme = " | ".join(terms.phrase_tsquery((x,)) for x in lexemes)
+    params = {"ids": ids, "lexemes": lexemes, "any": any_lexeme}
+    for i, lexeme, base, at_ in conn.execute(_PG_POSITIONS_ALL, params):
+        seen[i].setdefault(lexeme, set()).update(base + a for a in at_)
+    own = {i: {k: sorted(v) for k, v in ps.items()} for i, ps in seen.items()}
+    near: dict[int, dict[str, list[int]]] = {i: {} for i in lengths}
+    if context > 0:
+        for i, lexeme, at_ in conn.execute(_PG_CONTEXT, {"ids": ids, "lexemes": lexemes}):
+            near[i][lexeme] = list(at_)
+    return lengths, own, near
+
+
 #: the last position of a tsvector ``tsv`` (a lexeme's positions are sorted: its last is its
 #: greatest, so no position is unnested)
 _LAST = "(SELECT max(v.positions[array_upper(v.positions, 1)]) FROM unnest(tsv) AS v)"
@@ -497,7 +530,15 @@ _LENGTHS = (
     f"SELECT t.id, {_LAST.replace('tsv', 't.tsv')}, {_LAST.replace('tsv', 't.ctx')} "
     "FROM message_terms t WHERE t.id = ANY(:ids)"
 )
-_PG_LENGTHS = sa.text(_LENGTHS)
+#: :func:`_pg_terms`'s statement: lengths, and the lexemes' positions in both tsvectors
+_PG_TERMS_OF = sa.text(
+    f"SELECT t.id, {_LAST.replace('tsv', 't.tsv')}, {_LAST.replace('tsv', 't.ctx')}, "
+    "(SELECT json_object_agg(u.lexeme, u.positions) FROM unnest(t.tsv) AS u "
+    "WHERE u.lexeme = ANY(:lexemes)), "
+    "(SELECT json_object_agg(u.lexeme, u.positions) FROM unnest(t.ctx) AS u "
+    "WHERE u.lexeme = ANY(:lexemes)) "
+    "FROM message_terms t WHERE t.id = ANY(:ids)"
+)
 _PG_LENGTHS_ALL = sa.text(  # and of the long messages (their context is on their row)
     f"{_LENGTHS} UNION ALL SELECT s.id, {_LONG_LENGTH.format(id='s.id')}, 0 "
     "FROM (SELECT DISTINCT id FROM message_term_parts WHERE id = ANY(:ids)) AS s"
@@ -506,7 +547,6 @@ _POSITIONS = (
     "SELECT t.id, u.lexeme, 0, u.positions FROM message_terms t, unnest(t.tsv) AS u "
     "WHERE t.id = ANY(:ids) AND u.lexeme = ANY(:lexemes)"
 )
-_PG_POSITIONS = sa.text(_POSITIONS)
 _PG_POSITIONS_ALL = sa.text(  # and of the long messages' segments that hold any of them
     f"{_POSITIONS} UNION ALL "
     "SELECT l.id, u.lexeme, l.base, u.positions FROM message_term_parts l, unnest(l.tsv) AS u "
