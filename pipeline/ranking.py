@@ -65,9 +65,11 @@ def rank(
     phrases only, the common phrases are scored in their newest ``scored`` matches (a word in
     most messages would cost a score for each), their BM25 added to what the rarer ones
     scored (BM25 is a sum over phrases, so a message in both has its score over every
-    phrase). A common phrase in half the messages or more is left out even then while there
-    is another: FTS5's idf gives it nothing. QueryTooCostly when the database works on it past
-    ``timeout`` seconds (PostgreSQL: any one of its statements)."""
+    phrase). A common phrase in half the messages or more ranks nothing (FTS5's idf gives it
+    its floor): it is left out, and only when nothing else finds a message are its newest
+    matches returned, unranked (score 0). A phrase no message holds is not searched for.
+    QueryTooCostly when the database works on it past ``timeout`` seconds (PostgreSQL: any
+    one of its statements)."""
     if filters.agents is not None and not filters.agents:
         return []
     postgres = database.is_postgres(conn)
@@ -78,7 +80,7 @@ def rank(
             # the search's statements reach rows through indexes (GIN, the keys of a scope's
             # files) that a store searched keeps in memory: planned so, not as if each index
             # visit were a seek on disk (PostgreSQL's default 4 chose scanning every message
-            # for an agent's scope: p99 of bench_search's questions 422 -> 261 ms)
+            # for an agent's scope; docs/benchmarks.md, bench_search)
             conn.exec_driver_sql(f"SET LOCAL random_page_cost = {PG_RANDOM_PAGE_COST}")
         # PostgreSQL: whether any message's terms are in segments (catalog.PARTS); most
         # stores have none, and then no statement asks for them
