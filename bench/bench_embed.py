@@ -511,8 +511,8 @@ def main() -> None:
         f"{1000 * embed_seconds / max(done, 1):.1f} ms a message "
         f"({done / embed_seconds:.1f} messages/s, {args.threads} thread(s), rounds included)"
     )
-    scope = f"every agent's {done} messages"
-    print(f"\nshortlist against the exact vector ranking ({scope}, {len(points)} questions):")
+    asked_over = f"every agent's {done} messages"
+    print(f"\nshortlist against the exact vector ranking ({asked_over}, {len(points)} questions):")
     print("| shortlist | top 10 kept | top 200 kept | worst question's top 200 |")
     print("|---:|---:|---:|---:|")
     for r, (ten, most, worst) in shares.items():
