@@ -396,6 +396,11 @@ def test_a_server_that_never_answers_costs_the_budget_and_nothing_is_lost(
             "reason": "logout",
         }
         hook("claude-code", env, payload, budget=1.0)
+        if not list(spool.glob("*.jsonl")):
+            # a loaded machine can spend SessionEnd's short budget starting the interpreter:
+            # the run then stops before reading ("the run's time was up") and the turn waits
+            # in the transcript; the next hook (a Stop, the default budget) spools it, once
+            hook("claude-code", env, {**payload, "hook_event_name": "Stop"}, budget=10.0)
         [spooled] = spool.glob("*.jsonl")
         pending = [json.loads(line) for line in spooled.read_text().splitlines()]
         assert [[m["content"] for m in body["messages"]] for body in pending] == [["hello"], ["hi"]]
