@@ -141,15 +141,7 @@ def test_another_processs_commit_is_seen_at_the_next_search(
     # another process (its own engine and connections) appends, flushes and embeds
     other = database.Database.from_url(database_url)
     try:
-        journal.ingest(
-            other,
-            {
-                "agent_id": "hermes",
-                "session_key": "a",
-                "messages": [{"role": "user", "content": "purple plum"}],
-            },
-        )
-        journal.flush(other, data_dir, a)
+        assert session(other, data_dir, "a", ["purple plum"]) == a  # one more message in a
         assert run(other, data_dir, fake) == 1
     finally:
         other.dispose()
@@ -366,15 +358,7 @@ def test_kept_codes_follow_commits_redactions_and_erasures(
     secret = fake.query("my password is hunter2")
     assert near(db, fake.model, secret, cache=cache, shortlist=tight)[0][:2] == (a, 2)
     codes_follow_vectors(db, fake.model, cache)
-    journal.ingest(
-        db,
-        {
-            "agent_id": "hermes",
-            "session_key": "a",
-            "messages": [{"role": "user", "content": "purple plum"}],
-        },
-    )
-    journal.flush(db, data_dir, a)
+    assert session(db, data_dir, "a", ["purple plum"]) == a  # one more message in a
     assert run(db, data_dir, fake) == 1
     plum = near(db, fake.model, fake.query("purple plum"), cache=cache, shortlist=tight)
     assert plum[0][:2] == (a, 4)  # the committed vector, scored through its code
