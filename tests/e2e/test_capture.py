@@ -172,6 +172,17 @@ def test_claude_code_turns_subagents_compaction_and_a_resumed_session(
         }
         hook("claude-code", env, payload)
 
+    def settle(expected: dict[str, list[Expected]], last: ClaudeTranscript = main) -> None:
+        # a run that found the server too slow for its budget (a loaded machine) spooled what
+        # it had: the agent's next turn, another Stop, delivers it
+        settled(
+            client,
+            "claude-code",
+            expected,
+            spool=tmp_path / "spool",
+            next_run=lambda: fire("Stop", last, stop_hook_active=False),
+        )
+
     # Turn 1: thinking, text and a tool call in one message (a line per block), its result,
     # the answer; the Stop hook runs.
     main.user("Read notes.md")
@@ -184,7 +195,7 @@ def test_claude_code_turns_subagents_compaction_and_a_resumed_session(
     main.result("toolu_1", "Read", "hi there")
     main.assistant("msg_2", {"type": "text", "text": "It says hi there."})
     fire("Stop", stop_hook_active=False)
-    settled(client, "claude-code", {sid: main.expected})
+    settle({sid: main.expected})
     [row] = client.get("/v1/files", params={"agent_id": "claude-code"}).json()["files"]
     ref = client.get(f"/v1/refs/{row['file_id']}:4", params={"context": 1}).json()
     assert (ref["message"]["tool_name"], ref["before"][0]["tool_name"]) == ("Read", None)
@@ -204,12 +215,12 @@ def test_claude_code_turns_subagents_compaction_and_a_resumed_session(
     main.write(answered, partial=True)
     stored = main.expected[:8]  # every whole line is taken; the half-written one waits
     fire("SubagentStop", agent_id="ab12", agent_transcript_path=str(helper.path))
-    settled(client, "claude-code", {sid: stored, f"{sid}/agent-ab12": helper.expected})
+    settle({sid: stored, f"{sid}/agent-ab12": helper.expected})
     main.finish_partial(answered)
     main.expect_result("toolu_2", "Task", "X is 42.")
     main.assistant("msg_4", {"type": "text", "text": "The helper says 42."})
     fire("Stop", stop_hook_active=False)
-    settled(client, "claude-code", {sid: main.expected, f"{sid}/agent-ab12": helper.expected})
+    settle({sid: main.expected, f"{sid}/agent-ab12": helper.expected})
 
     # A manual compaction: PreCompact runs before it is written (nothing new), then the
     # summary and turn 3; the summary is kept, marked as one.
@@ -240,13 +251,7 @@ def test_claude_code_turns_subagents_compaction_and_a_resumed_session(
         assert (proc.wait(60), out) == (0, ""), err
         proc.stdout.close()
         proc.stderr.close()
-    settled(
-        client,
-        "claude-code",
-        {sid: main.expected, f"{sid}/agent-ab12": helper.expected},
-        spool=tmp_path / "spool",
-        next_run=lambda: fire("Stop"),
-    )
+    settle({sid: main.expected, f"{sid}/agent-ab12": helper.expected})
 
     # `claude --resume`: a new file with a new id copies every line, then turn 4. The copied
     # turns are the same turns (same keys): only turn 4 is new, in the same L0 session.
@@ -257,7 +262,7 @@ def test_claude_code_turns_subagents_compaction_and_a_resumed_session(
     resumed.assistant("msg_6", {"type": "text", "text": "Sure."})
     fire("Stop", resumed, stop_hook_active=False)
     expected = {sid: resumed.expected, f"{sid}/agent-ab12": helper.expected}
-    settled(client, "claude-code", expected)
+    settle(expected, resumed)
     hook(
         "claude-code",
         env,
@@ -269,7 +274,7 @@ def test_claude_code_turns_subagents_compaction_and_a_resumed_session(
         },
         budget=1.0,
     )
-    settled(client, "claude-code", expected)
+    settle(expected, resumed)
     assert not list((tmp_path / "spool").glob("*.jsonl"))
 
     # The same files imported afterwards: every record is already there.
@@ -282,7 +287,7 @@ def test_claude_code_turns_subagents_compaction_and_a_resumed_session(
     )
     assert (report["messages"], report["errors"]) == (0, [])
     assert report["replayed"] == len(resumed.expected) + len(main.expected) + len(helper.expected)
-    settled(client, "claude-code", expected)
+    settle(expected, resumed)
     # ... and into a store of their own, they make what the hooks stored, message for message
     fresh = tmp_path / "fresh"
     assert cli.main(["migrate", "--data-dir", str(fresh)]) == 0
@@ -331,7 +336,13 @@ def test_codex_with_the_server_down_for_three_turns(
             "last_assistant_message": "Found t1.txt.",
         }
         hook("codex", env, stop)
-        settled(client, "codex", {thread: rollout.expected})
+
+        def again(payload: dict[str, Any] = stop) -> None:
+            # a run the loaded machine made too slow for its budget spooled what it had: the
+            # next hook delivers it
+            hook("codex", env, payload)
+
+        settled(client, "codex", {thread: rollout.expected}, spool=spool, next_run=again)
         rollout.complete("t1", "Found t1.txt.")
 
         # The server goes away for three turns, each told through `notify` (the rollout
@@ -361,8 +372,11 @@ def test_codex_with_the_server_down_for_three_turns(
         proc = procs.start("serve-again", serve, harness.clean_env())
         harness.wait_healthy(client, proc)
         rollout.turn("t5", "list t5", complete=False)
-        hook("codex", env, {**stop, "turn_id": "t5", "last_assistant_message": "Found t5.txt."})
-        settled(client, "codex", {thread: rollout.expected})
+        fifth = {**stop, "turn_id": "t5", "last_assistant_message": "Found t5.txt."}
+        hook("codex", env, fifth)
+        settled(
+            client, "codex", {thread: rollout.expected}, spool=spool, next_run=lambda: again(fifth)
+        )
         assert list(spool.glob("*.jsonl")) == []
 
         report = imported(
