@@ -314,11 +314,12 @@ def _pg_count(
     context: float,
     rows: int,
 ) -> Count:
-    """Messages that hold ``phrase`` (in their context terms too when ``context``), counted
-    up to ``common`` through the GIN index, after PostgreSQL's own estimate: a phrase its
-    statistics put in ``common`` or more is common, and that estimate is its number (counting
-    a common word's thousands of matches visits as many heap rows; an estimate costs a plan).
-    With ``long_ones``, the long messages whose segments hold it count too."""
+    """Messages that hold ``phrase`` (in their context terms too when ``context``): in an
+    index of up to :data:`PG_COUNTED` messages every match counted; above, counted up to
+    ``common`` through the GIN index after PostgreSQL's own estimate: a phrase its statistics
+    put in ``common`` or more is common, and that estimate is its number (counting a common
+    word's thousands of matches visits as many heap rows; an estimate costs a plan). With
+    ``long_ones``, the long messages whose segments hold it count too."""
     where, q = "tsv @@ CAST(:q AS tsquery)", terms.phrase_tsquery(phrase)
     if context > 0:
         where = f"({where} OR ctx @@ CAST(:q AS tsquery))"
