@@ -103,7 +103,6 @@ append_journal = sa.Table(
     sa.Column("created_at", sa.DateTime, nullable=False),
     sa.UniqueConstraint("file_id", "first_seq", name="uq_append_journal_seq"),
 )
-sa.Index("ix_append_journal_created", append_journal.c.created_at)
 
 append_keys = sa.Table(
     "append_keys",

@@ -27,8 +27,9 @@ def _file(db: database.Database) -> str:
     return file_id
 
 
-def _journal(db: database.Database, file_id: str, *sizes: int, at: dt.datetime) -> None:
-    seq = 1
+def _journal(
+    db: database.Database, file_id: str, *sizes: int, at: dt.datetime, seq: int = 1
+) -> None:
     with db.transaction() as conn:
         for size in sizes:
             ledger.add_journal(
@@ -68,3 +69,18 @@ def test_stale_files_are_those_whose_rows_waited_long_enough(db: database.Databa
         assert ledger.stale_journal_files(conn, now - dt.timedelta(seconds=5)) == [old]
         assert sorted(ledger.stale_journal_files(conn, None)) == sorted([old, new])
         assert ledger.journal_backlog(conn) == (2, 2, 20)
+
+
+def test_a_file_is_as_old_as_its_first_waiting_row(db: database.Database) -> None:
+    """The sweeper's age of a file is its first journal row's (no index of the creation times:
+    a file's first row is its oldest), whatever its later rows' ages."""
+    waited, fresh = _file(db), _file(db)
+    now = db.now()
+    _journal(db, waited, 10, at=now - dt.timedelta(seconds=10), seq=4)
+    _journal(db, waited, 10, 10, at=now, seq=5)
+    _journal(db, fresh, 10, 10, at=now, seq=1)
+    with db.reading() as conn:
+        assert ledger.stale_journal_files(conn, now - dt.timedelta(seconds=5)) == [waited]
+        assert ledger.stale_journal_files(conn, now - dt.timedelta(seconds=20)) == []
+        assert sorted(ledger.stale_journal_files(conn, now)) == sorted([waited, fresh])
+        assert sorted(ledger.stale_journal_files(conn, None)) == sorted([waited, fresh])
