@@ -53,7 +53,6 @@ from pipeline import (
     store,
     tables,
     validation,
-    vectors,
 )
 
 log = logging.getLogger(__name__)
@@ -108,6 +107,8 @@ def _delete_rows(conn: sa.Connection, row: tables.FileRow) -> int:
     for table in (tables.l1_items, tables.append_journal, tables.full_refines):
         conn.execute(sa.delete(table).where(table.c.file_id == file_id))
     conn.execute(sa.delete(tables.anomalies).where(tables.anomalies.c.file_id == file_id))
+    from pipeline import vectors  # numpy: only an erasure loads it, not every append's process
+
     vectors.forget(conn, file_id)
     k = tables.append_keys.c
     mine = sa.and_(

@@ -22,29 +22,22 @@ the flush (``embedding_lag``) still rank the messages they cover.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import sys
 import threading
 from collections.abc import Callable, Collection, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from pipeline import (
-    catalog,
-    database,
-    dates,
-    embeddings,
-    errors,
-    ranking,
-    search,
-    terms,
-    vector_cache,
-    vectors,
-    vocabulary,
-)
+from pipeline import catalog, database, dates, errors, ranking, search, terms, vocabulary
 from pipeline.settings import Settings
+
+if TYPE_CHECKING:  # imported where they run: they load numpy (and httpx), which a store
+    # without an embedder never needs (docs/design.md, "What a process loads")
+    from pipeline import embeddings, vector_cache, vectors
 
 log = logging.getLogger(__name__)
 #: what fuses the nearest vectors into the lexical ranking (:func:`search.search`'s ``fuse``)
@@ -86,6 +79,8 @@ def fuse(
         for rank, h in enumerate(ranked, start=1):
             key = (h.file_id, h.seq)
             scores[key] = scores.get(key, 0.0) + share / (k + rank)
+    from pipeline import vectors
+
     fused = [vectors.Near(f, seq, s) for (f, seq), s in scores.items()]
     fused.sort(key=lambda h: (-h.score, h.file_id, h.seq))
     return fused
@@ -102,6 +97,8 @@ def identified(
     the others' looked up (:func:`vectors.identify`: 200 keys cost about 1 ms, ten 0.2); a
     message not cataloged, or not ``speaker``'s when one is given, is left out and the next
     one taken."""
+    from pipeline import vectors
+
     ids = {(h.file_id, h.seq): h.id for h in lexical}
     found: list[ranking.Scored] = []
     start = 0
@@ -140,14 +137,25 @@ class Hybrid:
         self._embedder: embeddings.Embedder | None = None
         self._made = False  #: whether :attr:`embedder` was made (it may be None)
         self._round_lock = threading.Lock()  #: one round at a time in this process
-        #: the vectors this process's searches keep in memory (``embed_cache_bytes``)
-        self.cache = vector_cache.Cache(settings.embed.cache_bytes)
+
+    @functools.cached_property
+    def cache(self) -> vector_cache.Cache:
+        """The vectors this process's searches keep in memory (``embed_cache_bytes``), made
+        by the first hybrid search."""
+        from pipeline import vector_cache
+
+        return vector_cache.Cache(self.settings.embed.cache_bytes)
 
     @property
     def embedder(self) -> embeddings.Embedder | None:
-        """The configured embedder (``search_embedder``), made at first use."""
+        """The configured embedder (``search_embedder``), made at first use; with ``none``,
+        nothing of the embedders is loaded."""
         if not self._made:
-            self._embedder = embeddings.configured(self.settings)
+            self._embedder = None
+            if self.settings.search.embedder != "none":
+                from pipeline import embeddings
+
+                self._embedder = embeddings.configured(self.settings)
             self._made = True
         return self._embedder
 
@@ -172,6 +180,8 @@ class Hybrid:
             return 0
         if not self._round_lock.acquire(blocking=False):
             return 0
+        from pipeline import vectors
+
         try:
             e = self.settings.embed
             yield_cores(e.nice)
@@ -196,6 +206,8 @@ class Hybrid:
         embedder = self.embedder
         if embedder is None:
             return None
+        from pipeline import vectors
+
         with self.db.reading() as conn:
             return vectors.lag(conn, embedder.model, agents=agents)
 
@@ -249,6 +261,8 @@ class Hybrid:
         """What fuses the nearest vectors into a lexical ranking (its first ``limit``: what
         the search keeps), with how the search will have been ranked; none, and why, when
         there is nothing to fuse."""
+        from pipeline import vectors
+
         with self.db.reading() as conn:
             behind = vectors.lag(conn, embedder.model, agents=filters.agents)
             stored = vectors.any_of(conn, embedder.model)

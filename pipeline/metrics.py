@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from pipeline import anomalies, database, errors, ledger, overview, tables, vectors
+from pipeline import anomalies, database, errors, ledger, overview, tables
 
 FLUSH_SECONDS = Histogram(
     "sgme_flush_seconds",
@@ -45,8 +45,11 @@ class IndexCollector(Collector):
                 lag_sum, lag_max = overview.refinement_lag(conn)
                 statuses = overview.count_files_by_status(conn)
                 kinds = anomalies.count_by_kind(conn)
-                model = self.embedding_model
-                embedding_lag = None if model is None else vectors.lag(conn, model)
+                embedding_lag = None
+                if self.embedding_model is not None:
+                    from pipeline import vectors  # numpy: only where an embedder is set
+
+                    embedding_lag = vectors.lag(conn, self.embedding_model)
         except errors.SgmeError:
             up = GaugeMetricFamily("sgme_index_up", "Whether the index answered the scrape")
             up.add_metric([], 0)

@@ -47,7 +47,6 @@ from pipeline import (
     purge,
     store,
     tables,
-    vectors,
 )
 from pipeline.tables import Status
 
@@ -58,6 +57,14 @@ MAX_REASON = 500  #: characters of a redaction's reason
 
 def _no_fault(step: str) -> None:
     return None
+
+
+def _forget_vector(conn: sa.Connection, file_id: str, seq: int) -> None:
+    """:func:`vectors.forget_message`, imported here: the vectors' module loads numpy, which
+    the flush (that finishes a redaction) of a store without an embedder never needs."""
+    from pipeline import vectors
+
+    vectors.forget_message(conn, file_id, seq)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,7 +200,7 @@ def redact_locked(
         after = [f.message for f in found[seq - 1 : seq + catalog.CONTEXT_TURNS]]
         purge.forget_terms(conn, owner, after, ids, before=_texts_before(found, seq))
         _refine_again(conn, row.file_id, seq, db.now())
-        vectors.forget_message(conn, row.file_id, seq)
+        _forget_vector(conn, row.file_id, seq)
     fault("recorded")
     store.rename(temp, final)
     fault("renamed")
@@ -250,7 +257,7 @@ def _commit(
         catalog.add_terms(conn, owner, after, ids, before=_texts_before(found, seq + 1))
         _refine_again(conn, row.file_id, seq, now)
         # again: a round may have embedded the old text from the file before the rename
-        vectors.forget_message(conn, row.file_id, seq)
+        _forget_vector(conn, row.file_id, seq)
         audit.finish(conn, recorded.id, now=now)
 
 
