@@ -32,6 +32,11 @@ PG_FIRST_PASS = 300
 #: statements (its default is 4, for disks that seek; 1.1 is the usual value for an index that
 #: is in memory or on SSD)
 PG_RANDOM_PAGE_COST = 1.1
+#: a ranked search's planner settings, for its transaction (:func:`rank` says why)
+_PG_SEARCH_SETTINGS = (
+    f"SELECT set_config('random_page_cost', '{PG_RANDOM_PAGE_COST}', true), "
+    "set_config('max_parallel_workers_per_gather', '0', true)"
+)
 #: rows PostgreSQL's average message length is estimated from (exact below it)
 PG_LENGTH_SAMPLE = 2_000
 #: tags every message has in SQLite's second column: FTS5 counts them in a message's length
@@ -81,7 +86,10 @@ def rank(
             # files) that a store searched keeps in memory: planned so, not as if each index
             # visit were a seek on disk (PostgreSQL's default 4 chose scanning every message
             # for an agent's scope; docs/benchmarks.md, bench_search)
-            conn.exec_driver_sql(f"SET LOCAL random_page_cost = {PG_RANDOM_PAGE_COST}")
+            # and run in this process alone: a search's statements take milliseconds, and
+            # starting parallel workers for one (the planner's choice for a few thousand
+            # matches) cost more than they saved, and took the cores of the searches beside it
+            conn.exec_driver_sql(_PG_SEARCH_SETTINGS)
         # PostgreSQL: whether any message's terms are in segments (catalog.PARTS); most
         # stores have none, and then no statement asks for them
         long_ones = postgres and catalog.custom_plans(conn)
