@@ -541,14 +541,20 @@ _LENGTHS = (
     f"SELECT t.id, {_LAST.replace('tsv', 't.tsv')}, {_LAST.replace('tsv', 't.ctx')} "
     "FROM message_terms t WHERE t.id = ANY(:ids)"
 )
-#: :func:`_pg_terms`'s statement: lengths, and the lexemes' positions in both tsvectors
+#: a tsvector ``tsv`` unnested once: its last position and the positions of ``:lexemes`` in it
+_UNNESTED = (
+    "(SELECT max(u.positions[array_upper(u.positions, 1)]) AS last, "
+    "json_object_agg(u.lexeme, u.positions) FILTER (WHERE u.lexeme = ANY(:lexemes)) AS at "
+    "FROM unnest(tsv) AS u)"
+)
+#: :func:`_pg_terms`'s statement: lengths, and the lexemes' positions in both tsvectors, each
+#: tsvector unnested once (unnesting each twice, for its length and for the positions, cost
+#: a third more: ~9 ms of 300 candidates at 1,000,000 messages, docs/benchmarks.md)
 _PG_TERMS_OF = sa.text(
-    f"SELECT t.id, {_LAST.replace('tsv', 't.tsv')}, {_LAST.replace('tsv', 't.ctx')}, "
-    "(SELECT json_object_agg(u.lexeme, u.positions) FROM unnest(t.tsv) AS u "
-    "WHERE u.lexeme = ANY(:lexemes)), "
-    "(SELECT json_object_agg(u.lexeme, u.positions) FROM unnest(t.ctx) AS u "
-    "WHERE u.lexeme = ANY(:lexemes)) "
-    "FROM message_terms t WHERE t.id = ANY(:ids)"
+    "SELECT t.id, o.last, c.last, o.at, c.at FROM message_terms t "
+    f"CROSS JOIN LATERAL {_UNNESTED.replace('tsv', 't.tsv')} AS o "
+    f"CROSS JOIN LATERAL {_UNNESTED.replace('tsv', 't.ctx')} AS c "
+    "WHERE t.id = ANY(:ids)"
 )
 _PG_LENGTHS_ALL = sa.text(  # and of the long messages (their context is on their row)
     f"{_LENGTHS} UNION ALL SELECT s.id, {_LONG_LENGTH.format(id='s.id')}, 0 "
