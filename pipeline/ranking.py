@@ -180,7 +180,13 @@ _KEYS = sa.select(tables.messages.c.id, tables.messages.c.file_id, tables.messag
 )
 
 
+#: PostgreSQL's: the ids as one array (a list of 200 bound parameters cost ~2 ms to send)
+_PG_KEYS = sa.text("SELECT id, file_id, seq FROM messages WHERE id = ANY(:ids)")
+
+
 def _keys(conn: sa.Connection, ids: list[int]) -> list[tuple[int, str, int]]:
+    if database.is_postgres(conn):
+        return [(int(i), f, int(s)) for i, f, s in conn.execute(_PG_KEYS, {"ids": ids})]
     found: list[tuple[int, str, int]] = []
     for lo in range(0, len(ids), 500):  # SQLite's bound parameters are few
         found.extend((i, f, s) for i, f, s in conn.execute(_KEYS, {"ids": ids[lo : lo + 500]}))
@@ -667,6 +673,14 @@ def _at_statement(keys: int, where: str) -> sa.TextClause:
     return sa.text(sql).bindparams(*times)
 
 
+#: :func:`at`'s statement on PostgreSQL, before its conditions
+_PG_AT = (
+    "SELECT m.id, m.file_id, m.seq FROM unnest(CAST(:files AS varchar[]), CAST(:seqs AS "
+    "integer[])) AS k(file_id, seq) JOIN messages m ON m.file_id = k.file_id AND m.seq = k.seq "
+    "WHERE 1 = 1"
+)
+
+
 def at(
     conn: sa.Connection, keys: Collection[tuple[str, int]], filters: catalog.Filters
 ) -> list[tuple[int, str, int]]:
@@ -681,6 +695,13 @@ def at(
         where, params["until"] = where + " AND m.ts <= :until", filters.until
     found: list[tuple[int, str, int]] = []
     wanted = sorted(keys)
+    if database.is_postgres(conn) and wanted:
+        # the keys as two arrays, unnested: one statement of two parameters (the VALUES list's
+        # 400 cost ~3 ms a search to send and plan)
+        stmt = sa.text(_PG_AT + where).bindparams(*_times(params))
+        keyed = {"files": [f for f, _ in wanted], "seqs": [q for _, q in wanted]}
+        found = [(int(i), f, int(s)) for i, f, s in conn.execute(stmt, keyed | params)]
+        wanted = []
     for lo in range(0, len(wanted), 200):
         batch = wanted[lo : lo + 200]
         values: dict[str, Any] = {f"f{i}": f for i, (f, _) in enumerate(batch)}
