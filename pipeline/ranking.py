@@ -32,6 +32,11 @@ PG_FIRST_PASS = 300
 #: statements (its default is 4, for disks that seek; 1.1 is the usual value for an index that
 #: is in memory or on SSD)
 PG_RANDOM_PAGE_COST = 1.1
+#: a ranked search's planner settings, for its transaction (:func:`rank` says why)
+_PG_SEARCH_SETTINGS = (
+    f"SELECT set_config('random_page_cost', '{PG_RANDOM_PAGE_COST}', true), "
+    "set_config('max_parallel_workers_per_gather', '0', true)"
+)
 #: rows PostgreSQL's average message length is estimated from (exact below it)
 PG_LENGTH_SAMPLE = 2_000
 #: tags every message has in SQLite's second column: FTS5 counts them in a message's length
@@ -81,7 +86,10 @@ def rank(
             # files) that a store searched keeps in memory: planned so, not as if each index
             # visit were a seek on disk (PostgreSQL's default 4 chose scanning every message
             # for an agent's scope; docs/benchmarks.md, bench_search)
-            conn.exec_driver_sql(f"SET LOCAL random_page_cost = {PG_RANDOM_PAGE_COST}")
+            # and run in this process alone: a search's statements take milliseconds, and
+            # starting parallel workers for one (the planner's choice for a few thousand
+            # matches) cost more than they saved, and took the cores of the searches beside it
+            conn.exec_driver_sql(_PG_SEARCH_SETTINGS)
         # PostgreSQL: whether any message's terms are in segments (catalog.PARTS); most
         # stores have none, and then no statement asks for them
         long_ones = postgres and catalog.custom_plans(conn)
@@ -172,7 +180,13 @@ _KEYS = sa.select(tables.messages.c.id, tables.messages.c.file_id, tables.messag
 )
 
 
+#: PostgreSQL's: the ids as one array (a list of 200 bound parameters cost ~2 ms to send)
+_PG_KEYS = sa.text("SELECT id, file_id, seq FROM messages WHERE id = ANY(:ids)")
+
+
 def _keys(conn: sa.Connection, ids: list[int]) -> list[tuple[int, str, int]]:
+    if database.is_postgres(conn):
+        return [(int(i), f, int(s)) for i, f, s in conn.execute(_PG_KEYS, {"ids": ids})]
     found: list[tuple[int, str, int]] = []
     for lo in range(0, len(ids), 500):  # SQLite's bound parameters are few
         found.extend((i, f, s) for i, f, s in conn.execute(_KEYS, {"ids": ids[lo : lo + 500]}))
@@ -533,14 +547,20 @@ _LENGTHS = (
     f"SELECT t.id, {_LAST.replace('tsv', 't.tsv')}, {_LAST.replace('tsv', 't.ctx')} "
     "FROM message_terms t WHERE t.id = ANY(:ids)"
 )
-#: :func:`_pg_terms`'s statement: lengths, and the lexemes' positions in both tsvectors
+#: a tsvector ``tsv`` unnested once: its last position and the positions of ``:lexemes`` in it
+_UNNESTED = (
+    "(SELECT max(u.positions[array_upper(u.positions, 1)]) AS last, "
+    "json_object_agg(u.lexeme, u.positions) FILTER (WHERE u.lexeme = ANY(:lexemes)) AS at "
+    "FROM unnest(tsv) AS u)"
+)
+#: :func:`_pg_terms`'s statement: lengths, and the lexemes' positions in both tsvectors, each
+#: tsvector unnested once (unnesting each twice, for its length and for the positions, cost
+#: a third more: ~9 ms of 300 candidates at 1,000,000 messages, docs/benchmarks.md)
 _PG_TERMS_OF = sa.text(
-    f"SELECT t.id, {_LAST.replace('tsv', 't.tsv')}, {_LAST.replace('tsv', 't.ctx')}, "
-    "(SELECT json_object_agg(u.lexeme, u.positions) FROM unnest(t.tsv) AS u "
-    "WHERE u.lexeme = ANY(:lexemes)), "
-    "(SELECT json_object_agg(u.lexeme, u.positions) FROM unnest(t.ctx) AS u "
-    "WHERE u.lexeme = ANY(:lexemes)) "
-    "FROM message_terms t WHERE t.id = ANY(:ids)"
+    "SELECT t.id, o.last, c.last, o.at, c.at FROM message_terms t "
+    f"CROSS JOIN LATERAL {_UNNESTED.replace('tsv', 't.tsv')} AS o "
+    f"CROSS JOIN LATERAL {_UNNESTED.replace('tsv', 't.ctx')} AS c "
+    "WHERE t.id = ANY(:ids)"
 )
 _PG_LENGTHS_ALL = sa.text(  # and of the long messages (their context is on their row)
     f"{_LENGTHS} UNION ALL SELECT s.id, {_LONG_LENGTH.format(id='s.id')}, 0 "
@@ -653,6 +673,14 @@ def _at_statement(keys: int, where: str) -> sa.TextClause:
     return sa.text(sql).bindparams(*times)
 
 
+#: :func:`at`'s statement on PostgreSQL, before its conditions
+_PG_AT = (
+    "SELECT m.id, m.file_id, m.seq FROM unnest(CAST(:files AS varchar[]), CAST(:seqs AS "
+    "integer[])) AS k(file_id, seq) JOIN messages m ON m.file_id = k.file_id AND m.seq = k.seq "
+    "WHERE 1 = 1"
+)
+
+
 def at(
     conn: sa.Connection, keys: Collection[tuple[str, int]], filters: catalog.Filters
 ) -> list[tuple[int, str, int]]:
@@ -667,6 +695,13 @@ def at(
         where, params["until"] = where + " AND m.ts <= :until", filters.until
     found: list[tuple[int, str, int]] = []
     wanted = sorted(keys)
+    if database.is_postgres(conn) and wanted:
+        # the keys as two arrays, unnested: one statement of two parameters (the VALUES list's
+        # 400 cost ~3 ms a search to send and plan)
+        stmt = sa.text(_PG_AT + where).bindparams(*_times(params))
+        keyed = {"files": [f for f, _ in wanted], "seqs": [q for _, q in wanted]}
+        found = [(int(i), f, int(s)) for i, f, s in conn.execute(stmt, keyed | params)]
+        wanted = []
     for lo in range(0, len(wanted), 200):
         batch = wanted[lo : lo + 200]
         values: dict[str, Any] = {f"f{i}": f for i, (f, _) in enumerate(batch)}
