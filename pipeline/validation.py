@@ -8,7 +8,6 @@ refuse the same mistake with the same message: ``messages[0].ts: …``.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime as dt
 import functools
@@ -103,10 +102,14 @@ def normalize_ts(value: object, *, default: dt.datetime | None = None) -> str:
         raise errors.InvalidInput(f"bad timestamp {value!r}")
     text = value.strip()
     # already the file's form, as most clients send it (no trailing zero in a fraction), and
-    # a real time: kept as it is
+    # a real time: kept as it is (try/except, not contextlib.suppress: every message of every
+    # append comes here, and the suppressing object cost half of this check)
     if document.TS.fullmatch(text) and not ("." in text and text[-2] == "0"):
-        with contextlib.suppress(ValueError):  # not a real time: said below
+        try:
             dt.datetime.fromisoformat(text[:-1])
+        except ValueError:
+            pass  # not a real time: said below
+        else:
             return text
     if text.endswith(("Z", "z")):
         text = text[:-1] + "+00:00"
