@@ -503,7 +503,8 @@ def _pg_terms(conn: sa.Connection, ids: list[int], lexemes: list[str]) -> Terms:
         _PG_TERMS_OF, {"ids": ids, "lexemes": lexemes}
     ):
         lengths[i] = (length or 0) + (context_length or 0)
-        own[i] = {k: sorted(v) for k, v in (at or {}).items()}
+        # a tsvector's positions of a lexeme are in order already
+        own[i] = {k: list(v) for k, v in (at or {}).items()}
         near[i] = {k: list(v) for k, v in (around or {}).items()}
     return lengths, own, near
 
@@ -695,19 +696,19 @@ def at(
         where, params["until"] = where + " AND m.ts <= :until", filters.until
     found: list[tuple[int, str, int]] = []
     wanted = sorted(keys)
-    if database.is_postgres(conn) and wanted:
+    if wanted and database.is_postgres(conn):
         # the keys as two arrays, unnested: one statement of two parameters (the VALUES list's
         # 400 cost ~3 ms a search to send and plan)
         stmt = sa.text(_PG_AT + where).bindparams(*_times(params))
         keyed = {"files": [f for f, _ in wanted], "seqs": [q for _, q in wanted]}
         found = [(int(i), f, int(s)) for i, f, s in conn.execute(stmt, keyed | params)]
-        wanted = []
-    for lo in range(0, len(wanted), 200):
-        batch = wanted[lo : lo + 200]
-        values: dict[str, Any] = {f"f{i}": f for i, (f, _) in enumerate(batch)}
-        values |= {f"s{i}": q for i, (_, q) in enumerate(batch)}
-        stmt = _at_statement(len(batch), where)
-        found.extend((i, f, s) for i, f, s in conn.execute(stmt, values | params))
+    else:
+        for lo in range(0, len(wanted), 200):
+            batch = wanted[lo : lo + 200]
+            values: dict[str, Any] = {f"f{i}": f for i, (f, _) in enumerate(batch)}
+            values |= {f"s{i}": q for i, (_, q) in enumerate(batch)}
+            stmt = _at_statement(len(batch), where)
+            found.extend((i, f, s) for i, f, s in conn.execute(stmt, values | params))
     if filters.speaker is not None:  # a tag in the search index, not in the catalog
         said = catalog.said_by(conn, [i for i, _, _ in found], filters.speaker)
         found = [key for key in found if key[0] in said]

@@ -59,14 +59,6 @@ def _no_fault(step: str) -> None:
     return None
 
 
-def _forget_vector(conn: sa.Connection, file_id: str, seq: int) -> None:
-    """:func:`vectors.forget_message`, imported here: the vectors' module loads numpy, which
-    the flush (that finishes a redaction) of a store without an embedder never needs."""
-    from pipeline import vectors
-
-    vectors.forget_message(conn, file_id, seq)
-
-
 @dataclasses.dataclass(frozen=True)
 class Who:
     """Who asks for a removal, and why (kept in the audit row)."""
@@ -200,7 +192,9 @@ def redact_locked(
         after = [f.message for f in found[seq - 1 : seq + catalog.CONTEXT_TURNS]]
         purge.forget_terms(conn, owner, after, ids, before=_texts_before(found, seq))
         _refine_again(conn, row.file_id, seq, db.now())
-        _forget_vector(conn, row.file_id, seq)
+        from pipeline import vectors  # numpy: loaded by a redaction, not by every flush
+
+        vectors.forget_message(conn, row.file_id, seq)
     fault("recorded")
     store.rename(temp, final)
     fault("renamed")
@@ -257,7 +251,9 @@ def _commit(
         catalog.add_terms(conn, owner, after, ids, before=_texts_before(found, seq + 1))
         _refine_again(conn, row.file_id, seq, now)
         # again: a round may have embedded the old text from the file before the rename
-        _forget_vector(conn, row.file_id, seq)
+        from pipeline import vectors  # numpy: loaded by a redaction, not by every flush
+
+        vectors.forget_message(conn, row.file_id, seq)
         audit.finish(conn, recorded.id, now=now)
 
 
