@@ -410,13 +410,16 @@ def test_a_server_that_never_answers_costs_the_budget_and_nothing_is_lost(
             "reason": "logout",
         }
         hook("claude-code", env, payload, budget=1.0)
-        if not list(spool.glob("*.jsonl")):
-            # a loaded machine can spend SessionEnd's short budget starting the interpreter:
-            # the run then stops before reading ("the run's time was up") and the turn waits
-            # in the transcript; the next hook (a Stop, the default budget) spools it, once
-            hook("claude-code", env, {**payload, "hook_event_name": "Stop"}, budget=10.0)
-        [spooled] = spool.glob("*.jsonl")
-        pending = [json.loads(line) for line in spooled.read_text().splitlines()]
+        # A loaded machine can spend SessionEnd's short budget starting the interpreter: the run
+        # then reads what its share of the time allows (nothing, or the first record) and the
+        # rest waits in the transcript. The next hook (a Stop, the default budget) spools the
+        # rest: between the two, each turn is spooled exactly once, in order.
+        hook("claude-code", env, {**payload, "hook_event_name": "Stop"}, budget=10.0)
+        pending = [
+            json.loads(line)
+            for spooled in sorted(spool.glob("*.jsonl"), key=lambda p: p.name)
+            for line in spooled.read_text().splitlines()
+        ]
         assert [[m["content"] for m in body["messages"]] for body in pending] == [["hello"], ["hi"]]
     finally:
         listener.close()
