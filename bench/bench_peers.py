@@ -35,10 +35,15 @@ backlog of ``--messages`` flushed messages without vectors, and with the embedde
 run on a thread of the case's process every ``embed_interval`` seconds while it runs, as
 ``sgme serve``'s beat and worker run ``sgme.embed`` (the model loaded before the clock
 starts, as a running server has it): appends measured while the embedder is busy. ``none``
-gets the same backlog and no rounds.
+gets the same backlog and no rounds. With ``--embed-in process --pin`` the case's process
+(its appends and flushes) runs on the first CPU and the rounds' process on the second, for
+``none`` and the embedder alike: a machine where the model has a core of its own, as
+docs/search.md advises where appends matter, without the model and the appends taking turns
+on the same cores.
 
     .venv/bin/python bench/bench_peers.py [--messages 2000] [--rounds 3] [--baseline DIR]
                                           [--growth] [--stages] [--embedder local]
+                                          [--embed-in thread|process] [--pin]
 """
 
 from __future__ import annotations
@@ -68,6 +73,9 @@ EMBEDDER: str | None = None
 #: where the embedding rounds run (``--embed-in``): a thread of the appending process (as
 #: ``sgme serve`` runs them) or a process of their own (``sgme worker --queues embed``)
 EMBED_IN = "thread"
+#: ``--pin``: the CPU of a case's process, and of the embedding rounds' process
+PIN_CASE, PIN_ROUNDS = 0, 1
+PIN = False
 
 
 def _text(size: int) -> str:
@@ -205,6 +213,7 @@ def _rounds_process(data_dir: Path) -> Iterator[dict[str, float]]:
 
     argv = [sys.executable, __file__, "--case", "rounds", "--code", sys.path[0]]
     argv += ["--embedder", str(EMBEDDER), "--data-dir", str(data_dir)]
+    argv += ["--pin"] if PIN else []
     child = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert child.stdin is not None and child.stdout is not None
     done: dict[str, float] = {}
@@ -459,27 +468,30 @@ def _run(
     messages: int,
     embedder: str | None = None,
     embed_in: str = "thread",
+    pin: bool = False,
 ) -> dict[str, float]:
     """One case in a fresh process of ``python``, importing the package from ``code`` (with
-    ``search_embedder`` ``embedder`` and its backlog, when given)."""
+    ``search_embedder`` ``embedder`` and its backlog, when given; ``pin``: ``--pin``)."""
     if case == "hermes":
         argv = [str(python), str(ROOT / "bench" / "peers" / "hermes_sessiondb.py")]
         argv += ["--threads", str(THREADS), "--size", str(SIZE)]
     else:
         argv = [str(python), __file__, "--case", case, "--code", str(code)]
         argv += ["--embedder", embedder, "--embed-in", embed_in] if embedder else []
+        argv += ["--pin"] if pin else []
     return subrun.case([*argv, "--messages", str(messages)], f"{case} on {code}")
 
 
-def _with_embedder(embedder: str, messages: int, rounds: int, embed_in: str) -> None:
+def _with_embedder(embedder: str, messages: int, rounds: int, embed_in: str, pin: bool) -> None:
     """``ack`` and ``flushed`` with ``search_embedder`` ``embedder`` against ``none``, in the
-    same rounds; best of each, and the messages the rounds embedded while each case ran."""
+    same rounds; best of each, and the messages the rounds embedded while each case ran
+    (``pin``: each process on a CPU of its own, ``--pin``)."""
     best: dict[str, dict[str, float]] = {}
     for _ in range(rounds):
         for case in ("ack", "flushed"):
             for name in ("none", embedder):
                 mine = best.setdefault(name, {})
-                ran = _run(Path(sys.executable), ROOT, case, messages, name, embed_in)
+                ran = _run(Path(sys.executable), ROOT, case, messages, name, embed_in, pin)
                 for key, value in ran.items():
                     if key == "embedded":  # the rounds' work: the least seen
                         mine[f"{case} {key}"] = min(mine.get(f"{case} {key}", value), value)
@@ -492,6 +504,11 @@ def _with_embedder(embedder: str, messages: int, rounds: int, embed_in: str) -> 
         f"{messages} messages of {SIZE} bytes per case, over a backlog of {messages} "
         f"un-embedded messages, best of {rounds} rounds; the embedding rounds in a "
         + ("thread of the appending process" if embed_in == "thread" else "process of their own")
+        + (
+            f"; the case's process on CPU {PIN_CASE}, the rounds' on CPU {PIN_ROUNDS}"
+            if pin
+            else ""
+        )
     )
     print(f"\n| case | `none` msg/s | `{embedder}` msg/s | ratio | target |")
     print("|---|---|---|---|---|")
@@ -539,14 +556,22 @@ def main() -> int:
         "(sgme serve) or in a process of their own (sgme worker --queues embed)",
     )
     parser.add_argument(
+        "--pin",
+        action="store_true",
+        help=f"with --embedder and --embed-in process: the case's process on CPU {PIN_CASE}, "
+        f"the rounds' on CPU {PIN_ROUNDS}",
+    )
+    parser.add_argument(
         "--case", choices=[*CASES, "growth", "stages", "rounds"], help=argparse.SUPPRESS
     )
     parser.add_argument("--data-dir", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--code", type=Path, default=ROOT, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.case:  # one case, in this process, on the code in args.code
-        global EMBEDDER, EMBED_IN
-        EMBEDDER, EMBED_IN = args.embedder, args.embed_in
+        global EMBEDDER, EMBED_IN, PIN
+        EMBEDDER, EMBED_IN, PIN = args.embedder, args.embed_in, args.pin
+        if PIN:  # threads started from here on inherit it
+            os.sched_setaffinity(0, {PIN_ROUNDS if args.case == "rounds" else PIN_CASE})
         sys.path.insert(0, str(args.code))
         if args.case == "rounds":
             print(json.dumps(rounds(args.data_dir)))
@@ -557,8 +582,12 @@ def main() -> int:
         else:
             print(json.dumps(CASES[args.case](args.messages, THREADS, SIZE)))
         return 0
+    if args.pin and (not args.embedder or args.embed_in != "process"):
+        parser.error("--pin goes with --embedder and --embed-in process")
+    if args.pin and not {PIN_CASE, PIN_ROUNDS} <= os.sched_getaffinity(0):
+        parser.error(f"--pin needs CPUs {PIN_CASE} and {PIN_ROUNDS}")
     if args.embedder:
-        _with_embedder(args.embedder, args.messages, args.rounds, args.embed_in)
+        _with_embedder(args.embedder, args.messages, args.rounds, args.embed_in, args.pin)
         return 0
     if not HERMES_PYTHON.exists():
         raise SystemExit("run `make hermes-env` first: Hermes runs in its own virtualenv")
