@@ -107,9 +107,7 @@ def _delete_rows(conn: sa.Connection, row: tables.FileRow) -> int:
     for table in (tables.l1_items, tables.append_journal, tables.full_refines):
         conn.execute(sa.delete(table).where(table.c.file_id == file_id))
     conn.execute(sa.delete(tables.anomalies).where(tables.anomalies.c.file_id == file_id))
-    from pipeline import vectors  # numpy: only an erasure loads it, not every append's process
-
-    vectors.forget(conn, file_id)
+    purge.forget_vectors(conn, file_id)
     k = tables.append_keys.c
     mine = sa.and_(
         k.agent_id == row.agent_id,

@@ -1,6 +1,6 @@
 """Forgetting what the index derived from messages that are redacted or erased: their search
-terms, their catalog rows, the L1 items that cite them — and, on SQLite, the pages and index
-segments that still held them.
+terms, their catalog rows, their vectors, the L1 items that cite them — and, on SQLite, the
+pages and index segments that still held them.
 
 The search index keeps terms, not text, but terms are the words of the text: a redacted
 secret must leave it. On PostgreSQL a message's terms are one row (a long message's also its
@@ -27,6 +27,8 @@ from pipeline import catalog, database, document, errors, tables
 log = logging.getLogger(__name__)
 _M = tables.messages.c
 _L = tables.l1_items.c
+_V = tables.message_vectors.c
+_E = tables.embed_marks.c
 _FTS_DELETE = sa.text(
     "INSERT INTO message_terms (message_terms, rowid, terms, tags, context) "
     "VALUES ('delete', :id, :terms, :tags, :context)"
@@ -132,6 +134,36 @@ def forget_items(conn: sa.Connection, file_id: str, seq: int) -> tuple[int, int 
         return 0, None
     conn.execute(sa.delete(tables.l1_items).where(_L.id.in_([r.id for r in found])))
     return len(found), min(int(r.segment_lo) for r in found)
+
+
+def forget_vectors(conn: sa.Connection, file_id: str) -> None:
+    """Drop a file's vectors and its embedding watermark (an erasure). A job holding a claim
+    on the file commits nothing: its fence finds no mark."""
+    conn.execute(sa.delete(tables.message_vectors).where(_V.file_id == file_id))
+    conn.execute(sa.delete(tables.embed_marks).where(_E.file_id == file_id))
+
+
+def forget_message_vectors(conn: sa.Connection, file_id: str, seq: int) -> None:
+    """Drop the blocks that hold a vector made with message ``seq``'s text — its own and the
+    :data:`~pipeline.tables.VECTOR_CONTEXT` turns' after it (redacted: no vector may keep
+    the secret's meaning) — and move the file's watermark back to the first one's start, so
+    those messages are embedded again, ``seq`` from its redacted text (the blocks after them
+    stay until their re-embedding replaces them). The epoch moves on: a job that read the
+    old text commits nothing (:mod:`pipeline.vectors`)."""
+    # the message's own vector, and those of the turns after it that it is averaged into
+    holding = sa.and_(_V.file_id == file_id, _V.lo < seq + tables.VECTOR_CONTEXT, _V.hi >= seq)
+    start = conn.execute(sa.select(sa.func.min(_V.lo)).where(holding)).scalar()
+    back = seq - 1 if start is None else min(int(start), seq - 1)
+    conn.execute(sa.delete(tables.message_vectors).where(holding))
+    conn.execute(
+        sa.update(tables.embed_marks)
+        .where(_E.file_id == file_id)
+        .values(
+            embedded_seq=sa.case((_E.embedded_seq > back, back), else_=_E.embedded_seq),
+            epoch=_E.epoch + 1,
+            lease_until=None,
+        )
+    )
 
 
 def compact(db: database.Database) -> None:

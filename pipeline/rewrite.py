@@ -192,9 +192,7 @@ def redact_locked(
         after = [f.message for f in found[seq - 1 : seq + catalog.CONTEXT_TURNS]]
         purge.forget_terms(conn, owner, after, ids, before=_texts_before(found, seq))
         _refine_again(conn, row.file_id, seq, db.now())
-        from pipeline import vectors  # numpy: loaded by a redaction, not by every flush
-
-        vectors.forget_message(conn, row.file_id, seq)
+        purge.forget_message_vectors(conn, row.file_id, seq)
     fault("recorded")
     store.rename(temp, final)
     fault("renamed")
@@ -251,9 +249,7 @@ def _commit(
         catalog.add_terms(conn, owner, after, ids, before=_texts_before(found, seq + 1))
         _refine_again(conn, row.file_id, seq, now)
         # again: a round may have embedded the old text from the file before the rename
-        from pipeline import vectors  # numpy: loaded by a redaction, not by every flush
-
-        vectors.forget_message(conn, row.file_id, seq)
+        purge.forget_message_vectors(conn, row.file_id, seq)
         audit.finish(conn, recorded.id, now=now)
 
 

@@ -272,6 +272,7 @@ sa.Index("ix_audit_log_unfinished", audit_log.c.finished_at)
 # row: a scan reads hundreds of vectors a row, not one); a search compares only the vectors of
 # the embedder it runs, so vectors of an old model are never mixed with the new ones.
 # ``vectors`` is int8, each unit vector times 127, ``dim`` bytes a message, in seq order.
+# A message's vector is averaged with those of the VECTOR_CONTEXT turns before it.
 message_vectors = sa.Table(
     "message_vectors",
     metadata,
@@ -283,6 +284,11 @@ message_vectors = sa.Table(
     sa.Column("vectors", sa.LargeBinary, nullable=False),
 )
 sa.Index("ix_message_vectors_model", message_vectors.c.model, message_vectors.c.file_id)
+#: the turns before a message whose vectors its own is averaged with: a turn's meaning is
+#: often in the question it answers (bench/bench_embed.py: recall@10 of the fused ranking,
+#: k=60 with equal weights, 0.763 -> 0.812; two-fact questions 0.847 -> 0.944). A redaction
+#: drops the vectors of the turns after a message too (pipeline.purge.forget_message_vectors)
+VECTOR_CONTEXT = 2
 
 # Per file: the last seq embedded by ``model`` (the watermark), claimed like a refinement
 # segment: a claim bumps ``epoch`` and leases the file; its commit advances ``embedded_seq``

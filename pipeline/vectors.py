@@ -13,10 +13,10 @@ lease (a slow endpoint, a killed worker) or was replaced (a redaction, an erasur
 nothing. A failed embedder frees the claim; the messages wait for the next round. Appends and
 flushes never wait for any of it.
 
-**Context.** A message's vector is the average of its text's and its :data:`CONTEXT`
-predecessors' in the file (each embedding claim reads those predecessors again), made unit
-length: an answer ("We named her Biscuit") carries the meaning of the question it follows.
-The query's vector is its own.
+**Context.** A message's vector is the average of its text's and its
+:data:`pipeline.tables.VECTOR_CONTEXT` predecessors' in the file (each embedding claim reads
+those predecessors again), made unit length: an answer ("We named her Biscuit") carries the
+meaning of the question it follows. The query's vector is its own.
 
 **Storage.** A vector is stored as int8 (the unit vector times 127: ``dim`` bytes, a quarter
 of float32, cosine kept to about 1e-3), and the vectors of one commit — messages
@@ -30,7 +30,9 @@ the others by reading their blocks, :data:`SCAN_BLOCKS` at a time;
 the best are kept as it goes, so memory stays bounded whatever the store's size, on SQLite
 and PostgreSQL alike (docs/search.md has the measurements). A redaction drops the blocks that
 hold the message's vector and those averaged with it, and moves the watermark back to the
-first one's start.
+first one's start; an erasure drops the file's vectors and watermark (both in
+:mod:`pipeline.purge`, which loads no numpy: a process that redacts or erases without an
+embedder never imports it).
 """
 
 from __future__ import annotations
@@ -65,10 +67,6 @@ log = logging.getLogger(__name__)
 SCAN_BLOCKS = 64
 #: files whose vectors one statement of :func:`nearest` reads
 FILES_AT_ONCE = 500
-#: the turns before a message whose vectors its own is averaged with: a turn's meaning is
-#: often in the question it answers (bench/bench_embed.py: recall@10 of the fused ranking,
-#: k=60 with equal weights, 0.763 -> 0.812; two-fact questions 0.847 -> 0.944)
-CONTEXT = 2
 #: seconds after which an embedding round claims no more files (the next round goes on): a
 #: round stays well inside a task's time limit, and one process's rounds take turns
 ROUND_SECONDS = 60.0
@@ -214,36 +212,6 @@ def release(db: database.Database, c: Claim) -> None:
     db.commit(lambda conn: conn.execute(stmt), key=c.file_id)
 
 
-def forget(conn: sa.Connection, file_id: str) -> None:
-    """Drop a file's vectors and its watermark (an erasure). A job holding a claim on the
-    file commits nothing: its fence finds no mark."""
-    conn.execute(sa.delete(tables.message_vectors).where(_V.file_id == file_id))
-    conn.execute(sa.delete(tables.embed_marks).where(_E.file_id == file_id))
-
-
-def forget_message(conn: sa.Connection, file_id: str, seq: int) -> None:
-    """Drop the blocks that hold a vector made with message ``seq``'s text — its own and the
-    :data:`CONTEXT` turns' after it (redacted: no vector may keep the secret's meaning) — and
-    move the file's watermark back to the first one's start, so those messages are embedded
-    again, ``seq`` from its redacted text (the blocks after them stay until their
-    re-embedding replaces them). The epoch moves on: a job that read the old text commits
-    nothing."""
-    # the message's own vector, and those of the turns after it that it is averaged into
-    holding = sa.and_(_V.file_id == file_id, _V.lo < seq + CONTEXT, _V.hi >= seq)
-    start = conn.execute(sa.select(sa.func.min(_V.lo)).where(holding)).scalar()
-    back = seq - 1 if start is None else min(int(start), seq - 1)
-    conn.execute(sa.delete(tables.message_vectors).where(holding))
-    conn.execute(
-        sa.update(tables.embed_marks)
-        .where(_E.file_id == file_id)
-        .values(
-            embedded_seq=sa.case((_E.embedded_seq > back, back), else_=_E.embedded_seq),
-            epoch=_E.epoch + 1,
-            lease_until=None,
-        )
-    )
-
-
 def lag(conn: sa.Connection, model: str, *, agents: Collection[str] | None = None) -> int:
     """Flushed messages that ``model`` has not embedded yet (files in ``error`` left out), of
     ``agents`` only when given."""
@@ -298,11 +266,11 @@ def read_texts(
 
 
 def in_context(own: np.ndarray[Any, Any], skip: int) -> np.ndarray[Any, Any]:
-    """Each message's vector averaged with its :data:`CONTEXT` predecessors' (as many as it
-    has), made unit length again; the first ``skip`` rows (predecessors read only for this)
-    left out."""
+    """Each message's vector averaged with its :data:`pipeline.tables.VECTOR_CONTEXT`
+    predecessors' (as many as it has), made unit length again; the first ``skip`` rows
+    (predecessors read only for this) left out."""
     mixed = own.copy()
-    for back in range(1, CONTEXT + 1):
+    for back in range(1, tables.VECTOR_CONTEXT + 1):
         mixed[back:] += own[:-back]
     mixed /= np.linalg.norm(mixed, axis=1, keepdims=True)
     return mixed[skip:]
@@ -318,7 +286,7 @@ def embed_file(
 ) -> bool:
     """Embed a claim's messages and commit them; False when the claim no longer held. An
     embedder's failure frees the claim and is raised (:class:`errors.EmbedderUnavailable`)."""
-    first = max(0, c.lo - CONTEXT)
+    first = max(0, c.lo - tables.VECTOR_CONTEXT)
     try:
         found = read_texts(db, data_dir, c.file_id, first, c.hi, max_chars=max_chars)
         vectors = in_context(embedder.passages(found), c.lo - first)

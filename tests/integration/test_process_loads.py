@@ -22,10 +22,18 @@ body = {"agent_id": "a", "session_key": "s", "messages": [{"role": "user", "cont
 answer = service.append(validation.parse_append(body, conf.limits), wait=True)
 found = service.search("tea", catalog.Filters(), limit=5)
 service.metrics()
+# a redaction and an erasure forget vectors too, in SQL alone
+more = {**body, "session_key": "t", "messages": [{"role": "user", "content": "key 123"}]}
+other = service.append(validation.parse_append(more, conf.limits), wait=True)
+who = service.removals.who(None, "a test", required=True)
+service.removals.redact([answer.result.source_refs[0]], who)
+service.removals.erase_file(other.result.file_id, who)
+left = service.search("tea", catalog.Filters(), limit=5)
 rt.close()
 print(json.dumps({
     "flushed": answer.flushed,
     "hits": len(found),
+    "after": len(left),
     "loaded": sorted(m for m in ("numpy", "httpx") if m in sys.modules),
 }))
 """
@@ -42,4 +50,4 @@ def test_a_store_without_an_embedder_never_loads_numpy_or_httpx(tmp_path: Path) 
     )
     assert run.returncode == 0, run.stderr
     seen = json.loads(run.stdout.strip().splitlines()[-1])
-    assert seen == {"flushed": True, "hits": 1, "loaded": []}
+    assert seen == {"flushed": True, "hits": 1, "after": 0, "loaded": []}

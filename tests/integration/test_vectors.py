@@ -26,6 +26,7 @@ from pipeline import (
     errors,
     hybrid,
     journal,
+    purge,
     tables,
     vectors,
 )
@@ -168,7 +169,7 @@ def test_forget_drops_blocks_and_moves_the_watermark_back(
     assert [run(db, data_dir, fake, claim_messages=2) for _ in range(4)] == [2, 2, 1, 0]
     with db.transaction() as conn:
         # the blocks holding 4 and the turns averaged with it (5, 6) go; the watermark to 2
-        vectors.forget_message(conn, a, 4)
+        purge.forget_message_vectors(conn, a, 4)
         assert vectors.lag(conn, fake.model) == 3
     assert [s for _, s, _ in stored(db)] == [1, 2]
     fake.embedded.clear()
@@ -176,7 +177,7 @@ def test_forget_drops_blocks_and_moves_the_watermark_back(
     assert fake.embedded == ["one", "two", "three", "four", "three", "four", "five"]
     assert [s for _, s, _ in stored(db)] == [1, 2, 3, 4, 5]
     with db.transaction() as conn:
-        vectors.forget(conn, a)
+        purge.forget_vectors(conn, a)
         assert vectors.lag(conn, fake.model) == 5
     assert stored(db) == []
 
@@ -389,7 +390,7 @@ def test_the_api_says_how_it_ranked_and_metrics_show_the_lag(
         "embedding_lag": 0,
         "fallback": None,
     }
-    # "lunch at noon" follows it, so its vector holds part of its meaning (vectors.CONTEXT)
+    # "lunch at noon" follows it, so its vector holds part of its meaning (tables.VECTOR_CONTEXT)
     snippets = [h["snippet"] for h in body["hits"]]
     assert "we picked PostgreSQL as the datastore" in snippets[:2]
     # a hybrid search's hits come with the turns around them as a lexical one's do
