@@ -195,6 +195,9 @@ def guarded_protocol(http: Http, *, base: type[Any] = HttpToolsProtocol) -> type
         _target_bytes = 0
         _head_received = 0  #: bytes received while the head was still coming
         _head_refusal: errors.SgmeError | None = None
+        #: refused, the refusal sent: what the client still sends is dropped (:meth:`_linger`)
+        _dropping = False
+        _linger_timer: asyncio.TimerHandle | None = None
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
@@ -215,6 +218,8 @@ def guarded_protocol(http: Http, *, base: type[Any] = HttpToolsProtocol) -> type
                 self._make_room("too many connections", same_client=False)
 
         def data_received(self, data: bytes) -> None:
+            if self._dropping:
+                return
             if self._body_since is not None:
                 self._body_bytes += len(data)
             super().data_received(data)
@@ -234,6 +239,8 @@ def guarded_protocol(http: Http, *, base: type[Any] = HttpToolsProtocol) -> type
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._busy()
+            if self._linger_timer is not None:
+                self._linger_timer.cancel()
             if self in open_now:
                 del open_now[self]
                 per_client[self._address] -= 1
@@ -339,7 +346,21 @@ def guarded_protocol(http: Http, *, base: type[Any] = HttpToolsProtocol) -> type
             )
             if not self.transport.is_closing():
                 self.transport.write(head.encode("latin-1") + body)
+                self._linger()
+
+        def _linger(self) -> None:
+            """Close a refused connection without a reset: the refusal sent, the server's side
+            is shut (the client reads the refusal, then the end), and what the client still
+            sends is read and dropped until it closes its side or ``refusal_linger`` seconds
+            pass. Closed at once instead, a socket with unread bytes answers a client still
+            sending with a reset, which can discard the refusal before the client reads it
+            (a 1 MB head refused at 16 KiB, say)."""
+            if http.refusal_linger <= 0 or not self.transport.can_write_eof():
                 self.transport.close()
+                return
+            self._dropping = True
+            self.transport.write_eof()
+            self._linger_timer = self.loop.call_later(http.refusal_linger, self.transport.close)
 
         # -- room for new connections --------------------------------------------------------
 

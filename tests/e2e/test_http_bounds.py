@@ -457,10 +457,14 @@ def test_request_heads_past_their_bounds_are_refused(procs: harness.Procs, tmp_p
     settings = {"http_max_header_bytes": "16384", "http_max_headers": "50"}
     with server(procs, tmp_path, **settings) as port:
         start = b"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-        # one header of 1 MB, sent at once
+        # one header of 1 MB, sent at once, through a small send buffer: most of it is still
+        # being sent when the server refuses the head; the client reads the refusal, not a
+        # reset (http_refusal_linger)
         with connect(port) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
             sock.sendall(start + b"X-Big: " + b"a" * 1_000_000 + b"\r\n\r\n")
             status, problem = _refused(sock)
+            assert sock.recv(1) == b""  # then the server's end of the connection
         assert (status, problem["type"]) == (431, "urn:sgme:problem:headers-too-large")
         assert "16384" in str(problem["detail"])
         # many small headers
