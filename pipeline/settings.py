@@ -69,10 +69,10 @@ class Http:
     #: target alone past it: 414), answered before the rest of the head is read
     max_header_bytes: int = 64 * 1024
     max_headers: int = 100  #: header fields of one request at most (431 past it)
-    #: seconds a connection refused for its head (431, 414) goes on reading, and dropping,
-    #: what its client still sends, once the refusal is sent and the server's side shut:
-    #: closed at once, a client still sending would get a reset, which can discard the
-    #: refusal before it is read (0: closed at once)
+    #: seconds a connection refused and closed for its head (431, 414) or its body (413 as
+    #: a chunked body passes the bound, 408) goes on reading, and dropping, what its client
+    #: still sends, the refusal sent: closed at once, a client still sending would get a
+    #: reset, which can discard the refusal before it is read (0: closed at once)
     refusal_linger: float = 2.0
     keepalive_timeout: float = 5.0  #: seconds an idle keep-alive connection is kept
     #: seconds a stopping server waits for the answers still going (a raw download to a slow

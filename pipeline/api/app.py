@@ -87,6 +87,7 @@ def create_app(service: Service) -> FastAPI:
         max_bytes=http.max_request_bytes,
         timeout=http.body_timeout,
         min_rate=http.min_body_rate,
+        linger=http.refusal_linger,
     )
     app.add_middleware(security.SingleValuedQuery, refuse=answer)
     app.add_middleware(

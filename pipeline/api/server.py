@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
 import logging
 import math
 import re
 import resource
+from collections.abc import MutableMapping
 from http import HTTPStatus
 from typing import Any, NoReturn
 
@@ -52,12 +54,17 @@ class BodyLimit:
     as long as it sends, and which must not end it.
 
     The refusal is answered here, the moment the bound is passed, with ``Connection: close``
-    (the rest of the body is not read): whatever the route does with the error its
+    (the rest of the body is not parsed): whatever the route does with the error its
     ``receive()`` raised — a route whose body FastAPI parses would turn it into a 400 — its own
-    answer goes nowhere."""
+    answer goes nowhere. What the client still sends of the body is read and dropped for at
+    most ``linger`` seconds before the connection closes (:meth:`_answer`), so that a client
+    still sending reads its refusal rather than a reset."""
 
-    def __init__(self, app: Any, *, max_bytes: int, timeout: float, min_rate: int) -> None:
+    def __init__(
+        self, app: Any, *, max_bytes: int, timeout: float, min_rate: int, linger: float = 0.0
+    ) -> None:
         self.app = app
+        self.linger = linger
         self.max_bytes = max_bytes
         self.timeout = timeout
         self.min_rate = max(1, min_rate)
@@ -137,11 +144,31 @@ class BodyLimit:
         *,
         close: bool = False,
     ) -> None:
-        """``exc`` as a problem document; ``close``: and the connection closed after it."""
+        """``exc`` as a problem document; ``close``: and the connection closed after it,
+        once the client has stopped sending its body or ``linger`` seconds passed (the answer
+        whole meanwhile, its end held back: the server closes the connection at the end of
+        an answer, and a socket closed with unread bytes answers with a reset, which can
+        discard the answer before the client reads it)."""
         headers = {"Connection": "close"} if close else None
         name = type(exc).__name__
         response = deps.problem(exc.status, exc.type, name, exc.detail, headers=headers)
-        await response(scope, receive, send)
+        if not close or self.linger <= 0:
+            await response(scope, receive, send)
+            return
+
+        async def held(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                message = {**message, "more_body": True}
+            await send(message)
+
+        await response(scope, receive, held)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.linger):
+                while True:  # the rest of the body, dropped
+                    message = await receive()
+                    if message["type"] != "http.request" or not message.get("more_body"):
+                        break
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     def _detail(self) -> str:
         return f"the request body is larger than {self.max_bytes} bytes (http_max_request_bytes)"

@@ -547,6 +547,27 @@ def test_a_chunked_body_gets_413_once_past_the_limit(
         assert sent < 10_000_000, f"{sent} bytes went before the answer"
 
 
+def test_a_chunked_body_sent_whole_past_the_limit_reads_its_413(
+    procs: harness.Procs, tmp_path: Path
+) -> None:
+    """A client that sends its whole chunked body without looking for an early answer (through
+    a small send buffer: most of it still going when the server refuses) reads the 413, then
+    the server's end, not a reset: the rest of the body is read and dropped
+    (``http_refusal_linger``)."""
+    body = b"".join(b"10000\r\n" + b"a" * 0x10000 + b"\r\n" for _ in range(30)) + b"0\r\n\r\n"
+    with server(procs, tmp_path, http_max_request_bytes="100000") as port:
+        for _ in range(3):
+            with connect(port) as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+                sock.sendall(
+                    b"POST /v1/append HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                    b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n" + body
+                )
+                status, problem = _refused(sock)
+                assert (status, problem["type"]) == (413, "urn:sgme:problem:too-large")
+                assert sock.recv(1) == b""
+
+
 def test_a_slow_body_gets_408_on_every_route(procs: harness.Procs, tmp_path: Path) -> None:
     with server(procs, tmp_path, http_body_timeout="1") as port:
         for method, path in (("PUT", "/v1/agents/a/policy"), ("POST", "/v1/uploads")):
