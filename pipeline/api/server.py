@@ -61,7 +61,7 @@ class BodyLimit:
     still sending reads its refusal rather than a reset."""
 
     def __init__(
-        self, app: Any, *, max_bytes: int, timeout: float, min_rate: int, linger: float = 0.0
+        self, app: Any, *, max_bytes: int, timeout: float, min_rate: int, linger: float
     ) -> None:
         self.app = app
         self.linger = linger
@@ -222,8 +222,8 @@ def guarded_protocol(http: Http, *, base: type[Any] = HttpToolsProtocol) -> type
         _target_bytes = 0
         _head_received = 0  #: bytes received while the head was still coming
         _head_refusal: errors.SgmeError | None = None
-        #: refused, the refusal sent: what the client still sends is dropped (:meth:`_linger`)
-        _dropping = False
+        #: set once refused and the refusal sent: until it closes the connection, what the
+        #: client still sends is dropped (:meth:`_linger`)
         _linger_timer: asyncio.TimerHandle | None = None
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -245,7 +245,7 @@ def guarded_protocol(http: Http, *, base: type[Any] = HttpToolsProtocol) -> type
                 self._make_room("too many connections", same_client=False)
 
         def data_received(self, data: bytes) -> None:
-            if self._dropping:
+            if self._linger_timer is not None:
                 return
             if self._body_since is not None:
                 self._body_bytes += len(data)
@@ -385,7 +385,6 @@ def guarded_protocol(http: Http, *, base: type[Any] = HttpToolsProtocol) -> type
             if http.refusal_linger <= 0 or not self.transport.can_write_eof():
                 self.transport.close()
                 return
-            self._dropping = True
             self.transport.write_eof()
             self._linger_timer = self.loop.call_later(http.refusal_linger, self.transport.close)
 
