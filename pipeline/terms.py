@@ -67,25 +67,34 @@ _HAS_CJK = re.compile(f"[{_CJK}]")
 #: kept as it is, so "v2", "zoë" and "данные" are their own terms on both databases)
 _ENGLISH = re.compile(r"[a-z]+")
 _STEMMER = Stemmer.Stemmer("english")
-#: stems already computed: the write path stems every word of every message, and a store's
-#: vocabulary is mostly a few thousand words (cleared past :data:`_STEMS_MAX`, so a stream of
-#: unique tokens cannot grow it without bound)
-_STEMS: dict[str, str] = {}
+
+
+class _Stems(dict[str, str]):
+    """Stems already computed, by word: the write path stems every word of every message, and
+    a store's vocabulary is mostly a few thousand words (cleared past :data:`_STEMS_MAX`, so a
+    stream of unique tokens cannot grow it without bound). A word not in it is stemmed where
+    it is looked up (``__missing__``), so :func:`_stems` looks a message's words up in one
+    pass in C and pays for its misses (a number, a name) only."""
+
+    def __missing__(self, word: str) -> str:
+        if len(word) > MAX_TERM:  # its first MAX_TERM characters' term, the word not kept
+            return self[word[:MAX_TERM]]
+        found = _STEMMER.stemWord(word) if _ENGLISH.fullmatch(word) else word
+        if len(self) >= _STEMS_MAX:
+            self.clear()
+        self[word] = found
+        return found
+
+
+_STEMS = _Stems()
 _STEMS_MAX = 200_000
 
 
 def stem(word: str) -> str:
     """The index term of one folded word: its English Snowball stem, or the word itself."""
-    found = _STEMS.get(word)
-    if found is None:
-        found = _STEMMER.stemWord(word) if _ENGLISH.fullmatch(word) else word
-        if len(_STEMS) >= _STEMS_MAX:
-            _STEMS.clear()
-        # only words a term may be: :func:`_stems` looks a longer word up uncut, and must
-        # miss it, to stem its first MAX_TERM characters
-        if len(word) <= MAX_TERM:
-            _STEMS[word] = found
-    return found
+    if len(word) > MAX_TERM:  # not a term's word (:func:`_stems` cuts it): not kept
+        return _STEMMER.stemWord(word) if _ENGLISH.fullmatch(word) else word
+    return _STEMS[word]
 
 
 #: ASCII letters and digits lowered, every other ASCII character a space. On ASCII text NFKC
@@ -104,15 +113,7 @@ _TOKEN = re.compile(rf"([{_CJK}]+)|([^\W_{_CJK}]+)")
 def _stems(words: list[str]) -> list[str]:
     """The term of each word (:func:`stem` of its first :data:`MAX_TERM` characters)."""
     # the cache looked up in one pass: a call per word costs as much as the rest of terms()
-    found: list[str | None] = list(map(_STEMS.get, words))
-    # all(), not "None in found": a term is never empty, and a truth test is a third of the
-    # cost of comparing each term with None (the look-up's cost again, for nothing)
-    if not all(found):
-        for i, term in enumerate(found):
-            if term is None:
-                word = words[i]
-                found[i] = stem(word[:MAX_TERM] if len(word) > MAX_TERM else word)
-    return found  # type: ignore[return-value]  # no None is left
+    return list(map(_STEMS.__getitem__, words))
 
 
 def terms(text: str) -> list[str]:
