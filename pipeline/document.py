@@ -28,10 +28,11 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import itertools
+import operator
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, AnyStr
+from typing import Any, AnyStr, NamedTuple
 
 import yaml
 
@@ -161,6 +162,8 @@ def canonical(text: str) -> str:
     Trailing ``\\r`` characters go too: the writer follows every body with ``\\n``, so a
     trailing ``\\r`` would read back as part of a ``\\r\\n`` break and be lost anyway.
     """
+    if not text.startswith(("\n", "\r")):  # most texts: no call to count breaks
+        return text.rstrip("\r\n")
     return text[_leading_breaks(text) :].rstrip("\r\n")
 
 
@@ -429,6 +432,13 @@ def parse(text: str, *, file_id: str | None = None) -> Document:
         content = unescape(_body(text[offset:]))
         message = Message(role="user", content=content, ts=header.started_at, seq=1)
         return Document(header=header, messages=(message,))
+    return Document(header=header, messages=tuple(_messages(text, headings, 1)))
+
+
+def _messages(text: str, headings: Sequence[re.Match[str]], first: int) -> list[Message]:
+    """The messages of the blocks whose headings (:data:`_HEADING_BLOCK`) are ``headings``,
+    the first numbered ``first``: each block runs to the next heading, the last to the end of
+    ``text``."""
     messages: list[Message] = []
     append, make, body_message = messages.append, _message, _body_message
     last = len(headings) - 1
@@ -460,10 +470,10 @@ def parse(text: str, *, file_id: str | None = None) -> Document:
             and text[end - 1] not in "\r\n"
         ):
             body = text[start:end]
-            append(make(role, unescape(body) if "\\" in body else body, ts, tool_name, i + 1))
+            append(make(role, unescape(body) if "\\" in body else body, ts, tool_name, first + i))
         else:
-            append(body_message(text[m.end(3) + 1 : stop], ts, role, i + 1))
-    return Document(header=header, messages=tuple(messages))
+            append(body_message(text[m.end(3) + 1 : stop], ts, role, first + i))
+    return messages
 
 
 def _body_message(raw: str, ts: str, role: str, seq: int) -> Message:
@@ -502,9 +512,9 @@ def parse_block(block: bytes, seq: int, *, upload_ts: str | None = None) -> Mess
     return _body_message(text[nl + 1 :] if nl >= 0 else "", ts, role, seq)
 
 
-@dataclass(frozen=True)
-class Located:
-    """A message and where its block is in the file (bytes)."""
+class Located(NamedTuple):
+    """A message and where its block is in the file (bytes). A tuple: a flush and a reindex
+    make one a message, in a third less time than a frozen dataclass's."""
 
     offset: int
     length: int
@@ -517,6 +527,16 @@ def locate(
     """The blocks of ``data``: a whole file (``base`` 0: it starts with its frontmatter) or
     rendered blocks written after ``base`` bytes of one. ``upload_ts`` marks an upload, whose
     one block is everything after the frontmatter."""
+    if upload_ts is None and data.isascii():
+        found = _located_ascii(data, base, first_seq)
+        if found is not None:
+            return found
+    return _located(data, base, first_seq, upload_ts)
+
+
+def _located(data: bytes, base: int, first_seq: int, upload_ts: str | None) -> list[Located]:
+    """:func:`locate`, the general way: the blocks' bytes found, then each one decoded and
+    parsed (:func:`parse_block`)."""
     if base == 0:
         body, starts = block_offsets(data)
         if upload_ts is not None or (starts == [body] and not _HEADING_BYTES.match(data, body)):
@@ -529,6 +549,29 @@ def locate(
         Located(base + lo, hi - lo, parse_block(data[lo:hi], seq, upload_ts=upload_ts))
         for seq, (lo, hi) in enumerate(itertools.pairwise(bounds), first_seq)
     ]
+
+
+def _located_ascii(data: bytes, base: int, first_seq: int) -> list[Located] | None:
+    """:func:`locate` of ASCII ``data`` (most chat), its characters its bytes: the headings
+    found by one scan of the text and the messages cut out by :func:`_messages`, as
+    :func:`parse` does, instead of a decode and a parse a block (half the time of a flush's
+    and a reindex's reading). None when it has no heading (an upload): the general way says
+    what it is."""
+    if base == 0:
+        _, start = _frontmatter_end(data, _BYTE_MARKS)
+        text = data.decode("ascii")
+        shift = 0
+    else:  # rendered blocks: the "\n" a heading is found after, put before the first
+        start = 1
+        text = "\n" + data.decode("ascii")
+        shift = 1
+    headings = list(_HEADING_BLOCK.finditer(text, start - 1))
+    if not headings:
+        return None
+    starts = [m.start() + 1 - shift for m in headings]
+    lengths = list(map(operator.sub, [*starts[1:], len(data)], starts))
+    offsets = [base + lo for lo in starts] if base else starts
+    return list(map(Located, offsets, lengths, _messages(text, headings, first_seq)))
 
 
 def _header_of(data: bytes) -> Header:

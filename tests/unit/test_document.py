@@ -860,3 +860,24 @@ def test_parse_and_chain_agree_on_the_frontmatter(text: str) -> None:
     assert by_parse == by_chain
     if isinstance(by_parse, int) and text.startswith(FRONT.rstrip("\n")):
         assert len(document.parse(text).messages) == document.chain(text.encode())[1]
+
+
+@FAST
+@given(HAND_WRITTEN, st.sampled_from(["", "\n", "\r\n"]), st.booleans())
+def test_locate_finds_the_blocks_of_ascii_text_as_the_general_way_does(
+    body: str, gap: str, whole: bool
+) -> None:
+    # locate reads ASCII (most chat) by one scan of the text, as parse does: the same blocks,
+    # offsets and messages as decoding and parsing each block, on any text
+    frontmatter = document.render_frontmatter(header())[:-1] + gap
+    data = (frontmatter + body).encode("ascii", "replace")
+    base = 0 if whole else len(frontmatter)
+    if not whole:  # rendered blocks after a file's first bytes, as a flush reads them
+        data = data[base:]
+    try:
+        expected = document._located(data, base, 7, None)
+    except errors.FormatError as exc:  # an upload without a heading, a body not UTF-8
+        with pytest.raises(errors.FormatError, match=re.escape(exc.detail)):
+            document.locate(data, base=base, first_seq=7)
+        return
+    assert document.locate(data, base=base, first_seq=7) == expected
