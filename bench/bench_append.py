@@ -6,7 +6,7 @@ rendered blocks to the same disk in the same run.
     .venv/bin/python bench/bench_append.py [--quick] [--rounds N] [--no-postgres]
                                            [--postgres ADMIN_URL] [--dir DIR]
     .venv/bin/python bench/bench_append.py --profile sqlite-1   # cProfile of one case
-    .venv/bin/python bench/bench_append.py --baseline DIR      # SQLite, this code against DIR's
+    .venv/bin/python bench/bench_append.py --baseline DIR      # this code against DIR's
 
 Cases, each timed on one open session (the first append, which creates the file, is untimed):
 
@@ -21,8 +21,9 @@ reported, so a neighbour's burst of disk traffic skews one round, not the ratio.
 Targets (SQLite, ``ingest+flush``): >= 1,500 msg/s at 1 per call, >= 30,000 msg/s at 100.
 
 With ``--baseline DIR`` (a tree of other code: ``git archive REV pipeline workers | tar -x -C
-DIR``) only SQLite's ``ingest+flush`` runs, at 1 and 100 messages a call, each round in a fresh
-subprocess per tree, the trees alternating: the best of each and their ratio, and the CPU
+DIR``) only ``ingest+flush`` runs, on SQLite and on PostgreSQL (not with ``--no-postgres``), at
+1 and 100 messages a call, each round in a fresh subprocess per tree and database, the trees
+alternating: the best of each and their ratio, and the CPU
 time a message of each (the process's, its threads' too; the least of the rounds), the
 figure that moves least with a busy shared disk.
 """
@@ -343,36 +344,54 @@ def profile(run: Callable[[], float], messages: int) -> None:
     print(f"| total (under the profiler) | {total / messages * 1e6:.0f} | 100% |")
 
 
-def against(baseline: Path, plan: dict[int, int], rounds: int, where: Path | None) -> None:
-    """SQLite's ingest+flush of this checkout and of ``baseline``, a fresh subprocess per round
-    and tree, alternating; the best round of each, and the ratio."""
+def against(
+    baseline: Path,
+    plan: dict[int, int],
+    rounds: int,
+    where: Path | None,
+    backends: dict[str, str | None],
+) -> None:
+    """Each backend's ingest+flush (``backends``: its name and, for PostgreSQL, the admin URL)
+    of this checkout and of ``baseline``, a fresh subprocess per round, tree and backend, the
+    trees alternating; the best round of each, and the ratio."""
     trees = {"this code": Path(__file__).resolve().parents[1], "baseline": baseline}
-    best: dict[str, dict[str, float]] = {name: {} for name in trees}
-    cpu: dict[str, dict[str, float]] = {name: {} for name in trees}  #: µs a message, least
+    #: (backend, tree) -> batch -> the best rate, and the least CPU µs a message
+    best: dict[tuple[str, str], dict[str, float]] = {}
+    cpu: dict[tuple[str, str], dict[str, float]] = {}
     for _ in range(rounds):
-        for name, code in trees.items():
-            argv = [sys.executable, __file__, "--case", "--code", str(code)]
-            argv += ["--quick"] if plan[1] == 300 else []
-            argv += ["--dir", str(where)] if where else []
-            for batch, (rate, us) in subrun.case(argv, f"the round of {code}").items():
-                best[name][batch] = max(best[name].get(batch, 0.0), rate)
-                cpu[name][batch] = min(cpu[name].get(batch, math.inf), us)
-    print(f"SQLite ingest+flush, msg/s, best of {rounds} alternating rounds; baseline {baseline}")
-    print()
-    print(
-        "| msgs/call | this code | baseline | this vs baseline | target "
-        "| CPU µs/msg, this code | baseline | this vs baseline |"
-    )
-    print("|---|---|---|---|---|---|---|---|")
-    for batch in best["this code"]:
-        mine, theirs = best["this code"][batch], best["baseline"][batch]
-        goal = TARGETS[("sqlite", "ingest+flush", int(batch))]
-        met = "met" if mine >= goal else "missed"
-        us, base_us = cpu["this code"][batch], cpu["baseline"][batch]
+        for backend, url in backends.items():
+            for name, code in trees.items():
+                argv = [sys.executable, __file__, "--case", "--code", str(code)]
+                argv += ["--backend", backend] + (["--postgres", url] if url else [])
+                argv += ["--quick"] if plan[1] == 300 else []
+                argv += ["--dir", str(where)] if where else []
+                found = subrun.case(argv, f"the {backend} round of {code}")
+                for batch, (rate, us) in found.items():
+                    rates = best.setdefault((backend, name), {})
+                    rates[batch] = max(rates.get(batch, 0.0), rate)
+                    least = cpu.setdefault((backend, name), {})
+                    least[batch] = min(least.get(batch, math.inf), us)
+    for backend in backends:
+        title = "SQLite" if backend == "sqlite" else "PostgreSQL"
         print(
-            f"| {batch} | {mine:,.0f} | {theirs:,.0f} | {mine / theirs:.2f}x | {met} {goal:,.0f} "
-            f"| {us:,.0f} | {base_us:,.0f} | {base_us / us:.2f}x |"
+            f"{title} ingest+flush, msg/s, best of {rounds} alternating rounds; baseline {baseline}"
         )
+        print()
+        print(
+            "| msgs/call | this code | baseline | this vs baseline | target "
+            "| CPU µs/msg, this code | baseline | this vs baseline |"
+        )
+        print("|---|---|---|---|---|---|---|---|")
+        for batch, mine in best[(backend, "this code")].items():
+            theirs = best[(backend, "baseline")][batch]
+            goal = TARGETS.get((backend, "ingest+flush", int(batch)))
+            met = "–" if goal is None else f"{'met' if mine >= goal else 'missed'} {goal:,.0f}"
+            us, base_us = cpu[(backend, "this code")][batch], cpu[(backend, "baseline")][batch]
+            print(
+                f"| {batch} | {mine:,.0f} | {theirs:,.0f} | {mine / theirs:.2f}x | {met} "
+                f"| {us:,.0f} | {base_us:,.0f} | {base_us / us:.2f}x |"
+            )
+        print()
 
 
 def main() -> None:
@@ -389,24 +408,34 @@ def main() -> None:
         help="also each database's ingest+flush with the search terms not stemmed (as before "
         "issue 18), interleaved with the stemmed rounds: the stemmer's cost to appends",
     )
-    parser.add_argument("--baseline", type=Path, help="a tree of other code to compare (SQLite)")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="a tree of other code to compare (SQLite, and PostgreSQL unless --no-postgres)",
+    )
     parser.add_argument("--case", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--backend", choices=["sqlite", "postgres"], help=argparse.SUPPRESS)
     parser.add_argument("--code", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     plan = {1: 300, 100: 20} if args.quick else {1: 2000, 100: 100}  #: calls per batch size
     rounds = args.rounds or (1 if args.quick else 3)
     if args.baseline and not args.case:
-        against(args.baseline, plan, rounds, args.dir)
+        backends: dict[str, str | None] = {"sqlite": None}
+        if not args.no_postgres:
+            backends["postgres"] = args.postgres
+        against(args.baseline, plan, rounds, args.dir, backends)
         return
     root = Path(tempfile.mkdtemp(prefix="sgme-bench-", dir=args.dir))
     try:
-        if args.case:  # one round of SQLite's ingest+flush, in this process: rates as JSON
+        if args.case:  # one round of a backend's ingest+flush, in this process: rates as JSON
             imported = Path(database.__file__).resolve()
             if args.code and not imported.is_relative_to(args.code.resolve()):
                 raise SystemExit(f"--code {args.code}: the package came from {imported}")
-            with sqlite_engine(root) as engine:
-                found = measure(cases_for("sqlite", engine, root / "data", plan)[:-1], 1)
+            backend = args.backend or "sqlite"
+            opened = sqlite_engine(root) if backend == "sqlite" else postgres_engine(args.postgres)
+            with opened as engine:
+                found = measure(cases_for(backend, engine, root / "data", plan)[:-1], 1)
             print(json.dumps({str(r.batch): [r.rate, r.cpu / r.messages * 1e6] for r in found}))
             return
         if args.profile:
