@@ -284,9 +284,13 @@ def acknowledged(messages: int, threads: int, size: int) -> dict[str, float]:
     writing the files in this process; the clock stops once every message is in its file."""
     import importlib
 
-    try:  # the embedded service's queue; named flush_threads.FlushThreads in older trees
+    # the embedded service's queue; named flush_threads.FlushThreads in older trees. Told by
+    # the measured tree's files, not by an import that fails: the installed package's finder
+    # would take a module the tree lacks from this checkout, and mix the two trees' code
+    package = Path(importlib.import_module("pipeline").__file__ or "").parent
+    if (package / "local_queue.py").exists():
         made = importlib.import_module("pipeline.local_queue").LocalQueue
-    except ModuleNotFoundError:
+    else:
         made = importlib.import_module("pipeline.flush_threads").FlushThreads
 
     rates: dict[str, float] = {}
