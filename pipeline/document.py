@@ -570,7 +570,7 @@ def _located_ascii(data: bytes, base: int, first_seq: int) -> list[Located] | No
         return None
     starts = [m.start() + 1 - shift for m in headings]
     lengths = list(map(operator.sub, [*starts[1:], len(data)], starts))
-    offsets = [base + lo for lo in starts] if base else starts
+    offsets = [base + lo for lo in starts]
     return list(map(Located, offsets, lengths, _messages(text, headings, first_seq)))
 
 

@@ -272,7 +272,6 @@ sa.Index("ix_audit_log_unfinished", audit_log.c.finished_at)
 # row: a scan reads hundreds of vectors a row, not one); a search compares only the vectors of
 # the embedder it runs, so vectors of an old model are never mixed with the new ones.
 # ``vectors`` is int8, each unit vector times 127, ``dim`` bytes a message, in seq order.
-# A message's vector is averaged with those of the VECTOR_CONTEXT turns before it.
 message_vectors = sa.Table(
     "message_vectors",
     metadata,

@@ -79,7 +79,7 @@ class _Stems(dict[str, str]):
     def __missing__(self, word: str) -> str:
         if len(word) > MAX_TERM:  # its first MAX_TERM characters' term, the word not kept
             return self[word[:MAX_TERM]]
-        found = _STEMMER.stemWord(word) if _ENGLISH.fullmatch(word) else word
+        found = _stemmed(word)
         if len(self) >= _STEMS_MAX:
             self.clear()
         self[word] = found
@@ -93,8 +93,13 @@ _STEMS_MAX = 200_000
 def stem(word: str) -> str:
     """The index term of one folded word: its English Snowball stem, or the word itself."""
     if len(word) > MAX_TERM:  # not a term's word (:func:`_stems` cuts it): not kept
-        return _STEMMER.stemWord(word) if _ENGLISH.fullmatch(word) else word
+        return _stemmed(word)
     return _STEMS[word]
+
+
+def _stemmed(word: str) -> str:
+    """:func:`stem`, not cached."""
+    return _STEMMER.stemWord(word) if _ENGLISH.fullmatch(word) else word
 
 
 #: ASCII letters and digits lowered, every other ASCII character a space. On ASCII text NFKC

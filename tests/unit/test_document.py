@@ -880,4 +880,23 @@ def test_locate_finds_the_blocks_of_ascii_text_as_the_general_way_does(
         with pytest.raises(errors.FormatError, match=re.escape(exc.detail)):
             document.locate(data, base=base, first_seq=7)
         return
+    fast = document._located_ascii(data, base, 7)
+    if fast is not None:  # no heading: an upload, which only the general way reads
+        assert fast == expected
     assert document.locate(data, base=base, first_seq=7) == expected
+
+
+def test_rendered_ascii_blocks_are_located_by_one_scan() -> None:
+    blocks = [
+        msg("user", "hello\n# 2026-08-03T11:18:06Z user\nthere", "2026-08-03T11:18:06Z"),
+        msg("tool", "out", "2026-08-03T11:18:07Z", "read_file"),
+    ]
+    data = "".join(document.render_block(m, first=False) for m in blocks).encode()
+    found = document._located_ascii(data, 500, 3)
+    assert found is not None  # the scan, not the general way, read them
+    assert found == document._located(data, 500, 3, None)
+    assert [(f.offset, f.message.seq, f.message.content) for f in found] == [
+        (500, 3, blocks[0].content),
+        (500 + found[0].length, 4, "out"),
+    ]
+    assert found[1].message.tool_name == "read_file"
