@@ -243,11 +243,12 @@ def cases_for(
 
 def unstemmed(cases: list[Case]) -> list[Case]:
     """The ingest+flush cases run with every word its own term (the stems' cache, which
-    stems each word it misses, in place of one that gives each word back as it is)."""
+    stems each word it misses, in place of one that gives each word back, cut to a term's
+    length)."""
 
     class Plain(dict[str, str]):
         def __missing__(self, word: str) -> str:
-            return word
+            return word[: terms.MAX_TERM]  # a term is cut there, as the stems' cache cuts it
 
     def plain(run: Callable[[], float]) -> Callable[[], float]:
         def timed() -> float:
